@@ -1,0 +1,1 @@
+"""fasttoken: an inference-only byte-level BPE tokenizer compiled with Cython."""

@@ -1,0 +1,38 @@
+"""Tokenizer loading: fasttoken by default, HF `tokenizers` where fasttoken does not apply."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from prelude.tokenizer.base import DecodeStep, Tokenizer
+
+__all__ = ["DecodeStep", "Tokenizer", "load"]
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "fasttoken", "hf")
+
+
+def load(path: str | Path, backend: str = "auto") -> Tokenizer:
+    """Load `tokenizer.json` (or the one inside a model directory).
+
+    backend "auto" uses fasttoken when the file is inside its supported subset and otherwise
+    falls back to HF `tokenizers`, logging why; "fasttoken" raises instead of falling back.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown tokenizer backend {backend!r}; choose one of {BACKENDS}")
+    if backend != "hf":
+        from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
+
+        try:
+            return FastTokenizer(path)
+        except UnsupportedTokenizer as exc:
+            if backend == "fasttoken":
+                raise
+            logger.info("fasttoken does not support %s (%s); using HF tokenizers", path, exc)
+    from prelude.tokenizer.hf import HFTokenizer
+
+    return HFTokenizer(path)

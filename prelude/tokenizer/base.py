@@ -1,0 +1,62 @@
+"""The tokenizer contract every backend (fasttoken, HF `tokenizers`) fulfils."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple, Sequence
+
+
+class DecodeStep(NamedTuple):
+    """Result of one streaming decode step: the new text and the offsets for the next step."""
+
+    text: str
+    prefix_offset: int
+    read_offset: int
+
+
+class Tokenizer(ABC):
+    """Encode/decode for one immutable tokenizer.json. Implementations are reentrant:
+    any number of threads may call any method at once."""
+
+    backend: str
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids including added tokens (HF `get_vocab_size(with_added_tokens=True)`)."""
+
+    @property
+    @abstractmethod
+    def special_ids(self) -> frozenset[int]:
+        """Ids of added tokens flagged `special` (what `skip_special_tokens` drops)."""
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [self.encode(text, add_special_tokens) for text in texts]
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None: ...
+
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str | None: ...
+
+    def decode_step(
+        self,
+        ids: Sequence[int],
+        prefix_offset: int,
+        read_offset: int,
+        skip_special_tokens: bool = False,
+    ) -> DecodeStep:
+        """Stateless streaming decode. `ids` is every id so far; `ids[prefix_offset:read_offset]`
+        is context already emitted (decoded again so that decoders which strip or merge across
+        token boundaries see it), `ids[read_offset:]` is new. Returns the text the new ids add,
+        or "" while the tail is an incomplete UTF-8 sequence (it decodes to U+FFFD)."""
+        prefix_text = self.decode(ids[prefix_offset:read_offset], skip_special_tokens)
+        full_text = self.decode(ids[prefix_offset:], skip_special_tokens)
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            return DecodeStep(full_text[len(prefix_text):], read_offset, len(ids))
+        return DecodeStep("", prefix_offset, read_offset)

@@ -1,0 +1,47 @@
+"""HF `tokenizers` backend: the fallback for configurations fasttoken does not support,
+and the oracle fasttoken is tested against."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from prelude.tokenizer.base import Tokenizer
+
+
+class HFTokenizer(Tokenizer):
+    backend = "hf"
+
+    def __init__(self, path: str | Path):
+        self._tok = _HFTokenizer.from_file(str(path))
+        # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must not.
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        added = json.loads(Path(path).read_text(encoding="utf-8")).get("added_tokens", [])
+        self._special_ids = frozenset(t["id"] for t in added if t.get("special"))
+        self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)

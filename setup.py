@@ -1,0 +1,24 @@
+"""Builds the Cython extensions of prelude._fasttoken; all metadata lives in pyproject.toml."""
+from glob import glob
+from pathlib import Path
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+extensions = [
+    Extension(
+        "prelude._fasttoken." + Path(source).stem,
+        [source],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17"],
+    )
+    for source in sorted(glob("prelude/_fasttoken/*.pyx"))
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
+    )
+)
