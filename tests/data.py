@@ -1,0 +1,28 @@
+"""Where the shared test data (real tokenizer files) lives: $PRELUDE_TEST_DATA, else ../shared."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path:
+    return Path(os.environ.get("PRELUDE_TEST_DATA", REPO.parent / "shared"))
+
+
+def tokenizer_dir(name: str) -> Path:
+    """Folder of one real tokenizer (qwen3, llama3, gpt2, ...); skips the test when absent."""
+    path = shared_dir() / "tokenizers" / name
+    if not (path / "tokenizer.json").is_file():
+        pytest.skip(f"tokenizer data not found at {path} (set PRELUDE_TEST_DATA to the shared folder)")
+    return path
+
+
+def all_tokenizer_names() -> list[str]:
+    root = shared_dir() / "tokenizers"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())
