@@ -1,0 +1,114 @@
+"""ForwardBatch: the typed contract between the scheduler and an executor.
+
+The scheduler decides *what* runs in a step; the executor decides *how*. Three batch kinds carry
+the execution class to the executor before it launches anything:
+
+- OneShotBatch: prompt slices of OneShot requests; nothing they compute outlives the step except
+  full prompt blocks handed to the prefix cache.
+- DecodeBatch: one token and a block table per running sequence (CUDA-graph eligible).
+- MixedBatch: prefill chunks admitted beside running decodes; the two lists are kept apart so
+  that each is accounted against its own budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from prelude.engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    """What a row's forward must produce. Everything unset is skipped (no LM head for a row that
+    only needs a pooled state, no per-position logits unless prompt logprobs were asked for)."""
+
+    sample: SamplingParams | None = None  # sample one token from the last position's logits
+    sample_step: int = 0  # index of the token being sampled (seeded sampling is a function of it)
+    prompt_logprobs: int | None = None  # logprob of each prompt token (+ this many alternatives)
+    pooling: str | None = None  # "last" | "mean" | "cls": pooled final hidden state
+    normalize: bool = True  # L2-normalize the pooled state
+    classify: bool = False  # score head on the last token
+    label_token_ids: tuple[int, ...] | None = None  # last-position logprobs of just these ids
+
+    @property
+    def needs_last_logits(self) -> bool:
+        return self.sample is not None or self.label_token_ids is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRow:
+    """Prompt tokens computed this step. Positions start at `start`: the tokens before it are
+    already in the KV blocks of `block_table` (a prefix-cache hit or an earlier chunk)."""
+
+    seq_id: int
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    store_kv: bool  # write this step's K/V into the blocks (False: the KV dies with the step)
+    output: OutputSpec | None  # None for a chunk that is not the prompt's last
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRow:
+    seq_id: int
+    token_id: int
+    position: int
+    block_table: Sequence[int]
+    output: OutputSpec
+
+
+@dataclass(frozen=True, slots=True)
+class OneShotBatch:
+    rows: Sequence[PrefillRow]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeBatch:
+    rows: Sequence[DecodeRow]
+
+
+@dataclass(frozen=True, slots=True)
+class MixedBatch:
+    prefills: Sequence[PrefillRow]
+    decodes: Sequence[DecodeRow]
+
+
+ForwardBatch = Union[OneShotBatch, DecodeBatch, MixedBatch]
+
+
+def prefill_rows(batch: ForwardBatch) -> Sequence[PrefillRow]:
+    if isinstance(batch, OneShotBatch):
+        return batch.rows
+    return batch.prefills if isinstance(batch, MixedBatch) else ()
+
+
+def decode_rows(batch: ForwardBatch) -> Sequence[DecodeRow]:
+    if isinstance(batch, DecodeBatch):
+        return batch.rows
+    return batch.decodes if isinstance(batch, MixedBatch) else ()
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), best first
+
+
+@dataclass(slots=True)
+class RowResult:
+    """What one row's forward produced, in host memory. Fields follow the row's OutputSpec."""
+
+    seq_id: int
+    token: TokenLogprob | None = None  # the sampled token (logprob filled when asked)
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt position after the first
+    pooled: list[float] | None = None
+    scores: list[float] | None = None
+    label_logprobs: list[float] | None = None
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Results for rows with an output, prefill rows first, then decode rows."""
+
+    rows: list[RowResult]

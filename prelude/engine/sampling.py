@@ -1,0 +1,32 @@
+"""Sampling parameters: fixed at admission, read by the scheduler and the executor's sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-k alternatives reported for each generated token
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def restricts_logits(self) -> bool:
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
+
+
+GREEDY = SamplingParams(temperature=0.0)

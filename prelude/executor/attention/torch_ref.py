@@ -1,0 +1,84 @@
+"""Reference attention in plain torch: runs anywhere, and is the oracle for the CUDA backends."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from prelude.executor.attention.base import AttentionBackend, StepLayout
+
+
+class TorchAttention(AttentionBackend):
+    """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
+    single-token rows that store their K/V are batched into one padded attention over blocks."""
+
+    def plan(self, layout: StepLayout) -> None:
+        device = layout.slot_mapping.device
+        block_size = self.kv_cache.block_size
+        self.slot_mapping = layout.slot_mapping
+        self.stored = layout.slot_mapping >= 0
+        self.any_stored = bool(self.stored.any())
+        self.all_stored = self.any_stored and bool(self.stored.all())
+        self.prefills = []  # (start, end, context_len, prefix block ids | None)
+        batched = []  # rows answered by the padded single-token path
+        for row in range(layout.num_rows):
+            start, ctx = layout.query_starts[row], layout.context_lens[row]
+            if layout.query_len(row) == 1 and layout.store_kv[row]:
+                batched.append(row)
+                continue
+            num_blocks = -(-ctx // block_size)
+            prefix = (
+                torch.tensor(layout.block_tables[row][:num_blocks], dtype=torch.long, device=device)
+                if ctx else None
+            )
+            self.prefills.append((start, layout.query_starts[row + 1], ctx, prefix))
+        self.batched_rows = None
+        if batched:
+            lengths = [layout.context_lens[r] + 1 for r in batched]
+            max_blocks = -(-max(lengths) // block_size)
+            tables = [list(layout.block_tables[r][:max_blocks]) for r in batched]
+            tables = [t + [0] * (max_blocks - len(t)) for t in tables]
+            self.batched_rows = torch.tensor([layout.query_starts[r] for r in batched], device=device)
+            self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
+            key_pos = torch.arange(max_blocks * block_size, device=device)
+            self.batched_mask = (key_pos[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.kv_cache.layer(layer)
+        if self.any_stored:
+            flat_k = k_cache.view(-1, *k_cache.shape[2:])
+            flat_v = v_cache.view(-1, *v_cache.shape[2:])
+            if self.all_stored:
+                flat_k[self.slot_mapping] = k
+                flat_v[self.slot_mapping] = v
+            else:
+                flat_k[self.slot_mapping[self.stored]] = k[self.stored]
+                flat_v[self.slot_mapping[self.stored]] = v[self.stored]
+        out = torch.empty_like(q)
+        for start, end, ctx, prefix in self.prefills:
+            keys, values = k[start:end], v[start:end]
+            if prefix is not None:
+                keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
+                values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
+            out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
+        if self.batched_rows is not None:
+            keys = k_cache[self.batched_tables].flatten(1, 2)  # [B, L, Hkv, D]
+            values = v_cache[self.batched_tables].flatten(1, 2)
+            queries = q[self.batched_rows].unsqueeze(2)  # [B, H, 1, D]
+            o = F.scaled_dot_product_attention(
+                queries, keys.transpose(1, 2), values.transpose(1, 2),
+                attn_mask=self.batched_mask, enable_gqa=True,
+            )
+            out[self.batched_rows] = o.squeeze(2)
+        return out
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
+    """q: [n, H, D] at positions offset..offset+n-1; k, v: [offset+n, Hkv, D]."""
+    n, total = q.shape[0], k.shape[0]
+    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if offset == 0:
+        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+    else:
+        mask = torch.arange(total, device=q.device)[None, :] <= (offset + torch.arange(n, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+    return o.transpose(0, 1)

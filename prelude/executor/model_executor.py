@@ -1,0 +1,131 @@
+"""Runs ForwardBatches through a DecoderLM: flattens rows into the varlen layout, plans attention
+once per step, runs the model, and applies each row's output head."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from prelude.engine.batch import (
+    BatchResult,
+    DecodeRow,
+    ForwardBatch,
+    OutputSpec,
+    PrefillRow,
+    RowResult,
+    decode_rows,
+    prefill_rows,
+)
+from prelude.executor.attention.base import AttentionBackend, StepLayout
+from prelude.executor.base import Executor
+from prelude.executor.sampler import sample, token_logprob
+from prelude.model.decoder import DecoderLM
+
+# Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
+# long prompt never materializes a [prompt_len, vocab] tensor.
+PROMPT_LOGPROB_CHUNK = 256
+
+
+class ModelExecutor(Executor):
+    def __init__(self, model: DecoderLM, attention: AttentionBackend, device: torch.device):
+        self.model = model
+        self.attention = attention
+        self.device = device
+        self.block_size = attention.kv_cache.block_size
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> BatchResult:
+        prefills, decodes = prefill_rows(batch), decode_rows(batch)
+        input_ids, positions, layout = self._flatten(prefills, decodes)
+        self.attention.plan(layout)
+        hidden = self.model(input_ids, positions, self.attention)
+        return BatchResult(self._outputs(hidden, prefills, decodes, layout))
+
+    def _flatten(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow]):
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        for row in prefills:
+            n = len(row.token_ids)
+            ids.extend(row.token_ids)
+            positions.extend(range(row.start, row.start + n))
+            if row.store_kv:
+                for pos in range(row.start, row.start + n):
+                    slots.append(row.block_table[pos // bs] * bs + pos % bs)
+            else:
+                slots.extend([-1] * n)
+            starts.append(starts[-1] + n)
+        for row in decodes:
+            ids.append(row.token_id)
+            positions.append(row.position)
+            slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
+            starts.append(starts[-1] + 1)
+        to_tensor = lambda xs: torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
+        layout = StepLayout(
+            query_starts=starts,
+            context_lens=[r.start for r in prefills] + [r.position for r in decodes],
+            block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
+            store_kv=[r.store_kv for r in prefills] + [True] * len(decodes),
+            num_prefill_rows=len(prefills),
+            slot_mapping=to_tensor(slots),
+        )
+        return to_tensor(ids), to_tensor(positions), layout
+
+    def _outputs(self, hidden: torch.Tensor, prefills, decodes, layout: StepLayout) -> list[RowResult]:
+        # (row index in the step, spec, row) for every row that produces something.
+        wanted = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
+        wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
+        results = [RowResult(seq_id=r.seq_id) for _, _, r in wanted]
+        last = lambda i: layout.query_starts[i + 1] - 1
+
+        logit_rows = [k for k, (_, spec, _) in enumerate(wanted) if spec.needs_last_logits]
+        if logit_rows:
+            index = torch.tensor([last(wanted[k][0]) for k in logit_rows], device=hidden.device)
+            logits = self.model.compute_logits(hidden[index]).float()
+            sample_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].sample is not None]
+            label_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].label_token_ids is not None]
+            if label_rows:
+                logprobs = torch.log_softmax(logits[label_rows], dim=-1)
+                for j, lp in zip(label_rows, logprobs):
+                    k = logit_rows[j]
+                    ids = torch.tensor(wanted[k][1].label_token_ids, device=lp.device)
+                    results[k].label_logprobs = lp[ids].tolist()
+            if sample_rows:
+                specs = [wanted[logit_rows[j]][1] for j in sample_rows]
+                tokens = sample(logits[sample_rows], specs)
+                for j, token in zip(sample_rows, tokens):
+                    results[logit_rows[j]].token = token
+
+        for k, (i, spec, row) in enumerate(wanted):
+            start, end = layout.query_starts[i], layout.query_starts[i + 1]
+            if spec.prompt_logprobs is not None:
+                results[k].prompt_logprobs = self._prompt_logprobs(hidden[start:end], row.token_ids, spec.prompt_logprobs)
+            if spec.pooling is not None:
+                results[k].pooled = _pool(hidden[start:end], spec).tolist()
+            if spec.classify:
+                results[k].scores = self.model.compute_scores(hidden[end - 1]).float().tolist()
+        return results
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, token_ids: Sequence[int], top: int):
+        """Logprob of prompt token j+1 given tokens 0..j, for every j, with `top` alternatives."""
+        out = []
+        targets = list(token_ids[1:])
+        for chunk_start in range(0, len(targets), PROMPT_LOGPROB_CHUNK):
+            chunk = targets[chunk_start:chunk_start + PROMPT_LOGPROB_CHUNK]
+            logits = self.model.compute_logits(hidden[chunk_start:chunk_start + len(chunk)]).float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            out.extend(token_logprob(lp, t, top) for lp, t in zip(logprobs, chunk))
+        return out
+
+
+def _pool(hidden: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
+    if spec.pooling == "mean":
+        pooled = hidden.float().mean(dim=0)
+    elif spec.pooling == "cls":
+        pooled = hidden[0].float()
+    else:
+        pooled = hidden[-1].float()
+    return F.normalize(pooled, dim=-1) if spec.normalize else pooled

@@ -1,0 +1,94 @@
+"""Turns last-position logits into tokens: logit restrictions, greedy or seeded sampling,
+and the logprobs a request asked for."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from prelude.engine.batch import OutputSpec, TokenLogprob
+from prelude.engine.sampling import SamplingParams
+
+
+def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    """Applies allowed_token_ids and logit_bias in place."""
+    for row, p in enumerate(params):
+        if p.allowed_token_ids is not None:
+            keep = torch.tensor(p.allowed_token_ids, device=logits.device)
+            kept = logits[row, keep]
+            logits[row].fill_(float("-inf"))
+            logits[row, keep] = kept
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], device=logits.device)
+            bias = torch.tensor([b for _, b in p.logit_bias], device=logits.device, dtype=logits.dtype)
+            logits[row, ids] += bias
+
+
+def _exponential_noise(row_specs: Sequence[OutputSpec], vocab: int, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise per row; a seeded row's noise depends only on (seed, step), so the same
+    request samples the same tokens whatever it is batched with."""
+    noise = torch.empty(len(row_specs), vocab, device=device)
+    for i, spec in enumerate(row_specs):
+        seed = spec.sample.seed
+        if seed is None:
+            noise[i].exponential_()
+        else:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(hash((seed, spec.sample_step)) & 0x7FFF_FFFF_FFFF_FFFF)
+            noise[i].exponential_(generator=gen)
+    return noise
+
+
+def sample(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> list[TokenLogprob]:
+    """logits: [N, vocab] float32 for rows whose spec has `sample` set."""
+    params = [s.sample for s in specs]
+    raw_logprobs = None
+    if any(p.logprobs is not None for p in params):
+        # Reported logprobs are the model's own distribution, before any restriction or
+        # temperature (what vLLM reports by default).
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if any(p.restricts_logits for p in params):
+        restrict_logits(logits, params)
+    tokens = logits.argmax(dim=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits.device)
+        tokens[rows] = _sample_rows(logits[rows], [specs[i] for i in sampled])
+    token_list = tokens.tolist()
+    results = [TokenLogprob(t, 0.0, []) for t in token_list]
+    if raw_logprobs is not None:
+        for i, p in enumerate(params):
+            if p.logprobs is not None:
+                results[i] = token_logprob(raw_logprobs[i], token_list[i], p.logprobs)
+    return results
+
+
+def _sample_rows(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> torch.Tensor:
+    temps = torch.tensor([s.sample.temperature for s in specs], device=logits.device)
+    logits = logits / temps[:, None]
+    top_ks = [s.sample.top_k for s in specs]
+    if any(k > 0 for k in top_ks):
+        vocab = logits.shape[-1]
+        ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, (ks - 1).clamp(max=vocab - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    top_ps = torch.tensor([s.sample.top_p for s in specs], device=logits.device)
+    if bool((top_ps < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the tokens before it already reach top_p; the best one always stays.
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_ps[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    noise = _exponential_noise(specs, logits.shape[-1], logits.device)
+    return (probs / noise).argmax(dim=-1)
+
+
+def token_logprob(logprobs: torch.Tensor, token_id: int, top: int) -> TokenLogprob:
+    """Logprob of `token_id` and the `top` best alternatives from one row of log-softmax."""
+    alternatives = []
+    if top > 0:
+        values, ids = logprobs.topk(top)
+        alternatives = list(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)

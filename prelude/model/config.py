@@ -1,0 +1,151 @@
+"""The subset of an HF config.json the model code needs, parsed and validated once."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Causal-LM architectures and the sequence-classification variants built on the same decoder.
+DECODER_FAMILIES = {"Qwen3": "qwen3", "Qwen2": "qwen2", "Llama": "llama"}
+HEADS = ("ForCausalLM", "ForSequenceClassification", "Model")
+SUPPORTED_ARCHITECTURES = tuple(f"{family}{head}" for family in DECODER_FAMILIES for head in HEADS)
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint's architecture or configuration is outside what Prelude implements."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    theta: float
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    architecture: str
+    family: str  # qwen3 | qwen2 | llama
+    head: str  # ForCausalLM | ForSequenceClassification | Model
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    checkpoint_dtype: str | None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    id2label: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        architectures = raw.get("architectures") or []
+        architecture = architectures[0] if architectures else None
+        family_head = _split_architecture(architecture)
+        if family_head is None:
+            raise UnsupportedModel(
+                f"architecture {architecture!r} is not supported; supported: "
+                + ", ".join(SUPPORTED_ARCHITECTURES)
+            )
+        family, head = family_head
+        if raw.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+        num_heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+        id2label = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
+        if head == "ForSequenceClassification" and "num_labels" in raw and not id2label:
+            id2label = {i: f"LABEL_{i}" for i in range(raw["num_labels"])}
+        return cls(
+            architecture=architecture,
+            family=family,
+            head=head,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope=_rope_config(raw),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases; Llama and Qwen3 say so in attention_bias.
+            attention_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            eos_token_ids=_as_ids(raw.get("eos_token_id")),
+            bos_token_id=raw.get("bos_token_id"),
+            pad_token_id=raw.get("pad_token_id"),
+            id2label=id2label,
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise UnsupportedModel(f"{path} not found: --model must be a local HF-format directory")
+        config = cls.from_dict(json.loads(path.read_text()))
+        # generation_config.json is authoritative for the eos ids generation stops at.
+        gen_path = Path(model_dir) / "generation_config.json"
+        if gen_path.is_file():
+            eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
+            if eos:
+                config = replace(config, eos_token_ids=tuple(dict.fromkeys(eos + config.eos_token_ids)))
+        return config
+
+
+def _split_architecture(architecture: str | None) -> tuple[str, str] | None:
+    if architecture is None:
+        return None
+    for prefix, family in DECODER_FAMILIES.items():
+        for head in HEADS:
+            if architecture == prefix + head:
+                return family, head
+    return None
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    # transformers >= 5 writes rope_parameters; older checkpoints write rope_theta + rope_scaling.
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind == "default":
+        return RopeConfig(theta=theta)
+    if kind == "linear":
+        return RopeConfig(theta=theta, kind=kind, factor=float(params["factor"]))
+    if kind == "llama3":
+        return RopeConfig(
+            theta=theta,
+            kind=kind,
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position=int(params["original_max_position_embeddings"]),
+        )
+    raise UnsupportedModel(f"rope type {kind!r} is not supported (default, linear, llama3)")

@@ -1,0 +1,136 @@
+"""The Qwen3 / Qwen2 / Llama decoder (they differ only in q/k norm and q/k/v bias) and its heads."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from prelude.model.config import ModelConfig
+from prelude.model.layers import MLP, Attention, AttentionFn, RMSNorm, RotaryEmbedding
+
+# HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
+PACKED_WEIGHTS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x, residual, rope, attention: AttentionFn):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, attention)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DecoderModel(nn.Module):
+    """The transformer body; the `model.` prefix of HF checkpoint names."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """Decoder plus the heads its architecture has: `lm_head` for *ForCausalLM, `score` for
+    *ForSequenceClassification, none for *Model (embedding checkpoints)."""
+
+    def __init__(self, config: ModelConfig, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_positions)
+        self.lm_head = None
+        self.score = None
+        if config.head == "ForCausalLM" and not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.head == "ForSequenceClassification":
+            self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.config.head == "ForCausalLM"
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn):
+        """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
+        x = self.model.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions, x.dtype)
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, rope, attention)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return hidden @ weight.t()
+
+    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.score(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copies checkpoint tensors into the (fused) parameters; returns the parameter names
+        that were filled, so the loader can name any that were missing."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = self._canonical_name(name)
+            if name is None:
+                continue
+            packed = next(((frag, target) for frag, target in PACKED_WEIGHTS.items() if f".{frag}." in name), None)
+            if packed is None:
+                if name not in params:
+                    continue
+                params[name].data.copy_(tensor)
+                loaded.add(name)
+                continue
+            fragment, (target, shard) = packed
+            name = name.replace(f".{fragment}.", f".{target}.")
+            param = params[name]
+            sizes = self._shard_sizes(target)
+            start = sum(sizes[:shard])
+            param.data.narrow(0, start, sizes[shard]).copy_(tensor)
+            loaded.add(f"{name}#{shard}")
+        return loaded
+
+    def expected_weights(self) -> set[str]:
+        expected = set()
+        for name, _ in self.named_parameters():
+            target = next((t for t in ("qkv_proj", "gate_up_proj") if f".{t}." in name), None)
+            if target is None:
+                expected.add(name)
+            else:
+                expected.update(f"{name}#{i}" for i in range(len(self._shard_sizes(target))))
+        return expected
+
+    def _shard_sizes(self, target: str) -> list[int]:
+        c = self.config
+        if target == "qkv_proj":
+            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        return [c.intermediate_size, c.intermediate_size]
+
+    def _canonical_name(self, name: str) -> str | None:
+        if name.startswith("lm_head.") or name.startswith("score."):
+            return name
+        if name.startswith("model."):
+            return name
+        # Embedding checkpoints saved from the bare *Model have no `model.` prefix.
+        if name.split(".")[0] in ("embed_tokens", "layers", "norm"):
+            return "model." + name
+        return None

@@ -1,0 +1,135 @@
+"""Building blocks shared by the decoder families: norms, rotary embedding, MLP, attention.
+
+Layers compute on the flattened varlen layout: every activation is [num_tokens, ...] with no
+batch or padding dimension. Attention itself is delegated to an `AttentionFn` the executor binds
+per step, so model code never sees block tables or backend details.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prelude.model.config import ModelConfig, RopeConfig
+
+
+class AttentionFn(Protocol):
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for this step's tokens.
+        Stores k/v where the step says so and returns [T, num_heads, head_dim]."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Normalizes x (after adding residual, when given). With a residual it returns
+        (normed, x + residual) so the next block can reuse the sum."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        # Computed in fp32 and cast back, as the HF reference does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * xf.to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+def _inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim
+    inv_freq = 1.0 / (rope.theta ** exponents)
+    if rope.kind == "linear":
+        return inv_freq / rope.factor
+    if rope.kind == "llama3":
+        low_wavelen = rope.original_max_position / rope.low_freq_factor
+        high_wavelen = rope.original_max_position / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class RotaryEmbedding:
+    """Neox-style rotary embedding (rotate halves). The cos/sin table is built once per device,
+    and looked up once per forward: every layer reuses the same (cos, sin) pair."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int):
+        self.rope = rope
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.cos_sin: torch.Tensor | None = None
+
+    def materialize(self, device: torch.device) -> None:
+        # Built on the CPU in float64 (explicitly: models are constructed under a meta device).
+        inv_freq = _inverse_frequencies(self.rope, self.head_dim).float()
+        positions = torch.arange(self.max_positions, dtype=torch.float32, device="cpu")
+        freqs = torch.outer(positions, inv_freq)
+        self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class MLP(nn.Module):
+    """SwiGLU with gate and up projections fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with q/k/v fused into one matmul and optional per-head
+    q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        out = attention(self.layer, q, k, v)
+        return self.o_proj(out.reshape(-1, self.q_size))

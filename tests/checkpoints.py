@@ -1,0 +1,57 @@
+"""Tiny random-weight checkpoints in the exact HF layout, written by `transformers` itself."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def hf_config(family: str, vocab_size: int = 512, tie: bool = False, head: str = "ForCausalLM", **extra):
+    import transformers
+
+    cls = {"qwen3": transformers.Qwen3Config, "qwen2": transformers.Qwen2Config,
+           "llama": transformers.LlamaConfig}[family]
+    kwargs = dict(TINY, vocab_size=vocab_size, tie_word_embeddings=tie, **extra)
+    if family == "qwen3":
+        kwargs.setdefault("head_dim", 16)
+    prefix = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}[family]
+    config = cls(**kwargs)
+    config.architectures = [prefix + head]
+    return config
+
+
+def make_checkpoint(path: Path, family: str, seed: int = 0, vocab_size: int = 512, tie: bool = False,
+                    head: str = "ForCausalLM", max_shard_size: str | None = None, **extra) -> Path:
+    """Writes config.json + safetensors for a random model and returns the directory."""
+    import transformers
+
+    config = hf_config(family, vocab_size, tie, head, **extra)
+    torch.manual_seed(seed)
+    model_cls = getattr(transformers, config.architectures[0])
+    model = model_cls(config).eval()
+    # Random init leaves norms at 1.0; perturb them so q/k-norm and final-norm bugs show.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **save_kwargs)
+    return path
+
+
+def load_reference(path: Path):
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    model_cls = getattr(transformers, config.architectures[0])
+    return model_cls.from_pretrained(path, dtype=torch.float32).eval()

@@ -1,0 +1,108 @@
+"""Our decoder's logits equal transformers' on the same weights: a varlen prefill of several
+sequences, then incremental decode steps reading K/V back through the paged cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prelude.executor.attention.base import StepLayout
+from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.model.config import ModelConfig
+from prelude.model.loader import load_model
+from tests.checkpoints import load_reference, make_checkpoint
+
+BLOCK = 4
+CASES = [
+    ("qwen3", dict()),
+    ("qwen3", dict(tie=True, max_shard_size="50KB")),
+    ("qwen2", dict()),
+    ("llama", dict()),
+    ("llama", dict(tie=True, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64})),
+]
+
+
+def _layout(rows, device="cpu"):
+    """rows: (num_new_tokens, context_len, block_table)."""
+    starts, slots = [0], []
+    for n, ctx, table in rows:
+        starts.append(starts[-1] + n)
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(ctx, ctx + n)]
+    return StepLayout(
+        query_starts=starts,
+        context_lens=[ctx for _, ctx, _ in rows],
+        block_tables=[table for _, _, table in rows],
+        store_kv=[True] * len(rows),
+        num_prefill_rows=sum(1 for n, _, _ in rows if n > 1),
+        slot_mapping=torch.tensor(slots),
+    )
+
+
+@pytest.mark.parametrize("family,extra", CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
+def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, extra):
+    path = make_checkpoint(tmp_path / family, family, **extra)
+    reference = load_reference(path)
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=BLOCK, dtype=torch.float32),
+                    torch.device("cpu"))
+    attention = TorchAttention(cache)
+
+    gen = torch.Generator().manual_seed(1)
+    lengths = [7, 1, 13, 4]
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen) for n in lengths]
+    # Deliberately scattered, non-contiguous block tables.
+    free = list(range(63, -1, -1))
+    tables = [[free.pop(2 * i % len(free)) for i in range(8)] for _ in prompts]
+
+    with torch.inference_mode():
+        ids = torch.cat(prompts)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        attention.plan(_layout([(n, 0, t) for n, t in zip(lengths, tables)]))
+        hidden = model(ids, positions, attention)
+        ours = model.compute_logits(hidden)
+        offset = 0
+        for prompt in prompts:
+            expected = reference(prompt[None]).logits[0]
+            torch.testing.assert_close(ours[offset:offset + len(prompt)], expected, atol=1e-4, rtol=1e-4)
+            offset += len(prompt)
+
+        sequences = [p.tolist() for p in prompts]
+        for _ in range(6):
+            next_tokens = [int(torch.randint(0, config.vocab_size, (1,), generator=gen)) for _ in sequences]
+            rows = [(1, len(s), t) for s, t in zip(sequences, tables)]
+            attention.plan(_layout(rows))
+            hidden = model(torch.tensor(next_tokens), torch.tensor([len(s) for s in sequences]), attention)
+            ours = model.compute_logits(hidden)
+            for i, (seq, tok) in enumerate(zip(sequences, next_tokens)):
+                seq.append(tok)
+                expected = reference(torch.tensor([seq])).logits[0, -1]
+                torch.testing.assert_close(ours[i], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_over_cached_prefix_matches_full_prefill(tmp_path):
+    path = make_checkpoint(tmp_path / "q3", "qwen3")
+    reference = load_reference(path)
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=16, block_size=BLOCK, dtype=torch.float32),
+                    torch.device("cpu"))
+    attention = TorchAttention(cache)
+    prompt = torch.randint(0, config.vocab_size, (23,), generator=torch.Generator().manual_seed(3))
+    table = [5, 2, 9, 11, 0, 3, 7]
+    outputs = []
+    with torch.inference_mode():
+        for lo, hi in [(0, 8), (8, 17), (17, 23)]:
+            attention.plan(_layout([(hi - lo, lo, table)]))
+            outputs.append(model.compute_logits(model(prompt[lo:hi], torch.arange(lo, hi), attention)))
+        expected = reference(prompt[None]).logits[0]
+    torch.testing.assert_close(torch.cat(outputs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_architecture_names_the_supported_ones():
+    from prelude.model.config import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel, match="Qwen3ForCausalLM"):
+        ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"]})
