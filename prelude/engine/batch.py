@@ -38,13 +38,14 @@ class OutputSpec:
 @dataclass(frozen=True, slots=True)
 class PrefillRow:
     """Prompt tokens computed this step. Positions start at `start`: the tokens before it are
-    already in the KV blocks of `block_table` (a prefix-cache hit or an earlier chunk)."""
+    already in the KV blocks of `block_table` (a prefix-cache hit or an earlier chunk). A token's
+    K/V is stored iff the block table covers its position; the rest dies with the step (OneShot
+    rows get blocks only for the full blocks they hand to the prefix cache)."""
 
     seq_id: int
     token_ids: Sequence[int]
     start: int
     block_table: Sequence[int]
-    store_kv: bool  # write this step's K/V into the blocks (False: the KV dies with the step)
     output: OutputSpec | None  # None for a chunk that is not the prompt's last
 
 
@@ -93,6 +94,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob), best first
+    rank: int = 1  # 1 + how many tokens had a higher logprob
 
 
 @dataclass(slots=True)

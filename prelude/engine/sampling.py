@@ -7,7 +7,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 16
-    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut

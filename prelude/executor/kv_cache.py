@@ -33,8 +33,12 @@ class KVCache:
     def __init__(self, shape: KVCacheShape, device: torch.device):
         self.shape = shape
         dims = (shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-        self.k = torch.zeros(dims, dtype=shape.dtype, device=device)
-        self.v = torch.zeros(dims, dtype=shape.dtype, device=device)
+        # Never-written slots are only ever read masked out, but a NaN there would still poison
+        # the masked sum. Large fresh CPU allocations are zero pages from the OS, so `empty`
+        # gives zeros without touching (and paying for) every page at startup.
+        alloc = torch.empty if device.type == "cpu" else torch.zeros
+        self.k = alloc(dims, dtype=shape.dtype, device=device)
+        self.v = alloc(dims, dtype=shape.dtype, device=device)
 
     @property
     def block_size(self) -> int:

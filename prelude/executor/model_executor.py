@@ -48,15 +48,16 @@ class ModelExecutor(Executor):
         positions: list[int] = []
         slots: list[int] = []
         starts = [0]
+        stored: list[bool] = []
         for row in prefills:
-            n = len(row.token_ids)
+            n, table = len(row.token_ids), row.block_table
             ids.extend(row.token_ids)
             positions.extend(range(row.start, row.start + n))
-            if row.store_kv:
-                for pos in range(row.start, row.start + n):
-                    slots.append(row.block_table[pos // bs] * bs + pos % bs)
-            else:
-                slots.extend([-1] * n)
+            covered = min(row.start + n, len(table) * bs)
+            for pos in range(row.start, covered):
+                slots.append(table[pos // bs] * bs + pos % bs)
+            slots.extend([-1] * (row.start + n - max(covered, row.start)))
+            stored.append(covered == row.start + n)
             starts.append(starts[-1] + n)
         for row in decodes:
             ids.append(row.token_id)
@@ -68,7 +69,7 @@ class ModelExecutor(Executor):
             query_starts=starts,
             context_lens=[r.start for r in prefills] + [r.position for r in decodes],
             block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
-            store_kv=[r.store_kv for r in prefills] + [True] * len(decodes),
+            store_kv=stored + [True] * len(decodes),
             num_prefill_rows=len(prefills),
             slot_mapping=to_tensor(slots),
         )

@@ -91,4 +91,5 @@ def token_logprob(logprobs: torch.Tensor, token_id: int, top: int) -> TokenLogpr
     if top > 0:
         values, ids = logprobs.topk(top)
         alternatives = list(zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(token_id, float(logprobs[token_id]), alternatives)
+    chosen = logprobs[token_id]
+    return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs > chosen).sum()) + 1)

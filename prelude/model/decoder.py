@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from prelude.model.config import ModelConfig
-from prelude.model.layers import MLP, Attention, AttentionFn, RMSNorm, RotaryEmbedding
+from prelude.model.layers import MLP, Attention, AttentionFn, Embedding, Linear, RMSNorm, RotaryEmbedding
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -42,7 +42,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -59,9 +59,9 @@ class DecoderLM(nn.Module):
         self.lm_head = None
         self.score = None
         if config.head == "ForCausalLM" and not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
-            self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+            self.score = Linear(config.hidden_size, config.num_labels, bias=False)
 
     @property
     def has_lm_head(self) -> bool:

@@ -42,10 +42,15 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int) -> DecoderLM:
-    """An uninitialized model on `device` (allocated, not filled)."""
-    with torch.device("meta"):
-        model = DecoderLM(config, max_positions).to(dtype)  # dtype change on meta costs nothing
-    model = model.to_empty(device=device)
+    """An uninitialized model on `device`: parameters are allocated in the target dtype and never
+    initialized (the checkpoint fills them), so nothing is computed or copied twice."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = DecoderLM(config, max_positions)
+    finally:
+        torch.set_default_dtype(previous)
     model.rotary.materialize(device)
     return model.eval().requires_grad_(False)
 

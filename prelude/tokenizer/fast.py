@@ -3,14 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prelude.tokenizer.base import Tokenizer
-
 
 class UnsupportedTokenizer(ValueError):
     """The tokenizer.json uses a feature outside fasttoken's supported subset."""
 
 
-class FastTokenizer(Tokenizer):
+class FastTokenizer:
     backend = "fasttoken"
 
     def __init__(self, path: str | Path):

@@ -1,0 +1,1 @@
+"""Triton kernels for the CUDA executor; each has a torch reference it is tested against."""

@@ -1,0 +1,1 @@
+"""KV block accounting: ref-counted block pool and block-level prefix cache."""

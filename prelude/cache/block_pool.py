@@ -1,0 +1,215 @@
+"""KV block accounting: ref-counted blocks and a block-level prefix cache with LRU eviction.
+
+Every block is in exactly one of three states:
+- free: unreferenced and holds nothing worth keeping;
+- in use: ref count > 0 (held by running sequences or by a step in flight);
+- cached idle: unreferenced but published in the prefix trie; reusable by a later prefix match
+  until it is evicted (least recently used first) to satisfy an allocation.
+
+The prefix trie is keyed block by block: a full block's key is (parent block id, its tokens), the
+parent being the cached block before it (ROOT for the first). Keys are exact token tuples, so a
+hit never needs a collision check. Evicting a block drops its cached descendants with it, so no
+key ever refers to a reused block id.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import NamedTuple, Sequence
+
+ROOT = -1
+BlockKey = tuple[int, tuple[int, ...]]
+
+
+class NoFreeBlocks(RuntimeError):
+    """An allocation asked for more blocks than are free or evictable (callers check first)."""
+
+
+class PrefixMatch(NamedTuple):
+    blocks: list[int]  # cached blocks covering the longest full-block prefix, in order
+    miss_key: BlockKey | None  # key of the first full block not cached (None: all cached / no full block left)
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._refs = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._key: list[BlockKey | None] = [None] * num_blocks
+        self._lookup: dict[BlockKey, int] = {}
+        self._children: dict[int, set[int]] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        # Counters for metrics.
+        self.queries_tokens = 0
+        self.hit_tokens = 0
+
+    # -- capacity ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now: free ones plus evictable cached ones."""
+        return len(self._free) + len(self._idle)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._lookup)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free_blocks
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """n fresh blocks with ref count 1, evicting idle cached blocks (LRU) when needed."""
+        if n > self.num_free_blocks:
+            raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
+        out = []
+        for _ in range(n):
+            if not self._free:
+                self._evict(next(iter(self._idle)))
+            block = self._free.popleft()
+            self._refs[block] = 1
+            out.append(block)
+        return out
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """Adds a reference to each block (cached blocks attached after a prefix match)."""
+        for block in blocks:
+            if self._refs[block] == 0:
+                self._idle.pop(block, None)
+            self._refs[block] += 1
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drops one reference from each block. Unreferenced cached blocks stay matchable until
+        evicted; released deepest first, so the LRU order evicts leaves before their parents."""
+        for block in reversed(blocks):
+            refs = self._refs[block] - 1
+            assert refs >= 0, f"block {block} released more often than acquired"
+            self._refs[block] = refs
+            if refs == 0:
+                if self._key[block] is None:
+                    self._free.append(block)
+                else:
+                    self._idle[block] = None
+
+    # -- prefix cache ----------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_blocks: int | None = None) -> PrefixMatch:
+        """Longest cached prefix of `tokens` in whole blocks (at most max_blocks). Does not take
+        references: call acquire() on the blocks you keep before anything else allocates."""
+        full = len(tokens) // self.block_size
+        if max_blocks is not None:
+            full = min(full, max_blocks)
+        if not self.enable_prefix_caching or full == 0:
+            return PrefixMatch([], None)
+        bs = self.block_size
+        blocks: list[int] = []
+        parent = ROOT
+        for i in range(full):
+            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            block = self._lookup.get(key)
+            if block is None:
+                self._touch(blocks)
+                return PrefixMatch(blocks, key)
+            blocks.append(block)
+            parent = block
+        self._touch(blocks)
+        return PrefixMatch(blocks, None)
+
+    def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        self.queries_tokens += num_tokens
+        self.hit_tokens += num_hit_tokens
+
+    def publish(self, tokens: Sequence[int], blocks: Sequence[int], first: int, last: int) -> None:
+        """Publishes blocks[first:last], whose K/V now hold tokens' full blocks first..last-1.
+        blocks[:first] must already be published (or be their cached twins)."""
+        if not self.enable_prefix_caching or last <= first:
+            return
+        bs = self.block_size
+        parent = ROOT
+        if first > 0:
+            parent = self._canonical(tokens, blocks, first - 1)
+            if parent is None:
+                return  # the chain above was evicted meanwhile: nothing below is reachable
+        for i in range(first, last):
+            block = blocks[i]
+            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            existing = self._lookup.get(key)
+            if existing is not None:
+                parent = existing  # someone computed the same block first; theirs stays canonical
+                continue
+            if self._key[block] is not None:  # already published under another chain
+                parent = block
+                continue
+            self._key[block] = key
+            self._lookup[key] = block
+            if parent != ROOT:
+                self._children.setdefault(parent, set()).add(block)
+            parent = block
+
+    def _canonical(self, tokens: Sequence[int], blocks: Sequence[int], index: int) -> int | None:
+        """The cached block standing for tokens' full block `index` (ours or an identical twin)."""
+        if self._key[blocks[index]] is not None:
+            return blocks[index]
+        matched = self.match(tokens, max_blocks=index + 1).blocks
+        return matched[index] if len(matched) > index else None
+
+    def _touch(self, blocks: list[int]) -> None:
+        # Deepest first, so parents end up more recently used than their children.
+        for block in reversed(blocks):
+            if block in self._idle:
+                self._idle.move_to_end(block)
+
+    def _evict(self, block: int) -> None:
+        """Unpublishes an idle cached block and, with it, its cached descendants. A descendant can
+        still be in use (a sequence whose own copy of an ancestor lost a publish race hangs its
+        later blocks under the winner's chain): it is only unpublished, and freed on release."""
+        stack = [block]
+        while stack:
+            b = stack.pop()
+            key = self._key[b]
+            self._key[b] = None
+            del self._lookup[key]
+            parent = key[0]
+            if parent != ROOT and parent in self._children:
+                self._children[parent].discard(b)
+            stack.extend(self._children.pop(b, ()))
+            if self._refs[b] == 0:
+                del self._idle[b]
+                self._free.append(b)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every idle cached block (vLLM's /reset_prefix_cache). False if some are in use."""
+        if any(self._refs[b] for b in self._lookup.values()):
+            return False
+        while self._idle:
+            self._evict(next(iter(self._idle)))
+        return True
+
+    # -- checks -----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Asserts the accounting invariants (tests call this after every scenario)."""
+        free = set(self._free)
+        idle = set(self._idle)
+        used = {b for b in range(self.num_blocks) if self._refs[b] > 0}
+        assert len(free) == len(self._free), "a block is on the free list twice"
+        assert not (free & idle) and not (free & used) and not (idle & used)
+        assert len(free) + len(idle) + len(used) == self.num_blocks, "a block is lost"
+        assert all(self._key[b] is None for b in free), "a free block is still published"
+        assert all(self._key[b] is not None for b in idle), "an idle block is not published"
+        for key, block in self._lookup.items():
+            assert self._key[block] == key
+            parent = key[0]
+            assert parent == ROOT or self._key[parent] is not None, "a cached block's parent is gone"
+            assert parent == ROOT or block in self._children.get(parent, ()), "child link missing"

@@ -1,0 +1,1 @@
+"""Request normalization, execution classes, scheduling, ForwardBatch, and the step loop."""

@@ -1,0 +1,187 @@
+"""The engine: owns the scheduler and the executor, and runs the step loop on the server's event
+loop. A step's forward runs in one worker thread so the loop keeps serving HTTP meanwhile;
+scheduling and output processing run on the loop between steps."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from prelude.engine.detokenize import IncrementalDetokenizer
+from prelude.engine.output import EngineError, RequestOutput, RequestStream
+from prelude.engine.request import Request
+from prelude.engine.scheduler import OneShotJob, Scheduler, ScheduledStep, StepEvent, Work
+from prelude.engine.sequence import Sequence
+from prelude.engine.stats import EngineStats
+from prelude.executor.base import Executor
+from prelude.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """Engine-side state of one admitted request."""
+
+    work: Work
+    stream: RequestStream
+    detokenizer: IncrementalDetokenizer | None = None  # Decode requests only
+    logprobs: bool = False
+    first_token_time: float | None = None
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer,
+                 eos_token_ids: tuple[int, ...], max_model_len: int):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.stats = EngineStats()
+        self._tracked: dict[str, _Tracked] = {}
+        self._wakeup = asyncio.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
+        self._loop_task: asyncio.Task | None = None
+        self._in_flight = False
+
+    @property
+    def pool(self):
+        return self.scheduler.pool
+
+    @property
+    def idle(self) -> bool:
+        """No request admitted and unfinished, and no step in flight."""
+        return not self._tracked and not self._in_flight
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._loop_task = asyncio.create_task(self._run(), name="prelude-engine")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+        for tracked in list(self._tracked.values()):
+            self._end(tracked, "abort")
+        self._worker.shutdown(wait=True)
+
+    # -- requests ---------------------------------------------------------------------------
+    def submit(self, request: Request) -> RequestStream:
+        """Queues a normalized request; outputs arrive on the returned stream."""
+        if request.request_id in self._tracked:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        stream = RequestStream(request.request_id)
+        work = self.scheduler.add(request)
+        tracked = _Tracked(work, stream, logprobs=request.sampling.logprobs is not None)
+        if isinstance(work, Sequence) and request.generates:
+            tracked.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, request.prompt_ids, request.sampling.stop, request.sampling.skip_special_tokens)
+        self._tracked[request.request_id] = tracked
+        self.stats.on_arrival()
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request (client went away); frees its blocks. No-op once it finished."""
+        tracked = self._tracked.get(request_id)
+        if tracked is not None:
+            self._end(tracked, "abort")
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            step = self.scheduler.schedule()
+            if step is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            started = time.perf_counter()
+            self._in_flight = True
+            try:
+                result = await loop.run_in_executor(self._worker, self.executor.execute, step.batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed step fails its own requests, not the server
+                logger.exception("step failed")
+                self._fail(step, exc)
+                continue
+            finally:
+                self._in_flight = False
+            self.stats.on_step(step, time.perf_counter() - started)
+            self._process(self.scheduler.update(step, result))
+
+    def _fail(self, step: ScheduledStep, exc: Exception) -> None:
+        for work in self.scheduler.abort_step(step):
+            tracked = self._tracked.pop(work.request.request_id, None)
+            if tracked is not None:
+                tracked.stream.put(EngineError(f"engine step failed: {exc}"))
+
+    def _process(self, events: list[StepEvent]) -> None:
+        now = time.monotonic()
+        for work, result in events:
+            tracked = self._tracked.get(work.request.request_id)
+            if tracked is None:
+                continue
+            request = work.request
+            out = RequestOutput(request.request_id, num_prompt_tokens=request.num_prompt_tokens,
+                                num_cached_tokens=work.num_cached_tokens)
+            if result.prompt_logprobs is not None:
+                out.prompt_logprobs = result.prompt_logprobs
+            out.pooled, out.scores, out.label_logprobs = result.pooled, result.scores, result.label_logprobs
+            if tracked.first_token_time is None:
+                tracked.first_token_time = now
+                self.stats.on_first_token(work, now)
+            token = result.token
+            reason = stop_reason = None
+            if token is not None:
+                out.token_ids = [token.token_id]
+                if tracked.logprobs:
+                    out.logprobs = [token]
+                reason, stop_reason = self._token_stop(work, token.token_id)
+            num_output = (len(work.token_ids) - request.num_prompt_tokens) if isinstance(work, Sequence) else len(out.token_ids)
+            out.num_output_tokens = num_output
+            detok = tracked.detokenizer
+            if token is not None and detok is not None and reason is None:
+                hit = detok.add(token.token_id)
+                if hit is not None:
+                    reason, stop_reason = "stop", hit
+            if reason is None and num_output >= request.sampling.max_tokens:
+                reason = "length"
+            if not request.generates and reason is None:
+                reason = "length" if request.sampling.max_tokens == 0 else "stop"
+            if detok is not None:
+                out.text = detok.emit(final=reason is not None)
+            elif token is not None and reason != "stop":
+                out.text = self.tokenizer.decode(out.token_ids, request.sampling.skip_special_tokens)
+            if reason is not None:
+                out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason
+                self._tracked.pop(request.request_id, None)
+                self.scheduler.finish(work, reason)
+                self.stats.on_finish(work, num_output, reason, now)
+            if isinstance(work, OneShotJob) or out.finished or out.token_ids or out.text:
+                tracked.stream.put(out)
+
+    def _token_stop(self, work: Work, token_id: int) -> tuple[str | None, int | None]:
+        sampling = work.request.sampling
+        if token_id in sampling.stop_token_ids:
+            return "stop", token_id
+        if not sampling.ignore_eos and token_id in self.eos_token_ids:
+            return "stop", None
+        return None, None
+
+    def _end(self, tracked: _Tracked, reason: str) -> None:
+        request_id = tracked.work.request.request_id
+        if self._tracked.pop(request_id, None) is None:
+            return
+        self.scheduler.finish(tracked.work, reason)
+        self.stats.on_abort()
+        tracked.stream.put(RequestOutput(request_id, finished=True, finish_reason=reason))

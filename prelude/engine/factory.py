@@ -1,0 +1,118 @@
+"""Builds a ready Engine from the Config: resolves the model directory (or the demo), loads
+tokenizer and weights, sizes the KV cache, and wires scheduler and executor together."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prelude import tokenizer as tokenizers
+from prelude.cache.block_pool import BlockPool
+from prelude.config import Config
+from prelude.engine.engine import Engine
+from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.tokenizer.chat import ChatTemplate
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 512 * 2**20
+CPU_TEMP_MEMORY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the server needs to know about the model besides the engine."""
+
+    name: str
+    path: Path
+    config: ModelConfig
+    chat_template: ChatTemplate | None
+    max_model_len: int
+
+
+def resolve_model_dir(config: Config) -> Path:
+    if config.model is None:
+        from prelude.demo import ensure_demo_model
+
+        return ensure_demo_model()
+    path = Path(config.model).expanduser()
+    if not path.is_dir():
+        raise UnsupportedModel(f"--model {config.model!r} is not a local directory (nothing is downloaded)")
+    return path
+
+
+def _eos_ids(model_dir: Path, model_config: ModelConfig, tokenizer) -> tuple[int, ...]:
+    ids = list(model_config.eos_token_ids)
+    tok_config = model_dir / "tokenizer_config.json"
+    if tok_config.is_file():
+        eos = json.loads(tok_config.read_text(encoding="utf-8")).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if eos and tokenizer.token_to_id(eos) is not None:
+            ids.append(tokenizer.token_to_id(eos))
+    return tuple(dict.fromkeys(ids))
+
+
+def build_engine(config: Config) -> tuple[Engine, ServedModel]:
+    start = time.perf_counter()
+    model_dir = resolve_model_dir(config)
+    model_config = ModelConfig.from_dir(model_dir)
+    tokenizer = tokenizers.load(model_dir, config.tokenizer_backend)
+    eos_ids = _eos_ids(model_dir, model_config, tokenizer)
+    max_model_len = config.max_model_len or model_config.max_position_embeddings
+    if config.executor == "null":
+        executor, num_blocks, temp_per_token, dtype_size = _null_executor(config, model_config, eos_ids)
+    else:
+        executor, num_blocks, temp_per_token, dtype_size = _model_executor(
+            config, model_dir, model_config, max_model_len)
+    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+    scheduler = Scheduler(SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        disable_oneshot=config.disable_oneshot,
+        policy=config.scheduling_policy,
+        temp_bytes_per_token=temp_per_token,
+        temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
+        temp_memory_budget=CPU_TEMP_MEMORY_BYTES,
+    ), pool)
+    engine = Engine(scheduler, executor, tokenizer, eos_ids, max_model_len)
+    served = ServedModel(config.model_name, model_dir, model_config,
+                         ChatTemplate.from_dir(model_dir), max_model_len)
+    logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
+                time.perf_counter() - start, model_config.architecture, num_blocks,
+                config.block_size, tokenizer.backend)
+    return engine, served
+
+
+def _null_executor(config: Config, model_config: ModelConfig, eos_ids):
+    from prelude.executor.null_executor import NullExecutor
+
+    executor = NullExecutor(model_config, config.block_size, frozenset(eos_ids))
+    return executor, config.num_kv_blocks or 65536, 0, 4
+
+
+def _model_executor(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int):
+    import torch
+
+    from prelude.executor.attention.torch_ref import TorchAttention
+    from prelude.executor.kv_cache import KVCache, KVCacheShape
+    from prelude.executor.model_executor import ModelExecutor
+    from prelude.model.loader import load_model, resolve_dtype
+
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.device == "auto" else config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if device.type == "cpu":
+        torch.manual_seed(config.seed)
+    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len)
+    per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
+    executor = ModelExecutor(model, TorchAttention(kv_cache), device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    c = model_config
+    temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+                                 + 3 * c.intermediate_size)
+    return executor, num_blocks, temp_per_token, itemsize

@@ -1,0 +1,77 @@
+"""What the engine hands back to the server: per-request outputs on an async stream."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from prelude.engine.batch import TokenLogprob
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """An increment of a request's result. Streams carry the new tokens and text of each step;
+    the last output has `finished` set. OneShot requests produce exactly one output."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+    pooled: list[float] | None = None
+    scores: list[float] | None = None
+    label_logprobs: list[float] | None = None
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None  # the stop string or token id that ended generation
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class EngineError(RuntimeError):
+    """The engine failed this request (the step it was in raised); other requests go on."""
+
+
+class RequestStream:
+    """Async iterator over one request's outputs, fed by the engine loop (same event loop)."""
+
+    __slots__ = ("request_id", "_queue", "finished")
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, item: RequestOutput | Exception) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, Exception):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    async def collect(self) -> RequestOutput:
+        """Waits for the end and merges every increment into one output."""
+        merged: RequestOutput | None = None
+        async for out in self:
+            if merged is None:
+                merged = out
+                continue
+            merged.token_ids += out.token_ids
+            merged.text += out.text
+            if out.logprobs is not None:
+                merged.logprobs = (merged.logprobs or []) + out.logprobs
+            for name in ("finished", "finish_reason", "stop_reason", "num_output_tokens",
+                         "prompt_logprobs", "pooled", "scores", "label_logprobs"):
+                value = getattr(out, name)
+                if value is not None:
+                    setattr(merged, name, value)
+        return merged

@@ -1,0 +1,70 @@
+"""The normalized request: everything the engine needs, fixed once at admission."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from prelude.engine.batch import OutputSpec
+from prelude.engine.sampling import GREEDY, SamplingParams
+
+
+class Task(str, enum.Enum):
+    """What the request returns."""
+
+    GENERATE = "generate"  # tokens (max_tokens may be 0: prompt logprobs only)
+    EMBED = "embed"  # pooled, normalized final hidden state
+    CLASSIFY = "classify"  # sequence-classification head on the last token
+    SCORE = "score"  # logprobs of given label tokens at the last position
+
+
+class ExecutionClass(str, enum.Enum):
+    ONESHOT = "oneshot"  # one forward, no state after it
+    DECODE = "decode"  # paged KV, continuous batching
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = GREEDY
+    task: Task = Task.GENERATE
+    prompt_logprobs: int | None = None
+    pooling: str = "last"
+    normalize: bool = True
+    label_token_ids: tuple[int, ...] | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def generates(self) -> bool:
+        return self.task is Task.GENERATE and self.sampling.max_tokens > 0
+
+    @property
+    def needs_every_position(self) -> bool:
+        """Outputs read every prompt position, so a cached prefix cannot stand in for them."""
+        return self.prompt_logprobs is not None or (self.task is Task.EMBED and self.pooling != "last")
+
+    def output_spec(self, sample_step: int = 0) -> OutputSpec:
+        """The outputs the row carrying this request's last prompt token must produce."""
+        return OutputSpec(
+            sample=self.sampling if self.generates else None,
+            sample_step=sample_step,
+            prompt_logprobs=self.prompt_logprobs,
+            pooling=self.pooling if self.task is Task.EMBED else None,
+            normalize=self.normalize,
+            classify=self.task is Task.CLASSIFY,
+            label_token_ids=self.label_token_ids if self.task is Task.SCORE else None,
+        )
+
+
+def classify(request: Request, disable_oneshot: bool = False) -> ExecutionClass:
+    """OneShot when the request returns a fixed-size artifact or at most one token."""
+    if disable_oneshot:
+        return ExecutionClass.DECODE
+    if request.task is not Task.GENERATE or request.sampling.max_tokens <= 1:
+        return ExecutionClass.ONESHOT
+    return ExecutionClass.DECODE

@@ -1,0 +1,53 @@
+"""The Decode-lifecycle record: a request that keeps KV blocks across steps."""
+from __future__ import annotations
+
+import enum
+
+from prelude.engine.request import Request
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to recompute
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    __slots__ = ("seq_id", "request", "token_ids", "num_computed", "blocks", "num_published",
+                 "status", "num_cached_tokens", "finish_reason", "first_scheduled", "first_token_time",
+                 "deferred")
+
+    def __init__(self, seq_id: int, request: Request):
+        self.seq_id = seq_id
+        self.request = request
+        self.token_ids: list[int] = list(request.prompt_ids)  # prompt, then generated tokens
+        self.num_computed = 0  # tokens whose K/V are in `blocks`
+        self.blocks: list[int] = []
+        self.num_published = 0  # leading blocks handed to the prefix cache
+        self.status = SeqStatus.WAITING
+        self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
+        self.finish_reason: str | None = None
+        self.first_scheduled: float | None = None
+        self.first_token_time: float | None = None
+        self.deferred = False  # waited one tick behind a leader computing its prefix
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.request.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.request.num_prompt_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        """Still computing the tokens it holds (the prompt, or everything after a preemption);
+        in the decode phase only the last sampled token is uncomputed."""
+        return self.num_computed < self.num_tokens - (1 if self.num_output_tokens else 0)
+
+    def __repr__(self) -> str:
+        return f"Sequence({self.request.request_id}, {self.status.value}, {self.num_computed}/{self.num_tokens})"

@@ -1,0 +1,59 @@
+"""Engine statistics for /metrics: counters and latency histograms, updated between steps."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass(slots=True)
+class EngineStats:
+    ttft: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    queue_time: Histogram = field(default_factory=Histogram)
+    prefill_time: Histogram = field(default_factory=Histogram)
+    step_time: Histogram = field(default_factory=Histogram)
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    arrived: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+    def on_arrival(self) -> None:
+        self.arrived += 1
+
+    def on_step(self, step, seconds: float) -> None:
+        self.step_time.observe(seconds)
+
+    def on_first_token(self, work, now: float) -> None:
+        request = work.request
+        self.ttft.observe(now - request.arrival_time)
+        if work.first_scheduled is not None:
+            self.queue_time.observe(work.first_scheduled - request.arrival_time)
+            self.prefill_time.observe(now - work.first_scheduled)
+
+    def on_finish(self, work, num_output_tokens: int, reason: str, now: float) -> None:
+        request = work.request
+        self.e2e.observe(now - request.arrival_time)
+        self.prompt_tokens += request.num_prompt_tokens
+        self.cached_tokens += work.num_cached_tokens
+        self.generation_tokens += num_output_tokens
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def on_abort(self) -> None:
+        self.finished["abort"] = self.finished.get("abort", 0) + 1

@@ -1,0 +1,1 @@
+"""Executors: run a ForwardBatch on a device (torch reference, null, CUDA)."""

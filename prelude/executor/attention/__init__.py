@@ -1,0 +1,1 @@
+"""Attention backends behind one contract (torch reference, flashinfer)."""

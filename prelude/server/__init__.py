@@ -1,0 +1,1 @@
+"""HTTP layer: Starlette app, OpenAI/vLLM-compatible endpoints, errors, metrics."""

@@ -1,0 +1,105 @@
+"""Admission: turns validated request fields into normalized engine Requests: tokenization
+(inline when short, in a thread pool when long), length and vocabulary checks, sampling params."""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from prelude.engine.sampling import SamplingParams
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.tokenizer import Tokenizer
+
+# Below this many characters, a thread hop costs more than encoding on the loop.
+INLINE_CHARS = 2048
+
+
+class Admission:
+    def __init__(self, tokenizer: Tokenizer, workers: int, max_model_len: int, kv_capacity_tokens: int,
+                 max_logprobs: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.max_logprobs = max_logprobs
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prelude-tokenize")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) < INLINE_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.tokenizer.encode, text, add_special_tokens)
+
+    async def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        if sum(map(len, texts)) < INLINE_CHARS:
+            return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.tokenizer.encode_batch, list(texts), add_special_tokens)
+
+    def check_ids(self, ids: Sequence, param: str) -> list[int]:
+        if not ids:
+            raise bad_request(f"'{param}' must not be empty", param)
+        for token in ids:
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+                raise bad_request(f"'{param}' contains {token!r}, not a token id in [0, {self.vocab_size})", param)
+        return list(ids)
+
+    def output_budget(self, num_prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+        """The effective max_tokens: the request's, or all the context left when it gave none."""
+        room = self.max_model_len - num_prompt_tokens
+        if max_tokens is None:
+            max_tokens = room
+        if num_prompt_tokens + max_tokens > self.max_model_len or room < 0:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
+                f"{max_tokens} in the completion). Please reduce the length of the prompt or completion.",
+                param)
+        if num_prompt_tokens + max_tokens > self.kv_capacity_tokens:
+            raise bad_request(
+                f"the request needs {num_prompt_tokens + max_tokens} tokens of KV cache but the server "
+                f"holds {self.kv_capacity_tokens}; reduce the prompt or max_tokens", param)
+        return max_tokens
+
+    def sampling(self, body: Body, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Sampling fields shared by completions and chat (OpenAI names plus vLLM's extensions)."""
+        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if body.float(name, neutral) != neutral:
+                raise bad_request(f"'{name}' is not supported by this server", name)
+        if body.int("min_tokens", 0, lo=0) != 0:
+            raise bad_request("'min_tokens' is not supported by this server", "min_tokens")
+        if logprobs is not None and logprobs > self.max_logprobs:
+            raise bad_request(f"requested {logprobs} logprobs; this server allows at most "
+                              f"{self.max_logprobs} (--max-logprobs)", "logprobs")
+        logit_bias = ()
+        bias = body.object("logit_bias")
+        if bias is not None:
+            items = []
+            for key, value in bias.data.items():
+                try:
+                    token = int(key)
+                except ValueError:
+                    raise bad_request(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
+                if not 0 <= token < self.vocab_size:
+                    raise bad_request(f"'logit_bias' token {token} is not in [0, {self.vocab_size})", "logit_bias")
+                items.append((token, bias.float(key, lo=-100.0, hi=100.0)))
+            logit_bias = tuple(items)
+        top_k = body.int("top_k", 0, lo=-1)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.float("temperature", 1.0, lo=0.0),
+            top_p=body.float("top_p", 1.0, lo=1e-9, hi=1.0),
+            top_k=max(top_k, 0),
+            seed=body.int("seed"),
+            stop=body.str_list("stop", max_items=16),
+            stop_token_ids=body.int_list("stop_token_ids", hi=self.vocab_size - 1) or (),
+            ignore_eos=body.bool("ignore_eos"),
+            logprobs=logprobs,
+            logit_bias=logit_bias,
+            allowed_token_ids=body.int_list("allowed_token_ids", hi=self.vocab_size - 1),
+            skip_special_tokens=body.bool("skip_special_tokens", True),
+        )

@@ -1,0 +1,151 @@
+"""The Starlette application: routes, auth, error rendering, and the engine's lifespan."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from prelude import __version__
+from prelude.config import Config
+from prelude.engine.engine import Engine
+from prelude.engine.factory import ServedModel
+from prelude.server import metrics
+from prelude.server.admission import Admission
+from prelude.server.errors import APIError, bad_request
+from prelude.server.openai import OpenAIServing, json_response
+from prelude.server.protocol import read_json
+
+logger = logging.getLogger(__name__)
+
+# Reachable without the API key: liveness and monitoring, as in vLLM.
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
+
+
+class BearerAuth:
+    """Requires `Authorization: Bearer <key>` everywhere but OPEN_PATHS (plain ASGI: no per-request
+    middleware objects)."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(401, "Invalid or missing API key (send 'Authorization: Bearer <key>').",
+                                 code="invalid_api_key")
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
+    admission = Admission(engine.tokenizer, config.tokenizer_workers, served.max_model_len,
+                          engine.pool.num_blocks * engine.pool.block_size, config.max_logprobs)
+    openai = OpenAIServing(engine, admission, served.name, served.chat_template, config.max_request_bytes)
+
+    async def health(_: HTTPRequest) -> Response:
+        return Response(status_code=200)
+
+    async def models(_: HTTPRequest) -> Response:
+        return json_response({"object": "list", "data": [{
+            "id": served.name, "object": "model", "created": 0, "owned_by": "prelude",
+            "root": str(served.path), "max_model_len": served.max_model_len}]})
+
+    async def version(_: HTTPRequest) -> Response:
+        return json_response({"version": __version__})
+
+    async def metrics_endpoint(_: HTTPRequest) -> Response:
+        return PlainTextResponse(metrics.render(engine, served.name), media_type="text/plain; version=0.0.4")
+
+    async def tokenize(http: HTTPRequest) -> Response:
+        body = await openai.body(http)
+        add_special = body.bool("add_special_tokens", True)
+        if body.has("messages"):
+            if served.chat_template is None:
+                raise bad_request("this model has no chat template", "messages")
+            text = served.chat_template.render(openai._messages(body), body.bool("add_generation_prompt", True))
+            add_special = body.bool("add_special_tokens", False)
+        else:
+            text = body.str("prompt")
+            if text is None:
+                raise bad_request("'prompt' (a string) or 'messages' is required", "prompt")
+        ids = await admission.encode(text, add_special)
+        return json_response({"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids})
+
+    async def detokenize(http: HTTPRequest) -> Response:
+        body = await openai.body(http)
+        ids = admission.check_ids(body.list("tokens", nonempty=True) or [], "tokens")
+        return json_response({"prompt": engine.tokenizer.decode(ids)})
+
+    async def on_api_error(_: HTTPRequest, exc: APIError) -> Response:
+        return exc.response()
+
+    async def on_http_error(_: HTTPRequest, exc: HTTPException) -> Response:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    async def on_error(_: HTTPRequest, exc: Exception) -> Response:
+        logger.exception("unhandled error")
+        return APIError(500, f"internal error: {type(exc).__name__}").response()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+            admission.close()
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/ping", health, methods=["GET", "POST"]),
+            Route("/version", version, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/completions", openai.completions, methods=["POST"]),
+            Route("/v1/chat/completions", openai.chat, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
+        ],
+        exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_error},
+        lifespan=lifespan,
+    )
+    return BearerAuth(app, config.api_key) if config.api_key else app
+
+
+def hypercorn_config(config: Config):
+    from hypercorn.config import Config as HypercornConfig
+
+    hc = HypercornConfig()
+    hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
+    hc.accesslog = None  # per-request log lines cost CPU on the hot path
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.loglevel = config.log_level.upper()
+    hc.graceful_timeout = 3.0
+    return hc
+
+
+async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    kwargs = {"shutdown_trigger": shutdown_trigger} if shutdown_trigger is not None else {}
+    await hypercorn_serve(app, hypercorn_config(config), **kwargs)
+
+
+async def serve(config: Config) -> None:
+    from prelude.engine.factory import build_engine
+
+    engine, served = build_engine(config)
+    logger.info("serving %s on http://%s:%d", served.name, config.host, config.port)
+    await serve_app(create_app(engine, served, config), config)

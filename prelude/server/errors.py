@@ -1,0 +1,32 @@
+"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+import json
+
+from starlette.responses import Response
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          503: "server_error"}
+
+
+class APIError(Exception):
+    """A request the server refuses; raised anywhere in a handler, rendered by the app."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> Response:
+        return Response(json.dumps(self.body()), status_code=self.status, media_type="application/json")
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)

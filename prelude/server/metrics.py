@@ -1,0 +1,71 @@
+"""GET /metrics: Prometheus text exposition, vLLM's metric names under a `prelude:` prefix."""
+from __future__ import annotations
+
+from prelude.engine.engine import Engine
+from prelude.engine.stats import Histogram
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Writer:
+    def __init__(self, model: str):
+        self.lines: list[str] = []
+        self.label = f'model_name="{_escape(model)}"'
+
+    def metric(self, name: str, kind: str, help_text: str, value: float, **labels: str) -> None:
+        self.header(name, kind, help_text)
+        self.sample(name, value, **labels)
+
+    def header(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP prelude:{name} {help_text}")
+        self.lines.append(f"# TYPE prelude:{name} {kind}")
+
+    def sample(self, name: str, value: float, **labels: str) -> None:
+        extra = "".join(f',{k}="{_escape(v)}"' for k, v in labels.items())
+        self.lines.append(f"prelude:{name}{{{self.label}{extra}}} {value}")
+
+    def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
+        self.header(name, "histogram", help_text)
+        cumulative = 0
+        for bound, count in zip(hist.buckets, hist.counts):
+            cumulative += count
+            self.sample(f"{name}_bucket", cumulative, le=repr(float(bound)))
+        self.sample(f"{name}_bucket", hist.count, le="+Inf")
+        self.sample(f"{name}_sum", hist.total)
+        self.sample(f"{name}_count", hist.count)
+
+
+def render(engine: Engine, model: str) -> str:
+    w = _Writer(model)
+    scheduler, pool, stats = engine.scheduler, engine.pool, engine.stats
+    w.metric("num_requests_running", "gauge", "Decode sequences holding KV blocks.", scheduler.num_running)
+    w.metric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", scheduler.num_waiting)
+    w.metric("kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).", pool.usage)
+    w.metric("kv_blocks_total", "gauge", "KV blocks in the pool.", pool.num_blocks)
+    w.metric("kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", pool.num_used_blocks)
+    w.metric("kv_blocks_cached", "gauge", "KV blocks published in the prefix cache.", pool.num_cached_blocks)
+    w.metric("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+             pool.queries_tokens)
+    w.metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", pool.hit_tokens)
+    w.metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", stats.prompt_tokens)
+    w.metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
+             stats.generation_tokens)
+    w.header("request_success_total", "counter", "Finished requests by finish reason.")
+    for reason, count in sorted(stats.finished.items()):
+        w.sample("request_success_total", count, finished_reason=reason)
+    w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.",
+             scheduler.stats.num_preemptions)
+    w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", scheduler.stats.num_oneshot_rows)
+    w.metric("oneshot_deferrals_total", "counter", "Requests deferred one tick behind a cold-prefix leader.",
+             scheduler.stats.num_deferrals)
+    w.header("steps_total", "counter", "Forward steps by batch kind.")
+    for kind, count in scheduler.stats.steps.items():
+        w.sample("steps_total", count, kind=kind)
+    w.histogram("time_to_first_token_seconds", "Time to first token (or OneShot result).", stats.ttft)
+    w.histogram("e2e_request_latency_seconds", "Arrival to finish.", stats.e2e)
+    w.histogram("request_queue_time_seconds", "Arrival to first scheduled.", stats.queue_time)
+    w.histogram("request_prefill_time_seconds", "First scheduled to first token.", stats.prefill_time)
+    w.histogram("step_duration_seconds", "Forward step wall time.", stats.step_time)
+    return "\n".join(w.lines) + "\n"

@@ -1,0 +1,350 @@
+"""OpenAI-compatible generation endpoints: /v1/completions and /v1/chat/completions."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from typing import Any
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from prelude.engine.batch import TokenLogprob
+from prelude.engine.engine import Engine
+from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.request import Request
+from prelude.server.admission import Admission
+from prelude.server.errors import APIError, bad_request
+from prelude.server.protocol import Body, read_json
+from prelude.server.streaming import SSE_DONE, EventStream, dumps, merge, sse, unless_disconnected
+from prelude.tokenizer.chat import ChatTemplateError
+
+_ids = itertools.count()
+_ID_PREFIX = os.urandom(4).hex()
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, media_type="application/json")
+
+
+class OpenAIServing:
+    def __init__(self, engine: Engine, admission: Admission, model_name: str, chat_template,
+                 max_request_bytes: int):
+        self.engine = engine
+        self.admission = admission
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.chat_template = chat_template
+        self.max_request_bytes = max_request_bytes
+
+    # -- shared -----------------------------------------------------------------------------
+    async def body(self, http: HTTPRequest) -> Body:
+        body = await read_json(http, self.max_request_bytes)
+        model = body.str("model")
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+        return body
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def submit_all(self, requests: list[Request]) -> list:
+        """One admission of all rows: they reach the scheduler together, never one by one."""
+        return [self.engine.submit(r) for r in requests]
+
+    def abort_unfinished(self, streams: list) -> None:
+        for stream in streams:
+            if not stream.finished:
+                self.engine.abort(stream.request_id)
+
+    async def collect(self, http: HTTPRequest, requests: list[Request], watch_disconnect: bool):
+        streams = self.submit_all(requests)
+        try:
+            gathered = asyncio.gather(*(s.collect() for s in streams))
+            if watch_disconnect:
+                return await unless_disconnected(http.receive, gathered)
+            return await gathered
+        except EngineError as exc:
+            raise APIError(500, str(exc)) from None
+        finally:
+            self.abort_unfinished(streams)
+
+    def fan_out(self, rid: str, prompts: list[list[int]], n: int, make) -> list[Request]:
+        """n choices per prompt; seeded sampling gets seed + choice index so choices differ."""
+        requests = []
+        for p, ids in enumerate(prompts):
+            for j in range(n):
+                requests.append(make(f"{rid}-{p * n + j}", ids, j))
+        return requests
+
+    @staticmethod
+    def usage(outputs: list[RequestOutput], prompt_lens: list[int]) -> dict:
+        """Prompt tokens count once per prompt, whatever n is; outputs are prompt-major."""
+        prompt = sum(prompt_lens)
+        completion = sum(o.num_output_tokens for o in outputs)
+        n = max(1, len(outputs) // max(1, len(prompt_lens)))
+        cached = sum(o.num_cached_tokens for o in outputs[::n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _sampling(self, body: Body, prompt_len: int, max_tokens: int | None, logprobs: int | None, seed_offset: int):
+        budget = self.admission.output_budget(prompt_len, max_tokens)
+        params = self.admission.sampling(body, budget, logprobs)
+        if seed_offset and params.seed is not None:
+            from dataclasses import replace
+
+            params = replace(params, seed=params.seed + seed_offset)
+        return params
+
+    # -- /v1/completions --------------------------------------------------------------------
+    async def completions(self, http: HTTPRequest) -> Response:
+        body = await self.body(http)
+        prompts = await self._prompts(body)
+        if body.has("suffix"):
+            raise bad_request("'suffix' is not supported", "suffix")
+        n = body.int("n", 1, lo=1, hi=128)
+        if body.int("best_of", n, lo=1) != n:
+            raise bad_request("'best_of' different from 'n' is not supported", "best_of")
+        max_tokens = body.int("max_tokens", 16, lo=0)
+        logprobs = body.int("logprobs", None, lo=0)
+        echo = body.bool("echo")
+        prompt_logprobs = body.int("prompt_logprobs", None, lo=0)
+        if prompt_logprobs is not None and prompt_logprobs > self.admission.max_logprobs:
+            raise bad_request(f"requested {prompt_logprobs} prompt logprobs; at most "
+                              f"{self.admission.max_logprobs} are allowed", "prompt_logprobs")
+        if echo and logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = logprobs  # echoed prompt tokens carry their logprobs too
+        stream = body.bool("stream")
+        options = body.object("stream_options")
+        include_usage = options is not None and options.bool("include_usage")
+        rid = new_id("cmpl")
+        # Validate every prompt's length before anything is submitted.
+        for ids in prompts:
+            self._sampling(body, len(ids), max_tokens, logprobs, 0)
+        requests = self.fan_out(rid, prompts, n, lambda req_id, ids, j: Request(
+            req_id, ids, self._sampling(body, len(ids), max_tokens, logprobs, j), prompt_logprobs=prompt_logprobs))
+        created = int(time.time())
+        if stream:
+            return EventStream(self._stream_completion(rid, created, requests, prompts, n, echo, include_usage))
+        outputs = await self.collect(http, requests, watch_disconnect=max_tokens > 1)
+        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs)
+                   for i, out in enumerate(outputs)]
+        return json_response({"id": rid, "object": "text_completion", "created": created,
+                              "model": self.model_name, "choices": choices,
+                              "usage": self.usage(outputs, [len(p) for p in prompts])})
+
+    async def _prompts(self, body: Body) -> list[list[int]]:
+        """`prompt` as a string, strings, token ids, or lists of token ids."""
+        prompt = body.require("prompt")
+        if isinstance(prompt, str):
+            items: list = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            items = [prompt]
+        elif isinstance(prompt, list) and prompt:
+            items = prompt
+        else:
+            raise bad_request("'prompt' must be a non-empty string, array of strings, or array of token ids", "prompt")
+        texts = [(i, p) for i, p in enumerate(items) if isinstance(p, str)]
+        for i, p in enumerate(items):
+            if not isinstance(p, (str, list)):
+                raise bad_request("'prompt' must be a non-empty string, array of strings, or array of token ids",
+                                  "prompt")
+            if isinstance(p, str) and not p:
+                raise bad_request("'prompt' must not be empty", "prompt")
+        encoded = await self.admission.encode_many([p for _, p in texts]) if texts else []
+        result: list[list[int]] = [None] * len(items)  # type: ignore[list-item]
+        for (i, _), ids in zip(texts, encoded):
+            result[i] = ids
+        for i, p in enumerate(items):
+            if isinstance(p, list):
+                result[i] = self.admission.check_ids(p, "prompt")
+            elif not result[i]:
+                raise bad_request("'prompt' encodes to no tokens", "prompt")
+        return result
+
+    def _legacy_logprobs(self, entries: list[TokenLogprob | None], first_token: int | None = None,
+                         offset: int = 0) -> dict:
+        """OpenAI's legacy logprobs object. A None entry is the echoed first prompt token, which
+        has no logprob."""
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for entry in entries:
+            token_id = first_token if entry is None else entry.token_id
+            text = self.token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(None if entry is None else entry.logprob)
+            top_logprobs.append(None if entry is None else {self.token_text(t): lp for t, lp in entry.top})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
+
+    def _prompt_logprobs_field(self, prompt: list[int], entries: list[TokenLogprob]) -> list:
+        """vLLM's prompt_logprobs shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
+        out: list = [None]
+        for entry in entries:
+            item = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": self.token_text(t)}
+                    for r, (t, lp) in enumerate(entry.top)}
+            item[str(entry.token_id)] = {"logprob": entry.logprob, "rank": entry.rank,
+                                         "decoded_token": self.token_text(entry.token_id)}
+            out.append(item)
+        return out
+
+    def _completion_choice(self, index: int, out: RequestOutput, prompt: list[int], echo: bool,
+                           logprobs: int | None) -> dict:
+        prompt_text = self.tokenizer.decode(prompt) if echo else ""
+        logprobs_field = None
+        if logprobs is not None:
+            entries: list = [None, *(out.prompt_logprobs or [])] if echo else []
+            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
+        choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
+                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        if out.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self._prompt_logprobs_field(prompt, out.prompt_logprobs)
+        return choice
+
+    async def _stream_completion(self, rid, created, requests, prompts, n, echo, include_usage):
+        streams = self.submit_all(requests)
+        finals: dict[int, RequestOutput] = {}
+        echoed: set[int] = set()
+        offsets = [0] * len(streams)
+        try:
+            async for index, out in merge(streams):
+                text = out.text
+                if echo and index not in echoed:
+                    echoed.add(index)
+                    text = self.tokenizer.decode(prompts[index // n]) + text
+                logprobs_field = None
+                if out.logprobs:
+                    logprobs_field = self._legacy_logprobs(out.logprobs, offset=offsets[index])
+                offsets[index] += len(text)
+                choice = {"index": index, "text": text, "logprobs": logprobs_field,
+                          "finish_reason": out.finish_reason if out.finished else None,
+                          "stop_reason": out.stop_reason if out.finished else None}
+                yield sse({"id": rid, "object": "text_completion", "created": created,
+                           "model": self.model_name, "choices": [choice]})
+                if out.finished:
+                    finals[index] = out
+            if include_usage:
+                usage = self.usage([finals[i] for i in sorted(finals)], [len(p) for p in prompts])
+                yield sse({"id": rid, "object": "text_completion", "created": created,
+                           "model": self.model_name, "choices": [], "usage": usage})
+            yield SSE_DONE
+        except EngineError as exc:
+            yield sse(APIError(500, str(exc)).body())
+        finally:
+            self.abort_unfinished(streams)
+
+    # -- /v1/chat/completions ---------------------------------------------------------------
+    async def chat(self, http: HTTPRequest) -> Response:
+        body = await self.body(http)
+        if self.chat_template is None:
+            raise bad_request("this model has no chat template; use /v1/completions")
+        messages = self._messages(body)
+        kwargs = body.object("chat_template_kwargs")
+        try:
+            text = self.chat_template.render(
+                messages, add_generation_prompt=body.bool("add_generation_prompt", True),
+                tools=body.list("tools"), **(kwargs.data if kwargs else {}))
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+        except TypeError as exc:
+            raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
+        # The template already placed any BOS; encoding must not add another.
+        ids = await self.admission.encode(text, add_special_tokens=False)
+        if not ids:
+            raise bad_request("'messages' render to an empty prompt", "messages")
+        n = body.int("n", 1, lo=1, hi=128)
+        max_tokens = body.int("max_completion_tokens", None, lo=0)
+        if max_tokens is None:
+            max_tokens = body.int("max_tokens", None, lo=0)
+        top_logprobs = body.int("top_logprobs", None, lo=0)
+        logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
+        stream = body.bool("stream")
+        options = body.object("stream_options")
+        include_usage = options is not None and options.bool("include_usage")
+        self._sampling(body, len(ids), max_tokens, logprobs, 0)
+        rid = new_id("chatcmpl")
+        requests = self.fan_out(rid, [ids], n, lambda req_id, p, j: Request(
+            req_id, p, self._sampling(body, len(p), max_tokens, logprobs, j)))
+        created = int(time.time())
+        if stream:
+            return EventStream(self._stream_chat(rid, created, requests, len(ids), include_usage))
+        outputs = await self.collect(http, requests, watch_disconnect=True)
+        choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
+                    "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+                   for i, out in enumerate(outputs)]
+        return json_response({"id": rid, "object": "chat.completion", "created": created,
+                              "model": self.model_name, "choices": choices,
+                              "usage": self.usage(outputs, [len(ids)])})
+
+    def _messages(self, body: Body) -> list[dict]:
+        messages = body.list("messages", nonempty=True)
+        if messages is None:
+            raise bad_request("'messages' is required", "messages")
+        out = []
+        for i, message in enumerate(messages):
+            param = f"messages[{i}]"
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise bad_request(f"'{param}' must be an object with a string 'role'", param)
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
+                    parts.append(part["text"])
+                message = dict(message, content="".join(parts))
+            elif content is not None and not isinstance(content, str):
+                raise bad_request(f"'{param}.content' must be a string or an array of text parts",
+                                  f"{param}.content")
+            out.append(message)
+        return out
+
+    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
+        def item(token_id: int, logprob: float) -> dict:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for entry in entries or []:
+            row = item(entry.token_id, entry.logprob)
+            row["top_logprobs"] = [item(t, lp) for t, lp in entry.top]
+            content.append(row)
+        return {"content": content}
+
+    async def _stream_chat(self, rid, created, requests, prompt_len, include_usage):
+        streams = self.submit_all(requests)
+        finals: dict[int, RequestOutput] = {}
+
+        def chunk(choices):
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                        "model": self.model_name, "choices": choices})
+
+        try:
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None} for i in range(len(streams))])
+            async for index, out in merge(streams):
+                delta = {"content": out.text} if out.text else {}
+                choice = {"index": index, "delta": delta,
+                          "logprobs": self._chat_logprobs(out.logprobs) if out.logprobs else None,
+                          "finish_reason": out.finish_reason if out.finished else None}
+                if out.finished:
+                    choice["stop_reason"] = out.stop_reason
+                    finals[index] = out
+                yield chunk([choice])
+            if include_usage:
+                yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                           "model": self.model_name, "choices": [],
+                           "usage": self.usage([finals[i] for i in sorted(finals)], [prompt_len])})
+            yield SSE_DONE
+        except EngineError as exc:
+            yield sse(APIError(500, str(exc)).body())
+        finally:
+            self.abort_unfinished(streams)
+

@@ -1,0 +1,108 @@
+"""Server-sent events, and client-disconnect handling for long requests."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Awaitable, TypeVar
+
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def sse(obj) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class EventStream:
+    """An SSE response that stops producing as soon as the client goes away: the producer is
+    cancelled, so its `finally` (which aborts the engine request and frees its blocks) runs
+    right then, not at the next failed write."""
+
+    def __init__(self, events: AsyncIterator[bytes]):
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]})
+
+        async def pump() -> None:
+            try:
+                async for chunk in self.events:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                await self.events.aclose()
+
+        pump_task = asyncio.create_task(pump())
+        watch_task = asyncio.create_task(_wait_disconnect(receive))
+        done, _ = await asyncio.wait({pump_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (pump_task, watch_task):
+            if task not in done:
+                task.cancel()
+        await asyncio.gather(pump_task, watch_task, return_exceptions=True)
+        if pump_task in done and not pump_task.cancelled() and pump_task.exception() is not None:
+            raise pump_task.exception()
+
+
+async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Awaits `work`, cancelling it if the client disconnects first (then raises CancelledError)."""
+    work_task = asyncio.ensure_future(work)
+    watch_task = asyncio.create_task(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch_task.cancel()
+    if not work_task.done():
+        work_task.cancel()
+        await asyncio.gather(work_task, return_exceptions=True)
+        raise asyncio.CancelledError("client disconnected")
+    return work_task.result()
+
+
+async def merge(streams: list) -> AsyncIterator[tuple[int, object]]:
+    """Interleaves several RequestStreams as (index, output), in arrival order."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def feed(index: int, stream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as exc:  # surfaced to the consumer
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, done))
+
+    tasks = [asyncio.create_task(feed(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,76 @@
+"""Chat templates: the checkpoint's Jinja template, rendered the way HF transformers does."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the messages (raise_exception) or failed to render."""
+
+
+def _raise(message: str):
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str):
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None):
+        self.source = source
+        self.bos_token = bos_token or ""
+        self.eos_token = eos_token or ""
+        self._template = _compile(source)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ChatTemplate | None:
+        """The template of a model directory: chat_template.jinja, else tokenizer_config.json's
+        chat_template (a string, or a list of named templates of which "default" is used)."""
+        model_dir = Path(model_dir)
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        jinja_path = model_dir / "chat_template.jinja"
+        source = jinja_path.read_text(encoding="utf-8") if jinja_path.is_file() else config.get("chat_template")
+        if isinstance(source, list):
+            named = {t.get("name"): t.get("template") for t in source}
+            source = named.get("default") or next(iter(named.values()), None)
+        if not source:
+            return None
+        return cls(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None, **kwargs: Any) -> str:
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs,
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:  # jinja errors name the template problem
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc

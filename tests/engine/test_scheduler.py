@@ -1,0 +1,177 @@
+"""Scheduler behaviour with a fake executor: execution classes, budgets, prefix reuse, cold-prefix
+deferral, preemption, and block accounting under randomized mixes."""
+from __future__ import annotations
+
+import random
+
+from prelude.cache.block_pool import BlockPool
+from prelude.engine.batch import DecodeBatch, MixedBatch, OneShotBatch
+from prelude.engine.request import Request, Task
+from prelude.engine.sampling import SamplingParams
+from prelude.engine.scheduler import OneShotJob, Scheduler, SchedulerConfig
+from prelude.engine.sequence import Sequence, SeqStatus
+from tests.engine.fakes import CountingExecutor
+
+BS = 4
+
+
+def make(num_blocks=64, **config) -> tuple[Scheduler, CountingExecutor]:
+    return Scheduler(SchedulerConfig(**config), BlockPool(num_blocks, BS)), CountingExecutor()
+
+
+def req(rid, prompt, max_tokens=1, **kw) -> Request:
+    return Request(str(rid), list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0), **kw)
+
+
+def step(scheduler: Scheduler, executor: CountingExecutor):
+    """One tick; ends work the way the engine does (OneShot after its row, Decode at max_tokens)."""
+    planned = scheduler.schedule()
+    if planned is None:
+        return None
+    events = scheduler.update(planned, executor.execute(planned.batch))
+    for work, _ in events:
+        if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
+            scheduler.finish(work, "length")
+    return planned
+
+
+def drain(scheduler, executor, limit=10_000) -> int:
+    steps = 0
+    while step(scheduler, executor) is not None:
+        steps += 1
+        assert steps < limit, "scheduler made no progress"
+    return steps
+
+
+def held_by_sequences(scheduler: Scheduler) -> int:
+    return len({b for s in scheduler.running for b in s.blocks})
+
+
+def test_one_token_request_is_oneshot_and_holds_nothing_after_its_step():
+    scheduler, executor = make()
+    work = scheduler.add(req(1, range(10)))
+    assert isinstance(work, OneShotJob)
+    planned = step(scheduler, executor)
+    assert isinstance(planned.batch, OneShotBatch)
+    # Only the two full blocks were filled, to be published; the partial tail had no block.
+    assert len(planned.batch.rows[0].block_table) == 2
+    assert scheduler.pool.num_used_blocks == 0
+    assert scheduler.pool.num_cached_blocks == 2
+    scheduler.pool.check_integrity()
+
+
+def test_generation_request_runs_the_decode_lifecycle():
+    scheduler, executor = make()
+    work = scheduler.add(req(1, range(6), max_tokens=4))
+    assert isinstance(work, Sequence)
+    drain(scheduler, executor)
+    kinds = [type(b) for b in executor.batches]
+    assert kinds == [MixedBatch, DecodeBatch, DecodeBatch, DecodeBatch]
+    assert work.token_ids[6:] == [6, 7, 8, 9]
+    assert work.status is SeqStatus.FINISHED and scheduler.pool.num_used_blocks == 0
+
+
+def test_embedding_and_prompt_logprob_requests_are_oneshot():
+    scheduler, _ = make()
+    assert isinstance(scheduler.add(req(1, range(5), task=Task.EMBED)), OneShotJob)
+    assert isinstance(scheduler.add(req(2, range(5), max_tokens=0, prompt_logprobs=2)), OneShotJob)
+    assert isinstance(scheduler.add(req(3, range(5), max_tokens=2)), Sequence)
+
+
+def test_disable_oneshot_sends_everything_through_decode():
+    scheduler, executor = make(disable_oneshot=True)
+    work = scheduler.add(req(1, range(10)))
+    assert isinstance(work, Sequence)
+    drain(scheduler, executor)
+    assert isinstance(executor.batches[0], MixedBatch)
+    assert work.token_ids[-1] == 10
+
+
+def test_second_request_sharing_three_blocks_computes_only_its_suffix():
+    scheduler, executor = make()
+    shared = list(range(100, 100 + 3 * BS))
+    scheduler.add(req(1, shared + [1, 2]))
+    drain(scheduler, executor)
+    scheduler.add(req(2, shared + [7, 8, 9]))
+    drain(scheduler, executor)
+    assert executor.computed_tokens == [3 * BS + 2, 3]
+    assert scheduler.pool.hit_tokens == 3 * BS
+
+
+def test_cold_shared_prefix_peers_wait_one_tick_behind_the_leader():
+    scheduler, executor = make()
+    shared = list(range(200, 200 + 3 * BS))
+    for i in range(4):
+        scheduler.add(req(i, shared + [i, i + 1]))
+    drain(scheduler, executor)
+    assert scheduler.stats.num_deferrals == 3
+    # Leader computes the prefix once; the three peers then compute two tokens each, together.
+    assert executor.computed_tokens == [3 * BS + 2, 3 * 2]
+    assert scheduler.pool.num_used_blocks == 0
+
+
+def test_token_budget_chunks_long_prefills_beside_running_decodes():
+    scheduler, executor = make(max_num_batched_tokens=8)
+    scheduler.add(req(1, range(3), max_tokens=20))
+    step(scheduler, executor)
+    scheduler.add(req(2, range(50, 70), max_tokens=3))
+    for _ in range(3):
+        step(scheduler, executor)
+    mixed = executor.batches[1:]
+    assert all(isinstance(b, MixedBatch) and len(b.decodes) == 1 for b in mixed)
+    assert [len(b.prefills[0].token_ids) for b in mixed] == [7, 7, 6]
+    assert all(n <= 8 for n in executor.computed_tokens)
+    drain(scheduler, executor)
+    assert scheduler.pool.num_used_blocks == 0
+
+
+def test_oversize_oneshot_runs_alone_rather_than_never():
+    scheduler, executor = make(max_num_batched_tokens=8)
+    scheduler.add(req(1, range(30)))
+    scheduler.add(req(2, range(3)))
+    drain(scheduler, executor)
+    assert executor.computed_tokens == [30, 3]
+
+
+def test_preemption_by_recompute_when_blocks_run_out_and_outputs_unchanged():
+    def run(num_blocks):
+        scheduler, executor = make(num_blocks=num_blocks)
+        works = [scheduler.add(req(i, range(i, i + 6), max_tokens=12)) for i in range(6)]
+        drain(scheduler, executor)
+        scheduler.pool.check_integrity()
+        assert scheduler.pool.num_used_blocks == 0
+        return [w.token_ids for w in works], scheduler.stats.num_preemptions
+
+    roomy, none = run(64)
+    tight, preemptions = run(12)
+    assert none == 0 and preemptions > 0
+    assert tight == roomy
+
+
+def test_randomized_mix_with_aborts_keeps_block_accounting():
+    rng = random.Random(7)
+    scheduler, executor = make(num_blocks=40, max_num_batched_tokens=32, max_num_seqs=6)
+    prefixes = [list(range(s * 50, s * 50 + rng.randrange(4, 20))) for s in range(4)]
+    live = []
+    for tick in range(600):
+        if rng.random() < 0.4:
+            prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
+            live.append(scheduler.add(req(tick, prompt, max_tokens=rng.choice([0, 1, 1, 3, 8]))))
+        if live and rng.random() < 0.1:
+            scheduler.finish(live.pop(rng.randrange(len(live))), "abort")
+        planned = scheduler.schedule()
+        if planned is not None:
+            if rng.random() < 0.05:  # abort while the step is in flight
+                victim = rng.choice([s for s, _ in planned.prefills] + list(planned.decodes) or [None])
+                if victim is not None:
+                    scheduler.finish(victim, "abort")
+            for work, _ in scheduler.update(planned, executor.execute(planned.batch)):
+                if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
+                    scheduler.finish(work, "length")
+        # Between steps the only blocks in use are Decode sequences': OneShot rows keep none.
+        assert scheduler.pool.num_used_blocks == held_by_sequences(scheduler)
+        scheduler.pool.check_integrity()
+    drain(scheduler, executor)
+    pool = scheduler.pool
+    assert pool.num_used_blocks == 0
+    assert pool.num_free_blocks == pool.num_blocks  # free + cached idle == total

@@ -1,0 +1,88 @@
+"""A real Prelude server on a free loopback port, run in a background thread of the test process
+(real hypercorn, real HTTP; sharing the process lets tests check engine invariants directly)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+
+from prelude.config import Config
+from prelude.engine.factory import build_engine
+from prelude.server.app import create_app, serve_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    def __init__(self, config: Config):
+        self.config = replace(config, host="127.0.0.1", port=free_port())
+        self.base_url = f"http://127.0.0.1:{self.config.port}"
+        self.engine, self.served = build_engine(self.config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._error: BaseException | None = None
+
+    def _main(self) -> None:
+        async def run():
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve_app(create_app(self.engine, self.served, self.config), self.config, self._stop.wait)
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._error is not None:
+                raise RuntimeError("server failed to start") from self._error
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        raise TimeoutError("server did not become healthy")
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+    def on_loop(self, fn):
+        """Runs fn() on the server's event loop (between engine steps) and returns its result."""
+        async def call():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=30)
+
+    def wait_idle(self, timeout: float = 30) -> None:
+        """Waits until no request is tracked and no step is in flight, then checks block accounting:
+        nothing held, and free + cached == total."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.on_loop(lambda: self.engine.idle):
+                break
+            time.sleep(0.02)
+        else:
+            raise TimeoutError("engine did not go idle")
+
+        def check():
+            pool = self.engine.pool
+            pool.check_integrity()
+            return pool.num_used_blocks, pool.num_free_blocks, pool.num_blocks
+
+        used, free, total = self.on_loop(check)
+        assert used == 0, f"{used} KV blocks still held after all requests ended"
+        assert free == total

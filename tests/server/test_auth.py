@@ -1,0 +1,38 @@
+"""--api-key: bearer auth on every API route; /health (and /metrics) stay open."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from prelude.config import Config
+from tests.server.harness import ServerThread
+
+
+@pytest.fixture(scope="module")
+def secured(demo_model):
+    srv = ServerThread(Config(model=str(demo_model), api_key="s3cret", num_kv_blocks=256)).start()
+    yield srv
+    srv.stop()
+
+
+def test_missing_or_wrong_key_is_401(secured):
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        response = httpx.post(secured.base_url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(secured.base_url + "/v1/models").status_code == 401
+
+
+def test_health_and_metrics_stay_open(secured):
+    assert httpx.get(secured.base_url + "/health").status_code == 200
+    assert httpx.get(secured.base_url + "/metrics").status_code == 200
+
+
+def test_right_key_works_with_the_openai_client(secured):
+    with openai.OpenAI(base_url=secured.base_url + "/v1", api_key="s3cret", max_retries=0) as client:
+        out = client.completions.create(model=secured.served.name, prompt="hi", max_tokens=2, temperature=0)
+        assert out.usage.completion_tokens == 2
+    with openai.OpenAI(base_url=secured.base_url + "/v1", api_key="nope", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()

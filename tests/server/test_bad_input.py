@@ -1,0 +1,115 @@
+"""Bad input gets a 4xx with an OpenAI-style error object; the server keeps serving and no KV
+block leaks."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+CASES = [
+    # (path, raw body or json, expected status, expected param)
+    (COMPLETIONS, b"{not json", 400, None),
+    (COMPLETIONS, b"[1, 2]", 400, None),
+    (COMPLETIONS, b'{"prompt": "caf\xe9"}', 400, None),  # invalid UTF-8
+    (COMPLETIONS, {"max_tokens": 3}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [[]]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [1, 2, 99999999]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [1, -2]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": "high"}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    (COMPLETIONS, {"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
+    (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 500}}, 400, "logit_bias.5"),
+    (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    (COMPLETIONS, {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
+    (CHAT, {"messages": []}, 400, "messages"),
+    (CHAT, {"messages": "hello"}, 400, "messages"),
+    (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages[0]"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
+     "messages[0].content"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,
+     "logprobs"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", CASES, ids=[f"{i}" for i in range(len(CASES))])
+def test_bad_request_gets_openai_error(server, path, body, status, param):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = httpx.post(server.base_url + path, headers={"content-type": "application/json"}, **kwargs)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"]
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_oversized_body_is_413(server):
+    big = {"prompt": "x" * (server.config.max_request_bytes + 10)}
+    response = httpx.post(server.base_url + COMPLETIONS, json=big)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_oversized_chunked_body_is_413(server):
+    def chunks():
+        for _ in range(server.config.max_request_bytes // 1024 + 2):
+            yield b" " * 1024
+
+    response = httpx.post(server.base_url + COMPLETIONS, content=chunks(),
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_unknown_route_and_wrong_method(server):
+    missing = httpx.get(server.base_url + "/v1/nothing")
+    assert missing.status_code == 404 and "error" in missing.json()
+    wrong = httpx.get(server.base_url + COMPLETIONS)
+    assert wrong.status_code == 405 and "error" in wrong.json()
+
+
+def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):
+    for path, body, _, _ in CASES[:8]:
+        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+        httpx.post(server.base_url + path, headers={"content-type": "application/json"}, **kwargs)
+    out = client.completions.create(model=server.served.name, prompt="still alive", max_tokens=3, temperature=0)
+    assert out.usage.completion_tokens == 3
+    server.wait_idle()
+
+
+def test_failed_step_fails_only_its_requests(server, client):
+    """An executor exception mid-step answers that request with a 500 and leaves the engine serving."""
+    executor = server.engine.executor
+    original = executor.execute
+    calls = {"n": 0}
+
+    def failing(batch):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected device failure")
+        return original(batch)
+
+    server.on_loop(lambda: setattr(executor, "execute", failing))
+    try:
+        response = httpx.post(server.base_url + COMPLETIONS, json={"prompt": "boom", "max_tokens": 4})
+        assert response.status_code == 500
+        assert "injected device failure" in response.json()["error"]["message"]
+    finally:
+        server.on_loop(lambda: setattr(executor, "execute", original))
+    ok = client.completions.create(model=server.served.name, prompt="fine", max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
+    server.wait_idle()

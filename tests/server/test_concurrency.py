@@ -1,0 +1,83 @@
+"""Many concurrent mixed requests over HTTP, and client disconnects freeing their blocks."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import httpx
+import openai
+
+
+def test_200_mixed_concurrent_requests_complete_correctly(server, client):
+    name = server.served.name
+    prompts = [f"Request about topic {i % 7}: is the answer yes?" for i in range(20)]
+    # Reference results, one request at a time (greedy is deterministic).
+    expected = {}
+    for p in set(prompts):
+        for n in (1, 6):
+            expected[(p, n)] = client.completions.create(model=name, prompt=p, max_tokens=n, temperature=0).choices[0].text
+    rng = random.Random(3)
+    jobs = [(rng.choice(prompts), rng.choice((1, 6)), rng.choice(("plain", "stream", "chat"))) for _ in range(200)]
+
+    async def run_all():
+        async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0,
+                                      timeout=120) as aclient:
+            async def one(prompt, n, mode):
+                if mode == "plain":
+                    out = await aclient.completions.create(model=name, prompt=prompt, max_tokens=n, temperature=0)
+                    return out.choices[0].text
+                if mode == "stream":
+                    text = ""
+                    async for chunk in await aclient.completions.create(model=name, prompt=prompt, max_tokens=n,
+                                                                         temperature=0, stream=True):
+                        text += chunk.choices[0].text
+                    return text
+                out = await aclient.chat.completions.create(model=name, max_tokens=n, temperature=0,
+                                                            messages=[{"role": "user", "content": prompt}])
+                return out.choices[0].message.content
+
+            return await asyncio.gather(*(one(*job) for job in jobs))
+
+    results = asyncio.run(run_all())
+    for (prompt, n, mode), text in zip(jobs, results):
+        if mode != "chat":
+            assert text == expected[(prompt, n)], (prompt, n, mode)
+        else:
+            assert isinstance(text, str)
+    server.wait_idle()
+
+
+def test_client_disconnect_mid_stream_frees_blocks(server):
+    def blocks_in_use() -> int:
+        return server.on_loop(lambda: server.engine.pool.num_used_blocks)
+
+    before_aborts = server.on_loop(lambda: server.engine.stats.finished.get("abort", 0))
+    with httpx.Client(base_url=server.base_url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json={"prompt": "Keep talking", "max_tokens": 400,
+                                                           "temperature": 0, "stream": True,
+                                                           "ignore_eos": True}) as response:
+            lines = response.iter_lines()
+            for _ in range(6):
+                next(lines)
+            assert blocks_in_use() > 0
+    # Connection closed without reading the rest: the request is aborted and its blocks freed.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before_aborts:
+        time.sleep(0.02)
+    assert server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before_aborts + 1
+    server.wait_idle()
+
+
+def test_client_disconnect_during_non_streaming_generation_aborts(server):
+    before = server.on_loop(lambda: server.engine.stats.finished.get("abort", 0))
+    try:
+        httpx.post(server.base_url + "/v1/completions", timeout=0.3,
+                   json={"prompt": "Long answer", "max_tokens": 500, "temperature": 0, "ignore_eos": True})
+    except httpx.TimeoutException:
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before:
+        time.sleep(0.02)
+    assert server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before + 1
+    server.wait_idle()

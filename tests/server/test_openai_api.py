@@ -1,0 +1,153 @@
+"""The OpenAI-compatible endpoints through the real `openai` client over loopback HTTP."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def test_health_and_models(server, client):
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    assert [m.id for m in client.models.list().data] == [server.served.name]
+
+
+def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
+    a = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)
+    b = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text
+    assert a.choices[0].finish_reason == "length"
+    assert a.usage.completion_tokens == 8
+    assert a.usage.total_tokens == a.usage.prompt_tokens + 8
+    assert a.object == "text_completion"
+
+
+def test_prompt_forms_string_list_and_token_ids(client, model, server):
+    ids = server.engine.tokenizer.encode("The judge says")
+    by_text = client.completions.create(model=model, prompt="The judge says", max_tokens=4, temperature=0)
+    by_ids = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0)
+    batch = client.completions.create(model=model, prompt=["The judge says", "Another prompt"],
+                                      max_tokens=4, temperature=0)
+    many_ids = client.completions.create(model=model, prompt=[ids, ids[:2]], max_tokens=4, temperature=0)
+    assert by_text.choices[0].text == by_ids.choices[0].text == batch.choices[0].text
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert many_ids.choices[0].text == by_text.choices[0].text and len(many_ids.choices) == 2
+
+
+def test_seeded_sampling_reproducible_and_seed_dependent(client, model):
+    kw = dict(model=model, prompt="Once", max_tokens=12, temperature=1.0, top_p=0.95)
+    a = client.completions.create(seed=11, **kw).choices[0].text
+    b = client.completions.create(seed=11, **kw).choices[0].text
+    c = client.completions.create(seed=12, **kw).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_top_k_one_equals_greedy(client, model):
+    greedy = client.completions.create(model=model, prompt="Once", max_tokens=6, temperature=0)
+    top1 = client.completions.create(model=model, prompt="Once", max_tokens=6, temperature=0.9,
+                                     extra_body={"top_k": 1})
+    assert greedy.choices[0].text == top1.choices[0].text
+
+
+def test_streaming_completion_concatenates_to_the_full_text(client, model):
+    full = client.completions.create(model=model, prompt="Stream this", max_tokens=10, temperature=0)
+    chunks = list(client.completions.create(model=model, prompt="Stream this", max_tokens=10,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_stream_usage_chunk_when_asked(client, model):
+    chunks = list(client.completions.create(model=model, prompt="Usage", max_tokens=3, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].choices == []
+
+
+def test_stop_string_cuts_text_and_reports_it(client, model):
+    full = client.completions.create(model=model, prompt="The judge says", max_tokens=16, temperature=0)
+    text = full.choices[0].text
+    stop = text[3:6]
+    cut = client.completions.create(model=model, prompt="The judge says", max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(model=model, prompt="The judge says", max_tokens=16,
+                                              temperature=0, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
+
+
+def test_logprobs_of_generated_tokens(client, model):
+    out = client.completions.create(model=model, prompt="Once upon", max_tokens=3, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.token_logprobs) == 3
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0 and len(top) == 2
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)  # greedy took the best
+    assert "".join(lp.tokens) == out.choices[0].text
+
+
+def test_n_choices(client, model):
+    out = client.completions.create(model=model, prompt="Pick", max_tokens=4, n=3, temperature=1.0, seed=5)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert len({c.text for c in out.choices}) > 1
+
+
+def test_echo_returns_prompt_then_completion(client, model):
+    out = client.completions.create(model=model, prompt="Echo me", max_tokens=2, temperature=0, echo=True)
+    assert out.choices[0].text.startswith("Echo me")
+
+
+def test_chat_completion_and_stream(client, model):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
+    full = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    assert full.choices[0].message.role == "assistant"
+    assert full.object == "chat.completion" and full.usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_uses_the_template(client, model, server):
+    messages = [{"role": "user", "content": "Hi"}]
+    out = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0)
+    rendered = server.served.chat_template.render(messages)
+    assert out.usage.prompt_tokens == len(server.engine.tokenizer.encode(rendered, add_special_tokens=False))
+    parts = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        max_tokens=1, temperature=0)
+    assert parts.usage.prompt_tokens == out.usage.prompt_tokens
+
+
+def test_chat_logprobs(client, model):
+    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}],
+                                         max_tokens=2, temperature=0, logprobs=True, top_logprobs=3)
+    content = out.choices[0].logprobs.content
+    assert len(content) == 2 and all(len(c.top_logprobs) == 3 for c in content)
+
+
+def test_one_token_generation_runs_oneshot(client, model, server):
+    before = server.on_loop(lambda: server.engine.scheduler.stats.num_oneshot_rows)
+    out = client.completions.create(model=model, prompt="Classify: yes or no?", max_tokens=1, temperature=0)
+    assert out.choices[0].finish_reason in ("length", "stop")
+    assert server.on_loop(lambda: server.engine.scheduler.stats.num_oneshot_rows) == before + 1
+
+
+def test_metrics_exposes_vllm_names(server, client, model):
+    client.completions.create(model=model, prompt="metrics", max_tokens=2, temperature=0)
+    text = httpx.get(server.base_url + "/metrics").text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total", "time_to_first_token_seconds_bucket",
+                 "e2e_request_latency_seconds_count", "request_queue_time_seconds_sum"):
+        assert f"prelude:{name}" in text
+
+
+def test_tokenize_and_detokenize(server):
+    ids = httpx.post(server.base_url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
+    assert ids == server.engine.tokenizer.encode("Hello world")
+    text = httpx.post(server.base_url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert text == "Hello world"
