@@ -16,7 +16,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-VERSION = "1"
+VERSION = "2"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 2048
 # Qwen2/Qwen3's pre-tokenizer pattern, so the demo exercises the same tokenizer code path.
@@ -85,6 +85,8 @@ def _corpus(seed: int = 20261121, sentences: int = 6000) -> list[str]:
         sentence = " ".join(words).capitalize() + rng.choice([".", "?", "!", ",", ":"])
         if rng.random() < 0.1:
             sentence += "\n" + rng.choice(_CODE)
+        if rng.random() < 0.2:  # bare answers, so "yes" and "no" are single tokens (judge prompts)
+            sentence += "\n" + rng.choice(("yes", "no"))
         lines.append(sentence)
     return lines
 

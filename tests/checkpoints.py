@@ -49,6 +49,20 @@ def make_checkpoint(path: Path, family: str, seed: int = 0, vocab_size: int = 51
     return path
 
 
+def make_model_dir(path: Path, family: str, tokenizer_from: Path, head: str = "ForCausalLM",
+                   seed: int = 0, **extra) -> Path:
+    """A complete model directory: random weights sized to the tokenizer copied from
+    `tokenizer_from` (tokenizer.json, tokenizer_config.json)."""
+    import json
+    import shutil
+
+    vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    make_checkpoint(path, family, seed=seed, vocab_size=vocab, head=head, **extra)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / name, path / name)
+    return path
+
+
 def load_reference(path: Path):
     import transformers
 

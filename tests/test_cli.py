@@ -10,6 +10,8 @@ import time
 
 import httpx
 
+from prelude.demo import VERSION
+
 from tests.server.harness import free_port
 
 
@@ -55,7 +57,7 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
             assert out["model"] == "prelude-demo"
         finally:
             stop(proc)
-    assert (tmp_path / "cache" / "demo-v1" / "model.safetensors").is_file()
+    assert (tmp_path / "cache" / f"demo-v{VERSION}" / "model.safetensors").is_file()
 
 
 def test_unsupported_architecture_is_a_clear_startup_error(tmp_path):

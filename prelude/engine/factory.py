@@ -31,6 +31,32 @@ class ServedModel:
     config: ModelConfig
     chat_template: ChatTemplate | None
     max_model_len: int
+    pooling: str  # default embedding pooling: last | mean | cls
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.config.head == "ForCausalLM"
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.config.head == "ForSequenceClassification"
+
+
+def default_pooling(model_dir: Path) -> str:
+    """A sentence-transformers export says how it pools (modules.json -> Pooling config);
+    otherwise decoder embedders (Qwen3-Embedding style) pool the last token."""
+    modules = model_dir / "modules.json"
+    if modules.is_file():
+        for module in json.loads(modules.read_text()):
+            if module.get("type", "").endswith("Pooling"):
+                pooling_config = model_dir / module.get("path", "") / "config.json"
+                if pooling_config.is_file():
+                    modes = json.loads(pooling_config.read_text())
+                    for key, name in (("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean"),
+                                      ("pooling_mode_cls_token", "cls")):
+                        if modes.get(key):
+                            return name
+    return "last"
 
 
 def resolve_model_dir(config: Config) -> Path:
@@ -78,8 +104,8 @@ def build_engine(config: Config) -> tuple[Engine, ServedModel]:
         temp_memory_budget=CPU_TEMP_MEMORY_BYTES,
     ), pool)
     engine = Engine(scheduler, executor, tokenizer, eos_ids, max_model_len)
-    served = ServedModel(config.model_name, model_dir, model_config,
-                         ChatTemplate.from_dir(model_dir), max_model_len)
+    served = ServedModel(config.model_name, model_dir, model_config, ChatTemplate.from_dir(model_dir),
+                         max_model_len, config.pooling or default_pooling(model_dir))
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from prelude.model.config import ModelConfig
@@ -33,12 +34,10 @@ class KVCache:
     def __init__(self, shape: KVCacheShape, device: torch.device):
         self.shape = shape
         dims = (shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-        # Never-written slots are only ever read masked out, but a NaN there would still poison
-        # the masked sum. Large fresh CPU allocations are zero pages from the OS, so `empty`
-        # gives zeros without touching (and paying for) every page at startup.
-        alloc = torch.empty if device.type == "cpu" else torch.zeros
-        self.k = alloc(dims, dtype=shape.dtype, device=device)
-        self.v = alloc(dims, dtype=shape.dtype, device=device)
+        # Never-written slots are read (masked out) by padded attention, and garbage there could be
+        # NaN, which survives masking (0 * NaN). So the cache starts zeroed.
+        self.k = _zeros(dims, shape.dtype, device)
+        self.v = _zeros(dims, shape.dtype, device)
 
     @property
     def block_size(self) -> int:
@@ -46,3 +45,13 @@ class KVCache:
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer], self.v[layer]
+
+
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros without a startup memset on the CPU: numpy's zeros is calloc, whose pages the OS
+    hands out already zeroed, on first touch. (On CUDA the memset is cheap.)"""
+    if device.type != "cpu":
+        return torch.zeros(dims, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(int(np.prod(dims)) * itemsize, dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).view(dims)

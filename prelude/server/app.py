@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 
 from starlette.applications import Starlette
@@ -20,8 +19,9 @@ from prelude.engine.factory import ServedModel
 from prelude.server import metrics
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
-from prelude.server.openai import OpenAIServing, json_response
-from prelude.server.protocol import read_json
+from prelude.server.openai import CompletionsAPI
+from prelude.server.decision import DecisionAPI
+from prelude.server.serving import json_response
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class BearerAuth:
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(engine.tokenizer, config.tokenizer_workers, served.max_model_len,
                           engine.pool.num_blocks * engine.pool.block_size, config.max_logprobs)
-    openai = OpenAIServing(engine, admission, served.name, served.chat_template, config.max_request_bytes)
+    openai = CompletionsAPI(engine, admission, served, config.max_request_bytes)
+    decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
 
     async def health(_: HTTPRequest) -> Response:
         return Response(status_code=200)
@@ -115,6 +116,14 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", openai.completions, methods=["POST"]),
             Route("/v1/chat/completions", openai.chat, methods=["POST"]),
+            Route("/v1/embeddings", decision.embeddings, methods=["POST"]),
+            Route("/classify", decision.classify, methods=["POST"]),
+            Route("/v1/classify", decision.classify, methods=["POST"]),
+            Route("/pooling", decision.pooling, methods=["POST"]),
+            Route("/score", decision.score, methods=["POST"]),
+            Route("/v1/score", decision.score, methods=["POST"]),
+            Route("/rerank", decision.rerank, methods=["POST"]),
+            Route("/v1/rerank", decision.rerank, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],

@@ -1,78 +1,25 @@
 """OpenAI-compatible generation endpoints: /v1/completions and /v1/chat/completions."""
 from __future__ import annotations
 
-import asyncio
-import itertools
-import os
 import time
-from typing import Any
+from dataclasses import replace
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.batch import TokenLogprob
-from prelude.engine.engine import Engine
 from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
-from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
-from prelude.server.protocol import Body, read_json
-from prelude.server.streaming import SSE_DONE, EventStream, dumps, merge, sse, unless_disconnected
+from prelude.server.protocol import Body
+from prelude.server.serving import Serving, json_response, new_id
+from prelude.server.streaming import SSE_DONE, EventStream, merge, sse
 from prelude.tokenizer.chat import ChatTemplateError
 
-_ids = itertools.count()
-_ID_PREFIX = os.urandom(4).hex()
-
-
-def new_id(kind: str) -> str:
-    return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(dumps(obj), status_code=status, media_type="application/json")
-
-
-class OpenAIServing:
-    def __init__(self, engine: Engine, admission: Admission, model_name: str, chat_template,
-                 max_request_bytes: int):
-        self.engine = engine
-        self.admission = admission
-        self.tokenizer = engine.tokenizer
-        self.model_name = model_name
-        self.chat_template = chat_template
-        self.max_request_bytes = max_request_bytes
-
-    # -- shared -----------------------------------------------------------------------------
-    async def body(self, http: HTTPRequest) -> Body:
-        body = await read_json(http, self.max_request_bytes)
-        model = body.str("model")
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
-        return body
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
-
-    def submit_all(self, requests: list[Request]) -> list:
-        """One admission of all rows: they reach the scheduler together, never one by one."""
-        return [self.engine.submit(r) for r in requests]
-
-    def abort_unfinished(self, streams: list) -> None:
-        for stream in streams:
-            if not stream.finished:
-                self.engine.abort(stream.request_id)
-
-    async def collect(self, http: HTTPRequest, requests: list[Request], watch_disconnect: bool):
-        streams = self.submit_all(requests)
-        try:
-            gathered = asyncio.gather(*(s.collect() for s in streams))
-            if watch_disconnect:
-                return await unless_disconnected(http.receive, gathered)
-            return await gathered
-        except EngineError as exc:
-            raise APIError(500, str(exc)) from None
-        finally:
-            self.abort_unfinished(streams)
+class CompletionsAPI(Serving):
+    def __init__(self, engine, admission, served, max_request_bytes: int):
+        super().__init__(engine, admission, served, max_request_bytes)
+        self.chat_template = served.chat_template
 
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, make) -> list[Request]:
         """n choices per prompt; seeded sampling gets seed + choice index so choices differ."""
@@ -82,29 +29,40 @@ class OpenAIServing:
                 requests.append(make(f"{rid}-{p * n + j}", ids, j))
         return requests
 
-    @staticmethod
-    def usage(outputs: list[RequestOutput], prompt_lens: list[int]) -> dict:
-        """Prompt tokens count once per prompt, whatever n is; outputs are prompt-major."""
-        prompt = sum(prompt_lens)
-        completion = sum(o.num_output_tokens for o in outputs)
-        n = max(1, len(outputs) // max(1, len(prompt_lens)))
-        cached = sum(o.num_cached_tokens for o in outputs[::n])
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
-    def _sampling(self, body: Body, prompt_len: int, max_tokens: int | None, logprobs: int | None, seed_offset: int):
+    def _sampling(self, body: Body, prompt_len: int, max_tokens: int | None, logprobs: int | None,
+                  seed_offset: int, choice_ids: tuple[int, ...] | None = None):
+        if choice_ids is not None:
+            max_tokens = 1  # a single-token choice is the whole answer
         budget = self.admission.output_budget(prompt_len, max_tokens)
         params = self.admission.sampling(body, budget, logprobs)
+        if choice_ids is not None:
+            params = replace(params, allowed_token_ids=choice_ids)
         if seed_offset and params.seed is not None:
-            from dataclasses import replace
-
             params = replace(params, seed=params.seed + seed_offset)
         return params
+
+    async def _choice(self, body: Body) -> tuple[int, ...] | None:
+        """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the
+        answer is one of the given strings. Supported when each is a single token."""
+        structured = body.object("structured_outputs")
+        name = "structured_outputs.choice" if structured is not None else "guided_choice"
+        choices = structured.list("choice") if structured is not None else body.list("guided_choice")
+        if choices is None:
+            return None
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise bad_request(f"'{name}' must be a non-empty array of non-empty strings", name)
+        ids = []
+        for choice, encoded in zip(choices, await self.admission.encode_many(choices, add_special_tokens=False)):
+            if len(encoded) != 1:
+                raise bad_request(f"'{name}' supports single-token choices only; {choice!r} is "
+                                  f"{len(encoded)} tokens", name)
+            ids.append(encoded[0])
+        return tuple(ids)
 
     # -- /v1/completions --------------------------------------------------------------------
     async def completions(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
-        prompts = await self._prompts(body)
+        prompts = await self.inputs(body, "prompt")
         if body.has("suffix"):
             raise bad_request("'suffix' is not supported", "suffix")
         n = body.int("n", 1, lo=1, hi=128)
@@ -122,12 +80,14 @@ class OpenAIServing:
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
+        choice = await self._choice(body)
         rid = new_id("cmpl")
         # Validate every prompt's length before anything is submitted.
         for ids in prompts:
-            self._sampling(body, len(ids), max_tokens, logprobs, 0)
+            self._sampling(body, len(ids), max_tokens, logprobs, 0, choice)
         requests = self.fan_out(rid, prompts, n, lambda req_id, ids, j: Request(
-            req_id, ids, self._sampling(body, len(ids), max_tokens, logprobs, j), prompt_logprobs=prompt_logprobs))
+            req_id, ids, self._sampling(body, len(ids), max_tokens, logprobs, j, choice),
+            prompt_logprobs=prompt_logprobs))
         created = int(time.time())
         if stream:
             return EventStream(self._stream_completion(rid, created, requests, prompts, n, echo, include_usage))
@@ -137,35 +97,6 @@ class OpenAIServing:
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
-
-    async def _prompts(self, body: Body) -> list[list[int]]:
-        """`prompt` as a string, strings, token ids, or lists of token ids."""
-        prompt = body.require("prompt")
-        if isinstance(prompt, str):
-            items: list = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            items = [prompt]
-        elif isinstance(prompt, list) and prompt:
-            items = prompt
-        else:
-            raise bad_request("'prompt' must be a non-empty string, array of strings, or array of token ids", "prompt")
-        texts = [(i, p) for i, p in enumerate(items) if isinstance(p, str)]
-        for i, p in enumerate(items):
-            if not isinstance(p, (str, list)):
-                raise bad_request("'prompt' must be a non-empty string, array of strings, or array of token ids",
-                                  "prompt")
-            if isinstance(p, str) and not p:
-                raise bad_request("'prompt' must not be empty", "prompt")
-        encoded = await self.admission.encode_many([p for _, p in texts]) if texts else []
-        result: list[list[int]] = [None] * len(items)  # type: ignore[list-item]
-        for (i, _), ids in zip(texts, encoded):
-            result[i] = ids
-        for i, p in enumerate(items):
-            if isinstance(p, list):
-                result[i] = self.admission.check_ids(p, "prompt")
-            elif not result[i]:
-                raise bad_request("'prompt' encodes to no tokens", "prompt")
-        return result
 
     def _legacy_logprobs(self, entries: list[TokenLogprob | None], first_token: int | None = None,
                          offset: int = 0) -> dict:
@@ -267,10 +198,11 @@ class OpenAIServing:
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
-        self._sampling(body, len(ids), max_tokens, logprobs, 0)
+        choice = await self._choice(body)
+        self._sampling(body, len(ids), max_tokens, logprobs, 0, choice)
         rid = new_id("chatcmpl")
         requests = self.fan_out(rid, [ids], n, lambda req_id, p, j: Request(
-            req_id, p, self._sampling(body, len(p), max_tokens, logprobs, j)))
+            req_id, p, self._sampling(body, len(p), max_tokens, logprobs, j, choice)))
         created = int(time.time())
         if stream:
             return EventStream(self._stream_chat(rid, created, requests, len(ids), include_usage))

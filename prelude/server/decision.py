@@ -1,0 +1,265 @@
+"""Decision-style endpoints, all on the OneShot path: embeddings, classification, raw pooling,
+pair scoring, reranking and label-token scoring. A list input is one admission of many rows."""
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import time
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from prelude.engine.request import Request, Task
+from prelude.engine.sampling import SamplingParams
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.server.serving import Serving, json_response, new_id
+
+# Most inputs (or items, or documents) one request may carry.
+MAX_ITEMS = 1024
+NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
+
+# Generative reranking (Qwen3-Reranker style): the model answers "yes" or "no" to whether the
+# document meets the query; the score is P(yes) / (P(yes) + P(no)) at the answer position.
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+RERANK_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
+    'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+)
+RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _softmax(values: list[float]) -> list[float]:
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    total = sum(exps)
+    return [e / total for e in exps]
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+class DecisionAPI(Serving):
+    # -- helpers ----------------------------------------------------------------------------
+    def _rows(self, rid: str, prompts: list[list[int]], **fields) -> list[Request]:
+        for i, ids in enumerate(prompts):
+            self.check_length(ids, "input")
+        return [Request(f"{rid}-{i}", ids, NO_GENERATION, **fields) for i, ids in enumerate(prompts)]
+
+    def _require_classifier(self) -> None:
+        if not self.served.has_classifier:
+            raise bad_request(f"model {self.model_name!r} ({self.served.config.architecture}) has no "
+                              "classification head; this endpoint needs a *ForSequenceClassification checkpoint")
+
+    def _require_lm_head(self, what: str) -> None:
+        if not self.served.has_lm_head:
+            raise bad_request(f"{what} needs a language-model head; model {self.model_name!r} is "
+                              f"{self.served.config.architecture}")
+
+    def _trim_padding(self, ids: list[int]) -> list[int]:
+        """Sequence classification reads the last non-pad token (as HF does); causal attention
+        makes that the same as dropping trailing pads and reading the last token."""
+        pad = self.served.config.pad_token_id
+        end = len(ids)
+        while pad is not None and end > 1 and ids[end - 1] == pad:
+            end -= 1
+        return ids[:end]
+
+    def _envelope(self, rid: str, data: list, prompts: list[list[int]]) -> dict:
+        tokens = sum(map(len, prompts))
+        return {"id": rid, "object": "list", "created": int(time.time()), "model": self.model_name,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    async def _classify_rows(self, http, rid: str, prompts: list[list[int]]) -> list[list[float]]:
+        self._require_classifier()
+        rows = self._rows(rid, [self._trim_padding(p) for p in prompts], task=Task.CLASSIFY)
+        return [out.scores for out in await self.collect(http, rows)]
+
+    def _relevance(self, logits: list[float]) -> float:
+        """Cross-encoder relevance: sigmoid of a single logit, else the probability of label 1."""
+        return _sigmoid(logits[0]) if len(logits) == 1 else _softmax(logits)[1]
+
+    # -- /v1/embeddings ---------------------------------------------------------------------
+    async def embeddings(self, http: HTTPRequest) -> Response:
+        body = await self.body(http)
+        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        encoding = body.str("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
+        normalize = body.bool("normalize", True)
+        rid = new_id("embd")
+        rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
+                          normalize=normalize and dimensions is None)
+        data = []
+        for i, out in enumerate(await self.collect(http, rows)):
+            vector = out.pooled
+            if dimensions is not None:  # Matryoshka: keep the leading dimensions, renormalize
+                vector = vector[:dimensions]
+                if normalize:
+                    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+                    vector = [v / norm for v in vector]
+            if encoding == "base64":
+                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        response = self._envelope(rid, data, prompts)
+        del response["created"], response["id"]
+        return json_response(response)
+
+    # -- /classify --------------------------------------------------------------------------
+    async def classify(self, http: HTTPRequest) -> Response:
+        body = await self.body(http)
+        self._require_classifier()
+        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        rid = new_id("classify")
+        labels = self.served.config.id2label
+        data = []
+        for i, logits in enumerate(await self._classify_rows(http, rid, prompts)):
+            if len(logits) == 1:  # a reward / regression head: the raw scalar, and its sigmoid
+                item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [_sigmoid(logits[0])],
+                        "num_classes": 1, "score": logits[0]}
+            else:
+                probs = _softmax(logits)
+                best = max(range(len(probs)), key=probs.__getitem__)
+                item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs,
+                        "num_classes": len(probs)}
+            data.append(item)
+        return json_response(self._envelope(rid, data, prompts))
+
+    # -- /pooling ---------------------------------------------------------------------------
+    async def pooling(self, http: HTTPRequest) -> Response:
+        """Raw head outputs: classification/reward logits for classifier checkpoints, otherwise
+        the pooled final hidden state (not normalized unless asked)."""
+        body = await self.body(http)
+        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        rid = new_id("pool")
+        if self.served.has_classifier:
+            outputs = await self._classify_rows(http, rid, prompts)
+        else:
+            rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
+                              normalize=body.bool("normalize", False))
+            outputs = [out.pooled for out in await self.collect(http, rows)]
+        data = [{"index": i, "object": "pooling", "data": out} for i, out in enumerate(outputs)]
+        return json_response(self._envelope(rid, data, prompts))
+
+    # -- label-token scoring ----------------------------------------------------------------
+    def _label_ids(self, body: Body) -> tuple[int, ...]:
+        ids = body.int_list("label_token_ids", lo=0, hi=self.tokenizer.vocab_size - 1)
+        if not ids:
+            raise bad_request("'label_token_ids' must be a non-empty array of token ids", "label_token_ids")
+        return ids
+
+    async def _label_scores(self, http, rid: str, prompts: list[list[int]], label_ids: tuple[int, ...],
+                            apply_softmax: bool) -> list[list[float]]:
+        """For each prompt, the probability of each label token at the next position: normalized
+        over the label tokens alone (apply_softmax) or over the whole vocabulary."""
+        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids)
+        outputs = await self.collect(http, rows)
+        if apply_softmax:
+            return [_softmax(out.label_logprobs) for out in outputs]
+        return [[math.exp(lp) for lp in out.label_logprobs] for out in outputs]
+
+    async def _label_prompts(self, body: Body) -> list[list[int]]:
+        """SGLang's shape: query + each item (item + query with item_first), as text or ids."""
+        query = body.require("query")
+        items = body.list("items", nonempty=True)
+        if items is None:
+            raise bad_request("'items' is required", "items")
+        if len(items) > MAX_ITEMS:
+            raise bad_request(f"'items' has {len(items)} entries; at most {MAX_ITEMS} are allowed", "items")
+        item_first = body.bool("item_first")
+        if isinstance(query, str) and all(isinstance(i, str) for i in items):
+            texts = [item + query if item_first else query + item for item in items]
+            return await self.encode_items(texts, "items")
+        if isinstance(query, list) and all(isinstance(i, list) for i in items):
+            query_ids = self.admission.check_ids(query, "query")
+            item_ids = [self.admission.check_ids(item, "items") for item in items]
+            return [i + query_ids if item_first else query_ids + i for i in item_ids]
+        raise bad_request("'query' and 'items' must both be text or both be token ids", "items")
+
+    # -- /score, /v1/score ------------------------------------------------------------------
+    async def score(self, http: HTTPRequest) -> Response:
+        body = await self.body(http)
+        rid = new_id("score")
+        if body.has("label_token_ids"):
+            self._require_lm_head("label-token scoring")
+            label_ids = self._label_ids(body)
+            prompts = await self._label_prompts(body)
+            scores = await self._label_scores(http, rid, prompts, label_ids, body.bool("apply_softmax"))
+            tokens = sum(map(len, prompts))
+            return json_response({"scores": scores, "model": self.model_name, "object": "scoring",
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        queries, documents = self._pairs(body)
+        relevance, prompts = await self._relevance_scores(http, rid, queries, documents, body)
+        data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(relevance)]
+        return json_response(self._envelope(rid, data, prompts))
+
+    def _pairs(self, body: Body) -> tuple[list[str], list[str]]:
+        """vLLM's text_1/text_2 (or query/items): 1-to-N or N-to-N pairs of texts."""
+        first_name = "text_1" if body.has("text_1") else "query"
+        second_name = "text_2" if body.has("text_2") else "items" if body.has("items") else "documents"
+        first, second = body.require(first_name), body.require(second_name)
+        first = [first] if isinstance(first, str) else first
+        second = [second] if isinstance(second, str) else second
+        for name, values in ((first_name, first), (second_name, second)):
+            if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
+                raise bad_request(f"'{name}' must be a non-empty string or array of non-empty strings", name)
+            if len(values) > MAX_ITEMS:
+                raise bad_request(f"'{name}' has {len(values)} entries; at most {MAX_ITEMS} are allowed", name)
+        if len(first) == 1:
+            first = first * len(second)
+        elif len(first) != len(second):
+            raise bad_request(f"'{first_name}' has {len(first)} entries and '{second_name}' {len(second)}; "
+                              "give one query, or as many as there are documents", second_name)
+        return first, second
+
+    async def _relevance_scores(self, http, rid: str, queries: list[str], documents: list[str],
+                                body: Body) -> tuple[list[float], list[list[int]]]:
+        if self.served.has_classifier:  # cross-encoder: the pair through the classification head
+            firsts = await self.encode_items(queries, "query")
+            seconds = await self.admission.encode_many(documents, add_special_tokens=False)
+            prompts = [a + b for a, b in zip(firsts, seconds)]
+            return [self._relevance(s) for s in await self._classify_rows(http, rid, prompts)], prompts
+        self._require_lm_head("scoring")
+        yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
+        if yes is None or no is None:
+            raise bad_request("generative scoring needs single tokens 'yes' and 'no' in the vocabulary")
+        instruction = body.str("instruction", RERANK_INSTRUCTION)
+        texts = [f"{RERANK_PREFIX}<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}{RERANK_SUFFIX}"
+                 for q, d in zip(queries, documents)]
+        prompts = await self.encode_items(texts, "documents")
+        scores = await self._label_scores(http, rid, prompts, (no, yes), apply_softmax=True)
+        return [s[1] for s in scores], prompts
+
+    # -- /rerank, /v1/rerank ----------------------------------------------------------------
+    async def rerank(self, http: HTTPRequest) -> Response:
+        """Cohere / Jina shape: query + documents -> results sorted by relevance."""
+        body = await self.body(http)
+        query = body.str("query")
+        if not query:
+            raise bad_request("'query' must be a non-empty string", "query")
+        raw_documents = body.list("documents", nonempty=True)
+        if raw_documents is None:
+            raise bad_request("'documents' is required", "documents")
+        documents = [d.get("text") if isinstance(d, dict) else d for d in raw_documents]
+        if not all(isinstance(d, str) and d for d in documents):
+            raise bad_request("'documents' must be non-empty strings or objects with a 'text'", "documents")
+        if len(documents) > MAX_ITEMS:
+            raise bad_request(f"'documents' has {len(documents)} entries; at most {MAX_ITEMS} are allowed",
+                              "documents")
+        top_n = body.int("top_n", len(documents), lo=1)
+        return_documents = body.bool("return_documents", True)
+        rid = new_id("rerank")
+        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(documents), documents, body)
+        order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]
+        results = []
+        for i in order:
+            result = {"index": i, "relevance_score": relevance[i]}
+            if return_documents:
+                result["document"] = {"text": documents[i]}
+            results.append(result)
+        tokens = sum(map(len, prompts))
+        return json_response({"id": rid, "model": self.model_name, "results": results,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})

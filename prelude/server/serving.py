@@ -1,0 +1,123 @@
+"""What every endpoint shares: body reading with the model check, prompt/input parsing and
+tokenization, one admission of many rows, and collecting results with cancellation."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from prelude.engine.engine import Engine
+from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.request import Request
+from prelude.server.admission import Admission
+from prelude.server.errors import APIError, bad_request
+from prelude.server.protocol import Body, read_json
+from prelude.server.streaming import dumps, unless_disconnected
+
+_ids = itertools.count()
+_ID_PREFIX = os.urandom(4).hex()
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, media_type="application/json")
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+class Serving:
+    def __init__(self, engine: Engine, admission: Admission, served, max_request_bytes: int):
+        self.engine = engine
+        self.admission = admission
+        self.tokenizer = engine.tokenizer
+        self.served = served
+        self.model_name = served.name
+        self.max_request_bytes = max_request_bytes
+
+    async def body(self, http: HTTPRequest) -> Body:
+        body = await read_json(http, self.max_request_bytes)
+        model = body.str("model")
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+        return body
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    async def inputs(self, body: Body, name: str, max_items: int | None = None) -> list[list[int]]:
+        """A prompt field as OpenAI allows it: a string, an array of strings, an array of token
+        ids, or an array of token-id arrays; returns token ids per input (all validated)."""
+        value = body.require(name)
+        if isinstance(value, str) or _is_ids(value):
+            items: list = [value]
+        elif isinstance(value, list) and value:
+            items = value
+        else:
+            raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids", name)
+        if max_items is not None and len(items) > max_items:
+            raise bad_request(f"'{name}' has {len(items)} items; at most {max_items} are allowed", name)
+        for item in items:
+            if isinstance(item, str) and not item:
+                raise bad_request(f"'{name}' must not contain empty strings", name)
+            if not isinstance(item, (str, list)):
+                raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids",
+                                  name)
+        return await self.encode_items(items, name)
+
+    async def encode_items(self, items: list, name: str) -> list[list[int]]:
+        """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked)."""
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(await self.admission.encode_many(texts) if texts else [])
+        out = []
+        for item in items:
+            ids = next(encoded) if isinstance(item, str) else self.admission.check_ids(item, name)
+            if not ids:
+                raise bad_request(f"'{name}' encodes to no tokens", name)
+            out.append(ids)
+        return out
+
+    def submit_all(self, requests: list[Request]) -> list:
+        """One admission of all rows: they reach the scheduler together, never one by one."""
+        return [self.engine.submit(r) for r in requests]
+
+    def abort_unfinished(self, streams: list) -> None:
+        for stream in streams:
+            if not stream.finished:
+                self.engine.abort(stream.request_id)
+
+    async def collect(self, http: HTTPRequest, requests: list[Request],
+                      watch_disconnect: bool = False) -> list[RequestOutput]:
+        streams = self.submit_all(requests)
+        try:
+            gathered = asyncio.gather(*(s.collect() for s in streams))
+            if watch_disconnect:
+                return await unless_disconnected(http.receive, gathered)
+            return await gathered
+        except EngineError as exc:
+            raise APIError(500, str(exc)) from None
+        finally:
+            self.abort_unfinished(streams)
+
+    def check_length(self, ids: list[int], param: str) -> None:
+        """A prompt that only needs one forward must still fit the context and the KV cache."""
+        self.admission.output_budget(len(ids), 0, param)
+
+    @staticmethod
+    def usage(outputs: list[RequestOutput], prompt_lens: list[int]) -> dict:
+        """Prompt tokens count once per prompt, whatever n is; outputs are prompt-major."""
+        prompt = sum(prompt_lens)
+        completion = sum(o.num_output_tokens for o in outputs)
+        n = max(1, len(outputs) // max(1, len(prompt_lens)))
+        cached = sum(o.num_cached_tokens for o in outputs[::n])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}

@@ -1,0 +1,322 @@
+"""Decision-style endpoints over real HTTP, each compared with transformers on the same weights:
+embeddings, classify, reward, pooling, score (pairs and label tokens), rerank, prompt logprobs,
+restricted one-token choices."""
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import httpx
+import openai
+import pytest
+import torch
+
+from prelude.config import Config
+from tests.checkpoints import load_reference, make_model_dir
+from tests.server.harness import ServerThread
+
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+TEXTS = ["great product, would buy again", "terrible support", "it arrived on a Tuesday"]
+
+
+def _serve(path, **config):
+    return ServerThread(Config(model=str(path), block_size=4, num_kv_blocks=2048, **config)).start()
+
+
+@pytest.fixture(scope="module")
+def lm(server):
+    """The demo causal LM (package fixture) and its transformers twin."""
+    return server, load_reference(server.served.path)
+
+
+@pytest.fixture(scope="module")
+def classifier(demo_model, tmp_path_factory):
+    pad = 0  # <|endoftext|> in the demo tokenizer
+    path = make_model_dir(tmp_path_factory.mktemp("cls"), "qwen3", demo_model, head="ForSequenceClassification",
+                          num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+                          pad_token_id=pad)
+    srv = _serve(path)
+    yield srv, load_reference(path)
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reward(demo_model, tmp_path_factory):
+    path = make_model_dir(tmp_path_factory.mktemp("rm"), "llama", demo_model, head="ForSequenceClassification",
+                          num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
+    srv = _serve(path)
+    yield srv, load_reference(path)
+    srv.stop()
+
+
+def post(srv, path, **body):
+    return httpx.post(srv.base_url + path, json=body, timeout=120)
+
+
+def ids_of(srv, text, special=True):
+    return srv.engine.tokenizer.encode(text, special)
+
+
+def hidden_states(reference, ids):
+    with torch.no_grad():
+        return reference.model(torch.tensor([ids])).last_hidden_state[0]
+
+
+def lm_logprobs(reference, ids):
+    with torch.no_grad():
+        return torch.log_softmax(reference(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+# -- embeddings ----------------------------------------------------------------------------------
+def test_embeddings_match_last_token_hidden_state(lm):
+    srv, reference = lm
+    with openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0) as client:
+        out = client.embeddings.create(model=srv.served.name, input=TEXTS)
+    assert [d.index for d in out.data] == [0, 1, 2]
+    for text, item in zip(TEXTS, out.data):
+        expected = torch.nn.functional.normalize(hidden_states(reference, ids_of(srv, text))[-1], dim=-1)
+        torch.testing.assert_close(torch.tensor(item.embedding), expected, atol=1e-4, rtol=1e-4)
+    assert out.usage.prompt_tokens == sum(len(ids_of(srv, t)) for t in TEXTS)
+
+
+def test_embeddings_token_ids_base64_and_dimensions(lm):
+    srv, _ = lm
+    ids = ids_of(srv, TEXTS[0])
+    floats = post(srv, "/v1/embeddings", input=[ids]).json()["data"][0]["embedding"]
+    packed = post(srv, "/v1/embeddings", input=ids, encoding_format="base64").json()["data"][0]["embedding"]
+    decoded = struct.unpack(f"<{len(floats)}f", base64.b64decode(packed))
+    assert decoded == pytest.approx(floats, abs=1e-6)
+    short = post(srv, "/v1/embeddings", input=TEXTS[0], dimensions=8).json()["data"][0]["embedding"]
+    truncated = torch.nn.functional.normalize(torch.tensor(floats[:8]), dim=-1)
+    assert short == pytest.approx(truncated.tolist(), abs=1e-5)
+    assert math.isclose(sum(v * v for v in short), 1.0, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_embedding_pooling_modes(demo_model, pooling):
+    srv = _serve(demo_model, pooling=pooling)
+    try:
+        reference = load_reference(demo_model)
+        ids = ids_of(srv, TEXTS[1])
+        hidden = hidden_states(reference, ids)
+        pooled = hidden.mean(0) if pooling == "mean" else hidden[0]
+        got = post(srv, "/v1/embeddings", input=TEXTS[1]).json()["data"][0]["embedding"]
+        torch.testing.assert_close(torch.tensor(got), torch.nn.functional.normalize(pooled, dim=-1),
+                                   atol=1e-4, rtol=1e-4)
+    finally:
+        srv.stop()
+
+
+# -- classification, reward, pooling -------------------------------------------------------------
+def test_classify_matches_sequence_classification_logits(classifier):
+    srv, reference = classifier
+    out = post(srv, "/classify", input=TEXTS).json()
+    for text, item in zip(TEXTS, out["data"]):
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids_of(srv, text)])).logits[0]
+        probs = torch.softmax(logits, dim=-1)
+        assert item["probs"] == pytest.approx(probs.tolist(), abs=1e-5)
+        assert item["label"] == LABELS[int(probs.argmax())] and item["num_classes"] == 3
+
+
+def test_classify_reads_the_last_non_pad_token(classifier):
+    srv, reference = classifier
+    ids = ids_of(srv, TEXTS[0])
+    padded = ids + [0, 0]  # trailing pad tokens, as a padded batch would have
+    with torch.no_grad():
+        expected = torch.softmax(reference(torch.tensor([padded])).logits[0], dim=-1)
+    got = post(srv, "/classify", input=[padded]).json()["data"][0]["probs"]
+    assert got == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_pooling_returns_raw_classifier_logits(classifier):
+    srv, reference = classifier
+    got = post(srv, "/pooling", input=TEXTS[2]).json()["data"][0]
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids_of(srv, TEXTS[2])])).logits[0]
+    assert got["object"] == "pooling" and got["data"] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_reward_model_returns_the_scalar(reward):
+    srv, reference = reward
+    out = post(srv, "/classify", input=TEXTS).json()["data"]
+    raw = post(srv, "/pooling", input=TEXTS).json()["data"]
+    for text, item, pooled in zip(TEXTS, out, raw):
+        with torch.no_grad():
+            score = float(reference(torch.tensor([ids_of(srv, text)])).logits[0, 0])
+        assert item["num_classes"] == 1 and item["score"] == pytest.approx(score, abs=1e-4)
+        assert item["probs"] == pytest.approx([1 / (1 + math.exp(-score))], abs=1e-5)
+        assert pooled["data"] == pytest.approx([score], abs=1e-4)
+
+
+def test_cross_encoder_score_and_rerank(classifier):
+    srv, reference = classifier
+    query, docs = "which is positive?", TEXTS
+
+    def expected(doc):
+        ids = ids_of(srv, query) + ids_of(srv, doc, special=False)
+        with torch.no_grad():
+            return float(torch.softmax(reference(torch.tensor([ids])).logits[0], dim=-1)[1])
+
+    scores = post(srv, "/v1/score", text_1=query, text_2=docs).json()["data"]
+    assert [s["score"] for s in scores] == pytest.approx([expected(d) for d in docs], abs=1e-5)
+    ranked = post(srv, "/v1/rerank", query=query, documents=docs, top_n=2).json()["results"]
+    order = sorted(range(3), key=lambda i: -expected(docs[i]))[:2]
+    assert [r["index"] for r in ranked] == order
+    assert ranked[0]["document"]["text"] == docs[order[0]]
+
+
+# -- label-token scoring ---------------------------------------------------------------------
+def test_label_token_scoring_matches_lm_logprobs_and_shares_the_query(lm):
+    srv, reference = lm
+    query = "Judge the answer. " * 6
+    items = [" yes it is", " no", " maybe later", " certainly", " never again"]
+    labels = [ids_of(srv, " yes", False)[0], ids_of(srv, " no", False)[0]]
+    stats = srv.engine.scheduler.stats
+    before = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
+    srv.on_loop(srv.engine.pool.reset_prefix_cache)
+    out = post(srv, "/v1/score", query=query, items=items, label_token_ids=labels, apply_softmax=False).json()
+    after = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
+    prompts = [ids_of(srv, query + item) for item in items]
+    for prompt, scores in zip(prompts, out["scores"]):
+        expected = lm_logprobs(reference, prompt)[-1, labels].exp()
+        assert scores == pytest.approx(expected.tolist(), abs=1e-5)
+    # One forward computes the shared query; the other rows compute only what follows its
+    # last full shared block.
+    bs = srv.config.block_size
+
+    def shared_blocks(a, b):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return min(n, len(b) - 1) // bs
+
+    expected_computed = len(prompts[0]) + sum(len(p) - shared_blocks(prompts[0], p) * bs for p in prompts[1:])
+    assert after[0] - before[0] == expected_computed
+    assert expected_computed < sum(map(len, prompts)) * 0.6
+    assert after[1] - before[1] == len(items) - 1
+    softmaxed = post(srv, "/v1/score", query=query, items=items, label_token_ids=labels,
+                     apply_softmax=True).json()["scores"]
+    for probs in softmaxed:
+        assert sum(probs) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_label_scoring_with_token_ids_and_item_first(lm):
+    srv, reference = lm
+    query, item = ids_of(srv, "query text", False), ids_of(srv, "item", False)
+    out = post(srv, "/score", query=query, items=[item], label_token_ids=[5, 6], item_first=True).json()
+    expected = lm_logprobs(reference, item + query)[-1, [5, 6]].exp()
+    assert out["scores"][0] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_generative_rerank_uses_yes_no_probability(lm):
+    srv, reference = lm
+    tok = srv.engine.tokenizer
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+    if yes is None or no is None:
+        pytest.skip("demo vocabulary lacks single-token yes/no")
+    from prelude.server.decision import RERANK_INSTRUCTION, RERANK_PREFIX, RERANK_SUFFIX
+
+    docs = ["blocks and caches", "a recipe for soup"]
+    out = post(srv, "/rerank", query="what is a KV cache?", documents=docs, return_documents=False).json()
+    for result in out["results"]:
+        text = (f"{RERANK_PREFIX}<Instruct>: {RERANK_INSTRUCTION}\n<Query>: what is a KV cache?\n"
+                f"<Document>: {docs[result['index']]}{RERANK_SUFFIX}")
+        lp = lm_logprobs(reference, tok.encode(text))[-1, [no, yes]]
+        assert result["relevance_score"] == pytest.approx(float(torch.softmax(lp, 0)[1]), abs=1e-5)
+        assert "document" not in result
+
+
+# -- one forward, prompt logprobs and restricted choices ---------------------------------------------
+def test_prompt_logprobs_match_log_softmax(lm):
+    srv, reference = lm
+    text = "The judge reads the whole prompt"
+    ids = ids_of(srv, text)
+    out = post(srv, "/v1/completions", prompt=text, max_tokens=0, prompt_logprobs=3).json()
+    entries = out["choices"][0]["prompt_logprobs"]
+    expected = lm_logprobs(reference, ids)
+    assert entries[0] is None and len(entries) == len(ids)
+    for pos, entry in enumerate(entries[1:]):
+        token = ids[pos + 1]
+        assert entry[str(token)]["logprob"] == pytest.approx(float(expected[pos, token]), abs=1e-4)
+        assert entry[str(token)]["rank"] == int((expected[pos] > expected[pos, token]).sum()) + 1
+        best = expected[pos].topk(3)
+        for tid, lp in zip(best.indices.tolist(), best.values.tolist()):
+            assert entry[str(tid)]["logprob"] == pytest.approx(lp, abs=1e-4)
+    assert out["choices"][0]["text"] == "" and out["usage"]["completion_tokens"] == 0
+
+
+def test_echo_with_logprobs_covers_prompt_and_generated_token(lm):
+    srv, reference = lm
+    text = "Echo these tokens"
+    ids = ids_of(srv, text)
+    out = post(srv, "/v1/completions", prompt=text, max_tokens=1, echo=True, logprobs=1, temperature=0).json()
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
+    expected = lm_logprobs(reference, ids)
+    for pos in range(1, len(ids)):
+        assert lp["token_logprobs"][pos] == pytest.approx(float(expected[pos - 1, ids[pos]]), abs=1e-4)
+    assert lp["token_logprobs"][-1] == pytest.approx(float(expected[-1].max()), abs=1e-4)
+
+
+def test_allowed_tokens_logit_bias_and_choice_restrict_the_token(lm):
+    srv, reference = lm
+    text = "Answer with one word:"
+    logprobs = lm_logprobs(reference, ids_of(srv, text))[-1]
+    worst = logprobs.topk(5, largest=False).indices.tolist()
+    allowed = post(srv, "/v1/completions", prompt=text, max_tokens=1, temperature=0,
+                   allowed_token_ids=worst[:2]).json()
+    best_allowed = max(worst[:2], key=lambda t: float(logprobs[t]))
+    assert allowed["choices"][0]["text"] == srv.engine.tokenizer.decode([best_allowed])
+    biased = post(srv, "/v1/completions", prompt=text, max_tokens=1, temperature=0,
+                  logit_bias={str(worst[0]): 100}).json()
+    assert biased["choices"][0]["text"] == srv.engine.tokenizer.decode([worst[0]])
+    tok = srv.engine.tokenizer
+    round_trips = [t for t in logprobs.argsort().tolist() if tok.encode(tok.decode([t]), False) == [t]]
+    choices = [tok.decode([t]) for t in round_trips[:3]]
+    for body in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+        out = post(srv, "/v1/completions", prompt=text, max_tokens=5, temperature=0, **body).json()
+        assert out["choices"][0]["text"] in choices and out["usage"]["completion_tokens"] == 1
+    chat = post(srv, "/v1/chat/completions", messages=[{"role": "user", "content": text}], temperature=0,
+                guided_choice=choices).json()
+    assert chat["choices"][0]["message"]["content"] in choices
+
+
+# -- bad input ---------------------------------------------------------------------------------
+BAD = [
+    ("/v1/embeddings", {"input": []}, "input"),
+    ("/v1/embeddings", {"input": [""]}, "input"),
+    ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 100000}, "dimensions"),
+    ("/v1/embeddings", {"input": ["x"] * 2000}, "input"),
+    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [10 ** 7]}, "label_token_ids"),
+    ("/v1/score", {"query": "q", "items": [], "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"query": "q", "items": ["a"] * 2000, "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"query": "q", "items": [[1, 2]], "label_token_ids": [1]}, "items"),
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]}, "text_2"),
+    ("/v1/rerank", {"query": "", "documents": ["a"]}, "query"),
+    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+    ("/v1/completions", {"prompt": "x", "guided_choice": ["a fairly long multi token choice"]}, "guided_choice"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0, "prompt_logprobs": 99}, "prompt_logprobs"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_decision_bad_input_is_400(lm, path, body, param):
+    srv, _ = lm
+    response = post(srv, path, **body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_classify_without_a_head_is_400(lm):
+    srv, _ = lm
+    response = post(srv, "/classify", input="hello")
+    assert response.status_code == 400 and "classification head" in response.json()["error"]["message"]
+    srv.wait_idle()
+
+
+def test_label_scoring_on_a_classifier_is_400(classifier):
+    srv, _ = classifier
+    response = post(srv, "/v1/score", query="q", items=["a"], label_token_ids=[1])
+    assert response.status_code == 400 and "language-model head" in response.json()["error"]["message"]
+    srv.wait_idle()
