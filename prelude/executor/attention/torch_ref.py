@@ -14,10 +14,10 @@ class TorchAttention(AttentionBackend):
     def plan(self, layout: StepLayout) -> None:
         device = layout.slot_mapping.device
         block_size = self.kv_cache.block_size
-        self.slot_mapping = layout.slot_mapping
-        self.stored = layout.slot_mapping >= 0
-        self.any_stored = bool(self.stored.any())
-        self.all_stored = self.any_stored and bool(self.stored.all())
+        # Which of this step's tokens are stored, and where: computed once, used by every layer.
+        stored = (layout.slot_mapping >= 0).nonzero().squeeze(1)
+        self.stored_tokens = None if len(stored) == len(layout.slot_mapping) else stored
+        self.stored_slots = layout.slot_mapping if self.stored_tokens is None else layout.slot_mapping[stored]
         self.prefills = []  # (start, end, context_len, prefix block ids | None)
         batched = []  # rows answered by the padded single-token path
         for row in range(layout.num_rows):
@@ -44,15 +44,12 @@ class TorchAttention(AttentionBackend):
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.layer(layer)
-        if self.any_stored:
-            flat_k = k_cache.view(-1, *k_cache.shape[2:])
-            flat_v = v_cache.view(-1, *v_cache.shape[2:])
-            if self.all_stored:
-                flat_k[self.slot_mapping] = k
-                flat_v[self.slot_mapping] = v
-            else:
-                flat_k[self.slot_mapping[self.stored]] = k[self.stored]
-                flat_v[self.slot_mapping[self.stored]] = v[self.stored]
+        if len(self.stored_slots):
+            new_k, new_v = k, v
+            if self.stored_tokens is not None:
+                new_k, new_v = k.index_select(0, self.stored_tokens), v.index_select(0, self.stored_tokens)
+            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.stored_slots, new_k)
+            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.stored_slots, new_v)
         out = torch.empty_like(q)
         for start, end, ctx, prefix in self.prefills:
             keys, values = k[start:end], v[start:end]
@@ -75,10 +72,12 @@ class TorchAttention(AttentionBackend):
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
     """q: [n, H, D] at positions offset..offset+n-1; k, v: [offset+n, Hkv, D]."""
     n, total = q.shape[0], k.shape[0]
-    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    # 4-D [1, heads, tokens, dim]: torch's CPU flash kernel takes this shape; 3-D falls back to
+    # the math path, several times slower.
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     if offset == 0:
         o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
     else:
         mask = torch.arange(total, device=q.device)[None, :] <= (offset + torch.arange(n, device=q.device))[:, None]
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
-    return o.transpose(0, 1)
+    return o[0].transpose(0, 1)
