@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.engine.output import EngineError, RequestOutput, RequestStream
+from prelude.engine.batch import RowResult
 from prelude.engine.request import Request
 from prelude.engine.scheduler import OneShotJob, Scheduler, ScheduledStep, StepEvent, Work
 from prelude.engine.sequence import Sequence
@@ -116,7 +117,7 @@ class Engine:
                 continue
             finally:
                 self._in_flight = False
-            self.stats.on_step(step, time.perf_counter() - started)
+            self.stats.on_step(time.perf_counter() - started)
             self._process(self.scheduler.update(step, result))
 
     def _fail(self, step: ScheduledStep, exc: Exception) -> None:
@@ -129,49 +130,61 @@ class Engine:
         now = time.monotonic()
         for work, result in events:
             tracked = self._tracked.get(work.request.request_id)
-            if tracked is None:
+            if tracked is None:  # aborted while its step ran
                 continue
-            request = work.request
-            out = RequestOutput(request.request_id, num_prompt_tokens=request.num_prompt_tokens,
-                                num_cached_tokens=work.num_cached_tokens)
-            if result.prompt_logprobs is not None:
-                out.prompt_logprobs = result.prompt_logprobs
-            out.pooled, out.scores, out.label_logprobs = result.pooled, result.scores, result.label_logprobs
             if tracked.first_token_time is None:
                 tracked.first_token_time = now
                 self.stats.on_first_token(work, now)
-            token = result.token
-            reason = stop_reason = None
-            if token is not None:
-                out.token_ids = [token.token_id]
-                if tracked.logprobs:
-                    out.logprobs = [token]
-                reason, stop_reason = self._token_stop(work, token.token_id)
-            num_output = (len(work.token_ids) - request.num_prompt_tokens) if isinstance(work, Sequence) else len(out.token_ids)
-            out.num_output_tokens = num_output
-            detok = tracked.detokenizer
-            if token is not None and detok is not None and reason is None:
-                hit = detok.add(token.token_id)
-                if hit is not None:
-                    reason, stop_reason = "stop", hit
-            if reason is None and num_output >= request.sampling.max_tokens:
-                reason = "length"
-            if not request.generates and reason is None:
-                reason = "length" if request.sampling.max_tokens == 0 else "stop"
-            if detok is not None:
-                out.text = detok.emit(final=reason is not None)
-            elif token is not None and reason != "stop":
-                out.text = self.tokenizer.decode(out.token_ids, request.sampling.skip_special_tokens)
-            if reason is not None:
-                out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason
-                self._tracked.pop(request.request_id, None)
-                self.scheduler.finish(work, reason)
-                self.stats.on_finish(work, num_output, reason, now)
-            if isinstance(work, OneShotJob) or out.finished or out.token_ids or out.text:
+            out = self._output(tracked, result)
+            if out.finished:
+                del self._tracked[work.request.request_id]
+                self.scheduler.finish(work, out.finish_reason)
+                self.stats.on_finish(work, out.num_output_tokens, out.finish_reason, now)
+                if logger.isEnabledFor(logging.DEBUG):
+                    self._log_finished(tracked, out, now)
+            if out.finished or out.token_ids or out.text:
                 tracked.stream.put(out)
 
-    def _token_stop(self, work: Work, token_id: int) -> tuple[str | None, int | None]:
-        sampling = work.request.sampling
+    def _output(self, tracked: _Tracked, result: RowResult) -> RequestOutput:
+        """The increment one row's result adds to its request, and whether that ends it."""
+        work, request = tracked.work, tracked.work.request
+        out = RequestOutput(request.request_id, prompt_logprobs=result.prompt_logprobs, pooled=result.pooled,
+                            scores=result.scores, label_logprobs=result.label_logprobs,
+                            num_prompt_tokens=request.num_prompt_tokens, num_cached_tokens=work.num_cached_tokens)
+        token = result.token
+        reason = stop_reason = None
+        if token is not None:
+            out.token_ids = [token.token_id]
+            if tracked.logprobs:
+                out.logprobs = [token]
+            reason, stop_reason = self._token_stop(request, token.token_id)
+        out.num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
+        detok = tracked.detokenizer
+        if detok is not None and token is not None and reason is None:
+            hit = detok.add(token.token_id)
+            if hit is not None:
+                reason, stop_reason = "stop", hit
+        if reason is None and (not request.generates or out.num_output_tokens >= request.sampling.max_tokens):
+            reason = "length"
+        if detok is not None:
+            out.text = detok.emit(final=reason is not None)
+        elif token is not None and reason != "stop":  # the stop token itself is not output text
+            out.text = self.tokenizer.decode(out.token_ids, request.sampling.skip_special_tokens)
+        if reason is not None:
+            out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason
+        return out
+
+    def _log_finished(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        work = tracked.work
+        arrival, scheduled = work.request.arrival_time, work.first_scheduled or now
+        logger.debug("finished %s (%s): prompt %d, cached %d, output %d, queue %.1f ms, prefill %.1f ms, "
+                     "total %.1f ms, %s", out.request_id, "oneshot" if isinstance(work, OneShotJob) else "decode",
+                     out.num_prompt_tokens, out.num_cached_tokens, out.num_output_tokens,
+                     1e3 * (scheduled - arrival), 1e3 * ((tracked.first_token_time or now) - scheduled),
+                     1e3 * (now - arrival), out.finish_reason)
+
+    def _token_stop(self, request: Request, token_id: int) -> tuple[str | None, int | None]:
+        sampling = request.sampling
         if token_id in sampling.stop_token_ids:
             return "stop", token_id
         if not sampling.ignore_eos and token_id in self.eos_token_ids:

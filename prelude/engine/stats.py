@@ -37,7 +37,7 @@ class EngineStats:
     def on_arrival(self) -> None:
         self.arrived += 1
 
-    def on_step(self, step, seconds: float) -> None:
+    def on_step(self, seconds: float) -> None:
         self.step_time.observe(seconds)
 
     def on_first_token(self, work, now: float) -> None:
