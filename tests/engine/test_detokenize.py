@@ -1,0 +1,59 @@
+"""Incremental detokenization: streamed pieces concatenate to the full decode, stop strings cut
+the text even when split across tokens, and a possible stop prefix is held back until resolved."""
+from __future__ import annotations
+
+import pytest
+
+from prelude.engine.detokenize import IncrementalDetokenizer
+from prelude.tokenizer import load
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model):
+    return load(demo_model, "hf")
+
+
+def stream(tokenizer, text, stop=(), prompt="Prompt:"):
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt), stop, skip_special_tokens=True)
+    pieces, hit = [], None
+    ids = tokenizer.encode(text)
+    for i, token in enumerate(ids):
+        hit = detok.add(token)
+        pieces.append(detok.emit(final=hit is not None or i == len(ids) - 1))
+        if hit is not None:
+            break
+    return pieces, hit
+
+
+TEXTS = ["Hello world, the cache holds blocks.", "naïve café 你好世界 😀 done", "def f(x):\n    return x * 2\n"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_pieces_concatenate_to_the_full_decode(tokenizer, text):
+    pieces, hit = stream(tokenizer, text)
+    assert hit is None
+    assert "".join(pieces) == tokenizer.decode(tokenizer.encode(text))
+
+
+def test_stop_string_split_across_tokens_cuts_before_it(tokenizer):
+    text = "the judge says yes and then continues"
+    pieces, hit = stream(tokenizer, text, stop=("s yes a",))
+    assert hit == "s yes a"
+    assert "".join(pieces) == "the judge say"
+
+
+def test_partial_stop_is_held_back_then_released(tokenizer):
+    text = "abc abd abe"
+    pieces, hit = stream(tokenizer, text, stop=("abf",))
+    assert hit is None
+    assert "".join(pieces) == tokenizer.decode(tokenizer.encode(text))
+    # While "ab" could still begin "abf", it was not emitted early.
+    emitted = ""
+    for piece in pieces[:-1]:
+        emitted += piece
+        assert not emitted.endswith("ab")
+
+
+def test_earliest_of_several_stops_wins(tokenizer):
+    pieces, hit = stream(tokenizer, "one two three four", stop=("four", "two"))
+    assert hit == "two" and "".join(pieces) == "one "
