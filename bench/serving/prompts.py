@@ -19,6 +19,8 @@ from typing import Protocol, Sequence
 import httpx
 
 WORDS = tuple("""
+a an the of and to in is it on at by we he she you for not but all can one two day sun sea red big
+old new hot top cat dog car box cup map pen run sit eat see way man boy art
 able about above across after again against almost alone along already also always among animal
 answer apple around autumn back bank basket before begin behind below better between bird black
 blue board boat body book bottle bread bridge bright bring brother build busy cable camera candle
