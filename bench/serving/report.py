@@ -104,6 +104,9 @@ def print_report(results: Sequence[RunResult], ablation: tuple[str, str] | None 
         if s.output_len_mismatches:
             print(f"note: {s.output_len_mismatches} requests in {r.server} {r.workload} {r.level.label} "
                   "returned a different number of tokens than asked (does the server honor ignore_eos?)")
+        if s.duration_s and r.client_cpu_s / s.duration_s > 0.8:
+            print(f"note: the client used {r.client_cpu_s / s.duration_s:.0%} of a core in {r.server} {r.workload} "
+                  f"{r.level.label}: that level may be client-bound (run the client on other cores)")
         if r.max_send_lag_s > 0.05:
             print(f"note: in {r.server} {r.workload} {r.level.label} the client sent up to "
                   f"{r.max_send_lag_s * 1000:.0f} ms behind the Poisson schedule (client CPU-bound?)")
