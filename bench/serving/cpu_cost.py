@@ -19,9 +19,9 @@ from typing import Sequence
 from bench.serving import proc, report
 from bench.serving.client import make_client
 from bench.serving.loadgen import int_list, model_name, split_server_args
-from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer
+from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerProcess, parse_command, prelude_env
+from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
 from bench.serving.workloads import Fixed, Options
 
 
@@ -92,9 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
                                args.log_dir / f"{stamp}-cpu-{label}.log", label)
         print(f"starting {label}: {' '.join(server.argv)} (log {server.log_path})", file=sys.stderr)
-        server.start()
         try:
+            server.start()
             results += asyncio.run(measure(server, args))
+        except (ServerError, TokenizerError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         finally:
             server.stop()
         servers.append({"label": label, "argv": server.argv, "log": str(server.log_path)})

@@ -16,9 +16,9 @@ import httpx
 
 from bench.serving import report
 from bench.serving.client import make_client, send
-from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer
+from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerProcess, parse_command, prelude_env
+from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
 from bench.serving.workloads import Fixed, Options, Score, SharedPrefix, Workload
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96)
@@ -223,7 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     own, server_args = split_server_args(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     started = time.time()
-    results, info = asyncio.run(run(args, server_args))
+    try:
+        results, info = asyncio.run(run(args, server_args))
+    except (ServerError, TokenizerError, httpx.ConnectError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ablation = ("oneshot", "ablation") if args.ablation else None
     report.print_report(results, ablation)
     path = report.write_json(args.json or report.default_json_path("serving"), {

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from bench.serving import report
 from bench.serving.loadgen import split_server_args
-from bench.serving.server import ServerProcess, parse_command, prelude_env
+from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
 
 # Prelude logs its own share of the startup: model resolution, weights, tokenizer, KV cache.
 ENGINE_READY = re.compile(r"engine ready in ([0-9.]+)s")
@@ -86,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         log_dir = args.log_dir or report.RESULTS_DIR / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-startup"
         for mode in modes:
-            results[mode] = run_mode(mode, args, server_args, work, log_dir)
+            try:
+                results[mode] = run_mode(mode, args, server_args, work, log_dir)
+            except ServerError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         rows = [summary_row(mode, samples) for mode, samples in results.items()]
     flags = " ".join(server_args) or "(none)"
     print(f"\nStartup to GET /health 200 (seconds), server flags: {flags}")
