@@ -37,6 +37,9 @@ west window winter wooden world yellow young
 """.split())
 
 
+CONTEXT = "the"
+
+
 class TokenizerError(RuntimeError):
     """The target cannot tokenize for us, or its tokenizer breaks the additivity assumption."""
 
@@ -104,8 +107,9 @@ class Prompt:
 
 class PromptFactory:
     def __init__(self, pieces: dict[str, tuple[int, ...]], prefix: Sequence[int] = (),
-                 suffix: Sequence[int] = ()):
+                 suffix: Sequence[int] = (), leading_space: bool = True):
         self.pieces = {w: p for w, p in pieces.items() if p}
+        self.leading_space = leading_space
         self.prefix = tuple(prefix)  # special tokens the tokenizer puts before text (BOS)
         self.suffix = tuple(suffix)  # and after it (EOS for some tokenizers)
         self.words = sorted(self.pieces)
@@ -117,15 +121,25 @@ class PromptFactory:
     async def from_tokenizer(cls, tokenizer: TextTokenizer, concurrency: int = 16) -> "PromptFactory":
         gate = asyncio.Semaphore(concurrency)
 
+        context = list(await tokenizer.encode(CONTEXT, False))
+
         async def piece(word: str) -> tuple[int, ...]:
+            """The tokens " word" adds after another word. Measured in context because
+            SentencePiece-style tokenizers treat a text's first space specially."""
             async with gate:
+                ids = await tokenizer.encode(f"{CONTEXT} {word}", False)
+                if ids[:len(context)] == context:
+                    return tuple(ids[len(context):])
                 return tuple(await tokenizer.encode(" " + word, False))
 
         pieces = await asyncio.gather(*(piece(w) for w in WORDS))
         bare = list(await tokenizer.encode(" hello", False))
         full = list(await tokenizer.encode(" hello", True))
         prefix, suffix = split_specials(full, bare)
-        return cls(dict(zip(WORDS, pieces)), prefix, suffix)
+        # SentencePiece normalizers that prepend "▁" turn a leading space into an extra token;
+        # such texts start without it (byte-level BPEs keep it: " hello" is their in-context form).
+        leading_space = bare == list(await piece("hello"))
+        return cls(dict(zip(WORDS, pieces)), prefix, suffix, leading_space)
 
     @property
     def num_special(self) -> int:
@@ -146,13 +160,16 @@ class PromptFactory:
             ids.extend(self.pieces[word])
         return Segment(tuple(ids), "".join(" " + w for w in words))
 
-    def prompt(self, *segments: Segment) -> Prompt:
-        """Segments joined, with the tokenizer's special tokens around them."""
+    def prompt(self, *segments: Segment, with_suffix: bool = True) -> Prompt:
+        """Segments joined, with the tokenizer's special tokens around them (only those before
+        them for a text the server will extend, such as a score query)."""
         ids = list(self.prefix)
         for s in segments:
             ids.extend(s.ids)
-        ids.extend(self.suffix)
-        return Prompt(ids, "".join(s.text for s in segments))
+        if with_suffix:
+            ids.extend(self.suffix)
+        text = "".join(s.text for s in segments)
+        return Prompt(ids, text if self.leading_space else text[1:])
 
     def body_len(self, total: int) -> int:
         """Tokens of words in a prompt of `total` tokens (the rest are special tokens)."""

@@ -133,8 +133,7 @@ class Score(Workload):
         super().__init__(factory, options)
         rng = random.Random(seed)
         # The server joins query and item into one prompt: only the query starts with specials.
-        body = factory.segment(query_len - len(factory.prefix), rng)
-        self.query = Prompt(list(factory.prefix) + list(body.ids), body.text)
+        self.query = factory.prompt(factory.segment(query_len - len(factory.prefix), rng), with_suffix=False)
         self.query_len, self.item_len, self.items = query_len, item_len, items
         self.label_token_ids = label_token_ids
 

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from bench.serving.prompts import WORDS, PromptFactory, TokenizerError, split_specials
+from bench.serving.prompts import WORDS, LocalTokenizer, PromptFactory, TokenizerError, split_specials
 from bench.serving.workloads import Fixed, Options, Score, SharedPrefix
+from tests.data import tokenizer_dir
 
 BOS = 1
 
@@ -121,3 +122,20 @@ def test_score_workload_shares_one_query(factory):
     assert all(len(b["items"]) == 4 and all(len(i) == 8 for i in b["items"]) for b in bodies)
     assert bodies[0]["label_token_ids"] == [11, 12] and bodies[0]["apply_softmax"] is True
     assert jobs[0].path == "/v1/score" and jobs[0].prompt_tokens == 4 * (64 + 8) and jobs[0].output_tokens == 0
+
+
+def test_text_starts_without_a_space_where_the_tokenizer_adds_its_own(factory):
+    spaced = factory.exact(20, random.Random(0))
+    unspaced = PromptFactory(factory.pieces, factory.prefix, leading_space=False).exact(20, random.Random(0))
+    assert spaced.ids == unspaced.ids and spaced.text == " " + unspaced.text
+
+
+# Byte-level BPE; byte-level with a BOS; SentencePiece-style (its own leading "▁").
+@pytest.mark.parametrize("name", ["qwen3", "llama3.2-vision", "phi3-mini"])
+def test_real_tokenizers_give_exact_ids_and_texts(name):
+    tokenizer = LocalTokenizer(tokenizer_dir(name))
+    factory = asyncio.run(PromptFactory.from_tokenizer(tokenizer))
+    rng = random.Random(0)
+    prompts = {n: factory.exact(n, rng) for n in (8, 100, 1000)}
+    assert {n: p.num_tokens for n, p in prompts.items()} == {n: n for n in prompts}
+    asyncio.run(factory.verify(tokenizer, list(prompts.values())))
