@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float, help="per level, seconds: stop sending after this")
     load.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each level")
     load.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    load.add_argument("--max-connections", type=int, default=1024, help="open loop: connection pool size")
     load.add_argument("--seed", type=int, default=0)
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="results file (default bench-results/serving-<time>.json)")
@@ -118,7 +119,7 @@ def limits_for(args: argparse.Namespace, level: Level) -> Limits:
     count = args.num_requests
     if count is None:
         count = max(200, int(10 * level.value)) if level.mode == "concurrency" else max(200, int(30 * level.value))
-    return Limits(count, args.duration, args.warmup, args.timeout)
+    return Limits(count, args.duration, args.warmup, args.timeout, args.max_connections)
 
 
 async def model_name(client: httpx.AsyncClient) -> str | None:

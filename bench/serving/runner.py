@@ -17,8 +17,6 @@ from bench.serving.client import make_client, send
 from bench.serving.stats import RequestRecord, RunSummary, poisson_arrivals, summarize
 from bench.serving.workloads import Job, Workload
 
-OPEN_LOOP_CONNECTIONS = 1024
-
 
 @dataclass(frozen=True, slots=True)
 class Level:
@@ -38,6 +36,7 @@ class Limits:
     duration: float | None = None  # seconds; None: only the count bounds a run
     warmup: int = 0
     timeout: float = 600.0
+    open_loop_connections: int = 1024  # enough that Poisson sends never queue inside the client
 
 
 @dataclass(slots=True)
@@ -146,12 +145,15 @@ async def run_level(base_url: str, workload: Workload, level: Level, limits: Lim
         count = limits.num_requests
         arrivals: list[float] = []
     else:
-        connections = OPEN_LOOP_CONNECTIONS
+        connections = limits.open_loop_connections
         arrivals = poisson_arrivals(level.value, rng, count=limits.num_requests, horizon=limits.duration)
         count = len(arrivals)
     warmup_jobs = workload.jobs(limits.warmup, rng)
     jobs = workload.jobs(count, rng)
     async with make_client(base_url, connections, limits.timeout, api_key) as client:
+        if level.mode == "concurrency":
+            # Open every worker's connection now, so no measured request pays for a connect.
+            await asyncio.gather(*(client.get("/health") for _ in range(connections)), return_exceptions=True)
         if warmup_jobs:
             await closed_loop(client, warmup_jobs, min(connections, len(warmup_jobs)))
         progress = Progress(f"{server} {workload.label} {level.label}", count, enabled=show_progress)
