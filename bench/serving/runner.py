@@ -10,10 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence, TextIO
 
-import httpx
-
 from bench.serving import proc
-from bench.serving.client import make_client, send
+from bench.serving.client import ClientPool
 from bench.serving.stats import RequestRecord, RunSummary, poisson_arrivals, summarize
 from bench.serving.workloads import Job, Workload
 
@@ -94,7 +92,7 @@ class Progress:
         self.stream.flush()
 
 
-async def closed_loop(client: httpx.AsyncClient, jobs: Sequence[Job], concurrency: int,
+async def closed_loop(client: ClientPool, jobs: Sequence[Job], concurrency: int,
                       duration: float | None = None, progress: Progress | None = None) -> list[RequestRecord]:
     """`concurrency` workers, each sending its next request as soon as the last one ends."""
     records: list[RequestRecord] = []
@@ -105,7 +103,7 @@ async def closed_loop(client: httpx.AsyncClient, jobs: Sequence[Job], concurrenc
         for job in pending:
             if deadline is not None and time.perf_counter() >= deadline:
                 return
-            record = await send(client, job)
+            record = await client.send(job)
             records.append(record)
             if progress is not None:
                 progress.update(record)
@@ -114,12 +112,12 @@ async def closed_loop(client: httpx.AsyncClient, jobs: Sequence[Job], concurrenc
     return records
 
 
-async def open_loop(client: httpx.AsyncClient, jobs: Sequence[Job], arrivals: Sequence[float],
+async def open_loop(client: ClientPool, jobs: Sequence[Job], arrivals: Sequence[float],
                     progress: Progress | None = None) -> tuple[list[RequestRecord], float]:
     """Sends job i at arrivals[i] seconds after the start, whatever is still in flight. Returns
     the records and the largest delay of a send behind its schedule."""
     async def one(job: Job) -> RequestRecord:
-        record = await send(client, job)
+        record = await client.send(job)
         if progress is not None:
             progress.update(record)
         return record
@@ -150,10 +148,9 @@ async def run_level(base_url: str, workload: Workload, level: Level, limits: Lim
         count = len(arrivals)
     warmup_jobs = workload.jobs(limits.warmup, rng)
     jobs = workload.jobs(count, rng)
-    async with make_client(base_url, connections, limits.timeout, api_key) as client:
+    async with ClientPool(base_url, connections, limits.timeout, api_key) as client:
         if level.mode == "concurrency":
-            # Open every worker's connection now, so no measured request pays for a connect.
-            await asyncio.gather(*(client.get("/health") for _ in range(connections)), return_exceptions=True)
+            await client.open_connections(connections)
         if warmup_jobs:
             await closed_loop(client, warmup_jobs, min(connections, len(warmup_jobs)))
         progress = Progress(f"{server} {workload.label} {level.label}", count, enabled=show_progress)
