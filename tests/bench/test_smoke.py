@@ -1,6 +1,7 @@
 """End to end: the load generator against a real in-process server with the demo model."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -36,3 +37,21 @@ def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "fixed 32/4" in printed and "TTFT equals E2E" in printed
     server.wait_idle()
+
+
+def test_client_pool_keeps_one_connection_per_request_in_flight(server):
+    from bench.serving.client import ClientPool
+    from bench.serving.workloads import Job, encode
+
+    job = Job("/v1/completions", encode({"prompt": [5, 6, 7], "max_tokens": 1}), False, 3, 1)
+
+    async def run():
+        async with ClientPool(server.base_url, size=3, timeout=30) as pool:
+            await pool.open_connections(3)
+            opened = len(pool._clients)
+            records = await asyncio.gather(*(pool.send(job) for _ in range(9)))
+            return opened, len(pool._clients), records
+
+    opened, used, records = asyncio.run(run())
+    assert opened == used == 3  # nine requests, never more than three at once, on three connections
+    assert all(r.ok and r.output_tokens == 1 and r.prompt_tokens == 3 for r in records)
