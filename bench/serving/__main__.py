@@ -1,0 +1,5 @@
+import sys
+
+from bench.serving.loadgen import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""The load generator's I/O edges: SSE and error parsing, /proc CPU accounting, and the server
+launcher (against a stand-in server script, so no model is loaded)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import httpx
+import pytest
+
+from bench.serving import proc
+from bench.serving.client import DONE, error_message, parse_sse_line
+from bench.serving.loadgen import shapes, split_server_args
+from bench.serving.server import ServerError, ServerProcess
+
+FAKE_SERVER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("flags:", " ".join(sys.argv[1:]), flush=True)
+server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+try:
+    server.serve_forever()
+except KeyboardInterrupt:
+    print("clean shutdown", flush=True)
+"""
+
+
+def test_parse_sse_line():
+    assert parse_sse_line('data: {"choices": []}') == {"choices": []}
+    assert parse_sse_line("data:[DONE]") is DONE
+    assert parse_sse_line("") is None and parse_sse_line(": keep-alive") is None
+    assert parse_sse_line("event: message") is None
+
+
+def test_error_message_shapes():
+    assert error_message(400, '{"error": {"message": "bad prompt", "type": "x"}}') == "HTTP 400: bad prompt"
+    assert error_message(400, '{"message": "vllm style"}') == "HTTP 400: vllm style"
+    assert error_message(404, "Not Found") == "HTTP 404: Not Found"
+    assert len(error_message(500, "x" * 1000)) < 220
+
+
+def test_cli_helpers():
+    assert split_server_args(["--qps", "2", "--", "--executor", "null"]) == (["--qps", "2"], ["--executor", "null"])
+    assert split_server_args(["--qps", "2"]) == (["--qps", "2"], [])
+    assert shapes("128/1,512/1,128/32") == [(128, 1), (512, 1), (128, 32)]
+
+
+def test_parse_proc_stat_with_awkward_command_names():
+    fields = " ".join(str(i) for i in range(3, 53))  # field n holds n, from state (3) on
+    ppid, seconds = proc.parse_stat(f"4242 (odd) name (x)) {fields}")
+    assert ppid == 4
+    assert seconds == pytest.approx((14 + 15) / os.sysconf("SC_CLK_TCK"))
+
+
+@pytest.mark.skipif(not proc.available(), reason="needs /proc")
+def test_cpu_seconds_of_this_process_grows_with_work():
+    before = proc.cpu_seconds(os.getpid(), tree=False)
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    assert proc.cpu_seconds(os.getpid()) >= before + 0.03
+    assert proc.cpu_seconds(2**22 + 7) is None  # no such pid
+
+
+def test_server_process_starts_serves_and_stops_cleanly(tmp_path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    server = ServerProcess(["--flag", "x"], [sys.executable, str(script)], log_path=tmp_path / "fake.log",
+                           label="fake")
+    with server:
+        assert server.startup_s is not None and server.startup_s > 0
+        assert httpx.get(server.base_url + "/health").status_code == 200
+    assert server.proc.returncode == 0
+    log = server.log_path.read_text()
+    assert f"flags: --flag x --host 127.0.0.1 --port {server.port}" in log and "clean shutdown" in log
+
+
+def test_server_process_that_dies_reports_its_log(tmp_path):
+    server = ServerProcess([], [sys.executable, "-c", "import sys; print('no such model'); sys.exit(2)"],
+                           log_path=tmp_path / "dead.log", label="dead")
+    with pytest.raises(ServerError, match="no such model"):
+        server.start(timeout=30)

@@ -1,0 +1,57 @@
+"""End to end: the load generator against a real in-process server with the demo model."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bench.serving import loadgen
+from prelude.config import Config
+from tests.server.harness import ServerThread
+
+
+@pytest.fixture(scope="module")
+def server(demo_model):
+    srv = ServerThread(Config(model=str(demo_model), max_model_len=512, num_kv_blocks=512)).start()
+    yield srv
+    srv.stop()
+
+
+def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    code = loadgen.main(["--base-url", server.base_url, "--shapes", "32/1,32/4", "--concurrency", "4",
+                         "--num-requests", "10", "--warmup", "2", "--no-progress", "--json", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["workload"] for r in results] == ["fixed 32/1", "fixed 32/4"]
+    for r in results:
+        assert (r["completed"], r["errors"], r["output_len_mismatches"]) == (10, 0, 0)
+        # Token counts come from the server's usage: exact prompts, exact outputs (ignore_eos).
+        assert r["input_tok_per_s"] * r["duration_s"] == pytest.approx(10 * 32)
+        assert r["e2e"]["p50"] > 0 and r["server_cpu_s"] is None  # not our process to read
+    one, four = results
+    assert not one["streamed"] and one["ttft"] == one["e2e"] and one["tpot"]["count"] == 0
+    assert four["streamed"] and four["output_tok_per_s"] * four["duration_s"] == pytest.approx(40)
+    assert four["ttft"]["p50"] < four["e2e"]["p50"] and four["tpot"]["count"] == 10
+    printed = capsys.readouterr().out
+    assert "fixed 32/4" in printed and "TTFT equals E2E" in printed
+    server.wait_idle()
+
+
+def test_client_pool_keeps_one_connection_per_request_in_flight(server):
+    from bench.serving.client import ClientPool
+    from bench.serving.workloads import Job, encode
+
+    job = Job("/v1/completions", encode({"prompt": [5, 6, 7], "max_tokens": 1}), False, 3, 1)
+
+    async def run():
+        async with ClientPool(server.base_url, size=3, timeout=30) as pool:
+            await pool.open_connections(3)
+            opened = len(pool._clients)
+            records = await asyncio.gather(*(pool.send(job) for _ in range(9)))
+            return opened, len(pool._clients), records
+
+    opened, used, records = asyncio.run(run())
+    assert opened == used == 3  # nine requests, never more than three at once, on three connections
+    assert all(r.ok and r.output_tokens == 1 and r.prompt_tokens == 3 for r in records)
