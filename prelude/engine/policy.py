@@ -9,7 +9,7 @@ T = TypeVar("T")
 
 
 class QueuePolicy(ABC, Generic[T]):
-    """A waiting queue. The scheduler iterates it in priority order and removes what it admits;
+    """A waiting queue. The scheduler iterates it in priority order, then removes what it admitted;
     preempted work re-enters with `push_front` so it is not starved behind new arrivals."""
 
     @abstractmethod
@@ -20,6 +20,10 @@ class QueuePolicy(ABC, Generic[T]):
 
     @abstractmethod
     def remove(self, item: T) -> None: ...
+
+    @abstractmethod
+    def remove_many(self, items: list[T]) -> None:
+        """Removes items the scheduler admitted in one tick (one pass over the queue)."""
 
     @abstractmethod
     def __iter__(self) -> Iterator[T]: ...
@@ -41,8 +45,18 @@ class FCFS(QueuePolicy[T]):
     def remove(self, item: T) -> None:
         self._queue.remove(item)
 
+    def remove_many(self, items: list[T]) -> None:
+        if not items:
+            return
+        if len(items) == len(self._queue):
+            self._queue.clear()
+            return
+        taken = {id(item) for item in items}
+        self._queue = deque(item for item in self._queue if id(item) not in taken)
+
     def __iter__(self) -> Iterator[T]:
-        return iter(list(self._queue))
+        # Not mutated while the scheduler iterates: admitted work is removed after the pass.
+        return iter(self._queue)
 
     def __len__(self) -> int:
         return len(self._queue)

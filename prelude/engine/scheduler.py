@@ -173,30 +173,38 @@ class Scheduler:
 
         oneshots: list[OneShotWork] = []
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
+        admitted: list[Work] = []
+        decode_full = False  # no more Decode admissions this tick; OneShot work can still go
         now = time.monotonic()
         for work in self.waiting:
             if isinstance(work, OneShotJob):
                 planned = self._plan_oneshot(work, budget, pending)
-            elif len(self.running) >= self.config.max_num_seqs:
-                break
-            else:
-                planned = self._plan_chunk(work, budget, pending)
-            if planned is _DEFER:
-                continue
-            if planned is None:
-                break
-            if isinstance(work, OneShotJob):
+                if planned is None:
+                    break  # the step's token / temporary-memory budget is spent
+                if planned is _DEFER:
+                    continue
                 oneshots.append(planned)
-                row = self._oneshot_row(planned)
+                rows.append(self._oneshot_row(planned))
             else:
-                row = planned
+                if decode_full:
+                    continue
+                planned = self._plan_chunk(work, budget, pending) \
+                    if len(self.running) < self.config.max_num_seqs else None
+                if planned is _DEFER:
+                    continue
+                if planned is None:
+                    # Out of sequence slots or blocks: later Decode requests wait their turn, but
+                    # OneShot work behind it needs neither and is still admitted.
+                    decode_full = True
+                    continue
                 work.status = SeqStatus.RUNNING
                 self.running.append(work)
-                prefills.append((work, len(row.token_ids)))
+                prefills.append((work, len(planned.token_ids)))
+                rows.append(planned)
             if work.first_scheduled is None:
                 work.first_scheduled = now
-            self.waiting.remove(work)
-            rows.append(row)
+            admitted.append(work)
+        self.waiting.remove_many(admitted)
 
         if not rows and not decodes:
             return None

@@ -2,6 +2,7 @@
 once per step, runs the model, and applies each row's output head."""
 from __future__ import annotations
 
+from array import array
 from typing import Sequence
 
 import torch
@@ -51,30 +52,38 @@ class ModelExecutor(Executor):
         starts = [0]
         stored: list[bool] = []
         for row in prefills:
-            n, table = len(row.token_ids), row.block_table
+            start, end, table = row.start, row.start + len(row.token_ids), row.block_table
             ids.extend(row.token_ids)
-            positions.extend(range(row.start, row.start + n))
-            covered = min(row.start + n, len(table) * bs)
-            for pos in range(row.start, covered):
-                slots.append(table[pos // bs] * bs + pos % bs)
-            slots.extend([-1] * (row.start + n - max(covered, row.start)))
-            stored.append(covered == row.start + n)
-            starts.append(starts[-1] + n)
+            positions.extend(range(start, end))
+            covered = min(end, len(table) * bs)
+            # Slots of the stored tokens, one contiguous range per block.
+            for block in range(start // bs, -(-covered // bs)):
+                lo, hi = max(start, block * bs), min(covered, (block + 1) * bs)
+                base = table[block] * bs - block * bs
+                slots.extend(range(base + lo, base + hi))
+            slots.extend([-1] * (end - max(covered, start)))
+            stored.append(covered == end)
+            starts.append(starts[-1] + end - start)
         for row in decodes:
+            pos = row.position
             ids.append(row.token_id)
-            positions.append(row.position)
-            slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
+            positions.append(pos)
+            slots.append(row.block_table[pos // bs] * bs + pos % bs)
             starts.append(starts[-1] + 1)
-        to_tensor = lambda xs: torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
         layout = StepLayout(
             query_starts=starts,
             context_lens=[r.start for r in prefills] + [r.position for r in decodes],
             block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
             store_kv=stored + [True] * len(decodes),
             num_prefill_rows=len(prefills),
-            slot_mapping=to_tensor(slots),
+            slot_mapping=self._to_device(slots),
         )
-        return to_tensor(ids), to_tensor(positions), layout
+        return self._to_device(ids), self._to_device(positions), layout
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        # array('q') + frombuffer converts a long list several times faster than torch.tensor.
+        host = torch.frombuffer(array("q", values), dtype=torch.long) if values else torch.empty(0, dtype=torch.long)
+        return host.to(self.device, non_blocking=True)
 
     def _outputs(self, hidden: torch.Tensor, prefills, decodes, layout: StepLayout) -> list[RowResult]:
         # (row index in the step, spec, row) for every row that produces something.

@@ -49,5 +49,7 @@ class NullModel(nn.Module):
 
 class NullExecutor(ModelExecutor):
     def __init__(self, config: ModelConfig, block_size: int, avoid_tokens: frozenset[int]):
+        # Its tensors are tiny: a second intra-op thread only fights the event loop for a core.
+        torch.set_num_threads(1)
         attention = _NoAttention(_BlockSizeOnly(block_size))
         super().__init__(NullModel(config, avoid_tokens), attention, torch.device("cpu"))

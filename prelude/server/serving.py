@@ -31,8 +31,8 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+    """The one-prompt-of-token-ids form (check_ids validates every id afterwards)."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], int)
 
 
 class Serving:
