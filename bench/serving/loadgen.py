@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-cmd", help="command launching the server (default: this python -m prelude)")
     g.add_argument("--ablation", action="store_true",
                    help="launch two servers in turn, the second with --disable-oneshot, and compare")
+    g.add_argument("--compare", metavar="FLAGS", default=None,
+                   help="launch a second server with these extra flags (e.g. '--no-enable-prefix-caching') "
+                        "after the first, and compare")
     g.add_argument("--api-key", help="bearer token to send")
     g.add_argument("--model-name", help="the 'model' field to send (default: the first of GET /v1/models)")
     g.add_argument("--tokenizer", help="local tokenizer.json (or model dir) instead of the target's /tokenize")
@@ -88,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--query-len", type=int, default=256, help="score: shared query tokens")
     w.add_argument("--item-len", type=int, default=32, help="score: tokens per item")
     w.add_argument("--items", type=int, default=8, help="score: items per request")
+    w.add_argument("--fresh-query", action="store_true",
+                   help="score: a new query per request, so only a request's own items share it")
     w.add_argument("--label-token-ids", type=int_list, help="score: two ids (default: 'yes', 'no')")
     w.add_argument("--prompt-format", choices=("ids", "text"), default="ids",
                    help="send prompts as token ids (exact) or as text")
@@ -149,7 +155,8 @@ async def build_workloads(args: argparse.Namespace, factory: PromptFactory, toke
             ids = tuple(args.label_token_ids) if args.label_token_ids else await label_ids(tokenizer)
             if len(ids) != 2:
                 raise SystemExit("--label-token-ids takes two ids")
-            out.append(Score(factory, options, args.query_len, args.item_len, args.items, ids, args.seed))
+            out.append(Score(factory, options, args.query_len, args.item_len, args.items, ids, args.seed,
+                             args.fresh_query))
         else:
             raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     return out
@@ -187,13 +194,23 @@ async def bench_target(target: Target, args: argparse.Namespace) -> list[RunResu
     return results
 
 
+def comparison_labels(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.ablation:
+        return ("oneshot", "ablation")
+    return ("prelude", "compare") if args.compare else None
+
+
+def comparison_flags(args: argparse.Namespace) -> list[str]:
+    return ["--disable-oneshot"] if args.ablation else shlex.split(args.compare or "")
+
+
 def targets(args: argparse.Namespace, server_args: list[str]) -> list[Target]:
     if args.base_url:
-        if args.ablation or server_args:
-            raise SystemExit("--ablation and server flags need a launched server; drop --base-url")
+        if args.ablation or args.compare or server_args:
+            raise SystemExit("--ablation, --compare and server flags need a launched server; drop --base-url")
         return [Target("target", args.base_url.rstrip("/"))]
-    runs = [("oneshot", server_args), ("ablation", [*server_args, "--disable-oneshot"])] if args.ablation \
-        else [("prelude", server_args)]
+    runs = [(label, [*server_args, *extra]) for label, extra in zip(comparison_labels(args) or ("prelude",),
+                                                                     ([], comparison_flags(args)))]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return [Target(label, "", ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
                                             args.log_dir / f"{stamp}-{label}.log", label))
@@ -229,8 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ServerError, TokenizerError, httpx.ConnectError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ablation = ("oneshot", "ablation") if args.ablation else None
-    report.print_report(results, ablation)
+    report.print_report(results, comparison_labels(args))
     path = report.write_json(args.json or report.default_json_path("serving"), {
         "tool": "bench.serving", "argv": list(sys.argv if argv is None else argv), "started": started,
         "targets": info, "results": [report.result_json(r) for r in results]})

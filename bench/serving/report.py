@@ -48,9 +48,9 @@ def throughput_table(results: Sequence[RunResult]) -> str:
     for r in results:
         s = r.summary
         client_util = r.client_cpu_s / s.duration_s * 100 if s.duration_s else None
-        rows.append([r.server, r.workload, r.level.label, s.completed, s.errors, s.request_rate,
+        rows.append([r.server, r.workload, r.level.label, s.completed, s.errors, s.request_rate, r.rows_per_s,
                      s.input_tok_per_s, s.output_tok_per_s, s.rpm, r.server_cpu_us_per_request, client_util])
-    return table(["server", "workload", "load", "ok", "err", "req/s", "in tok/s", "out tok/s", "RPM",
+    return table(["server", "workload", "load", "ok", "err", "req/s", "rows/s", "in tok/s", "out tok/s", "RPM",
                   "srv CPU us/req", "client CPU%"], rows)
 
 
@@ -90,7 +90,7 @@ def _ratio(a: float | None, b: float | None) -> str | None:
     return f"{a / b:.2f}" if a is not None and b else None
 
 
-def print_report(results: Sequence[RunResult], ablation: tuple[str, str] | None = None) -> None:
+def print_report(results: Sequence[RunResult], comparison: tuple[str, str] | None = None) -> None:
     print("\nThroughput")
     print(throughput_table(results))
     print("\nLatency (ms)")
@@ -110,9 +110,9 @@ def print_report(results: Sequence[RunResult], ablation: tuple[str, str] | None 
         if r.max_send_lag_s > 0.05:
             print(f"note: in {r.server} {r.workload} {r.level.label} the client sent up to "
                   f"{r.max_send_lag_s * 1000:.0f} ms behind the Poisson schedule (client CPU-bound?)")
-    if ablation is not None:
-        print(f"\nExecution-class ablation: {ablation[0]} / {ablation[1]}")
-        print(ratio_table(results, *ablation))
+    if comparison is not None:
+        print(f"\nComparison: {comparison[0]} / {comparison[1]}")
+        print(ratio_table(results, *comparison))
 
 
 def default_json_path(tool: str) -> Path:

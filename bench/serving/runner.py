@@ -47,6 +47,11 @@ class RunResult:
     server_cpu_s: float | None = None  # when the server's pid is known (a server we launched)
     max_send_lag_s: float = 0.0  # open loop: how far sends fell behind their Poisson schedule
     records: list[RequestRecord] = field(default_factory=list)
+    rows_per_request: int = 1  # forward rows one request carries (score: its items)
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.summary.request_rate * self.rows_per_request
 
     @property
     def server_cpu_us_per_request(self) -> float | None:
@@ -166,4 +171,4 @@ async def run_level(base_url: str, workload: Workload, level: Level, limits: Lim
         progress.close()
     server_cpu = server_cpu1 - server_cpu0 if server_cpu0 is not None and server_cpu1 is not None else None
     return RunResult(server, workload.label, level, summarize(records, workload.streamed), client_cpu,
-                     server_cpu, lag, records if keep_records else [])
+                     server_cpu, lag, records if keep_records else [], workload.rows_per_request)

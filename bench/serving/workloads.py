@@ -45,6 +45,7 @@ class Workload:
     name = ""
     path = COMPLETIONS
     output_len = 1
+    rows_per_request = 1
 
     def __init__(self, factory: PromptFactory, options: Options):
         self.factory = factory
@@ -129,17 +130,23 @@ class Score(Workload):
     output_len = 0
 
     def __init__(self, factory: PromptFactory, options: Options, query_len: int, item_len: int,
-                 items: int, label_token_ids: tuple[int, int], seed: int):
+                 items: int, label_token_ids: tuple[int, int], seed: int, fresh_query: bool = False):
         super().__init__(factory, options)
-        rng = random.Random(seed)
-        # The server joins query and item into one prompt: only the query starts with specials.
-        self.query = factory.prompt(factory.segment(query_len - len(factory.prefix), rng), with_suffix=False)
+        self.rng = random.Random(seed)
         self.query_len, self.item_len, self.items = query_len, item_len, items
+        self.rows_per_request = items
+        self.fresh_query = fresh_query  # a new query per request: only items of one request share it
+        self.query = self.make_query()
         self.label_token_ids = label_token_ids
+
+    def make_query(self) -> Prompt:
+        # The server joins query and item into one prompt: only the query starts with specials.
+        return self.factory.prompt(self.factory.segment(self.query_len - len(self.factory.prefix), self.rng),
+                                   with_suffix=False)
 
     @property
     def label(self) -> str:
-        return f"score q{self.query_len} {self.items}x{self.item_len}"
+        return f"score q{self.query_len} {self.items}x{self.item_len}" + (" fresh" if self.fresh_query else "")
 
     def jobs(self, count: int, rng: random.Random) -> list[Job]:
         return [self.score_job([self.factory.segment(self.item_len, rng) for _ in range(self.items)])
@@ -147,15 +154,16 @@ class Score(Workload):
 
     def score_job(self, items: list[Segment]) -> Job:
         ids = self.options.prompt_format == "ids"
+        query = self.make_query() if self.fresh_query else self.query
         body: dict = {
-            "query": self.query.ids if ids else self.query.text,
+            "query": query.ids if ids else query.text,
             "items": [list(s.ids) if ids else s.text for s in items],
             "label_token_ids": list(self.label_token_ids),
             "apply_softmax": True,
         }
         if self.options.model:
             body["model"] = self.options.model
-        tokens = sum(self.query.num_tokens + len(s.ids) for s in items)
+        tokens = sum(query.num_tokens + len(s.ids) for s in items)
         return Job(self.path, encode(body), False, tokens, 0)
 
 
