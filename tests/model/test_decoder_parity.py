@@ -40,15 +40,18 @@ def _layout(rows, device="cpu"):
     )
 
 
-@pytest.mark.parametrize("family,extra", CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
-def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, extra):
-    path = make_checkpoint(tmp_path / family, family, **extra)
-    reference = load_reference(path)
+def _ours_and_reference(path, num_blocks: int):
+    """Our model with a paged torch attention over `num_blocks` blocks, and transformers' model."""
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
-    cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=BLOCK, dtype=torch.float32),
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=num_blocks, block_size=BLOCK, dtype=torch.float32),
                     torch.device("cpu"))
-    attention = TorchAttention(cache)
+    return config, model, TorchAttention(cache), load_reference(path)
+
+
+@pytest.mark.parametrize("family,extra", CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
+def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, extra):
+    config, model, attention, reference = _ours_and_reference(make_checkpoint(tmp_path / family, family, **extra), 64)
 
     gen = torch.Generator().manual_seed(1)
     lengths = [7, 1, 13, 4]
@@ -83,13 +86,7 @@ def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, e
 
 
 def test_chunked_prefill_over_cached_prefix_matches_full_prefill(tmp_path):
-    path = make_checkpoint(tmp_path / "q3", "qwen3")
-    reference = load_reference(path)
-    config = ModelConfig.from_dir(path)
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
-    cache = KVCache(KVCacheShape.for_model(config, num_blocks=16, block_size=BLOCK, dtype=torch.float32),
-                    torch.device("cpu"))
-    attention = TorchAttention(cache)
+    config, model, attention, reference = _ours_and_reference(make_checkpoint(tmp_path / "q3", "qwen3"), 16)
     prompt = torch.randint(0, config.vocab_size, (23,), generator=torch.Generator().manual_seed(3))
     table = [5, 2, 9, 11, 0, 3, 7]
     outputs = []
