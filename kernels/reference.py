@@ -1,0 +1,52 @@
+"""Torch references of every kernel: the exact arithmetic of prelude.model.layers (same dtype
+at every rounding step), so a kernel that matches them changes no model output."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim; with a residual, returns (normed, x + residual)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * xf.to(x.dtype)
+    return out if residual is None else (out, residual)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox rotation; x: [T, H, D], cos/sin: [T, 1, D/2] in x's dtype."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                  k_norm: torch.Tensor | None = None, eps: float = 1e-6):
+    """Optional per-head RMSNorm of q and k, neox RoPE, then k (rotated) and v stored into the
+    paged cache at slot_mapping (-1: not stored). cos/sin: [T, D/2]. Returns rotated (q, k)."""
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    stored = slot_mapping >= 0
+    flat_k = k_cache.view(-1, *k_cache.shape[-2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[-2:])
+    flat_k[slot_mapping[stored]] = k[stored]
+    flat_v[slot_mapping[stored]] = v[stored]
+    return q, k
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gather_last(hidden: torch.Tensor, query_starts: torch.Tensor) -> torch.Tensor:
+    """Row i of the result is hidden[query_starts[i + 1] - 1]: each row's last position."""
+    return hidden[query_starts[1:].long() - 1]
