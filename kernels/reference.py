@@ -1,27 +1,13 @@
-"""Torch references of every kernel: the exact arithmetic of prelude.model.layers (same dtype
-at every rounding step), so a kernel that matches them changes no model output."""
+"""Torch references of every kernel. The elementwise ones are the model's own torch ops
+(prelude.model.ops), so a kernel that matches them changes no model output; the fused ones are
+compositions of those ops plus the torch reference attention's KV write."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from prelude.model.ops import rms_norm, rotate, silu_and_mul
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None):
-    """RMSNorm over the last dim; with a residual, returns (normed, x + residual)."""
-    if residual is not None:
-        x = x + residual
-        residual = x
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * xf.to(x.dtype)
-    return out if residual is None else (out, residual)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox rotation; x: [T, H, D], cos/sin: [T, 1, D/2] in x's dtype."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+__all__ = ["gather_last", "rms_norm", "rope_kv_write", "rotate", "silu_and_mul"]
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
@@ -40,11 +26,6 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     flat_k[slot_mapping[stored]] = k[stored]
     flat_v[slot_mapping[stored]] = v[stored]
     return q, k
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def gather_last(hidden: torch.Tensor, query_starts: torch.Tensor) -> torch.Tensor:

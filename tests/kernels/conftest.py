@@ -2,17 +2,12 @@
 triton (CI) every test here skips with the reason."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from tests.conftest import HAS_TRITON
+
 ON_CUDA = torch.cuda.is_available()
-if HAS_TRITON and not ON_CUDA:
-    # Must be set before the first kernels.* import: triton.jit reads it at decoration time.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SKIP_REASON = "triton is not installed: kernels run only on CUDA or under TRITON_INTERPRET=1"
 
