@@ -72,6 +72,7 @@ class ModelExecutor(Executor):
             store_kv=stored + [True] * len(decodes),
             num_prefill_rows=len(prefills),
             slot_mapping=to_tensor(slots),
+            host_slots=slots,
         )
         return to_tensor(ids), to_tensor(positions), layout
 
