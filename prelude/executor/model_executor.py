@@ -2,6 +2,7 @@
 once per step, runs the model, and applies each row's output head."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -43,50 +44,25 @@ class ModelExecutor(Executor):
         return BatchResult(self._outputs(hidden, prefills, decodes, layout))
 
     def _flatten(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow]):
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        stored: list[bool] = []
-        for row in prefills:
-            n, table = len(row.token_ids), row.block_table
-            ids.extend(row.token_ids)
-            positions.extend(range(row.start, row.start + n))
-            covered = min(row.start + n, len(table) * bs)
-            for pos in range(row.start, covered):
-                slots.append(table[pos // bs] * bs + pos % bs)
-            slots.extend([-1] * (row.start + n - max(covered, row.start)))
-            stored.append(covered == row.start + n)
-            starts.append(starts[-1] + n)
-        for row in decodes:
-            ids.append(row.token_id)
-            positions.append(row.position)
-            slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
-            starts.append(starts[-1] + 1)
+        step = host_step(prefills, decodes, self.block_size)
         to_tensor = lambda xs: torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
-        layout = StepLayout(
-            query_starts=starts,
-            context_lens=[r.start for r in prefills] + [r.position for r in decodes],
-            block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
-            store_kv=stored + [True] * len(decodes),
-            num_prefill_rows=len(prefills),
-            slot_mapping=to_tensor(slots),
-            host_slots=slots,
-        )
-        return to_tensor(ids), to_tensor(positions), layout
+        return to_tensor(step.ids), to_tensor(step.positions), step.layout(to_tensor(step.slots))
+
+    def _last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
+        """Final hidden state of the last position of each of `rows` (step row indices)."""
+        index = torch.tensor([layout.query_starts[i + 1] - 1 for i in rows], device=hidden.device)
+        return hidden[index]
 
     def _outputs(self, hidden: torch.Tensor, prefills, decodes, layout: StepLayout) -> list[RowResult]:
         # (row index in the step, spec, row) for every row that produces something.
         wanted = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
         results = [RowResult(seq_id=r.seq_id) for _, _, r in wanted]
-        last = lambda i: layout.query_starts[i + 1] - 1
 
         logit_rows = [k for k, (_, spec, _) in enumerate(wanted) if spec.needs_last_logits]
         if logit_rows:
-            index = torch.tensor([last(wanted[k][0]) for k in logit_rows], device=hidden.device)
-            logits = self.model.compute_logits(hidden[index]).float()
+            last = self._last_hidden(hidden, layout, [wanted[k][0] for k in logit_rows])
+            logits = self.model.compute_logits(last).float()
             sample_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].sample is not None]
             label_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].label_token_ids is not None]
             if label_rows:
@@ -121,6 +97,63 @@ class ModelExecutor(Executor):
             logprobs = torch.log_softmax(logits, dim=-1)
             out.extend(token_logprob(lp, t, top) for lp, t in zip(logprobs, chunk))
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class HostStep:
+    """A step flattened on the host: what goes to the device, and the layout around it."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    starts: list[int]
+    context_lens: list[int]
+    block_tables: list[Sequence[int]]
+    stored: list[bool]
+    num_prefill_rows: int
+
+    def layout(self, slot_mapping: torch.Tensor) -> StepLayout:
+        return StepLayout(
+            query_starts=self.starts,
+            context_lens=self.context_lens,
+            block_tables=self.block_tables,
+            store_kv=self.stored,
+            num_prefill_rows=self.num_prefill_rows,
+            slot_mapping=slot_mapping,
+            host_slots=self.slots,
+        )
+
+
+def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: int) -> HostStep:
+    """Rows flattened into the varlen layout: prefill rows first, then decode rows. A prefill
+    token's slot is -1 where the row's block table does not cover its position."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    stored: list[bool] = []
+    for row in prefills:
+        n, table = len(row.token_ids), row.block_table
+        ids.extend(row.token_ids)
+        positions.extend(range(row.start, row.start + n))
+        covered = min(row.start + n, len(table) * bs)
+        for pos in range(row.start, covered):
+            slots.append(table[pos // bs] * bs + pos % bs)
+        slots.extend([-1] * (row.start + n - max(covered, row.start)))
+        stored.append(covered == row.start + n)
+        starts.append(starts[-1] + n)
+    for row in decodes:
+        ids.append(row.token_id)
+        positions.append(row.position)
+        slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
+        starts.append(starts[-1] + 1)
+    return HostStep(
+        ids, positions, slots, starts,
+        context_lens=[r.start for r in prefills] + [r.position for r in decodes],
+        block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
+        stored=stored + [True] * len(decodes),
+        num_prefill_rows=len(prefills),
+    )
 
 
 def _pool(hidden: torch.Tensor, spec: OutputSpec) -> torch.Tensor:

@@ -30,6 +30,8 @@ def _flashinfer(kv_cache: KVCache, **options: Any) -> AttentionBackend:
 
 
 BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch": _torch, "flashinfer": _flashinfer}
+# Head sizes flashinfer's prebuilt attention variants are instantiated for.
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
 
 
 def get_backend(name: str, kv_cache: KVCache, **options: Any) -> AttentionBackend:
@@ -43,6 +45,10 @@ def get_backend(name: str, kv_cache: KVCache, **options: Any) -> AttentionBacken
 def pick_backend(kv_cache: KVCache, **options: Any) -> AttentionBackend:
     """flashinfer on CUDA when it is installed, else the torch reference (saying why)."""
     if kv_cache.k.device.type != "cuda":
+        return get_backend("torch", kv_cache)
+    if kv_cache.shape.head_dim not in FLASHINFER_HEAD_DIMS:
+        logger.warning("head_dim %d is not one of flashinfer's %s: CUDA attention uses the torch reference",
+                       kv_cache.shape.head_dim, FLASHINFER_HEAD_DIMS)
         return get_backend("torch", kv_cache)
     if importlib.util.find_spec("flashinfer") is None:
         logger.warning("flashinfer is not installed: CUDA attention falls back to the torch reference")

@@ -63,8 +63,10 @@ class FlashInferAttention(AttentionBackend):
         self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.decode = self._decode_wrapper()
         self.graph_decoders: dict[int, Any] = {}
+        self.graph_prefills: dict[int, Any] = {}
         self._plan: FlashInferPlan | None = None
         self._decoder = self.decode
+        self._ragged = self.ragged
 
     def _decode_wrapper(self, bucket: int | None = None):
         if bucket is None:
@@ -84,10 +86,9 @@ class FlashInferAttention(AttentionBackend):
     def plan(self, layout: StepLayout) -> None:
         plan = build_plan(layout, self.page_size, layout.host_slots)
         self._begin(plan, layout.slot_mapping)
+        self._ragged = self.ragged
         if plan.num_prefill_tokens:
-            indptr = _host(plan.ragged_indptr)
-            self.ragged.plan(indptr, indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
-                             causal=True, q_data_type=self.dtype, kv_data_type=self.dtype)
+            self._plan_ragged(self.ragged, plan)
         if plan.prefix_rows:
             kv = plan.prefix_kv
             self.prefix.plan(_host(plan.prefix_qo_indptr), _host(kv.indptr), _host(kv.indices),
@@ -112,6 +113,30 @@ class FlashInferAttention(AttentionBackend):
             wrapper = self.graph_decoders[bucket] = self._decode_wrapper(bucket)
         self._plan_decoder(wrapper, pad_decode_rows(plan.decode_kv, bucket, self.dummy_page))
         self._decoder = wrapper
+        self._ragged = self.ragged
+
+    def plan_graph_prefill(self, layout: StepLayout, bucket: int) -> None:
+        """Plans one prefill row without cached context, padded to `bucket` tokens (the padding
+        follows the real tokens, so causality keeps it out of their attention), on that
+        bucket's graph wrapper. Needs the fused KV write: it reads the static slot buffer."""
+        plan = build_plan(layout, self.page_size, layout.host_slots)
+        if not self.fuses_rope or plan.prefix_rows or plan.num_decode_rows or len(plan.ragged_indptr) != 2:
+            raise ValueError("prefill graphs take one fresh prefill row, with the fused KV write")
+        self._begin(plan, layout.slot_mapping)
+        wrapper = self.graph_prefills.get(bucket)
+        if wrapper is None:
+            buffers = {name: torch.zeros(2, dtype=torch.int32, device=self.device)
+                       for name in ("qo_indptr_buf", "kv_indptr_buf")}
+            wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, **buffers)
+            self.graph_prefills[bucket] = wrapper
+        self._plan_ragged(wrapper, plan)
+        self._ragged = wrapper
+
+    def _plan_ragged(self, wrapper, plan: FlashInferPlan) -> None:
+        indptr = _host(plan.ragged_indptr)
+        wrapper.plan(indptr, indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
+                     causal=True, q_data_type=self.dtype, kv_data_type=self.dtype)
 
     def _begin(self, plan: FlashInferPlan, slot_mapping: torch.Tensor) -> None:
         self._plan = plan
@@ -160,9 +185,9 @@ class FlashInferAttention(AttentionBackend):
 
     def _prefill(self, q, k, v, out: torch.Tensor, kv_cache) -> None:
         if not self._plan.prefix_rows:
-            self.ragged.run(q, k, v, out=out)
+            self._ragged.run(q, k, v, out=out)
             return
-        _, lse = self.ragged.run(q, k, v, out=out, return_lse=True)
+        _, lse = self._ragged.run(q, k, v, out=out, return_lse=True)
         span = self._plan.prefix_span
         q_ctx = q[span[0]:span[1]] if span else q.index_select(0, self.prefix_index)
         o_ctx, lse_ctx = self.prefix.run(q_ctx, kv_cache, return_lse=True)
