@@ -41,11 +41,14 @@ class CudaExecutor(ModelExecutor):
         self.pad_slot = pad_slot
         capacity = max(max_num_batched_tokens, max_num_seqs, max(PREFILL_SIZES)) + 1
         # Rows: token ids, positions, KV slots, row offsets (query_starts).
-        self.host = torch.zeros(4, capacity, dtype=torch.long, pin_memory=True)
+        on_cuda = device.type == "cuda"  # the CPU case exists for tests only
+        self.host = torch.zeros(4, capacity, dtype=torch.long, pin_memory=on_cuda)
         self.host_np = self.host.numpy()
         self.staged = torch.zeros(4, capacity, dtype=torch.long, device=device)
-        self.copied = torch.cuda.Event()  # the last copy out of `host`; wait before refilling it
-        self.copied.record()
+        # Marks the last copy out of `host`: wait on it before refilling the buffer, since a
+        # step without outputs never synchronizes with the device.
+        self.copied = torch.cuda.Event() if on_cuda else None
+        self._record_copy()
         self._starts: torch.Tensor | None = None
         self.graphs: GraphRunner | None = None
         if not enforce_eager and hasattr(attention, "plan_graph_decode"):
@@ -82,7 +85,8 @@ class CudaExecutor(ModelExecutor):
         """Writes the step's inputs into the pinned buffer, padded to `width` tokens; returns
         how many columns the device copy must move."""
         n, rows = len(step.ids), len(step.starts)
-        self.copied.synchronize()
+        if self.copied is not None:
+            self.copied.synchronize()
         h = self.host_np
         h[0, :n], h[1, :n], h[2, :n] = step.ids, step.positions, step.slots
         h[0, n:width], h[1, n:width], h[2, n:width] = 0, 0, pad_slot
@@ -96,9 +100,13 @@ class CudaExecutor(ModelExecutor):
             return self._unstaged(step)
         cols = self._fill(step, n, -1)
         self.staged[:, :cols].copy_(self.host[:, :cols], non_blocking=True)
-        self.copied.record()
+        self._record_copy()
         self._starts = self.staged[3, : len(step.starts)]
         return self.staged[0, :n], self.staged[1, :n], step.layout(self.staged[2, :n])
+
+    def _record_copy(self) -> None:
+        if self.copied is not None:
+            self.copied.record()
 
     def _unstaged(self, step: HostStep):
         to_tensor = lambda xs: torch.tensor(xs, dtype=torch.long).to(self.device)
@@ -125,8 +133,8 @@ class CudaExecutor(ModelExecutor):
             slots = step.slots + [-1] * (bucket - n)
             padded = StepLayout([0, bucket], [0], step.block_tables, [-1 not in slots], 1,
                                 self.graphs.static[2, :bucket], host_slots=slots)
-        hidden = self.graphs.run(kind, bucket, self.host, padded)
-        self.copied.record()
+        hidden = self.graphs.run(kind, bucket, self.host[:3], padded)
+        self._record_copy()
         self._starts = None
         return hidden, step.layout(self.graphs.static[2, :n])
 
@@ -157,7 +165,8 @@ class CudaExecutor(ModelExecutor):
         ]
         for batch in batches:
             self._execute(batch, graphs=False)
-        torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
         logger.info("CUDA warmup in %.2fs (attention %s, ops %s, graphs %s)", time.perf_counter() - start,
                     type(self.attention).__name__, self.model.model.norm.ops.name,
                     "lazy" if self.graphs is not None else "off")

@@ -96,7 +96,7 @@ class FlashInferAttention(AttentionBackend):
                              self.head_dim, self.page_size, causal=False,
                              q_data_type=self.dtype, kv_data_type=self.dtype)
             span = plan.prefix_span
-            self.prefix_index = None if span else torch.tensor(plan.prefix_tokens, device=self.device)
+            self.prefix_index = None if span else torch.tensor(plan.prefix_tokens, dtype=torch.long, device=self.device)
         self._decoder = self.decode
         if plan.num_decode_rows:
             self._plan_decoder(self.decode, plan.decode_kv)
@@ -142,7 +142,7 @@ class FlashInferAttention(AttentionBackend):
         self._plan = plan
         self.slot_mapping = slot_mapping
         if not plan.store_all:
-            self.store_index = torch.tensor(plan.store_tokens, device=self.device)
+            self.store_index = torch.tensor(plan.store_tokens, dtype=torch.long, device=self.device)
             self.store_slots = slot_mapping.index_select(0, self.store_index)
 
     def _plan_decoder(self, wrapper, kv: PagedRows) -> None:
