@@ -10,6 +10,9 @@ import torch
 from prelude.model.config import ModelConfig
 
 
+FRESH_PAGES_BYTES = 32 * 2**20
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheShape:
     num_layers: int
@@ -34,9 +37,12 @@ class KVCache:
         self.shape = shape
         dims = (shape.num_layers, shape.num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
         # Never-written slots are only ever read masked out, but a NaN there would still poison
-        # the masked sum. Large fresh CPU allocations are zero pages from the OS, so `empty`
-        # gives zeros without touching (and paying for) every page at startup.
-        alloc = torch.empty if device.type == "cpu" else torch.zeros
+        # the masked sum. glibc serves allocations of 32 MiB and more (its largest mmap
+        # threshold) with fresh mmap pages, which are zero, so `empty` gives zeros without
+        # touching (and paying for) every page at startup; smaller ones may reuse freed heap
+        # memory holding anything, so they are zeroed explicitly (cheaply, being small).
+        nbytes = torch.Size(dims).numel() * torch.empty((), dtype=shape.dtype).element_size()
+        alloc = torch.empty if device.type == "cpu" and nbytes >= FRESH_PAGES_BYTES else torch.zeros
         self.k = alloc(dims, dtype=shape.dtype, device=device)
         self.v = alloc(dims, dtype=shape.dtype, device=device)
 

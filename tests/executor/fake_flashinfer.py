@@ -2,9 +2,16 @@
 documented semantics (NHD paged layout, CSR page tables with last_page_len in 1..page_size,
 causal masks aligned to the end of each row's KV, log-sum-exp merging). It validates its
 arguments the way the real wrappers do, so the backend's planning is exercised on CPU; it
-says nothing about the real kernels, which only the CUDA tests check."""
+says nothing about the real kernels, which only the CUDA tests check.
+
+When the real flashinfer is importable (the GPU image, or a CPU machine with the wheel
+installed), every call is also bound against the real method's signature, so an argument the
+installed version does not take fails here rather than on the device."""
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import math
 import sys
 import types
@@ -12,6 +19,20 @@ import types
 import torch
 
 LOG2E = math.log2(math.e)
+_REAL: types.ModuleType | None = None  # the real flashinfer, while install() has one
+
+
+def _mirrors(method):
+    """Binds each call against the real flashinfer method of the same class and name."""
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        if _REAL is not None:
+            real = getattr(getattr(_REAL, type(self).__name__), method.__name__)
+            inspect.signature(real).bind(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 def _check_index(t: torch.Tensor, name: str) -> list[int]:
@@ -47,6 +68,7 @@ def _finish(out_rows, lse_rows, q, out, return_lse):
 
 
 class _Wrapper:
+    @_mirrors
     def __init__(self, float_workspace_buffer, kv_layout="NHD", **kwargs):
         assert kv_layout == "NHD"
         self.planned = False
@@ -70,6 +92,7 @@ class _Wrapper:
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
+    @_mirrors
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, *, q_data_type="float16",
              kv_data_type=None, **kwargs):
@@ -80,6 +103,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         self.planned = True
         self.plan_calls += 1
 
+    @_mirrors
     def run(self, q, k, v, *, out=None, lse=None, return_lse=False):
         assert self.planned and q.dtype == self.dtype and q.shape[1] == self.heads
         assert q.shape[0] == self.qo[-1] and k.shape[0] == self.kv[-1] == v.shape[0]
@@ -92,6 +116,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
+    @_mirrors
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim_qk, page_size, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, *, q_data_type="float16",
@@ -103,6 +128,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self.planned = True
         self.plan_calls += 1
 
+    @_mirrors
     def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
         assert self.planned and q.dtype == self.dtype and q.shape[0] == self.qo[-1]
         outs, lses = [], []
@@ -114,16 +140,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+    @_mirrors
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
                  use_tensor_cores=False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
                  paged_kv_last_page_len_buffer=None, **kwargs):
-        super().__init__(float_workspace_buffer, kv_layout)
+        _Wrapper.__init__.__wrapped__(self, float_workspace_buffer, kv_layout)
         self.use_cuda_graph = use_cuda_graph
         if use_cuda_graph:
             assert len(paged_kv_indptr_buffer) == len(paged_kv_last_page_len_buffer) + 1
             self.fixed_batch = len(paged_kv_last_page_len_buffer)
             self.indices_capacity = len(paged_kv_indices_buffer)
 
+    @_mirrors
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              *positional, q_data_type="float16", kv_data_type=None, **kwargs):
         assert not positional, "optional plan() arguments must be keywords"
@@ -135,6 +163,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         self.planned = True
         self.plan_calls += 1
 
+    @_mirrors
     def run(self, q, paged_kv_cache, *, out=None, lse=None, return_lse=False):
         assert self.planned and q.dtype == self.dtype and q.shape[0] == len(self.last)
         outs, lses = [], []
@@ -147,6 +176,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 
 def merge_state_in_place(v, s, v_other, s_other, mask=None):
     """(v, s) <- merge of the two partial states; s in base 2."""
+    if _REAL is not None:
+        inspect.signature(_REAL.merge_state_in_place).bind(v, s, v_other, s_other, mask)
     m = torch.maximum(s, s_other)
     wa, wb = torch.exp2(s - m), torch.exp2(s_other - m)
     merged = (v.float() * wa[..., None] + v_other.float() * wb[..., None]) / (wa + wb)[..., None]
@@ -156,6 +187,12 @@ def merge_state_in_place(v, s, v_other, s_other, mask=None):
 
 def install(monkeypatch) -> types.ModuleType:
     """Makes `import flashinfer` return this module for the duration of a test."""
+    global _REAL
+    try:
+        real = importlib.import_module("flashinfer")
+    except Exception:  # absent (CI) or unusable here: calls are then checked by the fake alone
+        real = None
     module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_REAL", real if real is not module else None)
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     return module

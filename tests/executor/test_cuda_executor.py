@@ -43,7 +43,6 @@ def _reference(path):
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
     cache = KVCache(KVCacheShape.for_model(config, BLOCKS, BS, torch.float32), torch.device("cpu"))
-    cache.k.zero_(), cache.v.zero_()
     return ModelExecutor(model, TorchAttention(cache), torch.device("cpu"))
 
 
@@ -172,7 +171,6 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
     cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
-    cache.k.zero_(), cache.v.zero_()
     attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
                                     fuse_rope=fuse_rope, workspace_bytes=16)
     executor = CudaExecutor(model, attention, torch.device("cpu"), max_num_seqs=8,
