@@ -10,12 +10,14 @@ import importlib.util
 import os
 
 
-def available() -> bool:
-    """Triton is importable and there is something to run it on (a GPU or the interpreter)."""
+def available(device_type: str = "cuda") -> bool:
+    """Triton is importable and can run on tensors of `device_type`: CUDA tensors on a GPU,
+    CPU tensors only through the interpreter."""
     if importlib.util.find_spec("triton") is None:
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return True
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if device_type == "cpu":
+        return interpreting
     import torch
 
-    return torch.cuda.is_available()
+    return interpreting or torch.cuda.is_available()

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-if HAS_TRITON and not torch.cuda.is_available():
+# Triton kernels on CPU tensors: only through the interpreter, i.e. on machines without a GPU.
+TRITON_ON_CPU = HAS_TRITON and not torch.cuda.is_available()
+if TRITON_ON_CPU:
     # Triton kernels then run through the CPU interpreter. Must be set before the first
     # kernels.* import: triton.jit reads it when the kernels are defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")

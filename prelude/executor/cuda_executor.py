@@ -59,7 +59,7 @@ class CudaExecutor(ModelExecutor):
         self._gather = None
         from kernels import available
 
-        if available():
+        if available(device.type):
             from kernels.gather import gather_last
 
             self._gather = gather_last

@@ -67,7 +67,7 @@ def select_ops(device: torch.device, kernels: str = "auto") -> Ops:
         return TORCH_OPS
     from kernels import available
 
-    if not available():
+    if not available(device.type):
         logger.info("triton is not importable: the model runs its torch ops on %s", device)
         return TORCH_OPS
     return triton_ops()

@@ -54,7 +54,7 @@ class FlashInferAttention(AttentionBackend):
         if fuse_rope is None:
             from kernels import available
 
-            fuse_rope = available()
+            fuse_rope = available(self.device.type)
         self.fuses_rope = fuse_rope
         # Tensor-core decode pays off once several query heads share a KV head.
         self.decode_tensor_cores = num_q_heads // shape.num_kv_heads >= 4
