@@ -13,6 +13,7 @@ capture pure decode steps (see `plan_graph_decode`).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -24,6 +25,9 @@ from prelude.executor.kv_cache import KVCache
 logger = logging.getLogger(__name__)
 
 WORKSPACE_BYTES = 256 * 2**20  # flashinfer's split-kv scratch, shared by all wrappers
+# flashinfer's prefill implementation: "auto" (fa3 on Hopper) or "fa2", whose JIT build is
+# much shorter; an operator knob for time-boxed device runs, not a tuning parameter.
+PREFILL_BACKEND = os.environ.get("PRELUDE_FLASHINFER_PREFILL", "auto")
 
 
 def _host(values: list[int]) -> torch.Tensor:
@@ -59,8 +63,10 @@ class FlashInferAttention(AttentionBackend):
         # Tensor-core decode pays off once several query heads share a KV head.
         self.decode_tensor_cores = num_q_heads // shape.num_kv_heads >= 4
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
-        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD")
-        self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=PREFILL_BACKEND)
         self.decode = self._decode_wrapper()
         self.graph_decoders: dict[int, Any] = {}
         self.graph_prefills: dict[int, Any] = {}
@@ -96,7 +102,8 @@ class FlashInferAttention(AttentionBackend):
                              self.head_dim, self.page_size, causal=False,
                              q_data_type=self.dtype, kv_data_type=self.dtype)
             span = plan.prefix_span
-            self.prefix_index = None if span else torch.tensor(plan.prefix_tokens, dtype=torch.long, device=self.device)
+            self.prefix_index = None if span else torch.tensor(
+                plan.prefix_tokens, dtype=torch.long, device=self.device)
         self._decoder = self.decode
         if plan.num_decode_rows:
             self._plan_decoder(self.decode, plan.decode_kv)
@@ -128,7 +135,7 @@ class FlashInferAttention(AttentionBackend):
             buffers = {name: torch.zeros(2, dtype=torch.int32, device=self.device)
                        for name in ("qo_indptr_buf", "kv_indptr_buf")}
             wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True, **buffers)
+                self.workspace, "NHD", use_cuda_graph=True, backend=PREFILL_BACKEND, **buffers)
             self.graph_prefills[bucket] = wrapper
         self._plan_ragged(wrapper, plan)
         self._ragged = wrapper
