@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
 CPU_TEMP_MEMORY_BYTES = 1 << 30
+# GPU memory kept out of the KV cache besides one step's activations: CUDA context, cuBLAS and
+# flashinfer workspaces, CUDA-graph pools, allocator fragmentation.
+CUDA_FIXED_RESERVE = 2 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +91,13 @@ def build_engine(config: Config) -> tuple[Engine, ServedModel]:
     tokenizer = tokenizers.load(model_dir, config.tokenizer_backend)
     eos_ids = _eos_ids(model_dir, model_config, tokenizer)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
+    temp_budget = CPU_TEMP_MEMORY_BYTES
     if config.executor == "null":
         executor, num_blocks, temp_per_token, dtype_size = _null_executor(config, model_config, eos_ids)
     else:
-        executor, num_blocks, temp_per_token, dtype_size = _model_executor(
+        executor, num_blocks, temp_per_token, temp_budget = _model_executor(
             config, model_dir, model_config, max_model_len)
+    executor.warmup()
     pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
@@ -101,7 +106,7 @@ def build_engine(config: Config) -> tuple[Engine, ServedModel]:
         policy=config.scheduling_policy,
         temp_bytes_per_token=temp_per_token,
         temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
-        temp_memory_budget=CPU_TEMP_MEMORY_BYTES,
+        temp_memory_budget=temp_budget,
     ), pool)
     engine = Engine(scheduler, executor, tokenizer, eos_ids, max_model_len)
     served = ServedModel(config.model_name, model_dir, model_config, ChatTemplate.from_dir(model_dir),
@@ -120,25 +125,65 @@ def _null_executor(config: Config, model_config: ModelConfig, eos_ids):
 
 
 def _model_executor(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int):
+    """(executor, KV blocks the pool may hand out, temp bytes per token, temp budget)."""
     import torch
 
-    from prelude.executor.attention.torch_ref import TorchAttention
+    from prelude.executor.attention import get_backend
     from prelude.executor.kv_cache import KVCache, KVCacheShape
     from prelude.executor.model_executor import ModelExecutor
     from prelude.model.loader import load_model, resolve_dtype
+    from prelude.model.ops import select_ops
 
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
     dtype = resolve_dtype(config.dtype, device)
     if device.type == "cpu":
         torch.manual_seed(config.seed)
-    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len)
-    per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
-    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
-    kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
-    executor = ModelExecutor(model, TorchAttention(kv_cache), device)
+    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len,
+                       ops=select_ops(device))
     itemsize = torch.empty((), dtype=dtype).element_size()
     c = model_config
     temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
                                  + 3 * c.intermediate_size)
-    return executor, num_blocks, temp_per_token, itemsize
+    per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
+    if device.type == "cuda":
+        return _cuda_executor(config, model, device, dtype, max_model_len, temp_per_token, per_block)
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
+    executor = ModelExecutor(model, get_backend("torch", kv_cache), device)
+    return executor, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES
+
+
+def _cuda_executor(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
+                   per_block: int):
+    """KV cache sized from --gpu-memory-utilization after the weights are loaded, leaving room
+    for one full step's activations; one extra block at the end belongs to nobody (CUDA-graph
+    padding rows write and read it)."""
+    import torch
+
+    from prelude.executor.attention import pick_backend
+    from prelude.executor.cuda_executor import CudaExecutor
+    from prelude.executor.kv_cache import KVCache, KVCacheShape
+
+    c = model.config
+    logits_bytes = 2 * 4 * c.vocab_size * config.max_num_seqs
+    temp_budget = 2 * temp_per_token * config.max_num_batched_tokens + logits_bytes + CUDA_FIXED_RESERVE
+    free, total = torch.cuda.mem_get_info(device)
+    if config.num_kv_blocks:
+        num_blocks = config.num_kv_blocks
+    else:
+        kv_bytes = config.kv_cache_memory or int(total * config.gpu_memory_utilization) - (total - free) - temp_budget
+        num_blocks = kv_bytes // per_block
+        if num_blocks < 1:
+            raise RuntimeError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free of "
+                               f"{total / 2**30:.1f}); raise --gpu-memory-utilization")
+    shape = KVCacheShape.for_model(c, num_blocks + 1, config.block_size, dtype)
+    kv_cache = KVCache(shape, device)
+    attention = pick_backend(kv_cache, num_q_heads=c.num_heads, dummy_page=num_blocks,
+                             max_pages_per_row=-(-max_model_len // config.block_size) + 1)
+    executor = CudaExecutor(model, attention, device, max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            pad_slot=num_blocks * config.block_size, enforce_eager=config.enforce_eager)
+    logger.info("KV cache: %d blocks (%.2f GiB) on %s; attention %s", num_blocks,
+                num_blocks * per_block / 2**30, torch.cuda.get_device_name(device), type(attention).__name__)
+    return executor, num_blocks, temp_per_token, temp_budget

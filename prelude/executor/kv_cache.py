@@ -11,6 +11,7 @@ import torch
 from prelude.model.config import ModelConfig
 
 
+
 @dataclass(frozen=True, slots=True)
 class KVCacheShape:
     num_layers: int

@@ -7,7 +7,17 @@ import torch
 from torch import nn
 
 from prelude.model.config import ModelConfig
-from prelude.model.layers import MLP, Attention, AttentionFn, Embedding, Linear, RMSNorm, RotaryEmbedding
+from prelude.model.layers import (
+    MLP,
+    Attention,
+    AttentionFn,
+    Embedding,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    UsesOps,
+)
+from prelude.model.ops import Ops
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -62,6 +72,12 @@ class DecoderLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
             self.score = Linear(config.hidden_size, config.num_labels, bias=False)
+
+    def set_ops(self, ops: Ops) -> None:
+        """Routes every norm, rotation and activation through `ops` (torch or Triton)."""
+        for module in self.modules():
+            if isinstance(module, UsesOps):
+                module.ops = ops
 
     @property
     def has_lm_head(self) -> bool:

@@ -14,12 +14,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from prelude.model.config import ModelConfig, RopeConfig
+from prelude.model.ops import TORCH_OPS, Ops
+
+# (q_norm weight, k_norm weight, eps) handed to backends that fuse the per-head norms.
+QKNorm = tuple[torch.Tensor, torch.Tensor, float]
 
 
 class AttentionFn(Protocol):
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # True when the backend rotates q/k itself (fused with its KV write): it is then called with
+    # un-rotated q/k and the step's (cos, sin), plus the q/k norm weights when the model has them.
+    fuses_rope: bool
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 qk_norm: QKNorm | None = None) -> torch.Tensor:
         """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for this step's tokens.
         Stores k/v where the step says so and returns [T, num_heads, head_dim]."""
+
+
+class UsesOps:
+    """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
+    replaces the class default on every instance at build time."""
+
+    ops: Ops = TORCH_OPS
 
 
 class Linear(nn.Module):
@@ -44,7 +61,7 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(UsesOps, nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim))
@@ -53,14 +70,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Normalizes x (after adding residual, when given). With a residual it returns
         (normed, x + residual) so the next block can reuse the sum."""
-        if residual is not None:
-            x = x + residual
-            residual = x
-        # Computed in fp32 and cast back, as the HF reference does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * xf.to(x.dtype)
-        return out if residual is None else (out, residual)
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 def _inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -104,12 +114,7 @@ class RotaryEmbedding:
         return cos, sin
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-class MLP(nn.Module):
+class MLP(UsesOps, nn.Module):
     """SwiGLU with gate and up projections fused into one matmul."""
 
     def __init__(self, hidden: int, intermediate: int):
@@ -118,11 +123,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
-class Attention(nn.Module):
+class Attention(UsesOps, nn.Module):
     """Grouped-query self-attention with q/k/v fused into one matmul and optional per-head
     q/k RMSNorm (Qwen3)."""
 
@@ -149,9 +153,15 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if getattr(attention, "fuses_rope", False):
+            qk_norm = None
+            if self.q_norm is not None:
+                qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            out = attention(self.layer, q, k, v, rope=rope, qk_norm=qk_norm)
+            return self.o_proj(out.reshape(-1, self.q_size))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin)
         out = attention(self.layer, q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))

@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from prelude.model.config import ModelConfig, UnsupportedModel
 from prelude.model.decoder import DecoderLM
+from prelude.model.ops import TORCH_OPS, Ops
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,11 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int) -> DecoderLM:
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
+                ops: Ops = TORCH_OPS) -> DecoderLM:
     """An uninitialized model on `device`: parameters are allocated in the target dtype and never
-    initialized (the checkpoint fills them), so nothing is computed or copied twice."""
+    initialized (the checkpoint fills them), so nothing is computed or copied twice. `ops`
+    picks the implementation of norms and activations (prelude.model.ops)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -52,14 +55,15 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
     finally:
         torch.set_default_dtype(previous)
     model.rotary.materialize(device)
+    model.set_ops(ops)
     return model.eval().requires_grad_(False)
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int) -> DecoderLM:
+               max_positions: int, ops: Ops = TORCH_OPS) -> DecoderLM:
     model_dir = Path(model_dir)
     start = time.perf_counter()
-    model = build_model(config, dtype, device, max_positions)
+    model = build_model(config, dtype, device, max_positions, ops)
     loaded: set[str] = set()
     # safetensors' "cuda" device reads each tensor straight into device memory.
     read_device = str(device) if device.type == "cuda" else "cpu"

@@ -22,6 +22,9 @@ class StepLayout:
     store_kv: Sequence[bool]
     num_prefill_rows: int
     slot_mapping: torch.Tensor  # [num_tokens] flat KV slot per token, -1 where not stored
+    # The same slots as a host list, when the executor has it: backends that plan on the host
+    # read it instead of copying slot_mapping back from the device.
+    host_slots: Sequence[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -37,7 +40,13 @@ class AttentionBackend(ABC):
     `plan` runs once per step, before the first layer (precompute indices, flashinfer plan);
     `__call__` runs once per layer: it first stores this step's K/V into the paged cache for rows
     with store_kv, then returns causal attention of the step's queries over each row's cached
-    context plus its own new tokens."""
+    context plus its own new tokens.
+
+    A backend with `fuses_rope` receives q/k before rotary embedding (and before the per-head
+    q/k norms, whose weights come in `qk_norm`) and applies them itself, fused with its KV
+    write; the model then skips its own rotation."""
+
+    fuses_rope: bool = False
 
     def __init__(self, kv_cache: KVCache):
         self.kv_cache = kv_cache

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Everything one device call needs: install carried wheels (.whl/: flashinfer-python,
+# apache-tvm-ffi, and the server's starlette/hypercorn stack, which the GPU image lacks), run
+# the CUDA tests, the kernel micro-benchmark and the serving table. Results go to $OUT.
+#   usage (repo root): bash bench/serving/gpu_check.sh [gpu_table2.py flags]
+# Stage time limits keep the whole call under the 10-minute device limit; override with
+# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT (seconds).
+#
+# Preparing the carried folders on a machine with network access (the device has none):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .whl flashinfer-python==0.6.6 \
+#     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
+#     priority wsproto
+#   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
+# then run this with carry [".whl", ".tok"]. flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
+# (62 MB): the device call carries at most 64 MiB. Its other requirements are either in the GPU
+# image (nvidia-ml-py, einops, ninja, numpy, requests, click, tqdm, tabulate) or only imported by
+# paths Prelude does not use (cudnn frontend, cutlass DSL).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+export OUT PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export MAX_JOBS=${MAX_JOBS:-16}  # parallel nvcc jobs for flashinfer's JIT
+PY=${PY:-python3}
+start=$(date +%s)
+stage() { echo "== $1 (t=$(( $(date +%s) - start ))s)"; }
+
+stage "wheels"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-deps --no-index --disable-pip-version-check .whl/*.whl 2>&1 | grep -v WARNING
+fi
+$PY - <<'PY'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO GPU")
+for name in ("triton", "flashinfer", "starlette", "hypercorn"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as exc:
+        print(name, "NOT IMPORTABLE:", exc)
+PY
+
+stage "CUDA tests"
+timeout "${TEST_TIMEOUT:-240}" $PY -m pytest tests/kernels tests/executor -q -rs -x -p no:cacheprovider \
+  > "$OUT/pytest.log" 2>&1
+echo "pytest exit $?"; tail -n 15 "$OUT/pytest.log"
+
+stage "kernel micro-benchmark"
+timeout "${BENCH_TIMEOUT:-60}" $PY -m kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt"
+
+stage "serving table"
+tok=.tok
+[ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
+timeout "${TABLE_TIMEOUT:-330}" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
+echo "gpu_table2 exit $?"
+stage "done"

@@ -1,0 +1,33 @@
+"""Torch references of every kernel. The elementwise ones are the model's own torch ops
+(prelude.model.ops), so a kernel that matches them changes no model output; the fused ones are
+compositions of those ops plus the torch reference attention's KV write."""
+from __future__ import annotations
+
+import torch
+
+from prelude.model.ops import rms_norm, rotate, silu_and_mul
+
+__all__ = ["gather_last", "rms_norm", "rope_kv_write", "rotate", "silu_and_mul"]
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                  k_norm: torch.Tensor | None = None, eps: float = 1e-6):
+    """Optional per-head RMSNorm of q and k, neox RoPE, then k (rotated) and v stored into the
+    paged cache at slot_mapping (-1: not stored). cos/sin: [T, D/2]. Returns rotated (q, k)."""
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    stored = slot_mapping >= 0
+    flat_k = k_cache.view(-1, *k_cache.shape[-2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[-2:])
+    flat_k[slot_mapping[stored]] = k[stored]
+    flat_v[slot_mapping[stored]] = v[stored]
+    return q, k
+
+
+def gather_last(hidden: torch.Tensor, query_starts: torch.Tensor) -> torch.Tensor:
+    """Row i of the result is hidden[query_starts[i + 1] - 1]: each row's last position."""
+    return hidden[query_starts[1:].long() - 1]

@@ -1,0 +1,99 @@
+"""Per-head q/k RMSNorm (Qwen3), neox RoPE and the paged KV write in one kernel.
+
+One program handles one head of one token: a query head is normalized, rotated and written to
+the contiguous q output; a key head is normalized, rotated, written to the k output and, with
+its value head, into the paged cache at the token's slot (-1: the token is not stored). On a
+decode step this replaces five launches per layer (two norms, two rotations, the cache write)
+with one. Rounding follows layers.RMSNorm and layers._rotate step by step.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rotate(x1, x2, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    dtype = x1.dtype
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    if HAS_NORM:
+        inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
+        d = tl.arange(0, HALF)
+        w1 = tl.load(w_ptr + d).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
+        f1 = (w1 * (f1 * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        f2 = (w2 * (f2 * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    a = (f1 * cos).to(dtype).to(tl.float32)
+    b = (f2 * sin).to(dtype).to(tl.float32)
+    c = (f2 * cos).to(dtype).to(tl.float32)
+    e = (f1 * sin).to(dtype).to(tl.float32)
+    return (a - b).to(dtype), (c + e).to(dtype)
+
+
+@triton.jit
+def _rope_kv_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr,
+    q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+    cos_stride, sin_stride, num_q_heads, num_kv_heads, eps,
+    HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, HALF)
+    cos = tl.load(cos_ptr + t * cos_stride + d).to(tl.float32)
+    sin = tl.load(sin_ptr + t * sin_stride + d).to(tl.float32)
+    if h < num_q_heads:
+        src = q_ptr + t * q_stride_t + h * q_stride_h
+        o1, o2 = _norm_rotate(tl.load(src + d), tl.load(src + HALF + d), qn_ptr, cos, sin, eps,
+                              HALF, HAS_NORM)
+        dst = q_out_ptr + (t * num_q_heads + h) * (2 * HALF)
+        tl.store(dst + d, o1)
+        tl.store(dst + HALF + d, o2)
+    else:
+        kh = h - num_q_heads
+        src = k_ptr + t * k_stride_t + kh * k_stride_h
+        o1, o2 = _norm_rotate(tl.load(src + d), tl.load(src + HALF + d), kn_ptr, cos, sin, eps,
+                              HALF, HAS_NORM)
+        dst = k_out_ptr + (t * num_kv_heads + kh) * (2 * HALF)
+        tl.store(dst + d, o1)
+        tl.store(dst + HALF + d, o2)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            cache = (slot * num_kv_heads + kh) * (2 * HALF)
+            tl.store(k_cache_ptr + cache + d, o1)
+            tl.store(k_cache_ptr + cache + HALF + d, o2)
+            vsrc = v_ptr + t * v_stride_t + kh * v_stride_h
+            tl.store(v_cache_ptr + cache + d, tl.load(vsrc + d))
+            tl.store(v_cache_ptr + cache + HALF + d, tl.load(vsrc + HALF + d))
+
+
+def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                  k_norm: torch.Tensor | None = None, eps: float = 1e-6):
+    """q: [T, Hq, D], k/v: [T, Hkv, D] (strided views are fine, unit stride on D); cos/sin:
+    [T, D/2] rows (strided); caches: [num_blocks, block_size, Hkv, D] contiguous; slot_mapping:
+    [T] (-1: not stored). Returns contiguous rotated (q, k)."""
+    tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    half = head_dim // 2
+    if half & (half - 1):
+        raise ValueError(f"rope_kv_write needs a power-of-two head_dim/2, got {head_dim}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("paged caches must be contiguous")
+    cos, sin = cos.reshape(tokens, half), sin.reshape(tokens, half)
+    q_out = torch.empty((tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((tokens, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)
+    has_norm = q_norm is not None
+    if tokens:
+        _rope_kv_kernel[(tokens, num_q_heads + num_kv_heads)](
+            q, k, v, cos, sin, q_norm if has_norm else q, k_norm if has_norm else k,
+            q_out, k_out, k_cache, v_cache, slot_mapping,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            cos.stride(0), sin.stride(0), num_q_heads, num_kv_heads, eps,
+            HALF=half, HAS_NORM=has_norm, num_warps=1 if half <= 64 else 2,
+        )
+    return q_out, k_out

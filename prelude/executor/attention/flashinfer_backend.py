@@ -1,0 +1,213 @@
+"""Attention through flashinfer's batch kernels on the NHD paged cache.
+
+Per step (`plan`): one ragged causal prefill over all prefill rows' own tokens; one paged
+prefill (non-causal) over the cached context of the prefill rows that have one, merged into
+the ragged result by log-sum-exp; one paged decode for the decode rows. Each wrapper is planned
+once per step on host index arrays (flashinfer_plan.build_plan) and run once per layer.
+
+Per layer (`__call__`): K/V are stored first (by kernels.rope's fused norm+RoPE+write when
+Triton is there, else by index_copy_ over the planned slots), so decode rows read their own
+token from the cache. Nothing in `__call__` syncs with the host, which lets CUDA graphs
+capture pure decode steps (see `plan_graph_decode`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from prelude.executor.attention.base import AttentionBackend, StepLayout
+from prelude.executor.attention.flashinfer_plan import FlashInferPlan, PagedRows, build_plan, pad_decode_rows
+from prelude.executor.kv_cache import KVCache
+
+logger = logging.getLogger(__name__)
+
+WORKSPACE_BYTES = 256 * 2**20  # flashinfer's split-kv scratch, shared by all wrappers
+# flashinfer's prefill implementation: "auto" (fa3 on Hopper) or "fa2", whose JIT build is
+# much shorter; an operator knob for time-boxed device runs, not a tuning parameter.
+PREFILL_BACKEND = os.environ.get("PRELUDE_FLASHINFER_PREFILL", "auto")
+
+
+def _host(values: list[int]) -> torch.Tensor:
+    # flashinfer plans on host int32 arrays and copies what the kernels need itself.
+    return torch.tensor(values, dtype=torch.int32)
+
+
+class FlashInferAttention(AttentionBackend):
+    def __init__(self, kv_cache: KVCache, num_q_heads: int, max_pages_per_row: int,
+                 dummy_page: int, fuse_rope: bool | None = None,
+                 workspace_bytes: int = WORKSPACE_BYTES):
+        """`dummy_page`: a cache block no sequence owns (padding rows of graph buckets read and
+        write it). `fuse_rope`: use kernels.rope for norm+RoPE+KV write (default: when Triton
+        is available)."""
+        super().__init__(kv_cache)
+        import flashinfer
+
+        self._fi = flashinfer
+        shape = kv_cache.shape
+        self.device = kv_cache.k.device
+        self.dtype = shape.dtype
+        self.num_q_heads = num_q_heads
+        self.num_kv_heads = shape.num_kv_heads
+        self.head_dim = shape.head_dim
+        self.page_size = shape.block_size
+        self.max_pages_per_row = max_pages_per_row
+        self.dummy_page = dummy_page
+        if fuse_rope is None:
+            from kernels import available
+
+            fuse_rope = available(self.device.type)
+        self.fuses_rope = fuse_rope
+        # Tensor-core decode pays off once several query heads share a KV head.
+        self.decode_tensor_cores = num_q_heads // shape.num_kv_heads >= 4
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self.decode = self._decode_wrapper()
+        self.graph_decoders: dict[int, Any] = {}
+        self.graph_prefills: dict[int, Any] = {}
+        self._plan: FlashInferPlan | None = None
+        self._decoder = self.decode
+        self._ragged = self.ragged
+
+    def _decode_wrapper(self, bucket: int | None = None):
+        if bucket is None:
+            return self._fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.decode_tensor_cores)
+        # CUDA-graph mode: the wrapper's index arrays live in these fixed buffers, which plan()
+        # refills before every replay; the batch size is fixed to the bucket.
+        return self._fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_tensor_cores,
+            paged_kv_indptr_buffer=torch.zeros(bucket + 1, dtype=torch.int32, device=self.device),
+            paged_kv_indices_buffer=torch.zeros(bucket * self.max_pages_per_row, dtype=torch.int32,
+                                                device=self.device),
+            paged_kv_last_page_len_buffer=torch.zeros(bucket, dtype=torch.int32, device=self.device),
+        )
+
+    # -- planning ---------------------------------------------------------------------------
+    def plan(self, layout: StepLayout) -> None:
+        plan = build_plan(layout, self.page_size, layout.host_slots)
+        self._begin(plan, layout.slot_mapping)
+        self._ragged = self.ragged
+        if plan.num_prefill_tokens:
+            self._plan_ragged(self.ragged, plan)
+        if plan.prefix_rows:
+            kv = plan.prefix_kv
+            self.prefix.plan(_host(plan.prefix_qo_indptr), _host(kv.indptr), _host(kv.indices),
+                             _host(kv.last_page_len), self.num_q_heads, self.num_kv_heads,
+                             self.head_dim, self.page_size, causal=False,
+                             q_data_type=self.dtype, kv_data_type=self.dtype)
+            span = plan.prefix_span
+            self.prefix_index = None if span else torch.tensor(
+                plan.prefix_tokens, dtype=torch.long, device=self.device)
+        self._decoder = self.decode
+        if plan.num_decode_rows:
+            self._plan_decoder(self.decode, plan.decode_kv)
+
+    def plan_graph_decode(self, layout: StepLayout, bucket: int) -> None:
+        """Plans a pure decode step padded to `bucket` rows on that bucket's graph wrapper.
+        layout.slot_mapping must already be the graph's static [bucket] slot buffer."""
+        plan = build_plan(layout, self.page_size, layout.host_slots)
+        if plan.num_prefill_tokens:
+            raise ValueError("only pure decode steps run in CUDA graphs")
+        self._begin(plan, layout.slot_mapping)
+        wrapper = self.graph_decoders.get(bucket)
+        if wrapper is None:
+            wrapper = self.graph_decoders[bucket] = self._decode_wrapper(bucket)
+        self._plan_decoder(wrapper, pad_decode_rows(plan.decode_kv, bucket, self.dummy_page))
+        self._decoder = wrapper
+        self._ragged = self.ragged
+
+    def plan_graph_prefill(self, layout: StepLayout, bucket: int) -> None:
+        """Plans one prefill row without cached context, padded to `bucket` tokens (the padding
+        follows the real tokens, so causality keeps it out of their attention), on that
+        bucket's graph wrapper. Needs the fused KV write: it reads the static slot buffer."""
+        plan = build_plan(layout, self.page_size, layout.host_slots)
+        if not self.fuses_rope or plan.prefix_rows or plan.num_decode_rows or len(plan.ragged_indptr) != 2:
+            raise ValueError("prefill graphs take one fresh prefill row, with the fused KV write")
+        self._begin(plan, layout.slot_mapping)
+        wrapper = self.graph_prefills.get(bucket)
+        if wrapper is None:
+            buffers = {name: torch.zeros(2, dtype=torch.int32, device=self.device)
+                       for name in ("qo_indptr_buf", "kv_indptr_buf")}
+            wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, backend=PREFILL_BACKEND, **buffers)
+            self.graph_prefills[bucket] = wrapper
+        self._plan_ragged(wrapper, plan)
+        self._ragged = wrapper
+
+    def _plan_ragged(self, wrapper, plan: FlashInferPlan) -> None:
+        indptr = _host(plan.ragged_indptr)
+        wrapper.plan(indptr, indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
+                     causal=True, q_data_type=self.dtype, kv_data_type=self.dtype)
+
+    def _begin(self, plan: FlashInferPlan, slot_mapping: torch.Tensor) -> None:
+        self._plan = plan
+        self.slot_mapping = slot_mapping
+        if not plan.store_all:
+            self.store_index = torch.tensor(plan.store_tokens, dtype=torch.long, device=self.device)
+            self.store_slots = slot_mapping.index_select(0, self.store_index)
+
+    def _plan_decoder(self, wrapper, kv: PagedRows) -> None:
+        wrapper.plan(_host(kv.indptr), _host(kv.indices), _host(kv.last_page_len),
+                     self.num_q_heads, self.num_kv_heads, self.head_dim, self.page_size,
+                     q_data_type=self.dtype, kv_data_type=self.dtype)
+
+    # -- per layer --------------------------------------------------------------------------
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+        plan = self._plan
+        k_cache, v_cache = self.kv_cache.layer(layer)
+        if rope is not None:
+            from kernels.rope import rope_kv_write
+
+            q_norm, k_norm, eps = qk_norm if qk_norm is not None else (None, None, 1e-6)
+            q, k = rope_kv_write(q, k, v, rope[0], rope[1], k_cache, v_cache, self.slot_mapping,
+                                 q_norm, k_norm, eps)
+        else:
+            self._store(k, v, k_cache, v_cache)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        num_prefill = plan.num_prefill_tokens
+        if num_prefill:
+            self._prefill(_dense(q[:num_prefill]), _dense(k[:num_prefill]), _dense(v[:num_prefill]),
+                          out[:num_prefill], (k_cache, v_cache))
+        if num_prefill < q.shape[0]:
+            self._decoder.run(_dense(q[num_prefill:]), (k_cache, v_cache), out=out[num_prefill:])
+        return out
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        flat_k = k_cache.view(-1, self.num_kv_heads, self.head_dim)
+        flat_v = v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        if self._plan.store_all:
+            flat_k.index_copy_(0, self.slot_mapping, k)
+            flat_v.index_copy_(0, self.slot_mapping, v)
+        elif self._plan.store_tokens:
+            flat_k.index_copy_(0, self.store_slots, k.index_select(0, self.store_index))
+            flat_v.index_copy_(0, self.store_slots, v.index_select(0, self.store_index))
+
+    def _prefill(self, q, k, v, out: torch.Tensor, kv_cache) -> None:
+        if not self._plan.prefix_rows:
+            self._ragged.run(q, k, v, out=out)
+            return
+        _, lse = self._ragged.run(q, k, v, out=out, return_lse=True)
+        span = self._plan.prefix_span
+        q_ctx = q[span[0]:span[1]] if span else q.index_select(0, self.prefix_index)
+        o_ctx, lse_ctx = self.prefix.run(q_ctx, kv_cache, return_lse=True)
+        if span:
+            # Slices of `out`/`lse`: the merge writes the final values in place.
+            self._fi.merge_state_in_place(out[span[0]:span[1]], lse[span[0]:span[1]], o_ctx, lse_ctx)
+            return
+        o_own = out.index_select(0, self.prefix_index)
+        self._fi.merge_state_in_place(o_own, lse.index_select(0, self.prefix_index), o_ctx, lse_ctx)
+        out.index_copy_(0, self.prefix_index, o_own)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    # The kernels index rows by the tensor's strides, but a plain contiguous tensor is the one
+    # layout every flashinfer version accepts; q and k are already dense on the fused path.
+    return x if x.is_contiguous() else x.contiguous()
