@@ -16,12 +16,13 @@ from prelude.engine.batch import (
     OutputSpec,
     PrefillRow,
     RowResult,
+    TokenLogprob,
     decode_rows,
     prefill_rows,
 )
 from prelude.executor.attention.base import AttentionBackend, StepLayout
 from prelude.executor.base import Executor
-from prelude.executor.sampler import sample, token_logprob
+from prelude.executor.sampler import sample
 from prelude.model.decoder import DecoderLM
 
 # Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
@@ -93,14 +94,21 @@ class ModelExecutor(Executor):
         return results
 
     def _prompt_logprobs(self, hidden: torch.Tensor, token_ids: Sequence[int], top: int):
-        """Logprob of prompt token j+1 given tokens 0..j, for every j, with `top` alternatives."""
-        out = []
-        targets = list(token_ids[1:])
-        for chunk_start in range(0, len(targets), PROMPT_LOGPROB_CHUNK):
-            chunk = targets[chunk_start:chunk_start + PROMPT_LOGPROB_CHUNK]
-            logits = self.model.compute_logits(hidden[chunk_start:chunk_start + len(chunk)]).float()
-            logprobs = torch.log_softmax(logits, dim=-1)
-            out.extend(token_logprob(lp, t, top) for lp, t in zip(logprobs, chunk))
+        """Logprob (and rank) of prompt token j+1 given tokens 0..j, for every j, with `top`
+        alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time, one host copy each."""
+        out: list[TokenLogprob] = []
+        targets_all = torch.tensor(list(token_ids[1:]), device=hidden.device)
+        for lo in range(0, len(targets_all), PROMPT_LOGPROB_CHUNK):
+            targets = targets_all[lo:lo + PROMPT_LOGPROB_CHUNK]
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[lo:lo + len(targets)]).float(), dim=-1)
+            chosen = logprobs.gather(1, targets[:, None])
+            ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+            alternatives: list[list] = [[] for _ in ranks]
+            if top > 0:
+                values, ids = logprobs.topk(top, dim=-1)
+                alternatives = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            out.extend(TokenLogprob(t, lp, alt, r) for t, lp, alt, r in
+                       zip(targets.tolist(), chosen.squeeze(1).tolist(), alternatives, ranks))
         return out
 
 

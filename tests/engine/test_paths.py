@@ -66,7 +66,7 @@ def test_greedy_tokens_match_full_forward_on_every_path(demo_model, reference, d
     # One-token and six-token requests for every prompt, twice over (the second round hits the
     # prefix cache), with a small token budget so that long prompts are chunked beside decodes.
     jobs = [(ids, n) for _ in range(2) for ids in prompts for n in (1, 6)]
-    config = Config(model=str(demo_model), block_size=4, max_num_batched_tokens=12,
+    config = Config(model=str(demo_model), device="cpu", block_size=4, max_num_batched_tokens=12,
                     enable_prefix_caching=prefix_caching, disable_oneshot=disable_oneshot)
     outputs, engine = run(config, jobs, stagger=True)
     for (ids, n), out in zip(jobs, outputs):

@@ -23,7 +23,8 @@ def free_port() -> int:
 
 class ServerThread:
     def __init__(self, config: Config):
-        self.config = replace(config, host="127.0.0.1", port=free_port())
+        # CPU even on a GPU machine: these tests compare with fp32 references exactly.
+        self.config = replace(config, host="127.0.0.1", port=free_port(), device="cpu")
         self.base_url = f"http://127.0.0.1:{self.config.port}"
         self.engine, self.served = build_engine(self.config)
         self._loop: asyncio.AbstractEventLoop | None = None
