@@ -61,14 +61,17 @@ class Engine:
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run(), name="prelude-engine")
+        self._loop_task.add_done_callback(self._on_loop_exit)
+
+    @property
+    def healthy(self) -> bool:
+        """The step loop is running (it only stops on shutdown or an engine bug)."""
+        return self._loop_task is not None and not self._loop_task.done()
 
     async def stop(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
         for tracked in list(self._tracked.values()):
             self._end(tracked, "abort")
@@ -79,6 +82,8 @@ class Engine:
         """Queues a normalized request; outputs arrive on the returned stream."""
         if request.request_id in self._tracked:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        if not self.healthy:
+            raise EngineError("the engine is not running")
         stream = RequestStream(request.request_id)
         work = self.scheduler.add(request)
         tracked = _Tracked(work, stream, logprobs=request.sampling.logprobs is not None)
@@ -119,6 +124,15 @@ class Engine:
                 self._in_flight = False
             self.stats.on_step(time.perf_counter() - started)
             self._process(self.scheduler.update(step, result))
+
+    def _on_loop_exit(self, task: asyncio.Task) -> None:
+        """An engine bug must not leave requests hanging: fail them all, loudly."""
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error("engine loop died", exc_info=task.exception())
+        for tracked in list(self._tracked.values()):
+            self._tracked.pop(tracked.work.request.request_id, None)
+            tracked.stream.put(EngineError(f"engine failed: {task.exception()!r}"))
 
     def _fail(self, step: ScheduledStep, exc: Exception) -> None:
         for work in self.scheduler.abort_step(step):

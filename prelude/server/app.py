@@ -55,7 +55,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
 
     async def health(_: HTTPRequest) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if engine.healthy else 503)
 
     async def models(_: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [{

@@ -88,7 +88,10 @@ class Serving:
 
     def submit_all(self, requests: list[Request]) -> list:
         """One admission of all rows: they reach the scheduler together, never one by one."""
-        return [self.engine.submit(r) for r in requests]
+        try:
+            return [self.engine.submit(r) for r in requests]
+        except EngineError as exc:
+            raise APIError(503, str(exc)) from None
 
     def abort_unfinished(self, streams: list) -> None:
         for stream in streams:
