@@ -1,6 +1,208 @@
 # cython: language_level=3
-"""Placeholder proving the Cython build pipeline; the fasttoken issue replaces it."""
+# distutils: language = c++
+"""Cython binding of the fasttoken engine. A Core owns one immutable C++ Engine; every call
+converts its arguments, releases the GIL for the C++ work, and converts the result once."""
+
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.long cimport PyLong_AsUnsignedLong, PyLong_FromLong
+from cpython.ref cimport Py_INCREF
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+from prelude.tokenizer.base import DecodeStep
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+
+cdef extern from "ft_engine.hpp" namespace "ft" nogil:
+    cdef cppclass Engine:
+        int pattern
+        int max_digits
+        bint byte_level
+        bint ignore_merges
+        bint byte_fallback
+        bint fuse_unk
+        bint decode_byte_level
+        int32_t byte_ids[256]
+        int32_t fallback_ids[256]
+        int32_t unk_id
+        vector[int32_t] prefix_ids
+        vector[int32_t] suffix_ids
+        string token_bytes
+        vector[uint32_t] token_offsets
+        vector[uint8_t] token_flags
+        vector[uint8_t] token_byte
+        string strip_content
+        int strip_start
+        int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
+        void decode(const int32_t* ids, size_t n, bint skip, string& out) except +
+        bint decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bint skip,
+                         string& text) except +
+
+cdef extern from "ft_build.hpp" namespace "ft":
+    void build_vocab(Engine& e, const string& keys, const uint32_t* offsets, const int32_t* ids,
+                     size_t n) except +
+    void build_merges(Engine& e, const int32_t* triples, size_t n) except +
+    void add_normalizer(Engine& e, int kind, const string& a, const string& b) except +
+    void build_nfc(Engine& e, const string& words, const vector[uint32_t]& decomp_flat,
+                   const vector[uint32_t]& pairs_flat) except +
+    void build_classes(Engine& e, const string& table) except +
+    void build_added(Engine& e, bint normalized, const vector[string]& contents,
+                     const vector[int32_t]& ids, const vector[uint8_t]& flags) except +
+    void encode_many(const Engine& e, const vector[const uint8_t*]& texts,
+                     const vector[size_t]& lengths, bint add_special,
+                     vector[vector[int32_t]]& out, vector[int]& status) except + nogil
+
+cdef enum:
+    NEED_REFERENCE = 1
 
 
-def build_ok() -> bool:
-    return True
+cdef inline list _to_list(const vector[int32_t]& ids):
+    cdef Py_ssize_t n = <Py_ssize_t>ids.size()
+    cdef list out = PyList_New(n)
+    cdef Py_ssize_t i
+    for i in range(n):
+        item = PyLong_FromLong(ids[i])
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+    return out
+
+
+cdef inline Py_ssize_t _clamp(Py_ssize_t i, Py_ssize_t n):
+    """Python slice-bound semantics, so ids[a:b] here means what it means in base.py."""
+    if i < 0:
+        i += n
+        if i < 0:
+            return 0
+    return n if i > n else i
+
+
+cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *:
+    cdef list items = ids if type(ids) is list else list(ids)
+    cdef Py_ssize_t n = PyList_GET_SIZE(items)
+    cdef Py_ssize_t i
+    cdef unsigned long value
+    out.resize(n - start if n > start else 0)
+    for i in range(start, n):
+        value = PyLong_AsUnsignedLong(<object>PyList_GET_ITEM(items, i))
+        if value > 0xFFFFFFFF:
+            raise OverflowError("token id out of range for u32")
+        out[i - start] = <int32_t><uint32_t>value
+
+
+cdef class Core:
+    cdef Engine* engine
+    cdef object reference  # callable(text, add_special_tokens) used for NEED_REFERENCE inputs
+
+    def __cinit__(self):
+        self.engine = new Engine()
+
+    def __dealloc__(self):
+        del self.engine
+
+    def __init__(self, plan, reference):
+        self.reference = reference
+        cdef Engine* e = self.engine
+        cdef int32_t[::1] ids_view
+        cdef uint32_t[::1] offsets_view
+        build_classes(e[0], plan.classes)
+        if plan.nfc is not None:
+            words, decompositions, pairs = plan.nfc
+            build_nfc(e[0], words, [x for cp, seq in decompositions for x in (cp, len(seq), *seq)],
+                      [x for triple in pairs for x in triple])
+        for kind, a, b in plan.normalizers:
+            add_normalizer(e[0], kind, a, b)
+        for normalized, entries in ((False, plan.raw_added), (True, plan.normalized_added)):
+            build_added(e[0], normalized, [c for c, _, _ in entries], [i for _, i, _ in entries],
+                        [f for _, _, f in entries])
+        e.pattern = plan.pattern
+        e.max_digits = plan.max_digits
+        e.byte_level = plan.byte_level
+        ids_view = plan.vocab_ids
+        offsets_view = plan.vocab_offsets
+        if ids_view.shape[0]:
+            build_vocab(e[0], plan.vocab_keys, &offsets_view[0], &ids_view[0], ids_view.shape[0])
+        ids_view = plan.merges
+        if ids_view.shape[0]:
+            build_merges(e[0], &ids_view[0], ids_view.shape[0] // 3)
+        for b in range(256):
+            e.byte_ids[b] = plan.byte_ids[b]
+            e.fallback_ids[b] = plan.fallback_ids[b]
+        e.ignore_merges = plan.ignore_merges
+        e.byte_fallback = plan.byte_fallback
+        e.unk_id = plan.unk_id
+        e.fuse_unk = plan.fuse_unk
+        e.prefix_ids = plan.prefix_ids
+        e.suffix_ids = plan.suffix_ids
+        e.decode_byte_level = plan.decode_byte_level
+        e.token_bytes = plan.token_bytes
+        e.token_offsets = plan.token_offsets
+        e.token_flags = plan.token_flags
+        e.token_byte = plan.token_byte
+        e.strip_content = plan.strip_content
+        e.strip_start = plan.strip_start
+
+    def encode(self, str text, bint add_special_tokens=True):
+        cdef Py_ssize_t n
+        cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
+        cdef vector[int32_t] out
+        cdef int status
+        with nogil:
+            status = self.engine.encode(s, <size_t>n, add_special_tokens, out)
+        if status == NEED_REFERENCE:
+            return self.reference(text, add_special_tokens)
+        return _to_list(out)
+
+    def encode_batch(self, texts, bint add_special_tokens=True):
+        cdef list items = list(texts)
+        cdef Py_ssize_t count = len(items), i, n
+        cdef vector[const uint8_t*] ptrs
+        cdef vector[size_t] lengths
+        cdef vector[vector[int32_t]] outs
+        cdef vector[int] status
+        ptrs.resize(count)
+        lengths.resize(count)
+        for i in range(count):
+            if type(items[i]) is not str:
+                raise TypeError(f"encode_batch expects str items, got {type(items[i]).__name__}")
+            ptrs[i] = <const uint8_t*>PyUnicode_AsUTF8AndSize(items[i], &n)
+            lengths[i] = <size_t>n
+        with nogil:
+            encode_many(self.engine[0], ptrs, lengths, add_special_tokens, outs, status)
+        cdef list result = PyList_New(count)
+        for i in range(count):
+            if status[i] == NEED_REFERENCE:
+                item = self.reference(items[i], add_special_tokens)
+            else:
+                item = _to_list(outs[i])
+            Py_INCREF(item)
+            PyList_SET_ITEM(result, i, item)
+        return result
+
+    def decode(self, ids, bint skip_special_tokens=False):
+        cdef vector[int32_t] v
+        cdef string out
+        _fill_ids(ids, 0, v)
+        with nogil:
+            self.engine.decode(v.data(), v.size(), skip_special_tokens, out)
+        return PyUnicode_DecodeUTF8(out.data(), <Py_ssize_t>out.size(), NULL)
+
+    def decode_step(self, ids, Py_ssize_t prefix_offset, Py_ssize_t read_offset,
+                    bint skip_special_tokens=False):
+        cdef list items = ids if type(ids) is list else list(ids)
+        cdef Py_ssize_t n = PyList_GET_SIZE(items)
+        cdef Py_ssize_t p = _clamp(prefix_offset, n)
+        cdef Py_ssize_t r = _clamp(read_offset, n)
+        cdef vector[int32_t] v
+        cdef string text
+        cdef bint has_text
+        _fill_ids(items, p, v)
+        with nogil:
+            has_text = self.engine.decode_step(v.data(), <size_t>(r - p if r > p else 0), v.size(),
+                                               skip_special_tokens, text)
+        if has_text:
+            return DecodeStep(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
+                              read_offset, n)
+        return DecodeStep("", prefix_offset, read_offset)

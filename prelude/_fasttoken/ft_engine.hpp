@@ -1,0 +1,308 @@
+// The immutable tokenizer: encode (added-token split, normalizers, pre-tokenizer, BPE,
+// template ids) and decode (byte-level or the SentencePiece-style decoder chain).
+// Everything is filled once by core.pyx and only read afterwards, so any number of threads
+// may encode and decode at once; per-call state lives in a per-thread Scratch.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ft_added.hpp"
+#include "ft_bpe.hpp"
+#include "ft_pretok.hpp"
+#include "ft_unicode.hpp"
+
+namespace ft {
+
+enum Status : int { kOk = 0, kNeedReference = 1 };
+enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
+struct NormStep {
+    NormKind kind;
+    std::string a, b;
+};
+
+// A bounded, direct-mapped cache of pieces to ids, one per thread and engine, so it needs no lock.
+struct CacheEntry {
+    uint64_t hash;
+    uint8_t key_len, n_ids;
+    uint8_t key[22];
+    int32_t ids[8];
+};
+constexpr size_t kCacheSlots = 8192, kCacheKeyMax = 22, kCacheIdsMax = 8;
+
+struct Scratch {
+    explicit Scratch(uint64_t owner_) : owner(owner_), cache(kCacheSlots) {
+        for (auto& e : cache) e.key_len = 0xFF;
+    }
+    uint64_t owner;
+    std::vector<Segment> segs, sub_segs;
+    std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b;
+    std::vector<int32_t> syms;
+    Merger merger;
+    std::vector<CacheEntry> cache;
+};
+
+inline Scratch& scratch_for(uint64_t owner) {
+    thread_local std::vector<std::unique_ptr<Scratch>> pool;
+    for (auto& s : pool)
+        if (s->owner == owner) return *s;
+    if (pool.size() >= 8) pool.erase(pool.begin());
+    pool.push_back(std::make_unique<Scratch>(owner));
+    return *pool.back();
+}
+
+inline uint64_t next_engine_id() {
+    static std::atomic<uint64_t> counter{1};
+    return counter++;
+}
+
+class Engine {
+public:
+    // ---- configuration (written by core.pyx before first use) ----
+    ClassTable classes;
+    Nfc nfc;
+    std::vector<NormStep> normalizers;
+    AddedMatcher raw_added, normalized_added;
+    int pattern = -1;  // PatternKind, or -1: no pre-tokenizer (the whole segment is one word)
+    int max_digits = 3;
+    bool byte_level = true;
+    StrMap vocab;
+    PairMap merges;
+    int32_t byte_ids[256];
+    bool ignore_merges = false;
+    bool byte_fallback = false;
+    int32_t fallback_ids[256];
+    int32_t unk_id = -1;
+    bool fuse_unk = false;
+    std::vector<int32_t> prefix_ids, suffix_ids;
+    // decoder
+    bool decode_byte_level = true;
+    std::string token_bytes;           // per id: bytes (byte-level) or decoded text (chain)
+    std::vector<uint32_t> token_offsets;  // size vocab+1
+    std::vector<uint8_t> token_flags;     // kKnown | kSpecial | kByteToken
+    std::vector<uint8_t> token_byte;      // the byte of a <0xNN> token
+    std::string strip_content;
+    int strip_start = 0;
+    const uint64_t uid = next_engine_id();
+
+    enum : uint8_t { kKnown = 1, kSpecial = 2, kByteToken = 4 };
+
+    // ---- encode ----
+    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
+        Scratch& sc = scratch_for(uid);
+        out.clear();
+        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
+        sc.segs.clear();
+        if (!raw_added.split(s, n, classes, sc.segs)) return kNeedReference;
+        for (size_t k = 0; k < sc.segs.size(); ++k) {
+            const Segment seg = sc.segs[k];
+            if (seg.id >= 0) { out.push_back(seg.id); continue; }
+            const uint8_t* p = s + seg.begin;
+            size_t len = seg.end - seg.begin;
+            if (!normalize(sc, p, len)) return kNeedReference;
+            if (normalized_added.empty()) {
+                if (!pretokenize(sc, p, len, out)) return kNeedReference;
+                continue;
+            }
+            sc.sub_segs.clear();
+            if (!normalized_added.split(p, len, classes, sc.sub_segs)) return kNeedReference;
+            for (const Segment& sub : sc.sub_segs) {
+                if (sub.id >= 0) out.push_back(sub.id);
+                else if (!pretokenize(sc, p + sub.begin, sub.end - sub.begin, out)) return kNeedReference;
+            }
+        }
+        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+        return kOk;
+    }
+
+    // ---- decode ----
+    // Appends decode(ids) as valid UTF-8.
+    void decode(const int32_t* ids, size_t n, bool skip_special, std::string& out) const {
+        Scratch& sc = scratch_for(uid);
+        decode_into(sc, ids, n, skip_special, out);
+    }
+
+    // The reference decode_step, computed on bytes: decode ids[prefix:read] and ids[prefix:],
+    // emit the tail of the second past the first's length unless it ends in U+FFFD.
+    // ids points at ids[prefix]; returns true and sets `text` when there is new text.
+    bool decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bool skip_special,
+                     std::string& text) const {
+        Scratch& sc = scratch_for(uid);
+        sc.text_a.clear();
+        sc.text_b.clear();
+        decode_into(sc, ids, n_prefix, skip_special, sc.text_a);
+        decode_into(sc, ids, n_all, skip_special, sc.text_b);
+        const std::string& full = sc.text_b;
+        const size_t prefix_cps = count_cps(sc.text_a);
+        size_t cps = 0, i = 0;
+        for (; i < full.size() && cps < prefix_cps; ++cps) {
+            ++i;
+            while (i < full.size() && (uint8_t(full[i]) & 0xC0) == 0x80) ++i;
+        }
+        if (i >= full.size()) return false;  // not longer than the prefix
+        if (full.size() >= 3 && full.compare(full.size() - 3, 3, "\xEF\xBF\xBD") == 0) return false;
+        text.assign(full, i, std::string::npos);
+        return true;
+    }
+
+private:
+    bool normalize(Scratch& sc, const uint8_t*& p, size_t& len) const {
+        for (const NormStep& step : normalizers) {
+            std::string& out = (p == reinterpret_cast<const uint8_t*>(sc.norm_a.data())) ? sc.norm_b : sc.norm_a;
+            if (step.kind == NormKind::kNfc) {
+                bool changed;
+                if (!nfc.normalize(p, len, out, changed)) return false;
+                if (!changed) continue;
+            } else if (step.kind == NormKind::kPrepend) {
+                if (!len) continue;
+                out.assign(step.a);
+                out.append(reinterpret_cast<const char*>(p), len);
+            } else {
+                out.clear();
+                const std::string& from = step.a;
+                size_t i = 0;
+                while (i < len) {
+                    if (i + from.size() <= len && std::memcmp(p + i, from.data(), from.size()) == 0) {
+                        out.append(step.b);
+                        i += from.size();
+                    } else {
+                        out.push_back(char(p[i++]));
+                    }
+                }
+            }
+            p = reinterpret_cast<const uint8_t*>(out.data());
+            len = out.size();
+        }
+        return true;
+    }
+
+    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, std::vector<int32_t>& out) const {
+        if (pattern < 0) {
+            encode_word(sc, p, len, out);
+            return true;
+        }
+        Scanner scanner(classes, p);
+        scanner.split(PatternKind(pattern), max_digits, 0, len,
+                      [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
+        return !(scanner.seen() & kUnsure);
+    }
+
+    void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
+        if (!n) return;
+        const uint64_t h = hash_bytes(p, n);
+        CacheEntry* slot = nullptr;
+        if (n <= kCacheKeyMax) {
+            slot = &sc.cache[h & (kCacheSlots - 1)];
+            if (slot->hash == h && slot->key_len == n && std::memcmp(slot->key, p, n) == 0) {
+                out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);
+                return;
+            }
+        }
+        const size_t first = out.size();
+        int32_t whole = ignore_merges ? vocab.find(p, n, h) : -1;
+        if (whole >= 0) {
+            out.push_back(whole);
+        } else {
+            std::vector<int32_t>& syms = sc.syms;
+            initial_symbols(p, n, syms);
+            sc.merger.run(merges, syms);
+            out.insert(out.end(), syms.begin(), syms.end());
+        }
+        const size_t produced = out.size() - first;
+        if (slot && produced <= kCacheIdsMax) {
+            slot->hash = h;
+            slot->key_len = uint8_t(n);
+            slot->n_ids = uint8_t(produced);
+            std::memcpy(slot->key, p, n);
+            std::memcpy(slot->ids, out.data() + first, produced * sizeof(int32_t));
+        }
+    }
+
+    // The word before merges, as HF's BPE::merge_word builds it.
+    void initial_symbols(const uint8_t* p, size_t n, std::vector<int32_t>& syms) const {
+        syms.clear();
+        if (byte_level) {
+            for (size_t i = 0; i < n; ++i)
+                if (byte_ids[p[i]] >= 0) syms.push_back(byte_ids[p[i]]);
+            return;
+        }
+        bool have_unk = false;
+        for (size_t i = 0; i < n;) {
+            const size_t start = i;
+            next_cp(p, i);
+            const int32_t id = vocab.find(p + start, i - start);
+            if (id >= 0) {
+                if (have_unk) { syms.push_back(unk_id); have_unk = false; }
+                syms.push_back(id);
+                continue;
+            }
+            if (byte_fallback) {
+                bool all = true;
+                for (size_t k = start; k < i; ++k) all = all && fallback_ids[p[k]] >= 0;
+                if (all) {  // HF adds these before a pending unk (it `continue`s past the flush)
+                    for (size_t k = start; k < i; ++k) syms.push_back(fallback_ids[p[k]]);
+                    continue;
+                }
+            }
+            if (unk_id >= 0) {
+                if (have_unk && !fuse_unk) syms.push_back(unk_id);
+                have_unk = true;
+            }
+        }
+        if (have_unk) syms.push_back(unk_id);
+    }
+
+    void decode_into(Scratch& sc, const int32_t* ids, size_t n, bool skip_special, std::string& out) const {
+        const size_t vocab_n = token_flags.size();
+        std::string& bytes = sc.bytes_a;
+        bytes.clear();
+        if (decode_byte_level) {
+            for (size_t k = 0; k < n; ++k) {
+                const uint32_t id = uint32_t(ids[k]);
+                if (id >= vocab_n) continue;
+                const uint8_t f = token_flags[id];
+                if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
+                bytes.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
+            }
+            append_lossy(out, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+            return;
+        }
+        // Replace (pre-applied per token), ByteFallback, Fuse, Strip.
+        std::string& text = sc.bytes_b;
+        text.clear();
+        auto flush = [&]() {
+            if (bytes.empty()) return;
+            if (valid_utf8(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())) {
+                text.append(bytes);
+            } else {
+                for (size_t k = 0; k < bytes.size(); ++k) text.append("\xEF\xBF\xBD");
+            }
+            bytes.clear();
+        };
+        for (size_t k = 0; k < n; ++k) {
+            const uint32_t id = uint32_t(ids[k]);
+            if (id >= vocab_n) continue;
+            const uint8_t f = token_flags[id];
+            if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
+            if (f & kByteToken) {
+                bytes.push_back(char(token_byte[id]));
+                continue;
+            }
+            flush();
+            text.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
+        }
+        flush();
+        size_t cut = 0;
+        for (int k = 0; k < strip_start && !strip_content.empty(); ++k) {
+            if (text.compare(cut, strip_content.size(), strip_content) != 0) break;
+            cut += strip_content.size();
+        }
+        out.append(text, cut, std::string::npos);
+    }
+};
+
+}  // namespace ft

@@ -1,0 +1,245 @@
+"""Reads a tokenizer.json into a Plan: flat tables the C++ engine loads, plus the Python-side
+lookups (token_to_id, id_to_token). Anything outside the supported subset raises
+UnsupportedTokenizer with the reason, so callers can fall back to HF `tokenizers`.
+
+The id bookkeeping mirrors HF's AddedVocabulary (ids come from the model vocab or are assigned
+past it, flags are looked up by id), because that, not the "id" field in the JSON, is what HF
+encodes and decodes with.
+"""
+from __future__ import annotations
+
+import json
+import unicodedata
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prelude._fasttoken import patterns, unicode_data
+
+
+class UnsupportedTokenizer(ValueError):
+    """The tokenizer.json uses a feature outside fasttoken's supported subset."""
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by ByteLevel."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+
+NORM_NFC, NORM_PREPEND, NORM_REPLACE = 0, 1, 2
+FLAG_KNOWN, FLAG_SPECIAL, FLAG_BYTE_TOKEN = 1, 2, 4
+
+
+@dataclass
+class AddedEntry:
+    content: str
+    single_word: bool
+    lstrip: bool
+    rstrip: bool
+    normalized: bool
+    special: bool
+
+
+@dataclass
+class Plan:
+    classes: bytes = b""
+    nfc: tuple | None = None
+    normalizers: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    raw_added: list[tuple[bytes, int, int]] = field(default_factory=list)  # content, id, flags
+    normalized_added: list[tuple[bytes, int, int]] = field(default_factory=list)
+    pattern: int = -1
+    max_digits: int = 3
+    byte_level: bool = True
+    vocab_keys: bytes = b""
+    vocab_offsets: array = field(default_factory=lambda: array("I", [0]))
+    vocab_ids: array = field(default_factory=lambda: array("i"))
+    merges: array = field(default_factory=lambda: array("i"))
+    byte_ids: list[int] = field(default_factory=lambda: [-1] * 256)
+    ignore_merges: bool = False
+    byte_fallback: bool = False
+    fallback_ids: list[int] = field(default_factory=lambda: [-1] * 256)
+    unk_id: int = -1
+    fuse_unk: bool = False
+    prefix_ids: list[int] = field(default_factory=list)
+    suffix_ids: list[int] = field(default_factory=list)
+    decode_byte_level: bool = True
+    token_bytes: bytes = b""
+    token_offsets: array = field(default_factory=lambda: array("I", [0]))
+    token_flags: bytes = b""
+    token_byte: bytes = b""
+    strip_content: bytes = b""
+    strip_start: int = 0
+    # Python-side lookups
+    token_to_id: dict[str, int] = field(default_factory=dict)
+    added_by_id: dict[int, str] = field(default_factory=dict)
+    vocab_by_id: dict[int, str] = field(default_factory=dict)
+    special_ids: frozenset[int] = frozenset()
+    vocab_size: int = 0
+
+
+def _require(condition: bool, reason: str) -> None:
+    if not condition:
+        raise UnsupportedTokenizer(reason)
+
+
+def _normalizer_steps(spec: dict | None) -> list[tuple[int, str, str]]:
+    if spec is None:
+        return []
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return [step for child in spec.get("normalizers", []) for step in _normalizer_steps(child)]
+    if kind == "NFC":
+        return [(NORM_NFC, "", "")]
+    if kind == "Prepend":
+        return [(NORM_PREPEND, spec["prepend"], "")]
+    if kind == "Replace":
+        pattern = spec.get("pattern", {})
+        _require("String" in pattern, "Replace normalizer with a regex pattern")
+        _require(pattern["String"] != "", "Replace normalizer with an empty pattern")
+        return [(NORM_REPLACE, pattern["String"], spec["content"])]
+    raise UnsupportedTokenizer(f"normalizer {kind}")
+
+
+def _apply_normalizers(steps: list[tuple[int, str, str]], text: str) -> str:
+    """Python twin of the C++ normalizers, used on added-token contents only."""
+    for kind, a, b in steps:
+        if kind == NORM_NFC:
+            text = unicodedata.normalize("NFC", text)
+        elif kind == NORM_PREPEND:
+            text = a + text if text else text
+        else:
+            text = text.replace(a, b)
+    return text
+
+
+def _pre_tokenizer(spec: dict | None) -> tuple[int, int, bool]:
+    """(pattern kind, max digits, byte level) for the supported pre-tokenizers."""
+    if spec is None:
+        return -1, 3, False
+    kind = spec.get("type")
+    if kind == "ByteLevel":
+        _require(not spec.get("add_prefix_space", False), "ByteLevel pre-tokenizer with add_prefix_space")
+        return (patterns.GPT2 if spec.get("use_regex", True) else -1), 3, True
+    _require(kind == "Sequence", f"pre-tokenizer {kind}")
+    steps = spec.get("pretokenizers", [])
+    _require(len(steps) >= 1, "empty pre-tokenizer sequence")
+    last = steps[-1]
+    _require(
+        last.get("type") == "ByteLevel" and not last.get("use_regex", True)
+        and not last.get("add_prefix_space", False),
+        "pre-tokenizer sequence not ending in ByteLevel(use_regex=false)",
+    )
+    regexes = []
+    for split in steps[:-1]:
+        _require(split.get("type") == "Split", f"pre-tokenizer {split.get('type')} in a sequence")
+        _require(split.get("behavior") == "Isolated" and not split.get("invert", False),
+                 "Split pre-tokenizer that is not Isolated")
+        _require("Regex" in split.get("pattern", {}), "Split on a plain string")
+        regexes.append(split["pattern"]["Regex"])
+    if not regexes:
+        return -1, 3, True
+    known = patterns.recognize(regexes)
+    _require(known is not None, f"pre-tokenizer regex not recognized: {regexes!r}")
+    return known[0], known[1], True
+
+
+def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int]:
+    """(byte level, replaces, byte fallback, strip content, strip start)."""
+    _require(spec is not None, "no decoder")
+    if spec.get("type") == "ByteLevel":
+        _require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
+        return True, [], False, "", 0
+    _require(not byte_level, "byte-level pre-tokenizer with a non-ByteLevel decoder")
+    _require(spec.get("type") == "Sequence", f"decoder {spec.get('type')}")
+    replaces: list[tuple[str, str]] = []
+    byte_fallback = fused = False
+    strip = ("", 0)
+    stage = 0  # enforces the order Replace* ByteFallback? Fuse? Strip?
+    for step in spec.get("decoders", []):
+        kind = step.get("type")
+        if kind == "Replace" and stage == 0:
+            pattern = step.get("pattern", {})
+            _require("String" in pattern and pattern["String"] != "", "Replace decoder with a regex")
+            replaces.append((pattern["String"], step["content"]))
+        elif kind == "ByteFallback" and stage < 1:
+            byte_fallback, stage = True, 1
+        elif kind == "Fuse" and stage < 2:
+            fused, stage = True, 2
+        elif kind == "Strip" and stage == 2 and fused:
+            _require(step.get("stop", 0) == 0 and len(step.get("content", "")) == 1, "Strip decoder form")
+            strip, stage = (step["content"], int(step.get("start", 0))), 3
+        else:
+            raise UnsupportedTokenizer(f"decoder sequence with {kind} at this position")
+    return False, replaces, byte_fallback, strip[0], strip[1]
+
+
+def _post_processor(spec: dict | None) -> tuple[list[int], list[int]]:
+    if spec is None:
+        return [], []
+    kind = spec.get("type")
+    if kind == "ByteLevel":
+        return [], []  # only adjusts offsets
+    if kind == "Sequence":
+        prefix: list[int] = []
+        suffix: list[int] = []
+        for child in spec.get("processors", []):
+            p, s = _post_processor(child)
+            prefix, suffix = prefix + p, s + suffix
+            _require(not (p or s) or child.get("type") == "TemplateProcessing", "post-processor order")
+        return prefix, suffix
+    _require(kind == "TemplateProcessing", f"post-processor {kind}")
+    before: list[int] = []
+    after: list[int] = []
+    seen_sequence = False
+    for item in spec.get("single", []):
+        if "Sequence" in item:
+            _require(item["Sequence"]["id"] == "A" and not seen_sequence, "template sequence")
+            seen_sequence = True
+        elif "SpecialToken" in item:
+            ids = spec["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+            (after if seen_sequence else before).extend(ids)
+        else:
+            raise UnsupportedTokenizer("template item")
+    _require(seen_sequence, "template without the sequence")
+    return before, after
+
+
+def _byte_fallback_value(token: str) -> int | None:
+    """ByteFallback's test for <0xNN>: Rust's u8::from_str_radix accepts a leading '+'."""
+    if len(token.encode()) != 6 or not token.startswith("<0x") or not token.endswith(">"):
+        return None
+    digits = token[3:5]
+    if digits.startswith("+"):
+        digits = digits[1:]
+    if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        return None
+    return int(digits, 16)
+
+
+def _byte_level_bytes(token: str) -> bytes:
+    """The ByteLevel decoder's bytes for one token: mapped back if every char is a byte char."""
+    try:
+        return bytes(CHAR_TO_BYTE[c] for c in token)
+    except KeyError:
+        return token.encode()
+
+
+def load_plan(path: str | Path) -> Plan:
+    try:
+        spec: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UnsupportedTokenizer(f"cannot read {path}: {exc}") from exc
+    from prelude._fasttoken.plan_model import build_plan
+
+    return build_plan(spec)

@@ -1,0 +1,187 @@
+"""Builds a Plan from a parsed tokenizer.json: the BPE tables, the added vocabulary as HF
+resolves it, and the per-id decode table."""
+from __future__ import annotations
+
+from array import array
+from itertools import accumulate
+from typing import Any, NamedTuple
+
+from prelude._fasttoken import unicode_data
+from prelude._fasttoken.plan import (
+    BYTE_TO_CHAR,
+    CHAR_TO_BYTE,
+    FLAG_BYTE_TOKEN,
+    FLAG_KNOWN,
+    FLAG_SPECIAL,
+    NORM_NFC,
+    Plan,
+    UnsupportedTokenizer,
+    _apply_normalizers,
+    _byte_fallback_value,
+    _byte_level_bytes,
+    _decoder,
+    _normalizer_steps,
+    _post_processor,
+    _pre_tokenizer,
+    _require,
+)
+
+
+class Added(NamedTuple):
+    content: str
+    single_word: bool
+    lstrip: bool
+    rstrip: bool
+    normalized: bool
+    special: bool
+
+
+def _arena(keys: list[bytes]) -> tuple[bytes, array]:
+    return b"".join(keys), array("I", accumulate((len(k) for k in keys), initial=0))
+
+
+def _resolve_added(tokens: list[Added], vocab: dict[str, int]) -> tuple[dict[str, int], dict[int, Added], list[Added], set[str]]:
+    """HF's AddedVocabulary::add_tokens: returns (content->id, id->token, trie order, special contents)."""
+    model_size = len(vocab)
+    special_order: list[Added] = []
+    special_set: set[str] = set()
+    for tok in tokens:
+        if tok.special and tok.content and tok.content not in special_set:
+            special_order.append(tok)
+            special_set.add(tok.content)
+    by_content: dict[str, int] = {}
+    by_id: dict[int, Added] = {}
+    present: set[Added] = set()
+    classic: list[Added] = []
+    for tok in tokens:
+        if not tok.content or tok in present:
+            continue
+        new_id = by_content.get(tok.content, vocab.get(tok.content))
+        if new_id is None:
+            if by_content:
+                top = max(by_content.values())
+                new_id = top + 1 if top >= model_size or model_size == 0 else model_size
+            else:
+                new_id = model_size
+        by_content[tok.content] = new_id
+        if new_id in by_id:
+            present.discard(by_id[new_id])
+        by_id[new_id] = tok
+        present.add(tok)
+        if tok.content not in special_set:
+            classic.append(tok)
+    return by_content, by_id, special_order + classic, special_set
+
+
+def _merge_triples(merges: list[Any], vocab: dict[str, int]) -> array:
+    triples = array("i")
+    for merge in merges:
+        parts = merge.split(" ") if isinstance(merge, str) else list(merge)
+        _require(len(parts) == 2, f"merge {merge!r}")
+        a, b = parts
+        ids = (vocab.get(a), vocab.get(b), vocab.get(a + b))
+        _require(None not in ids, f"merge {merge!r} outside the vocab")
+        triples.extend(ids)
+    return triples
+
+
+def build_plan(spec: dict[str, Any]) -> Plan:
+    model = spec.get("model") or {}
+    _require(model.get("type") == "BPE", f"model {model.get('type')}")
+    _require(not model.get("dropout"), "BPE dropout")
+    _require(not model.get("continuing_subword_prefix"), "continuing_subword_prefix")
+    _require(not model.get("end_of_word_suffix"), "end_of_word_suffix")
+    vocab: dict[str, int] = model.get("vocab") or {}
+    _require(bool(vocab), "empty vocab")
+
+    plan = Plan()
+    norm_steps = _normalizer_steps(spec.get("normalizer"))
+    plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
+    plan.pattern, plan.max_digits, plan.byte_level = _pre_tokenizer(spec.get("pre_tokenizer"))
+    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start = _decoder(
+        spec.get("decoder"), plan.byte_level)
+    plan.prefix_ids, plan.suffix_ids = _post_processor(spec.get("post_processor"))
+    plan.classes = unicode_data.class_table()
+    if any(k == NORM_NFC for k, _, _ in norm_steps):
+        plan.nfc = unicode_data.nfc_tables()
+
+    # BPE model
+    plan.ignore_merges = bool(model.get("ignore_merges", False))
+    plan.byte_fallback = bool(model.get("byte_fallback", False))
+    plan.fuse_unk = bool(model.get("fuse_unk", False))
+    _require(not (plan.byte_level and plan.byte_fallback), "byte_fallback with a ByteLevel pre-tokenizer")
+    if model.get("unk_token") is not None:
+        _require(model["unk_token"] in vocab, "unk_token outside the vocab")
+        plan.unk_id = vocab[model["unk_token"]]
+    if plan.byte_level:
+        keys, ids = [], array("i")
+        for token, token_id in vocab.items():
+            try:
+                keys.append(bytes(CHAR_TO_BYTE[c] for c in token))
+            except KeyError:
+                continue  # not made of byte characters: BPE over bytes can never produce it
+            ids.append(token_id)
+        plan.byte_ids = [vocab.get(BYTE_TO_CHAR[b], -1) for b in range(256)]
+    else:
+        keys, ids = [t.encode() for t in vocab], array("i", vocab.values())
+    if plan.byte_fallback:
+        plan.fallback_ids = [vocab.get(f"<0x{b:02X}>", -1) for b in range(256)]
+    plan.vocab_keys, plan.vocab_offsets = _arena(keys)
+    plan.vocab_ids = ids
+    plan.merges = _merge_triples(model.get("merges") or [], vocab)
+
+    # Added vocabulary
+    tokens = [
+        Added(t["content"], bool(t.get("single_word", False)), bool(t.get("lstrip", False)),
+              bool(t.get("rstrip", False)), bool(t.get("normalized", True)), bool(t.get("special", False)))
+        for t in spec.get("added_tokens") or []
+    ]
+    by_content, by_id, trie_order, special_set = _resolve_added(tokens, vocab)
+    for tok in trie_order:
+        token_id = by_content[tok.content]
+        owner = by_id[token_id]  # HF reads the flags of whichever token holds this id
+        flags = int(owner.lstrip) | int(owner.rstrip) << 1 | int(owner.single_word) << 2
+        if tok.normalized:
+            content = _apply_normalizers(norm_steps, tok.content)
+            if content:
+                plan.normalized_added.append((content.encode(), token_id, flags))
+        else:
+            plan.raw_added.append((tok.content.encode(), token_id, flags))
+
+    # Decode table and Python-side lookups
+    vocab_by_id = {i: t for t, i in vocab.items()}
+    top = max(max(vocab.values()), max(by_id, default=-1))
+    token_keys: list[bytes] = []
+    flags = bytearray(top + 1)
+    byte_values = bytearray(top + 1)
+    for token_id in range(top + 1):
+        added = by_id.get(token_id)
+        token = added.content if added is not None else vocab_by_id.get(token_id)
+        if token is None:
+            token_keys.append(b"")
+            continue
+        flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
+        if dec_byte_level:
+            token_keys.append(_byte_level_bytes(token))
+            continue
+        for old, new in replaces:
+            token = token.replace(old, new)
+        value = _byte_fallback_value(token) if dec_byte_fallback else None
+        if value is not None:
+            flags[token_id] |= FLAG_BYTE_TOKEN
+            byte_values[token_id] = value
+        token_keys.append(token.encode())
+    plan.decode_byte_level = dec_byte_level
+    plan.token_bytes, plan.token_offsets = _arena(token_keys)
+    plan.token_flags, plan.token_byte = bytes(flags), bytes(byte_values)
+    plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
+
+    plan.token_to_id = {**vocab, **by_content}
+    plan.added_by_id = {i: t.content for i, t in by_id.items()}
+    plan.vocab_by_id = vocab_by_id
+    plan.special_ids = frozenset(t["id"] for t in spec.get("added_tokens") or [] if t.get("special"))
+    plan.vocab_size = len(vocab.keys() | by_content.keys())
+    return plan
+
+
+__all__ = ["build_plan", "UnsupportedTokenizer"]
