@@ -155,7 +155,7 @@ private:
             std::string& out = (p == reinterpret_cast<const uint8_t*>(sc.norm_a.data())) ? sc.norm_b : sc.norm_a;
             if (step.kind == NormKind::kNfc) {
                 bool changed;
-                if (!nfc.normalize(p, len, out, changed)) return false;
+                nfc.normalize(p, len, out, changed);
                 if (!changed) continue;
             } else if (step.kind == NormKind::kPrepend) {
                 if (!len) continue;

@@ -16,7 +16,7 @@ enum : uint8_t {
     kLetter = 1, kNumber = 2, kSpace = 4, kPunct = 8, kSymbol = 16, kMark = 32, kWord = 64,
     kUnsure = 128,
 };
-enum : uint16_t { kNfcSlow = 1 << 8, kNfcUnsure = 1 << 9 };
+enum : uint16_t { kNfcSlow = 1 << 8 };
 
 constexpr uint32_t kNumCodePoints = 0x110000;
 
@@ -142,9 +142,8 @@ class Nfc {
 public:
     void build(const uint16_t* words, const std::vector<std::pair<uint32_t, std::vector<uint32_t>>>& decomp,
                const std::vector<std::array<uint32_t, 3>>& pairs);
-    // Returns false when the text needs a code point whose NFC data is version-dependent.
-    // Leaves `out` empty and `changed` false when the input is already NFC.
-    bool normalize(const uint8_t* s, size_t n, std::string& out, bool& changed) const;
+    // Sets `changed` false (and leaves `out` alone) when the input is already NFC.
+    void normalize(const uint8_t* s, size_t n, std::string& out, bool& changed) const;
 
 private:
     uint8_t ccc(uint32_t c) const { return uint8_t(words_.get(c) & 0xFF); }
@@ -203,10 +202,9 @@ inline void Nfc::decompose(uint32_t c, std::vector<uint32_t>& out) const {
     }
 }
 
-inline bool Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& changed) const {
+inline void Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& changed) const {
     changed = false;
-    // Quick check: only NFC_Quick_Check=Yes code points in canonical order. Text that passes is
-    // NFC for every Unicode version, so version skew cannot matter here.
+    // Quick check: only NFC_Quick_Check=Yes code points in canonical order.
     uint8_t last = 0;
     bool quick = true;
     for (size_t i = 0; i < n;) {
@@ -216,14 +214,12 @@ inline bool Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& c
         if ((w & kNfcSlow) || (c && last > c)) { quick = false; break; }
         last = c;
     }
-    if (quick) return true;
+    if (quick) return;
 
     std::vector<uint32_t> buf;
     buf.reserve(n);
     for (size_t i = 0; i < n;) {
-        const uint32_t cp = next_cp(s, i);
-        if (words_.get(cp) & kNfcUnsure) return false;
-        decompose(cp, buf);
+        decompose(next_cp(s, i), buf);
     }
     // Canonical ordering: stable sort of each run of non-starters by combining class.
     for (size_t i = 0; i < buf.size();) {
@@ -257,7 +253,6 @@ inline bool Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& c
     out.clear();
     for (uint32_t cp : buf) put_cp(out, cp);
     changed = out.size() != n || out.compare(0, n, reinterpret_cast<const char*>(s), n) != 0;
-    return true;
 }
 
 }  // namespace ft

@@ -4,11 +4,15 @@ the `regex` module and `unicodedata` (no data file is shipped).
 Three Unicode versions meet here and they disagree on recently assigned code points:
 Python 3.11's `unicodedata` is Unicode 14, the `regex` module is newer (17 at the time of writing),
 Oniguruma inside HF `tokenizers` (which evaluates the Split regexes) is Unicode 16, and HF's NFC
-(the `unicode-normalization-alignments` crate) is Unicode 9. Rather than guess which version a
-code point belongs to, each table marks the code points whose answer depends on that version as
-UNSURE; the C++ side reports them and the caller hands that one input to the reference
-implementation. For every code point assigned in Python's Unicode version the answer is certain,
-and tests/tokenizer/test_unicode_tables.py checks it against HF's own engines.
+(the `unicode-normalization-alignments` crate) is Unicode 9.
+
+- Classes: for code points Python knows, the regex module's answer is Oniguruma's. Code points
+  Python does not know may be Unicode 15-17; their class depends on the version, so the table
+  marks them UNSURE. The C++ side reports an input that needs one and the caller hands that input
+  to HF itself (rare: recently encoded scripts and ideographs).
+- NFC: Python's data restricted to Unicode 9. Python has no Age property, so the few NFC-relevant
+  code points Unicode 10-14 added are listed below; tests/tokenizer/test_unicode_tables.py
+  re-derives both lists from HF's normalizer so a change on either side fails loudly.
 """
 from __future__ import annotations
 
@@ -30,7 +34,20 @@ UNSURE = 128  # classification depends on the Unicode version (see module docstr
 
 # Bits of the per-code-point NFC word (low byte: canonical combining class).
 NFC_SLOW = 1 << 8  # NFC_Quick_Check is No or Maybe: the quick path cannot vouch for the text
-NFC_UNSURE = 1 << 9  # matters to NFC but may be unknown to HF's Unicode 9 tables
+
+# Combining marks (non-zero ccc) that Unicode 10.0-14.0 added: HF's Unicode 9 NFC sees starters.
+MARKS_AFTER_UNICODE_9 = (
+    (0x07FD, 0x07FD), (0x0898, 0x089F), (0x08CA, 0x08D3), (0x09FE, 0x09FE), (0x0C3C, 0x0C3C),
+    (0x0D3B, 0x0D3C), (0x0EBA, 0x0EBA), (0x1715, 0x1715), (0x1ABF, 0x1ACE), (0x1DF6, 0x1DFA),
+    (0xA82C, 0xA82C), (0x10D24, 0x10D27), (0x10EAB, 0x10EAC), (0x10F46, 0x10F50),
+    (0x10F82, 0x10F85), (0x11070, 0x11070), (0x1133B, 0x1133B), (0x1145E, 0x1145E),
+    (0x11839, 0x1183A), (0x1193D, 0x1193E), (0x11943, 0x11943), (0x119E0, 0x119E0),
+    (0x11A34, 0x11A34), (0x11A47, 0x11A47), (0x11A99, 0x11A99), (0x11D42, 0x11D42),
+    (0x11D44, 0x11D45), (0x11D97, 0x11D97), (0x16FF0, 0x16FF1), (0x1E130, 0x1E136),
+    (0x1E2AE, 0x1E2AE), (0x1E2EC, 0x1E2EF),
+)
+# Canonical composites Unicode 10.0-14.0 added (DIVES AKURU VOWEL SIGN O): unknown to HF's NFC.
+COMPOSITES_AFTER_UNICODE_9 = (0x11938,)
 
 N_CODE_POINTS = 0x110000
 _CLASS_PATTERNS = {
@@ -82,24 +99,24 @@ def class_table() -> bytes:
 
 @functools.lru_cache(maxsize=None)
 def nfc_tables() -> tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, int, int]]]:
-    """(per-code-point uint16 NFC words as bytes, canonical decompositions, composition pairs).
+    """(per-code-point uint16 NFC words as bytes, canonical decompositions, composition pairs),
+    as HF's Unicode 9 NFC sees them.
 
     Decompositions are full (recursive) and exclude Hangul, which the C++ side does
     algorithmically; pairs are (first, second, composite) for primary composites only.
     """
+    late_marks = {cp for lo, hi in MARKS_AFTER_UNICODE_9 for cp in range(lo, hi + 1)}
     words = array("H", bytes(2 * N_CODE_POINTS))
     interesting: set[int] = set()
     for start, end in _spans(r"[\P{ccc=0}\p{NFC_QC=N}\p{NFC_QC=M}\p{dt=canonical}]+"):
         interesting.update(range(start, end))
-    interesting.difference_update(range(0xAC00, 0xD7A4))
+    interesting.difference_update(range(0xAC00, 0xD7A4), late_marks, COMPOSITES_AFTER_UNICODE_9)
     decompositions: list[tuple[int, list[int]]] = []
     pairs: list[tuple[int, int, int]] = []
-    old = unicodedata.ucd_3_2_0
     for cp in sorted(interesting):
         ch = chr(cp)
         if unicodedata.category(ch) == "Cn":
-            continue  # unknown to Python, hence also to HF's older tables: a plain starter
-        ccc = unicodedata.combining(ch)
+            continue  # unknown to Python, hence to HF's older tables too: a plain starter
         nfd = unicodedata.normalize("NFD", ch)
         composes_away = unicodedata.normalize("NFC", ch) != ch  # NFC_Quick_Check=No
         if nfd != ch:
@@ -109,14 +126,10 @@ def nfc_tables() -> tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, in
             parts = [int(p, 16) for p in mapping.split()]
             if len(parts) == 2 and not composes_away:
                 pairs.append((parts[0], parts[1], cp))
-        words[cp] |= ccc | (NFC_SLOW if composes_away else 0)
-        if (ccc or composes_away) and old.category(ch) == "Cn":
-            words[cp] |= NFC_UNSURE
-    for first, second, _ in pairs:
+        words[cp] |= unicodedata.combining(ch) | (NFC_SLOW if composes_away else 0)
+    for _, second, _ in pairs:
         words[second] |= NFC_SLOW  # NFC_Quick_Check=Maybe: may compose with what precedes it
-        if old.category(chr(second)) == "Cn":
-            words[second] |= NFC_UNSURE
     # Hangul jamo vowels and trailing consonants compose with a preceding syllable part.
-    for cp in list(range(0x1161, 0x1176)) + list(range(0x11A8, 0x11C3)):
+    for cp in [*range(0x1161, 0x1176), *range(0x11A8, 0x11C3)]:
         words[cp] |= NFC_SLOW
     return words.tobytes(), decompositions, pairs

@@ -33,6 +33,7 @@ class FastTokenizer(Tokenizer):
         self._vocab_size = plan.vocab_size
         self._reference = None
         self._reference_lock = threading.Lock()
+        self.reference_encodes = 0  # how many inputs went to HF (tests watch it; races are harmless)
         # Instance attributes shadow the methods below: callers reach the Cython code directly.
         self.encode = self._core.encode  # type: ignore[method-assign]
         self.encode_batch = self._core.encode_batch  # type: ignore[method-assign]
@@ -69,6 +70,7 @@ class FastTokenizer(Tokenizer):
 
     def _reference_encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Encodes an input the engine flagged as depending on Unicode-version skew."""
+        self.reference_encodes += 1
         if self._reference is None:
             with self._reference_lock:
                 if self._reference is None:
