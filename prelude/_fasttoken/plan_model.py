@@ -148,15 +148,19 @@ def build_plan(spec: dict[str, Any]) -> Plan:
         else:
             plan.raw_added.append((tok.content.encode(), token_id, flags))
 
-    # Decode table and Python-side lookups
+    # Decode table and Python-side lookups. HF keeps a normalized token's *normalized* content
+    # as its id -> token entry: id_to_token, decode and the skip-special test all see that.
+    shown = {i: _apply_normalizers(norm_steps, t.content) if t.normalized else t.content
+             for i, t in by_id.items()}
     vocab_by_id = {i: t for t, i in vocab.items()}
     top = max(max(vocab.values()), max(by_id, default=-1))
     token_keys: list[bytes] = []
     flags = bytearray(top + 1)
     byte_values = bytearray(top + 1)
     for token_id in range(top + 1):
-        added = by_id.get(token_id)
-        token = added.content if added is not None else vocab_by_id.get(token_id)
+        token = shown.get(token_id)
+        if token is None:
+            token = vocab_by_id.get(token_id)
         if token is None:
             token_keys.append(b"")
             continue
@@ -177,7 +181,7 @@ def build_plan(spec: dict[str, Any]) -> Plan:
     plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
 
     plan.token_to_id = {**vocab, **by_content}
-    plan.added_by_id = {i: t.content for i, t in by_id.items()}
+    plan.added_by_id = shown
     plan.vocab_by_id = vocab_by_id
     plan.special_ids = frozenset(t["id"] for t in spec.get("added_tokens") or [] if t.get("special"))
     plan.vocab_size = len(vocab.keys() | by_content.keys())
