@@ -4,7 +4,8 @@
 converts its arguments, releases the GIL for the C++ work, and converts the result once."""
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
-from cpython.long cimport PyLong_AsUnsignedLong, PyLong_FromLong
+from cpython.object cimport PyTypeObject
+from cpython.long cimport PyLong_FromLong
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint8_t, uint32_t
@@ -15,6 +16,8 @@ from prelude.tokenizer.base import DecodeStep
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+    object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t n)
+    void PyTuple_SET_ITEM(object tup, Py_ssize_t i, object item)
 
 cdef extern from "ft_engine.hpp" namespace "ft" nogil:
     cdef cppclass Engine:
@@ -70,6 +73,22 @@ cdef inline list _to_list(const vector[int32_t]& ids):
     return out
 
 
+cdef object _DecodeStep = DecodeStep
+
+
+cdef inline object _step(object text, object prefix_offset, object read_offset):
+    """DecodeStep(text, prefix_offset, read_offset) without the Python-level NamedTuple __new__:
+    allocate the tuple subclass and fill it, as CPython's tuple_subtype_new does."""
+    step = PyType_GenericAlloc(<PyTypeObject*>_DecodeStep, 3)
+    Py_INCREF(text)
+    PyTuple_SET_ITEM(step, 0, text)
+    Py_INCREF(prefix_offset)
+    PyTuple_SET_ITEM(step, 1, prefix_offset)
+    Py_INCREF(read_offset)
+    PyTuple_SET_ITEM(step, 2, read_offset)
+    return step
+
+
 cdef inline Py_ssize_t _clamp(Py_ssize_t i, Py_ssize_t n):
     """Python slice-bound semantics, so ids[a:b] here means what it means in base.py."""
     if i < 0:
@@ -80,16 +99,17 @@ cdef inline Py_ssize_t _clamp(Py_ssize_t i, Py_ssize_t n):
 
 
 cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *:
+    # Cython's uint32_t conversion reads small ints' digits directly and raises OverflowError
+    # for negative or too large ids, as HF's u32 conversion does.
     cdef list items = ids if type(ids) is list else list(ids)
     cdef Py_ssize_t n = PyList_GET_SIZE(items)
     cdef Py_ssize_t i
-    cdef unsigned long value
+    cdef uint32_t value
     out.resize(n - start if n > start else 0)
+    cdef int32_t* dst = out.data()
     for i in range(start, n):
-        value = PyLong_AsUnsignedLong(<object>PyList_GET_ITEM(items, i))
-        if value > 0xFFFFFFFF:
-            raise OverflowError("token id out of range for u32")
-        out[i - start] = <int32_t><uint32_t>value
+        value = <object>PyList_GET_ITEM(items, i)
+        dst[i - start] = <int32_t>value
 
 
 cdef class Core:
@@ -189,8 +209,7 @@ cdef class Core:
             self.engine.decode(v.data(), v.size(), skip_special_tokens, out)
         return PyUnicode_DecodeUTF8(out.data(), <Py_ssize_t>out.size(), NULL)
 
-    def decode_step(self, ids, Py_ssize_t prefix_offset, Py_ssize_t read_offset,
-                    bint skip_special_tokens=False):
+    def decode_step(self, ids, prefix_offset, read_offset, bint skip_special_tokens=False):
         cdef list items = ids if type(ids) is list else list(ids)
         cdef Py_ssize_t n = PyList_GET_SIZE(items)
         cdef Py_ssize_t p = _clamp(prefix_offset, n)
@@ -203,6 +222,6 @@ cdef class Core:
             has_text = self.engine.decode_step(v.data(), <size_t>(r - p if r > p else 0), v.size(),
                                                skip_special_tokens, text)
         if has_text:
-            return DecodeStep(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
-                              read_offset, n)
-        return DecodeStep("", prefix_offset, read_offset)
+            return _step(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
+                         read_offset, n)
+        return _step("", prefix_offset, read_offset)

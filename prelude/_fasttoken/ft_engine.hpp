@@ -261,14 +261,25 @@ private:
         std::string& bytes = sc.bytes_a;
         bytes.clear();
         if (decode_byte_level) {
+            // Gather straight into `out`; only text with invalid UTF-8 takes the lossy rewrite.
+            const size_t start = out.size();
+            const uint8_t* flags = token_flags.data();
+            const uint32_t* offsets = token_offsets.data();
+            const char* arena = token_bytes.data();
+            out.reserve(start + 8 * n);
             for (size_t k = 0; k < n; ++k) {
                 const uint32_t id = uint32_t(ids[k]);
                 if (id >= vocab_n) continue;
-                const uint8_t f = token_flags[id];
+                const uint8_t f = flags[id];
                 if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
-                bytes.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
+                out.append(arena + offsets[id], offsets[id + 1] - offsets[id]);
             }
-            append_lossy(out, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+            const uint8_t* written = reinterpret_cast<const uint8_t*>(out.data()) + start;
+            if (!valid_utf8(written, out.size() - start)) {
+                bytes.assign(out, start, std::string::npos);
+                out.resize(start);
+                append_lossy(out, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+            }
             return;
         }
         // Replace (pre-applied per token), ByteFallback, Fuse, Strip.

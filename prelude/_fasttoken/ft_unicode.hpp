@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -59,42 +60,71 @@ inline size_t count_cps(const std::string& s) {
     return n;
 }
 
+// Length of the leading ASCII run, eight bytes at a time.
+inline size_t ascii_prefix(const uint8_t* s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ULL) break;
+    }
+    while (i < n && s[i] < 0x80) ++i;
+    return i;
+}
+
+// Length of the well-formed UTF-8 sequence at s[i] (0 if ill-formed); `end_of_subpart` is set to
+// where its maximal invalid subpart ends, which is what lossy decoding replaces.
+inline size_t utf8_sequence(const uint8_t* s, size_t n, size_t i, size_t& end_of_subpart) {
+    const uint8_t b = s[i];
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 2;
+    else if (b == 0xE0) { need = 3; lo = 0xA0; }
+    else if (b == 0xED) { need = 3; hi = 0x9F; }
+    else if (b >= 0xE1 && b <= 0xEF) need = 3;
+    else if (b == 0xF0) { need = 4; lo = 0x90; }
+    else if (b == 0xF4) { need = 4; hi = 0x8F; }
+    else if (b >= 0xF1 && b <= 0xF3) need = 4;
+    else { end_of_subpart = i + 1; return 0; }
+    size_t k = i + 1;
+    while (k < i + need && k < n) {
+        const uint8_t c = s[k];
+        if (k == i + 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) break;
+        ++k;
+    }
+    end_of_subpart = k;
+    return k == i + need ? need : 0;
+}
+
+inline bool valid_utf8(const uint8_t* s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        i += ascii_prefix(s + i, n - i);
+        if (i >= n) break;
+        size_t end;
+        const size_t len = utf8_sequence(s, n, i, end);
+        if (!len) return false;
+        i += len;
+    }
+    return true;
+}
+
 // Appends `bytes` to out as Rust's String::from_utf8_lossy does (what HF decoders use):
 // every maximal invalid subpart (Unicode 3.9, "substitution of maximal subparts") becomes
 // one U+FFFD, which is also what Python's errors="replace" produces.
 inline void append_lossy(std::string& out, const uint8_t* s, size_t n) {
-    static const char kReplacement[] = "\xEF\xBF\xBD";
     size_t i = 0;
     while (i < n) {
-        const uint8_t b = s[i];
-        if (b < 0x80) { out.push_back(char(b)); ++i; continue; }
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b >= 0xC2 && b <= 0xDF) need = 2;
-        else if (b == 0xE0) { need = 3; lo = 0xA0; }
-        else if (b == 0xED) { need = 3; hi = 0x9F; }
-        else if (b >= 0xE1 && b <= 0xEF) need = 3;
-        else if (b == 0xF0) { need = 4; lo = 0x90; }
-        else if (b == 0xF4) { need = 4; hi = 0x8F; }
-        else if (b >= 0xF1 && b <= 0xF3) need = 4;
-        else { out.append(kReplacement, 3); ++i; continue; }
-        size_t k = i + 1;
-        while (k < i + need && k < n) {
-            const uint8_t c = s[k];
-            if (k == i + 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) break;
-            ++k;
-        }
-        if (k == i + need) out.append(reinterpret_cast<const char*>(s + i), need);
-        else out.append(kReplacement, 3);
-        i = k;
+        const size_t ascii = ascii_prefix(s + i, n - i);
+        out.append(reinterpret_cast<const char*>(s + i), ascii);
+        i += ascii;
+        if (i >= n) break;
+        size_t end;
+        const size_t len = utf8_sequence(s, n, i, end);
+        if (len) out.append(reinterpret_cast<const char*>(s + i), len);
+        else out.append("\xEF\xBF\xBD", 3);
+        i = end;
     }
-}
-
-inline bool valid_utf8(const uint8_t* s, size_t n) {
-    std::string tmp;
-    tmp.reserve(n);
-    append_lossy(tmp, s, n);
-    return tmp.size() == n && std::equal(tmp.begin(), tmp.end(), reinterpret_cast<const char*>(s));
 }
 
 // Per-code-point values in 256-code-point blocks, identical blocks shared.
