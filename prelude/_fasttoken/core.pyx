@@ -12,6 +12,7 @@ from libc.stdint cimport int32_t, uint8_t, uint32_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
+from prelude._fasttoken.patterns import reference_pieces
 from prelude.tokenizer.base import DecodeStep
 
 cdef extern from "Python.h":
@@ -20,6 +21,11 @@ cdef extern from "Python.h":
     void PyTuple_SET_ITEM(object tup, Py_ssize_t i, object item)
 
 cdef extern from "ft_engine.hpp" namespace "ft" nogil:
+    cdef cppclass Segment:
+        size_t begin
+        size_t end
+        int32_t id
+
     cdef cppclass Engine:
         int pattern
         int max_digits
@@ -40,6 +46,9 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         string strip_content
         int strip_start
         int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
+        int segment(const uint8_t* s, size_t n, vector[Segment]& segs, string& arena) except +
+        void encode_items(const uint8_t* buf, const vector[Segment]& items, bint add_special,
+                          vector[int32_t]& out) except +
         void decode(const int32_t* ids, size_t n, bint skip, string& out) except +
         bint decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bint skip,
                          string& text) except +
@@ -115,6 +124,7 @@ cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *
 cdef class Core:
     cdef Engine* engine
     cdef object reference  # callable(text, add_special_tokens) used for NEED_REFERENCE inputs
+    cdef object regexes  # Split regexes the `regex` module runs, or None when a scanner does
 
     def __cinit__(self):
         self.engine = new Engine()
@@ -124,6 +134,7 @@ cdef class Core:
 
     def __init__(self, plan, reference):
         self.reference = reference
+        self.regexes = plan.regexes
         cdef Engine* e = self.engine
         cdef int32_t[::1] ids_view
         cdef uint32_t[::1] offsets_view
@@ -165,6 +176,8 @@ cdef class Core:
         e.strip_start = plan.strip_start
 
     def encode(self, str text, bint add_special_tokens=True):
+        if self.regexes is not None:
+            return self._encode_with_regex(text, add_special_tokens)
         cdef Py_ssize_t n
         cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
         cdef vector[int32_t] out
@@ -175,7 +188,43 @@ cdef class Core:
             return self.reference(text, add_special_tokens)
         return _to_list(out)
 
+    cdef object _encode_with_regex(self, str text, bint add_special_tokens):
+        """The path for unrecognized Split regexes: C++ up to the pre-tokenizer, the `regex`
+        module for the split, C++ again for the BPE."""
+        cdef Py_ssize_t n
+        cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
+        cdef vector[Segment] segs
+        cdef vector[Segment] items
+        cdef vector[int32_t] out
+        cdef string arena
+        cdef Segment item
+        cdef int status
+        with nogil:
+            status = self.engine.segment(s, <size_t>n, segs, arena)
+        if status == NEED_REFERENCE:
+            return self.reference(text, add_special_tokens)
+        cdef bytes normalized = arena
+        cdef bytearray pieces = bytearray()
+        for seg in segs:
+            if seg.id >= 0:
+                items.push_back(seg)
+                continue
+            for piece in reference_pieces(self.regexes, normalized[seg.begin:seg.end].decode("utf-8")):
+                encoded = (<str>piece).encode("utf-8")
+                item.begin = len(pieces)
+                item.end = item.begin + len(encoded)
+                item.id = -1
+                items.push_back(item)
+                pieces += encoded
+        cdef bytes buf = bytes(pieces)
+        cdef const uint8_t* p = <const uint8_t*><const char*>buf
+        with nogil:
+            self.engine.encode_items(p, items, add_special_tokens, out)
+        return _to_list(out)
+
     def encode_batch(self, texts, bint add_special_tokens=True):
+        if self.regexes is not None:
+            return [self._encode_with_regex(t, add_special_tokens) for t in texts]
         cdef list items = list(texts)
         cdef Py_ssize_t count = len(items), i, n
         cdef vector[const uint8_t*] ptrs

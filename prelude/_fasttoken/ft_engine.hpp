@@ -96,27 +96,39 @@ public:
         Scratch& sc = scratch_for(uid);
         out.clear();
         if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
-        sc.segs.clear();
-        if (!raw_added.split(s, n, classes, sc.segs)) return kNeedReference;
-        for (size_t k = 0; k < sc.segs.size(); ++k) {
-            const Segment seg = sc.segs[k];
-            if (seg.id >= 0) { out.push_back(seg.id); continue; }
-            const uint8_t* p = s + seg.begin;
-            size_t len = seg.end - seg.begin;
-            if (!normalize(sc, p, len)) return kNeedReference;
-            if (normalized_added.empty()) {
-                if (!pretokenize(sc, p, len, out)) return kNeedReference;
-                continue;
-            }
-            sc.sub_segs.clear();
-            if (!normalized_added.split(p, len, classes, sc.sub_segs)) return kNeedReference;
-            for (const Segment& sub : sc.sub_segs) {
-                if (sub.id >= 0) out.push_back(sub.id);
-                else if (!pretokenize(sc, p + sub.begin, sub.end - sub.begin, out)) return kNeedReference;
-            }
+        const int status = walk(sc, s, n, [&](int32_t id) { out.push_back(id); },
+                                [&](const uint8_t* p, size_t len) { return pretokenize(sc, p, len, out); });
+        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+        return status;
+    }
+
+    // For Split regexes no scanner reproduces, the `regex` module splits (core.pyx); this does
+    // everything before that: added tokens come back as Segment{0, 0, id}, text as its
+    // normalized bytes appended to `arena`.
+    int segment(const uint8_t* s, size_t n, std::vector<Segment>& segs, std::string& arena) const {
+        Scratch& sc = scratch_for(uid);
+        return walk(sc, s, n, [&](int32_t id) { segs.push_back(Segment{0, 0, id}); },
+                    [&](const uint8_t* p, size_t len) {
+                        // The regex module's Unicode version is not Oniguruma's either.
+                        uint8_t seen = 0;
+                        for (size_t i = 0; i < len;) seen |= classes.get(next_cp(p, i));
+                        segs.push_back(Segment{arena.size(), arena.size() + len, -1});
+                        arena.append(reinterpret_cast<const char*>(p), len);
+                        return !(seen & kUnsure);
+                    });
+    }
+
+    // BPE over each piece of `buf` (Segment id -1) or the added id, in order.
+    void encode_items(const uint8_t* buf, const std::vector<Segment>& items, bool add_special,
+                      std::vector<int32_t>& out) const {
+        Scratch& sc = scratch_for(uid);
+        out.clear();
+        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
+        for (const Segment& item : items) {
+            if (item.id >= 0) out.push_back(item.id);
+            else encode_word(sc, buf + item.begin, item.end - item.begin, out);
         }
         if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
-        return kOk;
     }
 
     // ---- decode ----
@@ -150,7 +162,34 @@ public:
     }
 
 private:
-    bool normalize(Scratch& sc, const uint8_t*& p, size_t& len) const {
+    // The steps HF takes before the pre-tokenizer: split on raw added tokens, normalize each
+    // remaining segment, split that on normalized added tokens.
+    template <class OnToken, class OnText>
+    int walk(Scratch& sc, const uint8_t* s, size_t n, OnToken&& on_token, OnText&& on_text) const {
+        sc.segs.clear();
+        if (!raw_added.split(s, n, classes, sc.segs)) return kNeedReference;
+        for (size_t k = 0; k < sc.segs.size(); ++k) {
+            const Segment seg = sc.segs[k];
+            if (seg.id >= 0) { on_token(seg.id); continue; }
+            const uint8_t* p = s + seg.begin;
+            size_t len = seg.end - seg.begin;
+            normalize(sc, p, len);
+            if (normalized_added.empty()) {
+                if (!on_text(p, len)) return kNeedReference;
+                continue;
+            }
+            sc.sub_segs.clear();
+            if (!normalized_added.split(p, len, classes, sc.sub_segs)) return kNeedReference;
+            for (const Segment& sub : sc.sub_segs) {
+                if (sub.id >= 0) on_token(sub.id);
+                else if (!on_text(p + sub.begin, sub.end - sub.begin)) return kNeedReference;
+            }
+        }
+        return kOk;
+    }
+
+    // Points p/len at the normalized segment (the input itself when no step changes it).
+    void normalize(Scratch& sc, const uint8_t*& p, size_t& len) const {
         for (const NormStep& step : normalizers) {
             std::string& out = (p == reinterpret_cast<const uint8_t*>(sc.norm_a.data())) ? sc.norm_b : sc.norm_a;
             if (step.kind == NormKind::kNfc) {
@@ -177,7 +216,6 @@ private:
             p = reinterpret_cast<const uint8_t*>(out.data());
             len = out.size();
         }
-        return true;
     }
 
     bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, std::vector<int32_t>& out) const {

@@ -1,8 +1,8 @@
 """The pre-tokenizer regexes fasttoken scans by hand, and their `regex`-module reference.
 
-A tokenizer.json whose Split regexes are exactly one of these sequences gets the C++ scanner;
-`reference_pieces` runs the same regexes with the `regex` module, which the tests use as a
-second opinion next to HF itself.
+A tokenizer.json whose Split regexes are exactly one of these sequences gets the C++ scanner.
+Any other Split regexes go through `reference_pieces`, which runs them with the `regex` module
+(slower, but the same leftmost-first backtracking semantics as Oniguruma).
 """
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def regexes_for(kind: int, max_digits: int) -> tuple[str, ...]:
     if kind == LLAMA3:
         return (LLAMA3_REGEX if max_digits == 3 else QWEN2_REGEX,)
     return DEEPSEEK_REGEXES
+
+
+def compiles(pattern: str) -> bool:
+    try:
+        _compiled(pattern)
+    except regex.error:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -58,8 +58,9 @@ class Plan:
     normalizers: list[tuple[int, bytes, bytes]] = field(default_factory=list)
     raw_added: list[tuple[bytes, int, int]] = field(default_factory=list)  # content, id, flags
     normalized_added: list[tuple[bytes, int, int]] = field(default_factory=list)
-    pattern: int = -1
+    pattern: int = -1  # a patterns.* kind; -1: no pre-tokenizer split
     max_digits: int = 3
+    regexes: tuple[str, ...] | None = None  # Split regexes no scanner covers: run by `regex`
     byte_level: bool = True
     vocab_keys: bytes = b""
     vocab_offsets: array = field(default_factory=lambda: array("I", [0]))
@@ -123,14 +124,16 @@ def _apply_normalizers(steps: list[tuple[int, str, str]], text: str) -> str:
     return text
 
 
-def _pre_tokenizer(spec: dict | None) -> tuple[int, int, bool]:
-    """(pattern kind, max digits, byte level) for the supported pre-tokenizers."""
+def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
+    """(pattern kind, max digits, byte level, regexes left to the `regex` module)."""
     if spec is None:
-        return -1, 3, False
+        return -1, 3, False, None
     kind = spec.get("type")
     if kind == "ByteLevel":
         _require(not spec.get("add_prefix_space", False), "ByteLevel pre-tokenizer with add_prefix_space")
-        return (patterns.GPT2 if spec.get("use_regex", True) else -1), 3, True
+        if not spec.get("use_regex", True):
+            return -1, 3, True, None
+        return (patterns.GPT2, 0, True, None) if use_scanners else (-1, 3, True, (patterns.GPT2_REGEX,))
     _require(kind == "Sequence", f"pre-tokenizer {kind}")
     steps = spec.get("pretokenizers", [])
     _require(len(steps) >= 1, "empty pre-tokenizer sequence")
@@ -148,10 +151,13 @@ def _pre_tokenizer(spec: dict | None) -> tuple[int, int, bool]:
         _require("Regex" in split.get("pattern", {}), "Split on a plain string")
         regexes.append(split["pattern"]["Regex"])
     if not regexes:
-        return -1, 3, True
+        return -1, 3, True, None
     known = patterns.recognize(regexes)
-    _require(known is not None, f"pre-tokenizer regex not recognized: {regexes!r}")
-    return known[0], known[1], True
+    if known is not None and use_scanners:
+        return known[0], known[1], True, None
+    for regex in regexes:
+        _require(patterns.compiles(regex), f"Split regex the regex module cannot compile: {regex!r}")
+    return -1, 3, True, tuple(regexes)
 
 
 def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int]:
@@ -235,11 +241,11 @@ def _byte_level_bytes(token: str) -> bytes:
         return token.encode()
 
 
-def load_plan(path: str | Path) -> Plan:
+def load_plan(path: str | Path, use_scanners: bool = True) -> Plan:
     try:
         spec: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UnsupportedTokenizer(f"cannot read {path}: {exc}") from exc
     from prelude._fasttoken.plan_model import build_plan
 
-    return build_plan(spec)
+    return build_plan(spec, use_scanners)

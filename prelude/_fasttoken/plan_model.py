@@ -85,7 +85,7 @@ def _merge_triples(merges: list[Any], vocab: dict[str, int]) -> array:
     return triples
 
 
-def build_plan(spec: dict[str, Any]) -> Plan:
+def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     model = spec.get("model") or {}
     _require(model.get("type") == "BPE", f"model {model.get('type')}")
     _require(not model.get("dropout"), "BPE dropout")
@@ -97,7 +97,7 @@ def build_plan(spec: dict[str, Any]) -> Plan:
     plan = Plan()
     norm_steps = _normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
-    plan.pattern, plan.max_digits, plan.byte_level = _pre_tokenizer(spec.get("pre_tokenizer"))
+    plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = _pre_tokenizer(spec.get("pre_tokenizer"), use_scanners)
     dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start = _decoder(
         spec.get("decoder"), plan.byte_level)
     plan.prefix_ids, plan.suffix_ids = _post_processor(spec.get("post_processor"))

@@ -20,11 +20,13 @@ __all__ = ["FastTokenizer", "UnsupportedTokenizer"]
 class FastTokenizer(Tokenizer):
     backend = "fasttoken"
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, use_scanners: bool = True):
+        """use_scanners=False runs even the recognized Split regexes through the `regex` module
+        (the slow reference path that unknown regexes always take); tests compare both."""
         from prelude._fasttoken.core import Core
 
         self.path = Path(path)
-        plan = load_plan(self.path)
+        plan = load_plan(self.path, use_scanners)
         self._core = Core(plan, self._reference_encode)
         self._token_to_id = plan.token_to_id
         self._added_by_id = plan.added_by_id

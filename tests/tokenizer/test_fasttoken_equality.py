@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from prelude.tokenizer.fast import FastTokenizer
 from tests.data import tokenizer_dir
 from tests.tokenizer.corpus import FRAGMENTS, added_contents
 from tests.tokenizer.equality import (
@@ -79,6 +80,19 @@ def test_long_input(name: str) -> None:
     # A long run with no pre-token boundaries stresses the heap-based merge path.
     assert not check_encode(fast, hf, "ab" * 20_000 + " " * 5_000 + "\u00e9" * 3_000)
     assert not check_stream(fast, hf, raw, ids[:600])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gpt2", "deepseek-v3"])
+def test_regex_reference_path(name: str) -> None:
+    """The scanners' patterns run through the `regex` module instead (the path unknown Split
+    regexes take) give HF's ids too."""
+    path = _path(name)
+    fast = FastTokenizer(path, use_scanners=False)
+    _, hf, _ = load_pair(path)
+    texts = corpus_for(path) + random_texts(path, 150, seed=17)
+    problems = [p for text in texts for p in check_encode(fast, hf, text)]
+    assert not problems, "\n".join(problems[:10])
+    assert fast.encode_batch(texts[:20]) == hf.encode_batch(texts[:20])
 
 
 @pytest.mark.parametrize("name", NAMES)

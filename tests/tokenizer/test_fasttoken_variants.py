@@ -73,6 +73,15 @@ def _pair_merges_variant(spec: dict[str, Any]) -> None:
         {"type": "Replace", "pattern": {"String": "  "}, "content": " "}, {"type": "Prepend", "prepend": "Ġ"}]}
 
 
+def _unknown_regex_variant(spec: dict[str, Any]) -> None:
+    """Split regexes no scanner knows: they run through the `regex` module."""
+    splits = [r"\w+|[^\w\s]+|\s+", r"(?<=\d)(?=(\d\d\d)+\b)|\p{Lu}\p{Ll}*"]
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        *({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False} for r in splits),
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    _flags_variant(spec)
+
+
 def _phi3_rstrip_variant(spec: dict[str, Any]) -> None:
     spec["added_tokens"] += [_added("<|sys|>", 32011, lstrip=True, rstrip=True, special=True),
                              _added("<w>", 32012, single_word=True)]
@@ -84,6 +93,7 @@ VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
     "template+ignore_merges": ("gpt2", _template_variant),
     "pair-merges+normalizers": ("gpt2", _pair_merges_variant),
     "phi3-flags": ("phi3-mini", _phi3_rstrip_variant),
+    "unknown-regex": ("gpt2", _unknown_regex_variant),
 }
 
 TEXTS = FRAGMENTS + [
@@ -117,8 +127,8 @@ UNSUPPORTED: dict[str, Callable[[dict[str, Any]], None]] = {
     "wordpiece": lambda s: s.update(model={"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1},
                                            "continuing_subword_prefix": "##", "max_input_chars_per_word": 100}),
     "bert-pre-tokenizer": lambda s: s.update(pre_tokenizer={"type": "BertPreTokenizer"}),
-    "unknown-split-regex": lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": r"\w+|[^\w\s]+"}, "behavior": "Isolated", "invert": False},
+    "split-merged-with-previous": lambda s: s.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\s+"}, "behavior": "MergedWithPrevious", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}),
     "nfkc": lambda s: s.update(normalizer={"type": "NFKC"}),
     "bert-processing": lambda s: s.update(post_processor={"type": "BertProcessing", "sep": ["<|endoftext|>", 50256],
