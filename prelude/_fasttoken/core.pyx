@@ -45,6 +45,12 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         vector[uint8_t] token_byte
         string strip_content
         int strip_start
+        string first_token_bytes
+        vector[uint32_t] first_token_offsets
+        bint metaspace
+        string ms_replacement
+        int ms_prepend
+        bint ms_split
         int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
         int segment(const uint8_t* s, size_t n, vector[Segment]& segs, string& arena) except +
         void encode_items(const uint8_t* buf, const vector[Segment]& items, bint add_special,
@@ -174,6 +180,11 @@ cdef class Core:
         e.token_byte = plan.token_byte
         e.strip_content = plan.strip_content
         e.strip_start = plan.strip_start
+        e.first_token_bytes = plan.first_token_bytes
+        e.first_token_offsets = plan.first_token_offsets
+        if plan.metaspace is not None:
+            e.metaspace = True
+            e.ms_replacement, e.ms_prepend, e.ms_split = plan.metaspace
 
     def encode(self, str text, bint add_special_tokens=True):
         if self.regexes is not None:

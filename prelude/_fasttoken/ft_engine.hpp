@@ -40,7 +40,7 @@ struct Scratch {
     }
     uint64_t owner;
     std::vector<Segment> segs, sub_segs;
-    std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b;
+    std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
     std::vector<int32_t> syms;
     Merger merger;
     std::vector<CacheEntry> cache;
@@ -79,6 +79,11 @@ public:
     int32_t unk_id = -1;
     bool fuse_unk = false;
     std::vector<int32_t> prefix_ids, suffix_ids;
+    bool metaspace = false;  // Metaspace pre-tokenizer
+    std::string ms_replacement;
+    int ms_prepend = 0;
+    bool ms_split = true;
+    enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
     // decoder
     bool decode_byte_level = true;
     std::string token_bytes;           // per id: bytes (byte-level) or decoded text (chain)
@@ -87,6 +92,9 @@ public:
     std::vector<uint8_t> token_byte;      // the byte of a <0xNN> token
     std::string strip_content;
     int strip_start = 0;
+    // Metaspace decoder: the first token (after skipping) is shown from this arena instead
+    std::string first_token_bytes;
+    std::vector<uint32_t> first_token_offsets;  // empty when not used
     const uint64_t uid = next_engine_id();
 
     enum : uint8_t { kKnown = 1, kSpecial = 2, kByteToken = 4 };
@@ -97,7 +105,9 @@ public:
         out.clear();
         if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
         const int status = walk(sc, s, n, [&](int32_t id) { out.push_back(id); },
-                                [&](const uint8_t* p, size_t len) { return pretokenize(sc, p, len, out); });
+                                [&](const uint8_t* p, size_t len, bool at_start) {
+                                    return pretokenize(sc, p, len, at_start, out);
+                                });
         if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
         return status;
     }
@@ -108,7 +118,7 @@ public:
     int segment(const uint8_t* s, size_t n, std::vector<Segment>& segs, std::string& arena) const {
         Scratch& sc = scratch_for(uid);
         return walk(sc, s, n, [&](int32_t id) { segs.push_back(Segment{0, 0, id}); },
-                    [&](const uint8_t* p, size_t len) {
+                    [&](const uint8_t* p, size_t len, bool) {
                         // The regex module's Unicode version is not Oniguruma's either.
                         uint8_t seen = 0;
                         for (size_t i = 0; i < len;) seen |= classes.get(next_cp(p, i));
@@ -175,14 +185,15 @@ private:
             size_t len = seg.end - seg.begin;
             normalize(sc, p, len);
             if (normalized_added.empty()) {
-                if (!on_text(p, len)) return kNeedReference;
+                if (!on_text(p, len, seg.begin == 0)) return kNeedReference;
                 continue;
             }
             sc.sub_segs.clear();
             if (!normalized_added.split(p, len, classes, sc.sub_segs)) return kNeedReference;
             for (const Segment& sub : sc.sub_segs) {
                 if (sub.id >= 0) on_token(sub.id);
-                else if (!on_text(p + sub.begin, sub.end - sub.begin)) return kNeedReference;
+                else if (!on_text(p + sub.begin, sub.end - sub.begin, seg.begin == 0 && sub.begin == 0))
+                    return kNeedReference;
             }
         }
         return kOk;
@@ -218,7 +229,12 @@ private:
         }
     }
 
-    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, std::vector<int32_t>& out) const {
+    // at_start: the text begins at offset 0 of the input (Metaspace's prepend_scheme "first").
+    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, bool at_start, std::vector<int32_t>& out) const {
+        if (metaspace) {
+            metaspace_split(sc, p, len, at_start, out);
+            return true;
+        }
         if (pattern < 0) {
             encode_word(sc, p, len, out);
             return true;
@@ -227,6 +243,37 @@ private:
         scanner.split(PatternKind(pattern), max_digits, 0, len,
                       [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
         return !(scanner.seen() & kUnsure);
+    }
+
+    // Metaspace: spaces become the replacement, which is prepended per the scheme unless the
+    // text already starts with it; with split, every replacement starts a new piece
+    // (Split MergedWithNext).
+    void metaspace_split(Scratch& sc, const uint8_t* p, size_t len, bool at_start,
+                         std::vector<int32_t>& out) const {
+        std::string& buf = sc.meta;
+        buf.clear();
+        const std::string& rep = ms_replacement;
+        for (size_t i = 0; i < len; ++i) {
+            if (p[i] == ' ') buf.append(rep);
+            else buf.push_back(char(p[i]));
+        }
+        const bool starts = buf.compare(0, rep.size(), rep) == 0;
+        if (!starts && (ms_prepend == kPrependAlways || (ms_prepend == kPrependFirst && at_start)))
+            buf.insert(0, rep);
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(buf.data());
+        if (!ms_split) {
+            encode_word(sc, b, buf.size(), out);
+            return;
+        }
+        size_t piece = 0;
+        for (size_t i = 1; i + rep.size() <= buf.size(); ++i) {
+            if (std::memcmp(b + i, rep.data(), rep.size()) == 0) {
+                encode_word(sc, b + piece, i - piece, out);
+                piece = i;
+                i += rep.size() - 1;
+            }
+        }
+        encode_word(sc, b + piece, buf.size() - piece, out);
     }
 
     void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
@@ -320,7 +367,8 @@ private:
             }
             return;
         }
-        // Replace (pre-applied per token), ByteFallback, Fuse, Strip.
+        // Replace (pre-applied per token), ByteFallback, Fuse, Strip; or Metaspace, which is a
+        // Replace except that the first token loses its replacement characters instead.
         std::string& text = sc.bytes_b;
         text.clear();
         auto flush = [&]() {
@@ -332,17 +380,23 @@ private:
             }
             bytes.clear();
         };
+        bool emitted = false;
         for (size_t k = 0; k < n; ++k) {
             const uint32_t id = uint32_t(ids[k]);
             if (id >= vocab_n) continue;
             const uint8_t f = token_flags[id];
             if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
             if (f & kByteToken) {
+                emitted = true;
                 bytes.push_back(char(token_byte[id]));
                 continue;
             }
             flush();
-            text.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
+            if (!first_token_offsets.empty() && !emitted)
+                text.append(first_token_bytes, first_token_offsets[id], first_token_offsets[id + 1] - first_token_offsets[id]);
+            else
+                text.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
+            emitted = true;
         }
         flush();
         size_t cut = 0;

@@ -61,6 +61,7 @@ class Plan:
     pattern: int = -1  # a patterns.* kind; -1: no pre-tokenizer split
     max_digits: int = 3
     regexes: tuple[str, ...] | None = None  # Split regexes no scanner covers: run by `regex`
+    metaspace: tuple[bytes, int, bool] | None = None  # replacement, prepend scheme, split
     byte_level: bool = True
     vocab_keys: bytes = b""
     vocab_offsets: array = field(default_factory=lambda: array("I", [0]))
@@ -81,6 +82,8 @@ class Plan:
     token_byte: bytes = b""
     strip_content: bytes = b""
     strip_start: int = 0
+    first_token_bytes: bytes = b""  # Metaspace decoder: how a token shows as the first one
+    first_token_offsets: array = field(default_factory=lambda: array("I"))
     # Python-side lookups
     token_to_id: dict[str, int] = field(default_factory=dict)
     added_by_id: dict[int, str] = field(default_factory=dict)
@@ -124,11 +127,27 @@ def _apply_normalizers(steps: list[tuple[int, str, str]], text: str) -> str:
     return text
 
 
+PREPEND_SCHEMES = {"always": 0, "first": 1, "never": 2}
+
+
+def metaspace_options(spec: dict) -> tuple[str, int, bool]:
+    """(replacement, prepend scheme, split) of a Metaspace pre-tokenizer or decoder."""
+    scheme = spec.get("prepend_scheme")
+    if scheme is None:  # files written before prepend_scheme existed
+        scheme = "always" if spec.get("add_prefix_space", True) else "never"
+    _require(scheme in PREPEND_SCHEMES, f"Metaspace prepend_scheme {scheme}")
+    replacement = spec.get("replacement", "\u2581")
+    _require(len(replacement) == 1 and replacement != " ", "Metaspace replacement")
+    return replacement, PREPEND_SCHEMES[scheme], bool(spec.get("split", True))
+
+
 def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
     """(pattern kind, max digits, byte level, regexes left to the `regex` module)."""
     if spec is None:
         return -1, 3, False, None
     kind = spec.get("type")
+    if kind == "Metaspace":
+        return -1, 3, False, None  # options read by metaspace_options
     if kind == "ByteLevel":
         _require(not spec.get("add_prefix_space", False), "ByteLevel pre-tokenizer with add_prefix_space")
         if not spec.get("use_regex", True):
@@ -160,13 +179,17 @@ def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, i
     return -1, 3, True, tuple(regexes)
 
 
-def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int]:
-    """(byte level, replaces, byte fallback, strip content, strip start)."""
+def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int, str]:
+    """(byte level, replaces, byte fallback, strip content, strip start, metaspace replacement
+    that the first token drops)."""
     _require(spec is not None, "no decoder")
     if spec.get("type") == "ByteLevel":
         _require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
-        return True, [], False, "", 0
+        return True, [], False, "", 0, ""
     _require(not byte_level, "byte-level pre-tokenizer with a non-ByteLevel decoder")
+    if spec.get("type") == "Metaspace":
+        replacement, scheme, _ = metaspace_options(spec)
+        return False, [(replacement, " ")], False, "", 0, replacement if scheme != PREPEND_SCHEMES["never"] else ""
     _require(spec.get("type") == "Sequence", f"decoder {spec.get('type')}")
     replaces: list[tuple[str, str]] = []
     byte_fallback = fused = False
@@ -187,7 +210,7 @@ def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str,
             strip, stage = (step["content"], int(step.get("start", 0))), 3
         else:
             raise UnsupportedTokenizer(f"decoder sequence with {kind} at this position")
-    return False, replaces, byte_fallback, strip[0], strip[1]
+    return False, replaces, byte_fallback, strip[0], strip[1], ""
 
 
 def _post_processor(spec: dict | None) -> tuple[list[int], list[int]]:

@@ -20,6 +20,7 @@ from prelude._fasttoken.plan import (
     _byte_fallback_value,
     _byte_level_bytes,
     _decoder,
+    metaspace_options,
     _normalizer_steps,
     _post_processor,
     _pre_tokenizer,
@@ -98,8 +99,13 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     norm_steps = _normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
     plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = _pre_tokenizer(spec.get("pre_tokenizer"), use_scanners)
-    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start = _decoder(
+    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start, drop_first = _decoder(
         spec.get("decoder"), plan.byte_level)
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "Metaspace":
+        _require(not norm_steps, "Metaspace pre-tokenizer after a normalizer")
+        replacement, scheme, split = metaspace_options(pre)
+        plan.metaspace = (replacement.encode(), scheme, split)
     plan.prefix_ids, plan.suffix_ids = _post_processor(spec.get("post_processor"))
     plan.classes = unicode_data.class_table()
     if any(k == NORM_NFC for k, _, _ in norm_steps):
@@ -155,6 +161,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     vocab_by_id = {i: t for t, i in vocab.items()}
     top = max(max(vocab.values()), max(by_id, default=-1))
     token_keys: list[bytes] = []
+    first_keys: list[bytes] = []
     flags = bytearray(top + 1)
     byte_values = bytearray(top + 1)
     for token_id in range(top + 1):
@@ -163,7 +170,10 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             token = vocab_by_id.get(token_id)
         if token is None:
             token_keys.append(b"")
+            first_keys.append(b"")
             continue
+        if drop_first:
+            first_keys.append(token.replace(drop_first, "").encode())
         flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
         if dec_byte_level:
             token_keys.append(_byte_level_bytes(token))
@@ -179,6 +189,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan.token_bytes, plan.token_offsets = _arena(token_keys)
     plan.token_flags, plan.token_byte = bytes(flags), bytes(byte_values)
     plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
+    if drop_first:
+        plan.first_token_bytes, plan.first_token_offsets = _arena(first_keys)
 
     plan.token_to_id = {**vocab, **by_content}
     plan.added_by_id = shown

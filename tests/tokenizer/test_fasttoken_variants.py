@@ -15,7 +15,7 @@ from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
 from prelude.tokenizer.hf import HFTokenizer
 from tests.data import tokenizer_dir
 from tests.tokenizer.corpus import FRAGMENTS
-from tests.tokenizer.equality import check_decode, check_encode, random_texts
+from tests.tokenizer.equality import check_decode, check_encode, check_stream, load_pair, random_texts
 
 
 def _base(name: str = "gpt2") -> dict[str, Any]:
@@ -87,7 +87,28 @@ def _phi3_rstrip_variant(spec: dict[str, Any]) -> None:
                              _added("<w>", 32012, single_word=True)]
 
 
+def _metaspace(scheme: str | None, split: bool, metaspace_decoder: bool) -> Callable[[dict[str, Any]], None]:
+    """Mistral-v0.3-style: no normalizer, a Metaspace pre-tokenizer (and decoder)."""
+    def mutate(spec: dict[str, Any]) -> None:
+        options: dict[str, Any] = {"type": "Metaspace", "replacement": "\u2581", "split": split}
+        if scheme is None:
+            options["add_prefix_space"] = True  # the form written before prepend_scheme existed
+        else:
+            options["prepend_scheme"] = scheme
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = options
+        if metaspace_decoder:
+            spec["decoder"] = dict(options)
+        _phi3_rstrip_variant(spec)
+    return mutate
+
+
 VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
+    "metaspace-first-split": ("phi3-mini", _metaspace("first", True, True)),
+    "metaspace-first": ("phi3-mini", _metaspace("first", False, False)),
+    "metaspace-always": ("phi3-mini", _metaspace("always", True, True)),
+    "metaspace-never": ("phi3-mini", _metaspace("never", False, True)),
+    "metaspace-legacy": ("phi3-mini", _metaspace(None, True, True)),
     "flags": ("gpt2", _flags_variant),
     "nfc": ("gpt2", _nfc_variant),
     "template+ignore_merges": ("gpt2", _template_variant),
@@ -120,6 +141,8 @@ def test_variant_matches_hf(tmp_path: Path, variant: str) -> None:
     for text in TEXTS + random_texts(path, 300, seed=9):
         problems += check_encode(fast, hf, text)
         problems += check_decode(fast, hf, hf.encode(text))
+    for text in TEXTS:
+        problems += check_stream(fast, hf, load_pair(path)[2], hf.encode(text))
     assert not problems, "\n".join(problems[:10])
 
 
