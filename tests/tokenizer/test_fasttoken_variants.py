@@ -182,3 +182,49 @@ def test_unreadable_file_is_unsupported(tmp_path: Path) -> None:
     bad.write_text("{not json", encoding="utf-8")
     with pytest.raises(UnsupportedTokenizer):
         FastTokenizer(bad)
+
+
+def _tiny_byte_level() -> dict[str, Any]:
+    """A small byte-level BPE written from scratch, so these tests need no shared data."""
+    from prelude._fasttoken.plan import BYTE_TO_CHAR
+
+    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
+    merges = []
+    for a, b in [("t", "h"), ("th", "e"), ("Ġ", "th"), ("Ġ", "the"), ("i", "n"), ("in", "g"), ("Ġ", "a")]:
+        merges.append(f"{a} {b}")
+        vocab.setdefault(a + b, len(vocab))
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [_added("<|end|>", len(vocab), special=True), _added("<tool>", len(vocab) + 1, rstrip=True)],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": merges},
+    }
+
+
+def test_tiny_tokenizer_without_shared_data(tmp_path: Path) -> None:
+    path = _write(tmp_path, _tiny_byte_level())
+    fast, hf = FastTokenizer(path), HFTokenizer(path)
+    assert load(path).backend == "fasttoken"
+    texts = FRAGMENTS + ["the thing<|end|>the<tool>  \n x", "Ġthe ĠĠ", "thethe the  the\t\tthe"]
+    problems = [p for t in texts for p in check_encode(fast, hf, t) + check_decode(fast, hf, hf.encode(t))]
+    assert not problems, "\n".join(problems[:10])
+
+
+def test_wordpiece_falls_back_without_shared_data(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    spec = _tiny_byte_level()
+    spec.update(model={"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1, "##b": 2},
+                       "continuing_subword_prefix": "##", "max_input_chars_per_word": 100},
+                pre_tokenizer={"type": "BertPreTokenizer"}, decoder={"type": "WordPiece", "prefix": "##", "cleanup": True},
+                normalizer=None, added_tokens=[], post_processor=None)
+    path = _write(tmp_path, spec)
+    with pytest.raises(UnsupportedTokenizer, match="WordPiece"):
+        FastTokenizer(path)
+    with caplog.at_level(logging.INFO, logger="prelude.tokenizer"):
+        tok = load(path)
+    assert tok.backend == "hf" and tok.encode("ab a") == HFTokenizer(path).encode("ab a")
+    assert any("fasttoken does not support" in r.getMessage() for r in caplog.records)
