@@ -1,7 +1,7 @@
 """The three contenders behind one interface: fasttoken, HF `tokenizers` and tiktoken."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tokenizers import Tokenizer as HFRaw
 from tokenizers.decoders import DecodeStream

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 from bench.tokenizer import textgen
 
@@ -44,14 +44,18 @@ def median_us(fn: Callable[[], object], budget_s: float, min_reps: int = 5, max_
     return statistics.median(samples)
 
 
+def _rotating(encode: Callable[[str], object], inputs: list[str]) -> Callable[[], object]:
+    cursor = iter(range(10**12))
+    return lambda: encode(inputs[next(cursor) % len(inputs)])
+
+
 def run_rows(lib: Library, decode_ids: list[int], budget_s: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for chars, row in ((50, "encode 50 chars"), (500, "encode 500 chars"), (8000, "encode 8K chars"),
                        (200_000, "encode 200K chars")):
         inputs = textgen.texts(16, chars, seed=chars) if chars <= 8000 else [textgen.text(chars, seed=1)]
-        cursor = iter(range(10**9))
         # Rotating through several inputs keeps a word cache from seeing one text over and over.
-        out[row] = median_us(lambda: lib.encode(inputs[next(cursor) % len(inputs)]), budget_s)
+        out[row] = median_us(_rotating(lib.encode, inputs), budget_s)
     out["decode 1,245 tokens"] = median_us(lambda: lib.decode(decode_ids), budget_s)
     if lib.stream is not None:
         out["stream decode"] = median_us(lambda: lib.stream(decode_ids), budget_s) / len(decode_ids)

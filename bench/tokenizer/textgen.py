@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import random
 
-_EN = (
-    "the of and to in is that for it as with was on be by this are or at from which have an "
-    "not they but we his all been has their one there were would can more about said what when "
-    "model server request response token latency throughput memory cache batch queue decision "
-    "system user assistant question answer reason because however therefore example result data "
-    "between during without within against through before after under over again further then "
-    "policy approve reject review customer account payment invoice order shipment delivery "
-    "important particular different following available possible necessary including whether"
-).split()
-_NAMES = "Alice Bob Carol Dave Erin Frank Grace Heidi Ivan Judy Mallory Niaj Olivia Peggy".split()
+_EN = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "or", "at", "from", "which", "have", "an", "not", "they", "but", "we", "his", "all", "been", "has", "their", "one", "there", "were", "would", "can", "more", "about", "said", "what", "when", "model", "server", "request", "response", "token", "latency", "throughput", "memory", "cache", "batch", "queue", "decision", "system", "user", "assistant", "question", "answer", "reason", "because", "however", "therefore", "example", "result", "data", "between", "during", "without", "within", "against", "through", "before", "after", "under", "over", "again", "further", "then", "policy", "approve", "reject", "review", "customer", "account", "payment", "invoice", "order", "shipment", "delivery", "important", "particular", "different", "following", "available", "possible", "necessary", "including", "whether"]
+_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Niaj", "Olivia", "Peggy"]
 _CODE = [
     "def {f}(x, y=None):\n    if y is None:\n        return x * 2\n    return x + y\n",
     "for i in range(len(items)):\n    total += items[i].price * items[i].qty\n",

@@ -19,16 +19,19 @@ _LLAMA3_TEMPLATE = (
 )
 LLAMA3_REGEX = _LLAMA3_TEMPLATE.replace("DIGITS", r"\p{N}{1,3}")
 QWEN2_REGEX = _LLAMA3_TEMPLATE.replace("DIGITS", r"\p{N}")
+# DeepSeek-V3's third regex has literal CR and LF characters (not escapes) in its classes.
 DEEPSEEK_REGEXES = (
     r"\p{N}{1,3}",
     "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
-    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^"""
-    "\r\n"
-    r"""\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+["""
-    "\r\n"
-    r"""]*|\s*["""
-    "\r\n"
-    r"""]+|\s+(?!\S)|\s+""",
+    (
+        r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^"""
+        "\r\n"
+        r"""\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+["""
+        "\r\n"
+        r"""]*|\s*["""
+        "\r\n"
+        r"""]+|\s+(?!\S)|\s+"""
+    ),
 )
 
 _KNOWN: dict[tuple[str, ...], tuple[int, int]] = {
@@ -60,7 +63,7 @@ def compiles(pattern: str) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(pattern: str) -> regex.Pattern:
     return regex.compile(pattern)
 

@@ -1,21 +1,15 @@
-"""Reads a tokenizer.json into a Plan: flat tables the C++ engine loads, plus the Python-side
-lookups (token_to_id, id_to_token). Anything outside the supported subset raises
-UnsupportedTokenizer with the reason, so callers can fall back to HF `tokenizers`.
-
-The id bookkeeping mirrors HF's AddedVocabulary (ids come from the model vocab or are assigned
-past it, flags are looked up by id), because that, not the "id" field in the JSON, is what HF
-encodes and decodes with.
+"""The Plan (flat tables the C++ engine loads, plus Python-side lookups) and the readers of the
+pipeline components of a tokenizer.json: normalizer, pre-tokenizer, decoder, post-processor.
+Anything outside the supported subset raises UnsupportedTokenizer with the reason, so callers
+can fall back to HF `tokenizers`.
 """
 from __future__ import annotations
 
-import json
 import unicodedata
 from array import array
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from prelude._fasttoken import patterns, unicode_data
+from prelude._fasttoken import patterns
 
 
 class UnsupportedTokenizer(ValueError):
@@ -39,16 +33,6 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 
 NORM_NFC, NORM_PREPEND, NORM_REPLACE = 0, 1, 2
 FLAG_KNOWN, FLAG_SPECIAL, FLAG_BYTE_TOKEN = 1, 2, 4
-
-
-@dataclass
-class AddedEntry:
-    content: str
-    single_word: bool
-    lstrip: bool
-    rstrip: bool
-    normalized: bool
-    special: bool
 
 
 @dataclass
@@ -92,30 +76,30 @@ class Plan:
     vocab_size: int = 0
 
 
-def _require(condition: bool, reason: str) -> None:
+def require(condition: bool, reason: str) -> None:
     if not condition:
         raise UnsupportedTokenizer(reason)
 
 
-def _normalizer_steps(spec: dict | None) -> list[tuple[int, str, str]]:
+def normalizer_steps(spec: dict | None) -> list[tuple[int, str, str]]:
     if spec is None:
         return []
     kind = spec.get("type")
     if kind == "Sequence":
-        return [step for child in spec.get("normalizers", []) for step in _normalizer_steps(child)]
+        return [step for child in spec.get("normalizers", []) for step in normalizer_steps(child)]
     if kind == "NFC":
         return [(NORM_NFC, "", "")]
     if kind == "Prepend":
         return [(NORM_PREPEND, spec["prepend"], "")]
     if kind == "Replace":
         pattern = spec.get("pattern", {})
-        _require("String" in pattern, "Replace normalizer with a regex pattern")
-        _require(pattern["String"] != "", "Replace normalizer with an empty pattern")
+        require("String" in pattern, "Replace normalizer with a regex pattern")
+        require(pattern["String"] != "", "Replace normalizer with an empty pattern")
         return [(NORM_REPLACE, pattern["String"], spec["content"])]
     raise UnsupportedTokenizer(f"normalizer {kind}")
 
 
-def _apply_normalizers(steps: list[tuple[int, str, str]], text: str) -> str:
+def apply_normalizers(steps: list[tuple[int, str, str]], text: str) -> str:
     """Python twin of the C++ normalizers, used on added-token contents only."""
     for kind, a, b in steps:
         if kind == NORM_NFC:
@@ -135,13 +119,13 @@ def metaspace_options(spec: dict) -> tuple[str, int, bool]:
     scheme = spec.get("prepend_scheme")
     if scheme is None:  # files written before prepend_scheme existed
         scheme = "always" if spec.get("add_prefix_space", True) else "never"
-    _require(scheme in PREPEND_SCHEMES, f"Metaspace prepend_scheme {scheme}")
+    require(scheme in PREPEND_SCHEMES, f"Metaspace prepend_scheme {scheme}")
     replacement = spec.get("replacement", "\u2581")
-    _require(len(replacement) == 1 and replacement != " ", "Metaspace replacement")
+    require(len(replacement) == 1 and replacement != " ", "Metaspace replacement")
     return replacement, PREPEND_SCHEMES[scheme], bool(spec.get("split", True))
 
 
-def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
+def pre_tokenizer_options(spec: dict | None, use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
     """(pattern kind, max digits, byte level, regexes left to the `regex` module)."""
     if spec is None:
         return -1, 3, False, None
@@ -149,25 +133,25 @@ def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, i
     if kind == "Metaspace":
         return -1, 3, False, None  # options read by metaspace_options
     if kind == "ByteLevel":
-        _require(not spec.get("add_prefix_space", False), "ByteLevel pre-tokenizer with add_prefix_space")
+        require(not spec.get("add_prefix_space", False), "ByteLevel pre-tokenizer with add_prefix_space")
         if not spec.get("use_regex", True):
             return -1, 3, True, None
         return (patterns.GPT2, 0, True, None) if use_scanners else (-1, 3, True, (patterns.GPT2_REGEX,))
-    _require(kind == "Sequence", f"pre-tokenizer {kind}")
+    require(kind == "Sequence", f"pre-tokenizer {kind}")
     steps = spec.get("pretokenizers", [])
-    _require(len(steps) >= 1, "empty pre-tokenizer sequence")
+    require(len(steps) >= 1, "empty pre-tokenizer sequence")
     last = steps[-1]
-    _require(
+    require(
         last.get("type") == "ByteLevel" and not last.get("use_regex", True)
         and not last.get("add_prefix_space", False),
         "pre-tokenizer sequence not ending in ByteLevel(use_regex=false)",
     )
     regexes = []
     for split in steps[:-1]:
-        _require(split.get("type") == "Split", f"pre-tokenizer {split.get('type')} in a sequence")
-        _require(split.get("behavior") == "Isolated" and not split.get("invert", False),
+        require(split.get("type") == "Split", f"pre-tokenizer {split.get('type')} in a sequence")
+        require(split.get("behavior") == "Isolated" and not split.get("invert", False),
                  "Split pre-tokenizer that is not Isolated")
-        _require("Regex" in split.get("pattern", {}), "Split on a plain string")
+        require("Regex" in split.get("pattern", {}), "Split on a plain string")
         regexes.append(split["pattern"]["Regex"])
     if not regexes:
         return -1, 3, True, None
@@ -175,22 +159,22 @@ def _pre_tokenizer(spec: dict | None, use_scanners: bool = True) -> tuple[int, i
     if known is not None and use_scanners:
         return known[0], known[1], True, None
     for regex in regexes:
-        _require(patterns.compiles(regex), f"Split regex the regex module cannot compile: {regex!r}")
+        require(patterns.compiles(regex), f"Split regex the regex module cannot compile: {regex!r}")
     return -1, 3, True, tuple(regexes)
 
 
-def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int, str]:
+def decoder_options(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int, str]:
     """(byte level, replaces, byte fallback, strip content, strip start, metaspace replacement
     that the first token drops)."""
-    _require(spec is not None, "no decoder")
+    require(spec is not None, "no decoder")
     if spec.get("type") == "ByteLevel":
-        _require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
+        require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
         return True, [], False, "", 0, ""
-    _require(not byte_level, "byte-level pre-tokenizer with a non-ByteLevel decoder")
+    require(not byte_level, "byte-level pre-tokenizer with a non-ByteLevel decoder")
     if spec.get("type") == "Metaspace":
         replacement, scheme, _ = metaspace_options(spec)
         return False, [(replacement, " ")], False, "", 0, replacement if scheme != PREPEND_SCHEMES["never"] else ""
-    _require(spec.get("type") == "Sequence", f"decoder {spec.get('type')}")
+    require(spec.get("type") == "Sequence", f"decoder {spec.get('type')}")
     replaces: list[tuple[str, str]] = []
     byte_fallback = fused = False
     strip = ("", 0)
@@ -199,21 +183,21 @@ def _decoder(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str,
         kind = step.get("type")
         if kind == "Replace" and stage == 0:
             pattern = step.get("pattern", {})
-            _require("String" in pattern and pattern["String"] != "", "Replace decoder with a regex")
+            require("String" in pattern and pattern["String"] != "", "Replace decoder with a regex")
             replaces.append((pattern["String"], step["content"]))
         elif kind == "ByteFallback" and stage < 1:
             byte_fallback, stage = True, 1
         elif kind == "Fuse" and stage < 2:
             fused, stage = True, 2
         elif kind == "Strip" and stage == 2 and fused:
-            _require(step.get("stop", 0) == 0 and len(step.get("content", "")) == 1, "Strip decoder form")
+            require(step.get("stop", 0) == 0 and len(step.get("content", "")) == 1, "Strip decoder form")
             strip, stage = (step["content"], int(step.get("start", 0))), 3
         else:
             raise UnsupportedTokenizer(f"decoder sequence with {kind} at this position")
     return False, replaces, byte_fallback, strip[0], strip[1], ""
 
 
-def _post_processor(spec: dict | None) -> tuple[list[int], list[int]]:
+def post_processor_ids(spec: dict | None) -> tuple[list[int], list[int]]:
     if spec is None:
         return [], []
     kind = spec.get("type")
@@ -223,52 +207,41 @@ def _post_processor(spec: dict | None) -> tuple[list[int], list[int]]:
         prefix: list[int] = []
         suffix: list[int] = []
         for child in spec.get("processors", []):
-            p, s = _post_processor(child)
+            p, s = post_processor_ids(child)
             prefix, suffix = prefix + p, s + suffix
-            _require(not (p or s) or child.get("type") == "TemplateProcessing", "post-processor order")
+            require(not (p or s) or child.get("type") == "TemplateProcessing", "post-processor order")
         return prefix, suffix
-    _require(kind == "TemplateProcessing", f"post-processor {kind}")
+    require(kind == "TemplateProcessing", f"post-processor {kind}")
     before: list[int] = []
     after: list[int] = []
     seen_sequence = False
     for item in spec.get("single", []):
         if "Sequence" in item:
-            _require(item["Sequence"]["id"] == "A" and not seen_sequence, "template sequence")
+            require(item["Sequence"]["id"] == "A" and not seen_sequence, "template sequence")
             seen_sequence = True
         elif "SpecialToken" in item:
             ids = spec["special_tokens"][item["SpecialToken"]["id"]]["ids"]
             (after if seen_sequence else before).extend(ids)
         else:
             raise UnsupportedTokenizer("template item")
-    _require(seen_sequence, "template without the sequence")
+    require(seen_sequence, "template without the sequence")
     return before, after
 
 
-def _byte_fallback_value(token: str) -> int | None:
+def byte_fallback_value(token: str) -> int | None:
     """ByteFallback's test for <0xNN>: Rust's u8::from_str_radix accepts a leading '+'."""
     if len(token.encode()) != 6 or not token.startswith("<0x") or not token.endswith(">"):
         return None
     digits = token[3:5]
-    if digits.startswith("+"):
-        digits = digits[1:]
+    digits = digits.removeprefix("+")
     if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
         return None
     return int(digits, 16)
 
 
-def _byte_level_bytes(token: str) -> bytes:
+def byte_level_bytes(token: str) -> bytes:
     """The ByteLevel decoder's bytes for one token: mapped back if every char is a byte char."""
     try:
         return bytes(CHAR_TO_BYTE[c] for c in token)
     except KeyError:
         return token.encode()
-
-
-def load_plan(path: str | Path, use_scanners: bool = True) -> Plan:
-    try:
-        spec: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UnsupportedTokenizer(f"cannot read {path}: {exc}") from exc
-    from prelude._fasttoken.plan_model import build_plan
-
-    return build_plan(spec, use_scanners)

@@ -61,7 +61,7 @@ _CLASS_PATTERNS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_code_points() -> str:
     """Every scalar value in order, with each surrogate replaced by U+0000 so indices stay
     code points (U+0000 is in no class, so the stand-ins never match)."""
@@ -83,7 +83,7 @@ def _newer_than_python() -> list[int]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def class_table() -> bytes:
     """One class byte per code point (0x110000 bytes)."""
     table = bytearray(N_CODE_POINTS)
@@ -97,7 +97,7 @@ def class_table() -> bytes:
     return bytes(table)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nfc_tables() -> tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, int, int]]]:
     """(per-code-point uint16 NFC words as bytes, canonical decompositions, composition pairs),
     as HF's Unicode 9 NFC sees them.

@@ -8,10 +8,11 @@ reports those and they go through HF `tokenizers`, loaded on first need, so resu
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from prelude._fasttoken.plan import UnsupportedTokenizer, load_plan
+from prelude._fasttoken.loader import load_plan
+from prelude._fasttoken.plan import UnsupportedTokenizer
 from prelude.tokenizer.base import DecodeStep, Tokenizer
 
 __all__ = ["FastTokenizer", "UnsupportedTokenizer"]

@@ -18,7 +18,7 @@ from prelude.tokenizer.hf import HFTokenizer
 from tests.tokenizer.corpus import FRAGMENTS, added_contents, special_mixes
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_pair(path: str) -> tuple[FastTokenizer, HFTokenizer, RawHF]:
     raw = RawHF.from_file(path)
     raw.no_truncation()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,13 @@ from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
 from prelude.tokenizer.hf import HFTokenizer
 from tests.data import tokenizer_dir
 from tests.tokenizer.corpus import FRAGMENTS
-from tests.tokenizer.equality import check_decode, check_encode, check_stream, load_pair, random_texts
+from tests.tokenizer.equality import (
+    check_decode,
+    check_encode,
+    check_stream,
+    load_pair,
+    random_texts,
+)
 
 
 def _base(name: str = "gpt2") -> dict[str, Any]:

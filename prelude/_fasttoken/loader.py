@@ -1,9 +1,16 @@
-"""Builds a Plan from a parsed tokenizer.json: the BPE tables, the added vocabulary as HF
-resolves it, and the per-id decode table."""
+"""Builds a Plan from a tokenizer.json: the BPE tables, the added vocabulary as HF resolves it,
+and the per-id decode table.
+
+The id bookkeeping mirrors HF's AddedVocabulary (ids come from the model vocab or are assigned
+past it, flags are looked up by id), because that, not the "id" field in the JSON, is what HF
+encodes and decodes with.
+"""
 from __future__ import annotations
 
+import json
 from array import array
 from itertools import accumulate
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from prelude._fasttoken import unicode_data
@@ -16,15 +23,15 @@ from prelude._fasttoken.plan import (
     NORM_NFC,
     Plan,
     UnsupportedTokenizer,
-    _apply_normalizers,
-    _byte_fallback_value,
-    _byte_level_bytes,
-    _decoder,
+    apply_normalizers,
+    byte_fallback_value,
+    byte_level_bytes,
+    decoder_options,
     metaspace_options,
-    _normalizer_steps,
-    _post_processor,
-    _pre_tokenizer,
-    _require,
+    normalizer_steps,
+    post_processor_ids,
+    pre_tokenizer_options,
+    require,
 )
 
 
@@ -78,35 +85,35 @@ def _merge_triples(merges: list[Any], vocab: dict[str, int]) -> array:
     triples = array("i")
     for merge in merges:
         parts = merge.split(" ") if isinstance(merge, str) else list(merge)
-        _require(len(parts) == 2, f"merge {merge!r}")
+        require(len(parts) == 2, f"merge {merge!r}")
         a, b = parts
         ids = (vocab.get(a), vocab.get(b), vocab.get(a + b))
-        _require(None not in ids, f"merge {merge!r} outside the vocab")
+        require(None not in ids, f"merge {merge!r} outside the vocab")
         triples.extend(ids)
     return triples
 
 
 def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     model = spec.get("model") or {}
-    _require(model.get("type") == "BPE", f"model {model.get('type')}")
-    _require(not model.get("dropout"), "BPE dropout")
-    _require(not model.get("continuing_subword_prefix"), "continuing_subword_prefix")
-    _require(not model.get("end_of_word_suffix"), "end_of_word_suffix")
+    require(model.get("type") == "BPE", f"model {model.get('type')}")
+    require(not model.get("dropout"), "BPE dropout")
+    require(not model.get("continuing_subword_prefix"), "continuing_subword_prefix")
+    require(not model.get("end_of_word_suffix"), "end_of_word_suffix")
     vocab: dict[str, int] = model.get("vocab") or {}
-    _require(bool(vocab), "empty vocab")
+    require(bool(vocab), "empty vocab")
 
     plan = Plan()
-    norm_steps = _normalizer_steps(spec.get("normalizer"))
+    norm_steps = normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
-    plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = _pre_tokenizer(spec.get("pre_tokenizer"), use_scanners)
-    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start, drop_first = _decoder(
+    plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = pre_tokenizer_options(spec.get("pre_tokenizer"), use_scanners)
+    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
         spec.get("decoder"), plan.byte_level)
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") == "Metaspace":
-        _require(not norm_steps, "Metaspace pre-tokenizer after a normalizer")
+        require(not norm_steps, "Metaspace pre-tokenizer after a normalizer")
         replacement, scheme, split = metaspace_options(pre)
         plan.metaspace = (replacement.encode(), scheme, split)
-    plan.prefix_ids, plan.suffix_ids = _post_processor(spec.get("post_processor"))
+    plan.prefix_ids, plan.suffix_ids = post_processor_ids(spec.get("post_processor"))
     plan.classes = unicode_data.class_table()
     if any(k == NORM_NFC for k, _, _ in norm_steps):
         plan.nfc = unicode_data.nfc_tables()
@@ -115,9 +122,9 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan.ignore_merges = bool(model.get("ignore_merges", False))
     plan.byte_fallback = bool(model.get("byte_fallback", False))
     plan.fuse_unk = bool(model.get("fuse_unk", False))
-    _require(not (plan.byte_level and plan.byte_fallback), "byte_fallback with a ByteLevel pre-tokenizer")
+    require(not (plan.byte_level and plan.byte_fallback), "byte_fallback with a ByteLevel pre-tokenizer")
     if model.get("unk_token") is not None:
-        _require(model["unk_token"] in vocab, "unk_token outside the vocab")
+        require(model["unk_token"] in vocab, "unk_token outside the vocab")
         plan.unk_id = vocab[model["unk_token"]]
     if plan.byte_level:
         keys, ids = [], array("i")
@@ -148,7 +155,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
         owner = by_id[token_id]  # HF reads the flags of whichever token holds this id
         flags = int(owner.lstrip) | int(owner.rstrip) << 1 | int(owner.single_word) << 2
         if tok.normalized:
-            content = _apply_normalizers(norm_steps, tok.content)
+            content = apply_normalizers(norm_steps, tok.content)
             if content:
                 plan.normalized_added.append((content.encode(), token_id, flags))
         else:
@@ -156,7 +163,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
 
     # Decode table and Python-side lookups. HF keeps a normalized token's *normalized* content
     # as its id -> token entry: id_to_token, decode and the skip-special test all see that.
-    shown = {i: _apply_normalizers(norm_steps, t.content) if t.normalized else t.content
+    shown = {i: apply_normalizers(norm_steps, t.content) if t.normalized else t.content
              for i, t in by_id.items()}
     vocab_by_id = {i: t for t, i in vocab.items()}
     top = max(max(vocab.values()), max(by_id, default=-1))
@@ -176,11 +183,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             first_keys.append(token.replace(drop_first, "").encode())
         flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
         if dec_byte_level:
-            token_keys.append(_byte_level_bytes(token))
+            token_keys.append(byte_level_bytes(token))
             continue
         for old, new in replaces:
             token = token.replace(old, new)
-        value = _byte_fallback_value(token) if dec_byte_fallback else None
+        value = byte_fallback_value(token) if dec_byte_fallback else None
         if value is not None:
             flags[token_id] |= FLAG_BYTE_TOKEN
             byte_values[token_id] = value
@@ -200,4 +207,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     return plan
 
 
-__all__ = ["build_plan", "UnsupportedTokenizer"]
+
+def load_plan(path: str | Path, use_scanners: bool = True) -> Plan:
+    try:
+        spec: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UnsupportedTokenizer(f"cannot read {path}: {exc}") from exc
+    require(isinstance(spec, dict), "tokenizer.json is not an object")
+    return build_plan(spec, use_scanners)
