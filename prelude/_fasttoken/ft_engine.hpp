@@ -307,19 +307,21 @@ private:
         }
     }
 
-    // The word before merges, as HF's BPE::merge_word builds it.
+    // The word before merges, as HF's BPE::merge_word builds it: one symbol per character
+    // (per byte for byte-level vocabularies, whose characters stand for bytes), else its
+    // <0xNN> byte tokens, else the unk token (runs fused when fuse_unk), else nothing.
     void initial_symbols(const uint8_t* p, size_t n, std::vector<int32_t>& syms) const {
         syms.clear();
-        if (byte_level) {
-            for (size_t i = 0; i < n; ++i)
-                if (byte_ids[p[i]] >= 0) syms.push_back(byte_ids[p[i]]);
-            return;
-        }
         bool have_unk = false;
         for (size_t i = 0; i < n;) {
             const size_t start = i;
-            next_cp(p, i);
-            const int32_t id = vocab.find(p + start, i - start);
+            int32_t id;
+            if (byte_level) {
+                id = byte_ids[p[i++]];
+            } else {
+                next_cp(p, i);
+                id = vocab.find(p + start, i - start);
+            }
             if (id >= 0) {
                 if (have_unk) { syms.push_back(unk_id); have_unk = false; }
                 syms.push_back(id);

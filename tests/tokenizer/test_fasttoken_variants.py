@@ -89,6 +89,17 @@ def _unknown_regex_variant(spec: dict[str, Any]) -> None:
     _flags_variant(spec)
 
 
+def _missing_bytes_variant(spec: dict[str, Any]) -> None:
+    """A byte-level vocab without a few byte characters: those bytes become (fused) unk."""
+    from prelude._fasttoken.plan import BYTE_TO_CHAR
+
+    model = spec["model"]
+    gone = {BYTE_TO_CHAR[b] for b in (0xE4, 0xBD, 0xA0, 0x80, ord("z"))}
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if not gone & set(t)}
+    model["merges"] = [m for m in model["merges"] if not gone & set(m)]
+    model["unk_token"], model["fuse_unk"] = "<|endoftext|>", True
+
+
 def _phi3_rstrip_variant(spec: dict[str, Any]) -> None:
     spec["added_tokens"] += [_added("<|sys|>", 32011, lstrip=True, rstrip=True, special=True),
                              _added("<w>", 32012, single_word=True)]
@@ -122,6 +133,7 @@ VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
     "pair-merges+normalizers": ("gpt2", _pair_merges_variant),
     "phi3-flags": ("phi3-mini", _phi3_rstrip_variant),
     "unknown-regex": ("gpt2", _unknown_regex_variant),
+    "missing-bytes+unk": ("gpt2", _missing_bytes_variant),
 }
 
 TEXTS = FRAGMENTS + [
