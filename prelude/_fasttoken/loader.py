@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 from prelude._fasttoken import unicode_data
 from prelude._fasttoken.plan import (
     BYTE_TO_CHAR,
-    CHAR_TO_BYTE,
     FLAG_BYTE_TOKEN,
     FLAG_KNOWN,
     FLAG_SPECIAL,
@@ -24,6 +23,7 @@ from prelude._fasttoken.plan import (
     Plan,
     UnsupportedTokenizer,
     apply_normalizers,
+    byte_chars_to_bytes,
     byte_fallback_value,
     byte_level_bytes,
     decoder_options,
@@ -82,15 +82,17 @@ def _resolve_added(tokens: list[Added], vocab: dict[str, int]) -> tuple[dict[str
 
 
 def _merge_triples(merges: list[Any], vocab: dict[str, int]) -> array:
-    triples = array("i")
-    for merge in merges:
-        parts = merge.split(" ") if isinstance(merge, str) else list(merge)
-        require(len(parts) == 2, f"merge {merge!r}")
-        a, b = parts
-        ids = (vocab.get(a), vocab.get(b), vocab.get(a + b))
-        require(None not in ids, f"merge {merge!r} outside the vocab")
-        triples.extend(ids)
-    return triples
+    flat: list[int] = []
+    append = flat.append
+    try:
+        for merge in merges:
+            a, b = merge.split(" ") if isinstance(merge, str) else merge
+            append(vocab[a])
+            append(vocab[b])
+            append(vocab[a + b])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise UnsupportedTokenizer(f"merge {merge!r} is malformed or outside the vocab") from exc
+    return array("i", flat)
 
 
 def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
@@ -129,11 +131,10 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     if plan.byte_level:
         keys, ids = [], array("i")
         for token, token_id in vocab.items():
-            try:
-                keys.append(bytes(CHAR_TO_BYTE[c] for c in token))
-            except KeyError:
-                continue  # not made of byte characters: BPE over bytes can never produce it
-            ids.append(token_id)
+            key = byte_chars_to_bytes(token)
+            if key is not None:  # other tokens can never come out of BPE over bytes
+                keys.append(key)
+                ids.append(token_id)
         plan.byte_ids = [vocab.get(BYTE_TO_CHAR[b], -1) for b in range(256)]
     else:
         keys, ids = [t.encode() for t in vocab], array("i", vocab.values())
