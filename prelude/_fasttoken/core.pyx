@@ -48,6 +48,7 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         string first_token_bytes
         vector[uint32_t] first_token_offsets
         bint metaspace
+        string word_boundary
         string ms_replacement
         int ms_prepend
         bint ms_split
@@ -180,6 +181,7 @@ cdef class Core:
         e.token_byte = plan.token_byte
         e.strip_content = plan.strip_content
         e.strip_start = plan.strip_start
+        e.word_boundary = plan.word_boundary
         e.first_token_bytes = plan.first_token_bytes
         e.first_token_offsets = plan.first_token_offsets
         if plan.metaspace is not None:

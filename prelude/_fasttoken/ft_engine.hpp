@@ -79,6 +79,7 @@ public:
     int32_t unk_id = -1;
     bool fuse_unk = false;
     std::vector<int32_t> prefix_ids, suffix_ids;
+    std::string word_boundary;  // see encode_words_at_boundaries; empty: off
     bool metaspace = false;  // Metaspace pre-tokenizer
     std::string ms_replacement;
     int ms_prepend = 0;
@@ -236,13 +237,35 @@ private:
             return true;
         }
         if (pattern < 0) {
-            encode_word(sc, p, len, out);
+            if (word_boundary.empty()) encode_word(sc, p, len, out);
+            else encode_words_at_boundaries(sc, p, len, out);
             return true;
         }
         Scanner scanner(classes, p);
         scanner.split(PatternKind(pattern), max_digits, 0, len,
                       [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
         return !(scanner.seen() & kUnsure);
+    }
+
+    // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
+    // where word_boundary follows another character (checked at load), BPE on the pieces
+    // between such points gives the same ids, and the pieces hit the word cache.
+    void encode_words_at_boundaries(Scratch& sc, const uint8_t* p, size_t len,
+                                    std::vector<int32_t>& out) const {
+        if (ignore_merges) {  // the whole-segment lookup comes first
+            const int32_t whole = vocab.find(p, len);
+            if (whole >= 0) { out.push_back(whole); return; }
+        }
+        const std::string& wb = word_boundary;
+        const size_t w = wb.size();
+        size_t piece = 0;
+        for (size_t i = 1; i + w <= len; ++i) {
+            if (std::memcmp(p + i, wb.data(), w) != 0) continue;
+            if (i >= w && std::memcmp(p + i - w, wb.data(), w) == 0) continue;  // inside a run
+            encode_word(sc, p + piece, i - piece, out);
+            piece = i;
+        }
+        encode_word(sc, p + piece, len - piece, out);
     }
 
     // Metaspace: spaces become the replacement, which is prepended per the scheme unless the

@@ -95,6 +95,23 @@ def _merge_triples(merges: list[Any], vocab: dict[str, int]) -> array:
     return array("i", flat)
 
 
+SENTENCEPIECE_SPACE = "\u2581"
+
+
+def _word_boundary(vocab: dict[str, int], merges: list[Any]) -> bytes:
+    """For models without a pre-tokenizer (SentencePiece-style BPE over whole segments): "▁" if
+    no merge result has it after another character, so cutting before such a "▁" never
+    separates two symbols a merge could join; b"" otherwise."""
+    sp = SENTENCEPIECE_SPACE
+    if not any(t.startswith(sp) for t in vocab):
+        return b""
+    for merge in merges:
+        joined = merge.replace(" ", "") if isinstance(merge, str) else "".join(merge)
+        if sp in joined.lstrip(sp):
+            return b""
+    return sp.encode()
+
+
 def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     model = spec.get("model") or {}
     require(model.get("type") == "BPE", f"model {model.get('type')}")
@@ -143,6 +160,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan.vocab_keys, plan.vocab_offsets = _arena(keys)
     plan.vocab_ids = ids
     plan.merges = _merge_triples(model.get("merges") or [], vocab)
+    if plan.pattern < 0 and not plan.byte_level and plan.metaspace is None and plan.regexes is None:
+        plan.word_boundary = _word_boundary(vocab, model.get("merges") or [])
 
     # Added vocabulary
     tokens = [

@@ -46,6 +46,7 @@ class Plan:
     max_digits: int = 3
     regexes: tuple[str, ...] | None = None  # Split regexes no scanner covers: run by `regex`
     metaspace: tuple[bytes, int, bool] | None = None  # replacement, prepend scheme, split
+    word_boundary: bytes = b""  # no-pre-tokenizer models: a safe place to cut words (see loader)
     byte_level: bool = True
     vocab_keys: bytes = b""
     vocab_offsets: array = field(default_factory=lambda: array("I", [0]))

@@ -100,6 +100,16 @@ def _missing_bytes_variant(spec: dict[str, Any]) -> None:
     model["unk_token"], model["fuse_unk"] = "<|endoftext|>", True
 
 
+def _phi3_cross_word_merge_variant(spec: dict[str, Any]) -> None:
+    """A merge that joins a character to a following "▁": words can no longer be cut before
+    "▁", so fasttoken must run BPE over each whole segment."""
+    model = spec["model"]
+    for offset, token in enumerate(("e▁", "e▁t")):
+        model["vocab"][token] = 40_000 + offset
+    model["merges"] = ["e ▁", "e▁ t", *model["merges"]]
+    _phi3_rstrip_variant(spec)
+
+
 def _phi3_rstrip_variant(spec: dict[str, Any]) -> None:
     spec["added_tokens"] += [_added("<|sys|>", 32011, lstrip=True, rstrip=True, special=True),
                              _added("<w>", 32012, single_word=True)]
@@ -132,6 +142,7 @@ VARIANTS: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
     "template+ignore_merges": ("gpt2", _template_variant),
     "pair-merges+normalizers": ("gpt2", _pair_merges_variant),
     "phi3-flags": ("phi3-mini", _phi3_rstrip_variant),
+    "phi3-cross-word-merge": ("phi3-mini", _phi3_cross_word_merge_variant),
     "unknown-regex": ("gpt2", _unknown_regex_variant),
     "missing-bytes+unk": ("gpt2", _missing_bytes_variant),
 }
@@ -163,6 +174,15 @@ def test_variant_matches_hf(tmp_path: Path, variant: str) -> None:
     for text in TEXTS:
         problems += check_stream(fast, hf, load_pair(path)[2], hf.encode(text))
     assert not problems, "\n".join(problems[:10])
+
+
+def test_word_boundary_only_when_safe(tmp_path: Path) -> None:
+    from prelude._fasttoken.loader import load_plan
+
+    assert load_plan(tokenizer_dir("phi3-mini") / "tokenizer.json").word_boundary == "\u2581".encode()
+    spec = _base("phi3-mini")
+    _phi3_cross_word_merge_variant(spec)
+    assert load_plan(_write(tmp_path, spec)).word_boundary == b""
 
 
 UNSUPPORTED: dict[str, Callable[[dict[str, Any]], None]] = {
