@@ -76,6 +76,7 @@ cdef extern from "ft_build.hpp" namespace "ft":
 
 cdef enum:
     NEED_REFERENCE = 1
+    SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
 
 
 cdef inline list _to_list(const vector[int32_t]& ids):
@@ -276,13 +277,18 @@ cdef class Core:
         cdef Py_ssize_t n = PyList_GET_SIZE(items)
         cdef Py_ssize_t p = _clamp(prefix_offset, n)
         cdef Py_ssize_t r = _clamp(read_offset, n)
+        cdef size_t n_prefix = <size_t>(r - p if r > p else 0)
         cdef vector[int32_t] v
         cdef string text
         cdef bint has_text
         _fill_ids(items, p, v)
-        with nogil:
-            has_text = self.engine.decode_step(v.data(), <size_t>(r - p if r > p else 0), v.size(),
-                                               skip_special_tokens, text)
+        if v.size() <= SMALL_STEP:
+            # A streaming step usually decodes a handful of ids: handing the GIL over and back
+            # would cost more than the work, and holding it this briefly blocks no one.
+            has_text = self.engine.decode_step(v.data(), n_prefix, v.size(), skip_special_tokens, text)
+        else:
+            with nogil:
+                has_text = self.engine.decode_step(v.data(), n_prefix, v.size(), skip_special_tokens, text)
         if has_text:
             return _step(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
                          read_offset, n)
