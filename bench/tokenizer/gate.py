@@ -33,5 +33,6 @@ def tiktoken_agreement(path: str) -> str:
     line = f"tiktoken ids == HF ids on {len(corpus) - len(differ)}/{len(corpus)} corpus texts"
     line += f" and {len(bench_inputs) - bench_differ}/{len(bench_inputs)} benchmark inputs"
     if differ:
-        line += f" (differs e.g. on {differ[0][:40]!r}: no normalizer / whole-word lookup in tiktoken)"
+        line += (f" (differs e.g. on {differ[0][:40]!r}; tiktoken has no normalizer, always tries the whole"
+                 " pre-token as one token, and matches special tokens first-listed instead of longest)")
     return line

@@ -46,7 +46,7 @@ def plot(path: Path, results: dict[str, dict[str, dict[str, float]]]) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results)
-    fig, axes = plt.subplots(len(names), 1, figsize=(11, 3.2 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(13, 3.2 * len(names)), squeeze=False)
     labels = [row for row, _ in ROWS]
     for ax, name in zip(axes[:, 0], names):
         rows = results[name]
@@ -61,7 +61,7 @@ def plot(path: Path, results: dict[str, dict[str, dict[str, float]]]) -> None:
         ax.set_title(f"{name}: fasttoken speedup (higher is better)")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

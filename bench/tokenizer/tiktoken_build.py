@@ -32,12 +32,14 @@ def build(path: str | Path) -> tiktoken.Encoding | None:
     regex = split_regex(spec)
     if regex is None or spec["model"].get("type") != "BPE":
         return None
+    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
     ranks: dict[bytes, int] = {}
     for token, token_id in spec["model"]["vocab"].items():
+        if token in specials:
+            continue  # GPT-2's <|endoftext|> is in the vocab too; HF matches it as added token
         try:
             ranks[bytes(CHAR_TO_BYTE[c] for c in token)] = token_id
         except KeyError:
             return None  # not a byte-level vocab
-    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["content"].encode() not in ranks}
     return tiktoken.Encoding(name=Path(path).parent.name, pat_str=regex, mergeable_ranks=ranks,
                              special_tokens=specials)
