@@ -1,7 +1,8 @@
 # cython: language_level=3
 # distutils: language = c++
 """Cython binding of the fasttoken engine. A Core owns one immutable C++ Engine; every call
-converts its arguments, releases the GIL for the C++ work, and converts the result once."""
+converts its arguments, releases the GIL for the C++ work (except decode steps of a few ids),
+and converts the result once."""
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyTypeObject
