@@ -2,6 +2,8 @@
 every real tokenizer in the shared folder that fasttoken supports (all of them today)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -106,6 +108,34 @@ def test_token_lookups(name: str) -> None:
             assert fast.token_to_id(token) == hf.token_to_id(token), token
     for token in added_contents(path) + ["", "not-a-token-\u2603"]:
         assert fast.token_to_id(token) == hf.token_to_id(token), token
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_id_sequences(name: str) -> None:
+    """Decoding ids no encoder would produce: lone continuation bytes, byte-fallback tokens
+    forming invalid UTF-8, specials anywhere, unknown ids; and streaming them step by step
+    (against base.Tokenizer.decode_step only: DecodeStream rejects such streams)."""
+    path = _path(name)
+    fast, hf, raw = load_pair(path)
+    rng = random.Random(31)
+    specials = sorted(hf.special_ids)
+    problems = []
+    for i in range(400):
+        ids = []
+        for _ in range(rng.randint(0, 24)):
+            r = rng.random()
+            if r < 0.15 and specials:
+                ids.append(rng.choice(specials))
+            elif r < 0.45:
+                ids.append(rng.randint(0, 600))  # single bytes, <0xNN> tokens, short pieces
+            elif r < 0.5:
+                ids.append(rng.randint(hf.vocab_size - 50, hf.vocab_size + 5))
+            else:
+                ids.append(rng.randrange(hf.vocab_size))
+        problems += check_decode(fast, hf, ids)
+        if i % 4 == 0:
+            problems += check_stream(fast, hf, raw, ids, with_decode_stream=False)
+    assert not problems, "\n".join(problems[:10])
 
 
 @pytest.mark.parametrize("name", NAMES)
