@@ -116,18 +116,21 @@ cdef inline Py_ssize_t _clamp(Py_ssize_t i, Py_ssize_t n):
     return n if i > n else i
 
 
-cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *:
+cdef void _copy_ids(list items, Py_ssize_t start, Py_ssize_t stop, int32_t* dst) except *:
     # Cython's uint32_t conversion reads small ints' digits directly and raises OverflowError
     # for negative or too large ids, as HF's u32 conversion does.
-    cdef list items = ids if type(ids) is list else list(ids)
-    cdef Py_ssize_t n = PyList_GET_SIZE(items)
     cdef Py_ssize_t i
     cdef uint32_t value
-    out.resize(n - start if n > start else 0)
-    cdef int32_t* dst = out.data()
-    for i in range(start, n):
+    for i in range(start, stop):
         value = <object>PyList_GET_ITEM(items, i)
         dst[i - start] = <int32_t>value
+
+
+cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *:
+    cdef list items = ids if type(ids) is list else list(ids)
+    cdef Py_ssize_t n = PyList_GET_SIZE(items)
+    out.resize(n - start if n > start else 0)
+    _copy_ids(items, start, n, out.data())
 
 
 cdef class Core:
@@ -279,17 +282,22 @@ cdef class Core:
         cdef Py_ssize_t p = _clamp(prefix_offset, n)
         cdef Py_ssize_t r = _clamp(read_offset, n)
         cdef size_t n_prefix = <size_t>(r - p if r > p else 0)
-        cdef vector[int32_t] v
+        cdef size_t n_all = <size_t>(n - p)
+        cdef int32_t small[SMALL_STEP]
+        cdef vector[int32_t] large
+        cdef const int32_t* window
         cdef string text
         cdef bint has_text
-        _fill_ids(items, p, v)
-        if v.size() <= SMALL_STEP:
+        if n_all <= SMALL_STEP:
             # A streaming step usually decodes a handful of ids: handing the GIL over and back
             # would cost more than the work, and holding it this briefly blocks no one.
-            has_text = self.engine.decode_step(v.data(), n_prefix, v.size(), skip_special_tokens, text)
+            _copy_ids(items, p, n, small)
+            has_text = self.engine.decode_step(small, n_prefix, n_all, skip_special_tokens, text)
         else:
+            _fill_ids(items, p, large)
+            window = large.data()
             with nogil:
-                has_text = self.engine.decode_step(v.data(), n_prefix, v.size(), skip_special_tokens, text)
+                has_text = self.engine.decode_step(window, n_prefix, n_all, skip_special_tokens, text)
         if has_text:
             return _step(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
                          read_offset, n)
