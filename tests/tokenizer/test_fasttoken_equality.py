@@ -150,7 +150,13 @@ def test_decode_odd_ids(name: str) -> None:
         fast.decode([2**40])
     assert fast.decode([]) == hf.decode([]) == ""
     assert fast.decode_step([], 0, 0) == hf.decode_step([], 0, 0)
-    assert fast.decode_step(hf.encode("hello there"), -2, -1) == hf.decode_step(hf.encode("hello there"), -2, -1)
+    ids = hf.encode("hello there")
+    assert fast.decode_step(ids, -2, -1) == hf.decode_step(ids, -2, -1)
+    long_ids = hf.encode(long_text(2_000))
+    for prefix, read in [(0, len(long_ids) - 3), (5, 400), (300, 200), (0, 0), (10, 10**6)]:
+        for skip in (False, True):  # windows past the small-window fast path, odd offsets
+            assert fast.decode_step(long_ids, prefix, read, skip) == hf.decode_step(long_ids, prefix, read, skip)
+    assert fast.decode_step(tuple(long_ids[:50]), 40, 45) == hf.decode_step(long_ids[:50], 40, 45)
 
 
 _mix = st.lists(
