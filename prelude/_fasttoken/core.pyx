@@ -27,19 +27,8 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         size_t end
         int32_t id
 
-    cdef cppclass Engine:
-        int pattern
-        int max_digits
+    cdef cppclass Decoder:
         bint byte_level
-        bint ignore_merges
-        bint byte_fallback
-        bint fuse_unk
-        bint decode_byte_level
-        int32_t byte_ids[256]
-        int32_t fallback_ids[256]
-        int32_t unk_id
-        vector[int32_t] prefix_ids
-        vector[int32_t] suffix_ids
         string token_bytes
         vector[uint32_t] token_offsets
         vector[uint8_t] token_flags
@@ -48,6 +37,20 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         int strip_start
         string first_token_bytes
         vector[uint32_t] first_token_offsets
+
+    cdef cppclass Engine:
+        int pattern
+        int max_digits
+        bint byte_level
+        bint ignore_merges
+        bint byte_fallback
+        bint fuse_unk
+        int32_t byte_ids[256]
+        int32_t fallback_ids[256]
+        int32_t unk_id
+        vector[int32_t] prefix_ids
+        vector[int32_t] suffix_ids
+        Decoder decoder
         bint metaspace
         string word_boundary
         string ms_replacement
@@ -179,16 +182,16 @@ cdef class Core:
         e.fuse_unk = plan.fuse_unk
         e.prefix_ids = plan.prefix_ids
         e.suffix_ids = plan.suffix_ids
-        e.decode_byte_level = plan.decode_byte_level
-        e.token_bytes = plan.token_bytes
-        e.token_offsets = plan.token_offsets
-        e.token_flags = plan.token_flags
-        e.token_byte = plan.token_byte
-        e.strip_content = plan.strip_content
-        e.strip_start = plan.strip_start
         e.word_boundary = plan.word_boundary
-        e.first_token_bytes = plan.first_token_bytes
-        e.first_token_offsets = plan.first_token_offsets
+        e.decoder.byte_level = plan.decode_byte_level
+        e.decoder.token_bytes = plan.token_bytes
+        e.decoder.token_offsets = plan.token_offsets
+        e.decoder.token_flags = plan.token_flags
+        e.decoder.token_byte = plan.token_byte
+        e.decoder.strip_content = plan.strip_content
+        e.decoder.strip_start = plan.strip_start
+        e.decoder.first_token_bytes = plan.first_token_bytes
+        e.decoder.first_token_offsets = plan.first_token_offsets
         if plan.metaspace is not None:
             e.metaspace = True
             e.ms_replacement, e.ms_prepend, e.ms_split = plan.metaspace

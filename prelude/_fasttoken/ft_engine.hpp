@@ -1,5 +1,5 @@
 // The immutable tokenizer: encode (added-token split, normalizers, pre-tokenizer, BPE,
-// template ids) and decode (byte-level or the SentencePiece-style decoder chain).
+// template ids) and decode (ft_decode.hpp).
 // Everything is filled once by core.pyx and only read afterwards, so any number of threads
 // may encode and decode at once; per-call state lives in a per-thread Scratch.
 #pragma once
@@ -13,6 +13,7 @@
 
 #include "ft_added.hpp"
 #include "ft_bpe.hpp"
+#include "ft_decode.hpp"
 #include "ft_pretok.hpp"
 #include "ft_unicode.hpp"
 
@@ -85,20 +86,8 @@ public:
     int ms_prepend = 0;
     bool ms_split = true;
     enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
-    // decoder
-    bool decode_byte_level = true;
-    std::string token_bytes;           // per id: bytes (byte-level) or decoded text (chain)
-    std::vector<uint32_t> token_offsets;  // size vocab+1
-    std::vector<uint8_t> token_flags;     // kKnown | kSpecial | kByteToken
-    std::vector<uint8_t> token_byte;      // the byte of a <0xNN> token
-    std::string strip_content;
-    int strip_start = 0;
-    // Metaspace decoder: the first token (after skipping) is shown from this arena instead
-    std::string first_token_bytes;
-    std::vector<uint32_t> first_token_offsets;  // empty when not used
+    Decoder decoder;
     const uint64_t uid = next_engine_id();
-
-    enum : uint8_t { kKnown = 1, kSpecial = 2, kByteToken = 4 };
 
     // ---- encode ----
     int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
@@ -146,30 +135,15 @@ public:
     // Appends decode(ids) as valid UTF-8.
     void decode(const int32_t* ids, size_t n, bool skip_special, std::string& out) const {
         Scratch& sc = scratch_for(uid);
-        decode_into(sc, ids, n, skip_special, out);
+        decoder.decode(ids, n, skip_special, out, sc.bytes_a, sc.bytes_b);
     }
 
-    // The reference decode_step, computed on bytes: decode ids[prefix:read] and ids[prefix:],
-    // emit the tail of the second past the first's length unless it ends in U+FFFD.
-    // ids points at ids[prefix]; returns true and sets `text` when there is new text.
+    // See Decoder::step.
     bool decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bool skip_special,
                      std::string& text) const {
         Scratch& sc = scratch_for(uid);
-        sc.text_a.clear();
-        sc.text_b.clear();
-        decode_into(sc, ids, n_prefix, skip_special, sc.text_a);
-        decode_into(sc, ids, n_all, skip_special, sc.text_b);
-        const std::string& full = sc.text_b;
-        const size_t prefix_cps = count_cps(sc.text_a);
-        size_t cps = 0, i = 0;
-        for (; i < full.size() && cps < prefix_cps; ++cps) {
-            ++i;
-            while (i < full.size() && (uint8_t(full[i]) & 0xC0) == 0x80) ++i;
-        }
-        if (i >= full.size()) return false;  // not longer than the prefix
-        if (full.size() >= 3 && full.compare(full.size() - 3, 3, "\xEF\xBF\xBD") == 0) return false;
-        text.assign(full, i, std::string::npos);
-        return true;
+        return decoder.step(ids, n_prefix, n_all, skip_special, text, sc.text_a, sc.text_b, sc.bytes_a,
+                            sc.bytes_b);
     }
 
 private:
@@ -364,72 +338,6 @@ private:
             }
         }
         if (have_unk) syms.push_back(unk_id);
-    }
-
-    void decode_into(Scratch& sc, const int32_t* ids, size_t n, bool skip_special, std::string& out) const {
-        const size_t vocab_n = token_flags.size();
-        std::string& bytes = sc.bytes_a;
-        bytes.clear();
-        if (decode_byte_level) {
-            // Gather straight into `out`; only text with invalid UTF-8 takes the lossy rewrite.
-            const size_t start = out.size();
-            const uint8_t* flags = token_flags.data();
-            const uint32_t* offsets = token_offsets.data();
-            const char* arena = token_bytes.data();
-            out.reserve(start + 8 * n);
-            for (size_t k = 0; k < n; ++k) {
-                const uint32_t id = uint32_t(ids[k]);
-                if (id >= vocab_n) continue;
-                const uint8_t f = flags[id];
-                if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
-                out.append(arena + offsets[id], offsets[id + 1] - offsets[id]);
-            }
-            const uint8_t* written = reinterpret_cast<const uint8_t*>(out.data()) + start;
-            if (!valid_utf8(written, out.size() - start)) {
-                bytes.assign(out, start, std::string::npos);
-                out.resize(start);
-                append_lossy(out, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-            }
-            return;
-        }
-        // Replace (pre-applied per token), ByteFallback, Fuse, Strip; or Metaspace, which is a
-        // Replace except that the first token loses its replacement characters instead.
-        std::string& text = sc.bytes_b;
-        text.clear();
-        auto flush = [&]() {
-            if (bytes.empty()) return;
-            if (valid_utf8(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())) {
-                text.append(bytes);
-            } else {
-                for (size_t k = 0; k < bytes.size(); ++k) text.append("\xEF\xBF\xBD");
-            }
-            bytes.clear();
-        };
-        bool emitted = false;
-        for (size_t k = 0; k < n; ++k) {
-            const uint32_t id = uint32_t(ids[k]);
-            if (id >= vocab_n) continue;
-            const uint8_t f = token_flags[id];
-            if (!(f & kKnown) || (skip_special && (f & kSpecial))) continue;
-            if (f & kByteToken) {
-                emitted = true;
-                bytes.push_back(char(token_byte[id]));
-                continue;
-            }
-            flush();
-            if (!first_token_offsets.empty() && !emitted)
-                text.append(first_token_bytes, first_token_offsets[id], first_token_offsets[id + 1] - first_token_offsets[id]);
-            else
-                text.append(token_bytes, token_offsets[id], token_offsets[id + 1] - token_offsets[id]);
-            emitted = true;
-        }
-        flush();
-        size_t cut = 0;
-        for (int k = 0; k < strip_start && !strip_content.empty(); ++k) {
-            if (text.compare(cut, strip_content.size(), strip_content) != 0) break;
-            cut += strip_content.size();
-        }
-        out.append(text, cut, std::string::npos);
     }
 };
 
