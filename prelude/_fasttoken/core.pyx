@@ -1,9 +1,8 @@
 # cython: language_level=3
 # distutils: language = c++
 """Cython binding of the fasttoken engine. A Core owns one immutable C++ Engine; every call
-converts its arguments, releases the GIL for the C++ work (except where that work is shorter
-than a GIL hand-off: decode steps of a few ids, encodes of short texts), and converts the
-result once."""
+converts its arguments, releases the GIL for the C++ work (except for decode steps over a few
+ids, where the work is shorter than a GIL hand-off), and converts the result once."""
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyTypeObject
@@ -82,7 +81,6 @@ cdef extern from "ft_build.hpp" namespace "ft":
 cdef enum:
     NEED_REFERENCE = 1
     SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
-    KEEP_GIL_BYTES = 2048  # UTF-8 bytes of text below which encode keeps the GIL
 
 
 cdef inline list _to_list(const vector[int32_t]& ids):
@@ -205,14 +203,8 @@ cdef class Core:
         cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
         cdef vector[int32_t] out
         cdef int status
-        if n < KEEP_GIL_BYTES:
-            # A few microseconds of work: under thread contention, handing the GIL over and
-            # back costs more than that (measured: 4 threads encoding 500-char texts ran
-            # slower than one), so short texts keep it.
+        with nogil:
             status = self.engine.encode(s, <size_t>n, add_special_tokens, out)
-        else:
-            with nogil:
-                status = self.engine.encode(s, <size_t>n, add_special_tokens, out)
         if status == NEED_REFERENCE:
             return self.reference(text, add_special_tokens)
         return _to_list(out)
