@@ -10,6 +10,8 @@ extensions = [
         "prelude._fasttoken." + Path(source).stem,
         [source],
         language="c++",
+        include_dirs=["prelude/_fasttoken"],
+        depends=sorted(glob("prelude/_fasttoken/*.hpp")),
         extra_compile_args=["-O3", "-std=c++17"],
     )
     for source in sorted(glob("prelude/_fasttoken/*.pyx"))

@@ -1,1 +1,1 @@
-"""Benchmarks (run from the repository root: `python -m bench.serving ...`)."""
+"""Benchmarks, run from the repository root as modules: `python -m bench.serving`, `python -m bench.tokenizer`."""

@@ -1,6 +1,307 @@
 # cython: language_level=3
-"""Placeholder proving the Cython build pipeline; the fasttoken issue replaces it."""
+# distutils: language = c++
+"""Cython binding of the fasttoken engine. A Core owns one immutable C++ Engine; every call
+converts its arguments, releases the GIL for the C++ work (except for decode steps over a few
+ids, where the work is shorter than a GIL hand-off), and converts the result once."""
+
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.object cimport PyTypeObject
+from cpython.long cimport PyLong_FromLong
+from cpython.ref cimport Py_INCREF
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+from prelude._fasttoken.patterns import reference_pieces
+from prelude.tokenizer.base import DecodeStep
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+    object PyType_GenericAlloc(PyTypeObject* cls, Py_ssize_t n)
+    void PyTuple_SET_ITEM(object tup, Py_ssize_t i, object item)
+
+cdef extern from "ft_engine.hpp" namespace "ft" nogil:
+    cdef cppclass Segment:
+        size_t begin
+        size_t end
+        int32_t id
+
+    cdef cppclass Decoder:
+        bint byte_level
+        string token_bytes
+        vector[uint32_t] token_offsets
+        vector[uint8_t] token_flags
+        vector[uint8_t] token_byte
+        string strip_content
+        int strip_start
+        string first_token_bytes
+        vector[uint32_t] first_token_offsets
+
+    cdef cppclass Engine:
+        int pattern
+        int max_digits
+        bint byte_level
+        bint ignore_merges
+        bint byte_fallback
+        bint fuse_unk
+        int32_t byte_ids[256]
+        int32_t fallback_ids[256]
+        int32_t unk_id
+        vector[int32_t] prefix_ids
+        vector[int32_t] suffix_ids
+        Decoder decoder
+        bint metaspace
+        string word_boundary
+        string ms_replacement
+        int ms_prepend
+        bint ms_split
+        int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
+        int segment(const uint8_t* s, size_t n, vector[Segment]& segs, string& arena) except +
+        void encode_items(const uint8_t* buf, const vector[Segment]& items, bint add_special,
+                          vector[int32_t]& out) except +
+        void decode(const int32_t* ids, size_t n, bint skip, string& out) except +
+        bint decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bint skip,
+                         string& text) except +
+
+cdef extern from "ft_build.hpp" namespace "ft":
+    void build_vocab(Engine& e, const string& keys, const uint32_t* offsets, const int32_t* ids,
+                     size_t n) except +
+    void build_merges(Engine& e, const int32_t* triples, size_t n) except +
+    void add_normalizer(Engine& e, int kind, const string& a, const string& b) except +
+    void build_nfc(Engine& e, const string& words, const vector[uint32_t]& decomp_flat,
+                   const vector[uint32_t]& pairs_flat) except +
+    void build_classes(Engine& e, const string& table) except +
+    void build_added(Engine& e, bint normalized, const vector[string]& contents,
+                     const vector[int32_t]& ids, const vector[uint8_t]& flags) except +
+    void encode_many(const Engine& e, const vector[const uint8_t*]& texts,
+                     const vector[size_t]& lengths, bint add_special,
+                     vector[vector[int32_t]]& out, vector[int]& status) except + nogil
+
+cdef enum:
+    NEED_REFERENCE = 1
+    SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
 
 
-def build_ok() -> bool:
-    return True
+cdef inline list _to_list(const vector[int32_t]& ids):
+    cdef Py_ssize_t n = <Py_ssize_t>ids.size()
+    cdef list out = PyList_New(n)
+    cdef Py_ssize_t i
+    for i in range(n):
+        item = PyLong_FromLong(ids[i])
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+    return out
+
+
+cdef object _DecodeStep = DecodeStep
+
+
+cdef inline object _step(object text, object prefix_offset, object read_offset):
+    """DecodeStep(text, prefix_offset, read_offset) without the Python-level NamedTuple __new__:
+    allocate the tuple subclass and fill it, as CPython's tuple_subtype_new does."""
+    step = PyType_GenericAlloc(<PyTypeObject*>_DecodeStep, 3)
+    Py_INCREF(text)
+    PyTuple_SET_ITEM(step, 0, text)
+    Py_INCREF(prefix_offset)
+    PyTuple_SET_ITEM(step, 1, prefix_offset)
+    Py_INCREF(read_offset)
+    PyTuple_SET_ITEM(step, 2, read_offset)
+    return step
+
+
+cdef inline Py_ssize_t _clamp(Py_ssize_t i, Py_ssize_t n):
+    """Python slice-bound semantics, so ids[a:b] here means what it means in base.py."""
+    if i < 0:
+        i += n
+        if i < 0:
+            return 0
+    return n if i > n else i
+
+
+cdef void _copy_ids(list items, Py_ssize_t start, Py_ssize_t stop, int32_t* dst) except *:
+    # Cython's uint32_t conversion reads small ints' digits directly and raises OverflowError
+    # for negative or too large ids, as HF's u32 conversion does.
+    cdef Py_ssize_t i
+    cdef uint32_t value
+    for i in range(start, stop):
+        value = <object>PyList_GET_ITEM(items, i)
+        dst[i - start] = <int32_t>value
+
+
+cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *:
+    cdef list items = ids if type(ids) is list else list(ids)
+    cdef Py_ssize_t n = PyList_GET_SIZE(items)
+    out.resize(n - start if n > start else 0)
+    _copy_ids(items, start, n, out.data())
+
+
+cdef class Core:
+    cdef Engine* engine
+    cdef object reference  # callable(text, add_special_tokens) used for NEED_REFERENCE inputs
+    cdef object regexes  # Split regexes the `regex` module runs, or None when a scanner does
+
+    def __cinit__(self):
+        self.engine = new Engine()
+
+    def __dealloc__(self):
+        del self.engine
+
+    def __init__(self, plan, reference):
+        self.reference = reference
+        self.regexes = plan.regexes
+        cdef Engine* e = self.engine
+        cdef int32_t[::1] ids_view
+        cdef uint32_t[::1] offsets_view
+        build_classes(e[0], plan.classes)
+        if plan.nfc is not None:
+            words, decompositions, pairs = plan.nfc
+            build_nfc(e[0], words, [x for cp, seq in decompositions for x in (cp, len(seq), *seq)],
+                      [x for triple in pairs for x in triple])
+        for kind, a, b in plan.normalizers:
+            add_normalizer(e[0], kind, a, b)
+        for normalized, entries in ((False, plan.raw_added), (True, plan.normalized_added)):
+            build_added(e[0], normalized, [c for c, _, _ in entries], [i for _, i, _ in entries],
+                        [f for _, _, f in entries])
+        e.pattern = plan.pattern
+        e.max_digits = plan.max_digits
+        e.byte_level = plan.byte_level
+        ids_view = plan.vocab_ids
+        offsets_view = plan.vocab_offsets
+        if ids_view.shape[0]:
+            build_vocab(e[0], plan.vocab_keys, &offsets_view[0], &ids_view[0], ids_view.shape[0])
+        ids_view = plan.merges
+        if ids_view.shape[0]:
+            build_merges(e[0], &ids_view[0], ids_view.shape[0] // 3)
+        for b in range(256):
+            e.byte_ids[b] = plan.byte_ids[b]
+            e.fallback_ids[b] = plan.fallback_ids[b]
+        e.ignore_merges = plan.ignore_merges
+        e.byte_fallback = plan.byte_fallback
+        e.unk_id = plan.unk_id
+        e.fuse_unk = plan.fuse_unk
+        e.prefix_ids = plan.prefix_ids
+        e.suffix_ids = plan.suffix_ids
+        e.word_boundary = plan.word_boundary
+        e.decoder.byte_level = plan.decode_byte_level
+        e.decoder.token_bytes = plan.token_bytes
+        e.decoder.token_offsets = plan.token_offsets
+        e.decoder.token_flags = plan.token_flags
+        e.decoder.token_byte = plan.token_byte
+        e.decoder.strip_content = plan.strip_content
+        e.decoder.strip_start = plan.strip_start
+        e.decoder.first_token_bytes = plan.first_token_bytes
+        e.decoder.first_token_offsets = plan.first_token_offsets
+        if plan.metaspace is not None:
+            e.metaspace = True
+            e.ms_replacement, e.ms_prepend, e.ms_split = plan.metaspace
+
+    def encode(self, str text, bint add_special_tokens=True):
+        if self.regexes is not None:
+            return self._encode_with_regex(text, add_special_tokens)
+        cdef Py_ssize_t n
+        cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
+        cdef vector[int32_t] out
+        cdef int status
+        with nogil:
+            status = self.engine.encode(s, <size_t>n, add_special_tokens, out)
+        if status == NEED_REFERENCE:
+            return self.reference(text, add_special_tokens)
+        return _to_list(out)
+
+    cdef object _encode_with_regex(self, str text, bint add_special_tokens):
+        """The path for unrecognized Split regexes: C++ up to the pre-tokenizer, the `regex`
+        module for the split, C++ again for the BPE."""
+        cdef Py_ssize_t n
+        cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
+        cdef vector[Segment] segs
+        cdef vector[Segment] items
+        cdef vector[int32_t] out
+        cdef string arena
+        cdef Segment item
+        cdef int status
+        with nogil:
+            status = self.engine.segment(s, <size_t>n, segs, arena)
+        if status == NEED_REFERENCE:
+            return self.reference(text, add_special_tokens)
+        cdef bytes normalized = arena
+        cdef bytearray pieces = bytearray()
+        for seg in segs:
+            if seg.id >= 0:
+                items.push_back(seg)
+                continue
+            for piece in reference_pieces(self.regexes, normalized[seg.begin:seg.end].decode("utf-8")):
+                encoded = (<str>piece).encode("utf-8")
+                item.begin = len(pieces)
+                item.end = item.begin + len(encoded)
+                item.id = -1
+                items.push_back(item)
+                pieces += encoded
+        cdef bytes buf = bytes(pieces)
+        cdef const uint8_t* p = <const uint8_t*><const char*>buf
+        with nogil:
+            self.engine.encode_items(p, items, add_special_tokens, out)
+        return _to_list(out)
+
+    def encode_batch(self, texts, bint add_special_tokens=True):
+        if self.regexes is not None:
+            return [self._encode_with_regex(t, add_special_tokens) for t in texts]
+        cdef list items = list(texts)
+        cdef Py_ssize_t count = len(items), i, n
+        cdef vector[const uint8_t*] ptrs
+        cdef vector[size_t] lengths
+        cdef vector[vector[int32_t]] outs
+        cdef vector[int] status
+        ptrs.resize(count)
+        lengths.resize(count)
+        for i in range(count):
+            if type(items[i]) is not str:
+                raise TypeError(f"encode_batch expects str items, got {type(items[i]).__name__}")
+            ptrs[i] = <const uint8_t*>PyUnicode_AsUTF8AndSize(items[i], &n)
+            lengths[i] = <size_t>n
+        with nogil:
+            encode_many(self.engine[0], ptrs, lengths, add_special_tokens, outs, status)
+        cdef list result = PyList_New(count)
+        for i in range(count):
+            if status[i] == NEED_REFERENCE:
+                item = self.reference(items[i], add_special_tokens)
+            else:
+                item = _to_list(outs[i])
+            Py_INCREF(item)
+            PyList_SET_ITEM(result, i, item)
+        return result
+
+    def decode(self, ids, bint skip_special_tokens=False):
+        cdef vector[int32_t] v
+        cdef string out
+        _fill_ids(ids, 0, v)
+        with nogil:
+            self.engine.decode(v.data(), v.size(), skip_special_tokens, out)
+        return PyUnicode_DecodeUTF8(out.data(), <Py_ssize_t>out.size(), NULL)
+
+    def decode_step(self, ids, prefix_offset, read_offset, bint skip_special_tokens=False):
+        cdef list items = ids if type(ids) is list else list(ids)
+        cdef Py_ssize_t n = PyList_GET_SIZE(items)
+        cdef Py_ssize_t p = _clamp(prefix_offset, n)
+        cdef Py_ssize_t r = _clamp(read_offset, n)
+        cdef size_t n_prefix = <size_t>(r - p if r > p else 0)
+        cdef size_t n_all = <size_t>(n - p)
+        cdef int32_t small[SMALL_STEP]
+        cdef vector[int32_t] large
+        cdef const int32_t* window
+        cdef string text
+        cdef bint has_text
+        if n_all <= SMALL_STEP:
+            # A streaming step usually decodes a handful of ids: handing the GIL over and back
+            # would cost more than the work, and holding it this briefly blocks no one.
+            _copy_ids(items, p, n, small)
+            has_text = self.engine.decode_step(small, n_prefix, n_all, skip_special_tokens, text)
+        else:
+            _fill_ids(items, p, large)
+            window = large.data()
+            with nogil:
+                has_text = self.engine.decode_step(window, n_prefix, n_all, skip_special_tokens, text)
+        if has_text:
+            return _step(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
+                         read_offset, n)
+        return _step("", prefix_offset, read_offset)

@@ -1,15 +1,83 @@
-"""fasttoken backend (placeholder until the fasttoken issue lands: every file is unsupported)."""
+"""fasttoken backend: a thin Python shell over the Cython/C++ engine in prelude._fasttoken.
+
+The hot methods (encode, encode_batch, decode, decode_step) are the Cython methods themselves,
+bound onto the instance, so a call costs one C-level dispatch. A few inputs need Unicode data
+whose version differs between Python and HF (see prelude/_fasttoken/unicode_data.py); the engine
+reports those and they go through HF `tokenizers`, loaded on first need, so results never differ.
+"""
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+from prelude._fasttoken.loader import load_plan
+from prelude._fasttoken.plan import UnsupportedTokenizer
+from prelude.tokenizer.base import DecodeStep, Tokenizer
 
-class UnsupportedTokenizer(ValueError):
-    """The tokenizer.json uses a feature outside fasttoken's supported subset."""
+__all__ = ["FastTokenizer", "UnsupportedTokenizer"]
 
 
-class FastTokenizer:
+class FastTokenizer(Tokenizer):
     backend = "fasttoken"
 
-    def __init__(self, path: str | Path):
-        raise UnsupportedTokenizer("fasttoken is not built yet")
+    def __init__(self, path: str | Path, use_scanners: bool = True):
+        """use_scanners=False runs even the recognized Split regexes through the `regex` module
+        (the slow reference path that unknown regexes always take); tests compare both."""
+        from prelude._fasttoken.core import Core
+
+        self.path = Path(path)
+        plan = load_plan(self.path, use_scanners)
+        self._core = Core(plan, self._reference_encode)
+        self._token_to_id = plan.token_to_id
+        self._added_by_id = plan.added_by_id
+        self._vocab_by_id = plan.vocab_by_id
+        self._special_ids = plan.special_ids
+        self._vocab_size = plan.vocab_size
+        self._reference = None
+        self._reference_lock = threading.Lock()
+        self.reference_encodes = 0  # how many inputs went to HF (tests watch it; races are harmless)
+        # Instance attributes shadow the methods below: callers reach the Cython code directly.
+        self.encode = self._core.encode  # type: ignore[method-assign]
+        self.encode_batch = self._core.encode_batch  # type: ignore[method-assign]
+        self.decode = self._core.decode  # type: ignore[method-assign]
+        self.decode_step = self._core.decode_step  # type: ignore[method-assign]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._core.encode(text, add_special_tokens)
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return self._core.encode_batch(texts, add_special_tokens)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._core.decode(ids, skip_special_tokens)
+
+    def decode_step(self, ids: Sequence[int], prefix_offset: int, read_offset: int,
+                    skip_special_tokens: bool = False) -> DecodeStep:
+        return self._core.decode_step(ids, prefix_offset, read_offset, skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._token_to_id.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        token = self._added_by_id.get(token_id)
+        return token if token is not None else self._vocab_by_id.get(token_id)
+
+    def _reference_encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Encodes an input the engine flagged as depending on Unicode-version skew."""
+        self.reference_encodes += 1
+        if self._reference is None:
+            with self._reference_lock:
+                if self._reference is None:
+                    from prelude.tokenizer.hf import HFTokenizer
+
+                    self._reference = HFTokenizer(self.path)
+        return self._reference.encode(text, add_special_tokens)

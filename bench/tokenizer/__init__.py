@@ -1,0 +1,1 @@
+"""Tokenizer benchmark: fasttoken vs HF tokenizers vs tiktoken (python -m bench.tokenizer)."""

@@ -1,0 +1,80 @@
+"""The benchmark operations, timed the same way for each library (median µs of repeated runs)."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bench.tokenizer import textgen
+
+ROWS = [
+    ("encode 50 chars", "µs/call"),
+    ("encode 500 chars", "µs/call"),
+    ("encode 8K chars", "µs/call"),
+    ("encode 200K chars", "µs/call"),
+    ("decode 1,245 tokens", "µs/call"),
+    ("stream decode", "µs/token"),
+    ("batch encode b=64 x 500", "µs/batch"),
+    ("4 threads encode 500", "µs/text"),
+]
+ENCODE_ROWS = {r for r, _ in ROWS if r.startswith("encode")}
+
+
+@dataclass
+class Library:
+    """One library's implementation of each operation (None where it has none)."""
+
+    name: str
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    batch: Callable[[list[str]], object]
+    stream: Callable[[list[int]], int] | None  # decodes ids one by one, returns chars emitted
+
+
+def median_us(fn: Callable[[], object], budget_s: float, min_reps: int = 5, max_reps: int = 2000) -> float:
+    fn()  # warm caches and lazy state
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(samples) < min_reps or (time.perf_counter() < deadline and len(samples) < max_reps):
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1000)
+    return statistics.median(samples)
+
+
+def _rotating(encode: Callable[[str], object], inputs: list[str]) -> Callable[[], object]:
+    cursor = iter(range(10**12))
+    return lambda: encode(inputs[next(cursor) % len(inputs)])
+
+
+def run_rows(lib: Library, decode_ids: list[int], budget_s: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for chars, row in ((50, "encode 50 chars"), (500, "encode 500 chars"), (8000, "encode 8K chars"),
+                       (200_000, "encode 200K chars")):
+        inputs = textgen.texts(16, chars, seed=chars) if chars <= 8000 else [textgen.text(chars, seed=1)]
+        # Rotating through several inputs keeps a word cache from seeing one text over and over.
+        out[row] = median_us(_rotating(lib.encode, inputs), budget_s)
+    out["decode 1,245 tokens"] = median_us(lambda: lib.decode(decode_ids), budget_s)
+    if lib.stream is not None:
+        out["stream decode"] = median_us(lambda: lib.stream(decode_ids), budget_s) / len(decode_ids)
+    batch = textgen.texts(64, 500, seed=64)
+    out["batch encode b=64 x 500"] = median_us(lambda: lib.batch(batch), budget_s)
+    out["4 threads encode 500"] = concurrent_us_per_text(lib.encode, budget_s)
+    return out
+
+
+def concurrent_us_per_text(encode: Callable[[str], object], budget_s: float, threads: int = 4,
+                           per_thread: int = 64) -> float:
+    work = [textgen.texts(per_thread, 500, seed=1000 + t) for t in range(threads)]
+
+    def one(texts: list[str]) -> None:
+        for text in texts:
+            encode(text)
+
+    with ThreadPoolExecutor(threads) as pool:
+        def round_trip() -> None:
+            list(pool.map(one, work))
+
+        return median_us(round_trip, budget_s, min_reps=3) / (threads * per_thread)

@@ -1,0 +1,141 @@
+// Splitting text on added tokens the way HF's AddedVocabulary::find_matches does: a
+// leftmost-longest, non-overlapping search, then single_word / lstrip / rstrip adjustments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ft_unicode.hpp"
+
+namespace ft {
+
+struct Segment {
+    size_t begin, end;
+    int32_t id;  // the added token's id, or -1 for text still to tokenize
+};
+
+struct AddedToken {
+    std::string content;  // as matched: normalized content for normalized tokens
+    int32_t id;
+    bool lstrip, rstrip, single_word;
+};
+
+class AddedMatcher {
+public:
+    void build(const std::vector<AddedToken>& tokens) {
+        tokens_ = tokens;
+        nodes_.assign(1, Node{});
+        for (size_t t = 0; t < tokens_.size(); ++t) {
+            const std::string& c = tokens_[t].content;
+            if (c.empty()) continue;
+            first_byte_[uint8_t(c[0])] = true;
+            int32_t node = 0;
+            for (unsigned char b : c) {
+                int32_t child = find_child(node, b);
+                if (child < 0) {
+                    child = int32_t(nodes_.size());
+                    nodes_.push_back(Node{});
+                    nodes_[node].children.emplace_back(b, child);
+                }
+                node = child;
+            }
+            // Several patterns with one content: the first one wins, as in aho-corasick.
+            if (nodes_[node].token < 0) nodes_[node].token = int32_t(t);
+        }
+    }
+    bool empty() const { return nodes_.size() <= 1; }
+
+    // Appends the segments of s[0, n) to out. Returns false when a single_word check needed
+    // the class of a version-dependent code point.
+    bool split(const uint8_t* s, size_t n, const ClassTable& classes, std::vector<Segment>& out) const {
+        if (empty()) {
+            if (n) out.push_back(Segment{0, n, -1});
+            return true;
+        }
+        size_t start_offset = 0, pos = 0;
+        while (pos < n) {
+            size_t m_begin, m_end;
+            int32_t tok;
+            if (!find(s, n, pos, m_begin, m_end, tok)) break;
+            pos = m_end;  // the search resumes after the raw match, whatever stripping does
+            const AddedToken& t = tokens_[tok];
+            size_t start = m_begin, stop = m_end;
+            if (t.single_word) {
+                uint8_t before = 0, after = 0;
+                if (start > 0) before = classes.get(last_cp(s, start));
+                if (stop < n) { size_t k = stop; after = classes.get(next_cp(s, k)); }
+                if ((before | after) & kUnsure) return false;
+                if ((before & kWord) || (after & kWord)) continue;
+            }
+            if (t.lstrip) {
+                size_t k = start;
+                while (k > 0) {
+                    const size_t prev = prev_start(s, k);
+                    size_t tmp = prev;
+                    if (!(classes.get(next_cp(s, tmp)) & kSpace)) break;
+                    k = prev;
+                }
+                start = k > start_offset ? k : start_offset;
+            }
+            if (t.rstrip) {
+                while (stop < n) {
+                    size_t next = stop;
+                    if (!(classes.get(next_cp(s, next)) & kSpace)) break;
+                    stop = next;
+                }
+            }
+            if (start_offset < start) out.push_back(Segment{start_offset, start, -1});
+            out.push_back(Segment{start, stop, t.id});
+            start_offset = stop;
+        }
+        if (start_offset < n) out.push_back(Segment{start_offset, n, -1});
+        return true;
+    }
+
+private:
+    struct Node {
+        std::vector<std::pair<uint8_t, int32_t>> children;
+        int32_t token = -1;
+    };
+    int32_t find_child(int32_t node, uint8_t b) const {
+        for (const auto& c : nodes_[node].children)
+            if (c.first == b) return c.second;
+        return -1;
+    }
+    // Leftmost match at or after pos; the longest among those starting there.
+    bool find(const uint8_t* s, size_t n, size_t pos, size_t& begin, size_t& end, int32_t& tok) const {
+        for (size_t i = pos; i < n; ++i) {
+            if (!first_byte_[s[i]]) continue;
+            int32_t node = 0, best = -1;
+            size_t best_end = 0;
+            for (size_t j = i; j < n; ++j) {
+                node = find_child(node, s[j]);
+                if (node < 0) break;
+                if (nodes_[node].token >= 0) { best = nodes_[node].token; best_end = j + 1; }
+            }
+            if (best >= 0) {
+                begin = i;
+                end = best_end;
+                tok = best;
+                return true;
+            }
+        }
+        return false;
+    }
+    static size_t prev_start(const uint8_t* s, size_t k) {
+        do { --k; } while (k > 0 && (s[k] & 0xC0) == 0x80);
+        return k;
+    }
+    static uint32_t last_cp(const uint8_t* s, size_t end) {
+        size_t k = prev_start(s, end);
+        return next_cp(s, k);
+    }
+
+    std::vector<AddedToken> tokens_;
+    std::vector<Node> nodes_;
+    bool first_byte_[256] = {};
+};
+
+}  // namespace ft

@@ -1,0 +1,344 @@
+// The immutable tokenizer: encode (added-token split, normalizers, pre-tokenizer, BPE,
+// template ids) and decode (ft_decode.hpp).
+// Everything is filled once by core.pyx and only read afterwards, so any number of threads
+// may encode and decode at once; per-call state lives in a per-thread Scratch.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ft_added.hpp"
+#include "ft_bpe.hpp"
+#include "ft_decode.hpp"
+#include "ft_pretok.hpp"
+#include "ft_unicode.hpp"
+
+namespace ft {
+
+enum Status : int { kOk = 0, kNeedReference = 1 };
+enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
+struct NormStep {
+    NormKind kind;
+    std::string a, b;
+};
+
+// A bounded, direct-mapped cache of pieces to ids, one per thread and engine, so it needs no lock.
+struct CacheEntry {
+    uint64_t hash;
+    uint8_t key_len, n_ids;
+    uint8_t key[22];
+    int32_t ids[8];
+};
+constexpr size_t kCacheSlots = 8192, kCacheKeyMax = 22, kCacheIdsMax = 8;
+
+struct Scratch {
+    explicit Scratch(uint64_t owner_) : owner(owner_), cache(kCacheSlots) {
+        for (auto& e : cache) e.key_len = 0xFF;
+    }
+    uint64_t owner;
+    std::vector<Segment> segs, sub_segs;
+    std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
+    std::vector<int32_t> syms;
+    Merger merger;
+    std::vector<CacheEntry> cache;
+};
+
+inline Scratch& scratch_for(uint64_t owner) {
+    thread_local std::vector<std::unique_ptr<Scratch>> pool;
+    for (auto& s : pool)
+        if (s->owner == owner) return *s;
+    if (pool.size() >= 8) pool.erase(pool.begin());
+    pool.push_back(std::make_unique<Scratch>(owner));
+    return *pool.back();
+}
+
+inline uint64_t next_engine_id() {
+    static std::atomic<uint64_t> counter{1};
+    return counter++;
+}
+
+class Engine {
+public:
+    // ---- configuration (written by core.pyx before first use) ----
+    ClassTable classes;
+    Nfc nfc;
+    std::vector<NormStep> normalizers;
+    AddedMatcher raw_added, normalized_added;
+    int pattern = -1;  // PatternKind, or -1: no pre-tokenizer (the whole segment is one word)
+    int max_digits = 3;
+    bool byte_level = true;
+    StrMap vocab;
+    PairMap merges;
+    int32_t byte_ids[256];
+    bool ignore_merges = false;
+    bool byte_fallback = false;
+    int32_t fallback_ids[256];
+    int32_t unk_id = -1;
+    bool fuse_unk = false;
+    std::vector<int32_t> prefix_ids, suffix_ids;
+    std::string word_boundary;  // see encode_words_at_boundaries; empty: off
+    bool metaspace = false;  // Metaspace pre-tokenizer
+    std::string ms_replacement;
+    int ms_prepend = 0;
+    bool ms_split = true;
+    enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
+    Decoder decoder;
+    const uint64_t uid = next_engine_id();
+
+    // ---- encode ----
+    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
+        Scratch& sc = scratch_for(uid);
+        out.clear();
+        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
+        const int status = walk(sc, s, n, [&](int32_t id) { out.push_back(id); },
+                                [&](const uint8_t* p, size_t len, bool at_start) {
+                                    return pretokenize(sc, p, len, at_start, out);
+                                });
+        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+        return status;
+    }
+
+    // For Split regexes no scanner reproduces, the `regex` module splits (core.pyx); this does
+    // everything before that: added tokens come back as Segment{0, 0, id}, text as its
+    // normalized bytes appended to `arena`.
+    int segment(const uint8_t* s, size_t n, std::vector<Segment>& segs, std::string& arena) const {
+        Scratch& sc = scratch_for(uid);
+        return walk(sc, s, n, [&](int32_t id) { segs.push_back(Segment{0, 0, id}); },
+                    [&](const uint8_t* p, size_t len, bool) {
+                        // The regex module's Unicode version is not Oniguruma's either.
+                        uint8_t seen = 0;
+                        for (size_t i = 0; i < len;) seen |= classes.get(next_cp(p, i));
+                        segs.push_back(Segment{arena.size(), arena.size() + len, -1});
+                        arena.append(reinterpret_cast<const char*>(p), len);
+                        return !(seen & kUnsure);
+                    });
+    }
+
+    // BPE over each piece of `buf` (Segment id -1) or the added id, in order.
+    void encode_items(const uint8_t* buf, const std::vector<Segment>& items, bool add_special,
+                      std::vector<int32_t>& out) const {
+        Scratch& sc = scratch_for(uid);
+        out.clear();
+        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
+        for (const Segment& item : items) {
+            if (item.id >= 0) out.push_back(item.id);
+            else encode_word(sc, buf + item.begin, item.end - item.begin, out);
+        }
+        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+    }
+
+    // ---- decode ----
+    // Appends decode(ids) as valid UTF-8.
+    void decode(const int32_t* ids, size_t n, bool skip_special, std::string& out) const {
+        Scratch& sc = scratch_for(uid);
+        decoder.decode(ids, n, skip_special, out, sc.bytes_a, sc.bytes_b);
+    }
+
+    // See Decoder::step.
+    bool decode_step(const int32_t* ids, size_t n_prefix, size_t n_all, bool skip_special,
+                     std::string& text) const {
+        Scratch& sc = scratch_for(uid);
+        return decoder.step(ids, n_prefix, n_all, skip_special, text, sc.text_a, sc.text_b, sc.bytes_a,
+                            sc.bytes_b);
+    }
+
+private:
+    // The steps HF takes before the pre-tokenizer: split on raw added tokens, normalize each
+    // remaining segment, split that on normalized added tokens.
+    template <class OnToken, class OnText>
+    int walk(Scratch& sc, const uint8_t* s, size_t n, OnToken&& on_token, OnText&& on_text) const {
+        sc.segs.clear();
+        if (!raw_added.split(s, n, classes, sc.segs)) return kNeedReference;
+        for (size_t k = 0; k < sc.segs.size(); ++k) {
+            const Segment seg = sc.segs[k];
+            if (seg.id >= 0) { on_token(seg.id); continue; }
+            const uint8_t* p = s + seg.begin;
+            size_t len = seg.end - seg.begin;
+            normalize(sc, p, len);
+            if (normalized_added.empty()) {
+                if (!on_text(p, len, seg.begin == 0)) return kNeedReference;
+                continue;
+            }
+            sc.sub_segs.clear();
+            if (!normalized_added.split(p, len, classes, sc.sub_segs)) return kNeedReference;
+            for (const Segment& sub : sc.sub_segs) {
+                if (sub.id >= 0) on_token(sub.id);
+                else if (!on_text(p + sub.begin, sub.end - sub.begin, seg.begin == 0 && sub.begin == 0))
+                    return kNeedReference;
+            }
+        }
+        return kOk;
+    }
+
+    // Points p/len at the normalized segment (the input itself when no step changes it).
+    void normalize(Scratch& sc, const uint8_t*& p, size_t& len) const {
+        for (const NormStep& step : normalizers) {
+            std::string& out = (p == reinterpret_cast<const uint8_t*>(sc.norm_a.data())) ? sc.norm_b : sc.norm_a;
+            if (step.kind == NormKind::kNfc) {
+                bool changed;
+                nfc.normalize(p, len, out, changed);
+                if (!changed) continue;
+            } else if (step.kind == NormKind::kPrepend) {
+                if (!len) continue;
+                out.assign(step.a);
+                out.append(reinterpret_cast<const char*>(p), len);
+            } else {
+                out.clear();
+                const std::string& from = step.a;
+                size_t i = 0;
+                while (i < len) {
+                    if (i + from.size() <= len && std::memcmp(p + i, from.data(), from.size()) == 0) {
+                        out.append(step.b);
+                        i += from.size();
+                    } else {
+                        out.push_back(char(p[i++]));
+                    }
+                }
+            }
+            p = reinterpret_cast<const uint8_t*>(out.data());
+            len = out.size();
+        }
+    }
+
+    // at_start: the text begins at offset 0 of the input (Metaspace's prepend_scheme "first").
+    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, bool at_start, std::vector<int32_t>& out) const {
+        if (metaspace) {
+            metaspace_split(sc, p, len, at_start, out);
+            return true;
+        }
+        if (pattern < 0) {
+            if (word_boundary.empty()) encode_word(sc, p, len, out);
+            else encode_words_at_boundaries(sc, p, len, out);
+            return true;
+        }
+        Scanner scanner(classes, p);
+        scanner.split(PatternKind(pattern), max_digits, 0, len,
+                      [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
+        return !(scanner.seen() & kUnsure);
+    }
+
+    // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
+    // where word_boundary follows another character (checked at load), BPE on the pieces
+    // between such points gives the same ids, and the pieces hit the word cache.
+    void encode_words_at_boundaries(Scratch& sc, const uint8_t* p, size_t len,
+                                    std::vector<int32_t>& out) const {
+        if (ignore_merges) {  // the whole-segment lookup comes first
+            const int32_t whole = vocab.find(p, len);
+            if (whole >= 0) { out.push_back(whole); return; }
+        }
+        const std::string& wb = word_boundary;
+        const size_t w = wb.size();
+        size_t piece = 0;
+        for (size_t i = 1; i + w <= len; ++i) {
+            if (std::memcmp(p + i, wb.data(), w) != 0) continue;
+            if (i >= w && std::memcmp(p + i - w, wb.data(), w) == 0) continue;  // inside a run
+            encode_word(sc, p + piece, i - piece, out);
+            piece = i;
+        }
+        encode_word(sc, p + piece, len - piece, out);
+    }
+
+    // Metaspace: spaces become the replacement, which is prepended per the scheme unless the
+    // text already starts with it; with split, every replacement starts a new piece
+    // (Split MergedWithNext).
+    void metaspace_split(Scratch& sc, const uint8_t* p, size_t len, bool at_start,
+                         std::vector<int32_t>& out) const {
+        std::string& buf = sc.meta;
+        buf.clear();
+        const std::string& rep = ms_replacement;
+        for (size_t i = 0; i < len; ++i) {
+            if (p[i] == ' ') buf.append(rep);
+            else buf.push_back(char(p[i]));
+        }
+        const bool starts = buf.compare(0, rep.size(), rep) == 0;
+        if (!starts && (ms_prepend == kPrependAlways || (ms_prepend == kPrependFirst && at_start)))
+            buf.insert(0, rep);
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(buf.data());
+        if (!ms_split) {
+            encode_word(sc, b, buf.size(), out);
+            return;
+        }
+        size_t piece = 0;
+        for (size_t i = 1; i + rep.size() <= buf.size(); ++i) {
+            if (std::memcmp(b + i, rep.data(), rep.size()) == 0) {
+                encode_word(sc, b + piece, i - piece, out);
+                piece = i;
+                i += rep.size() - 1;
+            }
+        }
+        encode_word(sc, b + piece, buf.size() - piece, out);
+    }
+
+    void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
+        if (!n) return;
+        const uint64_t h = hash_bytes(p, n);
+        CacheEntry* slot = nullptr;
+        if (n <= kCacheKeyMax) {
+            slot = &sc.cache[h & (kCacheSlots - 1)];
+            if (slot->hash == h && slot->key_len == n && std::memcmp(slot->key, p, n) == 0) {
+                out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);
+                return;
+            }
+        }
+        const size_t first = out.size();
+        int32_t whole = ignore_merges ? vocab.find(p, n, h) : -1;
+        if (whole >= 0) {
+            out.push_back(whole);
+        } else {
+            std::vector<int32_t>& syms = sc.syms;
+            initial_symbols(p, n, syms);
+            sc.merger.run(merges, syms);
+            out.insert(out.end(), syms.begin(), syms.end());
+        }
+        const size_t produced = out.size() - first;
+        if (slot && produced <= kCacheIdsMax) {
+            slot->hash = h;
+            slot->key_len = uint8_t(n);
+            slot->n_ids = uint8_t(produced);
+            std::memcpy(slot->key, p, n);
+            std::memcpy(slot->ids, out.data() + first, produced * sizeof(int32_t));
+        }
+    }
+
+    // The word before merges, as HF's BPE::merge_word builds it: one symbol per character
+    // (per byte for byte-level vocabularies, whose characters stand for bytes), else its
+    // <0xNN> byte tokens, else the unk token (runs fused when fuse_unk), else nothing.
+    void initial_symbols(const uint8_t* p, size_t n, std::vector<int32_t>& syms) const {
+        syms.clear();
+        bool have_unk = false;
+        for (size_t i = 0; i < n;) {
+            const size_t start = i;
+            int32_t id;
+            if (byte_level) {
+                id = byte_ids[p[i++]];
+            } else {
+                next_cp(p, i);
+                id = vocab.find(p + start, i - start);
+            }
+            if (id >= 0) {
+                if (have_unk) { syms.push_back(unk_id); have_unk = false; }
+                syms.push_back(id);
+                continue;
+            }
+            if (byte_fallback) {
+                bool all = true;
+                for (size_t k = start; k < i; ++k) all = all && fallback_ids[p[k]] >= 0;
+                if (all) {  // HF adds these before a pending unk (it `continue`s past the flush)
+                    for (size_t k = start; k < i; ++k) syms.push_back(fallback_ids[p[k]]);
+                    continue;
+                }
+            }
+            if (unk_id >= 0) {
+                if (have_unk && !fuse_unk) syms.push_back(unk_id);
+                have_unk = true;
+            }
+        }
+        if (have_unk) syms.push_back(unk_id);
+    }
+};
+
+}  // namespace ft

@@ -1,0 +1,67 @@
+"""pytest-benchmark guards for fasttoken's hot operations (the rows of `python -m bench.tokenizer`).
+
+pyproject passes --benchmark-disable, so in CI each runs once as a plain test; run
+`pytest tests/tokenizer/test_bench_fasttoken.py --benchmark-enable` to time them.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bench.tokenizer import textgen
+from prelude.tokenizer.fast import FastTokenizer
+from tests.data import tokenizer_dir
+from tests.tokenizer.equality import load_pair, tokenizer_path
+
+NAMES = ["qwen3", "llama3", "gpt2"]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def tok(request: pytest.FixtureRequest) -> FastTokenizer:
+    fast, _, _ = load_pair(tokenizer_path(tokenizer_dir(request.param)))
+    return fast
+
+
+@pytest.mark.parametrize("chars", [50, 500, 8000, 200_000])
+def test_encode(benchmark, tok: FastTokenizer, chars: int) -> None:
+    text = textgen.text(chars, seed=chars)
+    ids = benchmark(tok.encode, text)
+    assert tok.decode(ids) == text
+
+
+def test_decode(benchmark, tok: FastTokenizer) -> None:
+    source = textgen.text(20_000, seed=99)
+    ids = tok.encode(source, add_special_tokens=False)[:1245]
+    text = benchmark(tok.decode, ids)
+    assert len(text) > 1000 and source.startswith(text.rstrip("\ufffd"))
+
+
+def test_stream_decode(benchmark, tok: FastTokenizer) -> None:
+    ids = tok.encode(textgen.text(2_000, seed=3), add_special_tokens=False)
+
+    def stream() -> str:
+        seen: list[int] = []
+        prefix = read = 0
+        pieces = []
+        for token_id in ids:
+            seen.append(token_id)
+            text, prefix, read = tok.decode_step(seen, prefix, read)
+            pieces.append(text)
+        return "".join(pieces)
+
+    assert benchmark(stream) == tok.decode(ids)
+
+
+def test_batch_encode(benchmark, tok: FastTokenizer) -> None:
+    texts = textgen.texts(64, 500, seed=64)
+    out = benchmark(tok.encode_batch, texts)
+    assert out == [tok.encode(t) for t in texts]
+
+
+def test_concurrent_encode(benchmark, tok: FastTokenizer) -> None:
+    work = [textgen.texts(16, 500, seed=1000 + t) for t in range(4)]
+    expected = [[tok.encode(t) for t in texts] for texts in work]
+    with ThreadPoolExecutor(4) as pool:
+        result = benchmark(lambda: list(pool.map(lambda texts: [tok.encode(t) for t in texts], work)))
+    assert result == expected
