@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
+
+from prelude.cachedir import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -137,12 +138,6 @@ def _write_weights(path: Path, config: dict, seed: int = 0) -> None:
         else:
             tensors[name] = (torch.randn(shape, generator=gen) * 0.05).to(torch.bfloat16)
     save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def cache_root() -> Path:
-    base = os.environ.get("PRELUDE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prelude")
-    return Path(base)
 
 
 def build_demo_model(target: Path) -> None:
