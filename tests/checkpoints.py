@@ -53,13 +53,15 @@ def make_model_dir(path: Path, family: str, tokenizer_from: Path, head: str = "F
                    seed: int = 0, **extra) -> Path:
     """A complete model directory: random weights sized to the tokenizer copied from
     `tokenizer_from` (tokenizer.json, tokenizer_config.json)."""
-    import json
     import shutil
 
-    vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tokenizer_from / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     make_checkpoint(path, family, seed=seed, vocab_size=vocab, head=head, **extra)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_from / name, path / name)
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, path / name)
     return path
 
 
