@@ -18,16 +18,19 @@ class Tokenizer(ABC):
     any number of threads may call any method at once."""
 
     backend: str
+    # Set by each backend at load time.
+    _vocab_size: int
+    _special_ids: frozenset[int]
 
     @property
-    @abstractmethod
     def vocab_size(self) -> int:
         """Number of ids including added tokens (HF `get_vocab_size(with_added_tokens=True)`)."""
+        return self._vocab_size
 
     @property
-    @abstractmethod
     def special_ids(self) -> frozenset[int]:
         """Ids of added tokens flagged `special` (what `skip_special_tokens` drops)."""
+        return self._special_ids
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...

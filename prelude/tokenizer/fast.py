@@ -43,14 +43,6 @@ class FastTokenizer(Tokenizer):
         self.decode = self._core.decode  # type: ignore[method-assign]
         self.decode_step = self._core.decode_step  # type: ignore[method-assign]
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self._special_ids
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._core.encode(text, add_special_tokens)
 

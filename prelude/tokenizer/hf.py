@@ -23,14 +23,6 @@ class HFTokenizer(Tokenizer):
         self._special_ids = frozenset(t["id"] for t in added if t.get("special"))
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self._special_ids
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
