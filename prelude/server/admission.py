@@ -79,7 +79,7 @@ class Admission:
         bias = body.object("logit_bias")
         if bias is not None:
             items = []
-            for key, value in bias.data.items():
+            for key in bias.data:
                 try:
                     token = int(key)
                 except ValueError:

@@ -44,7 +44,7 @@ def _sigmoid(x: float) -> float:
 class DecisionAPI(Serving):
     # -- helpers ----------------------------------------------------------------------------
     def _rows(self, rid: str, prompts: list[list[int]], **fields) -> list[Request]:
-        for i, ids in enumerate(prompts):
+        for ids in prompts:
             self.check_length(ids, "input")
         return [Request(f"{rid}-{i}", ids, NO_GENERATION, **fields) for i, ids in enumerate(prompts)]
 
