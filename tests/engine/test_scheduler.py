@@ -148,7 +148,7 @@ def test_preemption_by_recompute_when_blocks_run_out_and_outputs_unchanged():
     assert tight == roomy
 
 
-def test_randomized_mix_with_aborts_keeps_block_accounting():
+def test_randomized_mix_with_aborts_and_failed_steps_keeps_block_accounting():
     rng = random.Random(7)
     scheduler, executor = make(num_blocks=40, max_num_batched_tokens=32, max_num_seqs=6)
     prefixes = [list(range(s * 50, s * 50 + rng.randrange(4, 20))) for s in range(4)]
@@ -160,6 +160,15 @@ def test_randomized_mix_with_aborts_keeps_block_accounting():
         if live and rng.random() < 0.1:
             scheduler.finish(live.pop(rng.randrange(len(live))), "abort")
         planned = scheduler.schedule()
+        if planned is not None and rng.random() < 0.03:  # the device step fails
+            executor.fail_next = True
+            try:
+                executor.execute(planned.batch)
+            except RuntimeError:
+                for work in scheduler.abort_step(planned):
+                    if work in live:
+                        live.remove(work)
+            planned = None
         if planned is not None:
             if rng.random() < 0.05:  # abort while the step is in flight
                 victim = rng.choice([s for s, _ in planned.prefills] + list(planned.decodes) or [None])
