@@ -33,6 +33,11 @@ def load(path: str | Path, backend: str = "auto") -> Tokenizer:
             if backend == "fasttoken":
                 raise
             logger.info("fasttoken does not support %s (%s); using HF tokenizers", path, exc)
+        except ImportError as exc:  # the Cython extension was not compiled for this interpreter
+            if backend == "fasttoken":
+                raise
+            logger.warning("fasttoken's extension is not built (%s; `pip install -e .` builds it); "
+                           "using HF tokenizers", exc)
     from prelude.tokenizer.hf import HFTokenizer
 
     return HFTokenizer(path)

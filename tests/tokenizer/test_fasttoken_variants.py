@@ -267,3 +267,17 @@ def test_wordpiece_falls_back_without_shared_data(tmp_path: Path, caplog: pytest
         tok = load(path)
     assert tok.backend == "hf" and tok.encode("ab a") == HFTokenizer(path).encode("ab a")
     assert any("fasttoken does not support" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_extension_falls_back_to_hf_with_a_warning(monkeypatch, caplog):
+    import sys
+
+    from prelude.tokenizer import load
+
+    path = tokenizer_dir("gpt2")
+    monkeypatch.setitem(sys.modules, "prelude._fasttoken.core", None)  # import now raises ImportError
+    with caplog.at_level("WARNING", logger="prelude.tokenizer"):
+        tok = load(path)
+    assert tok.backend == "hf" and "not built" in caplog.text
+    with pytest.raises(ImportError):
+        load(path, "fasttoken")
