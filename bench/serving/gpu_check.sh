@@ -10,7 +10,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
-#     priority wsproto
+#     priority wsproto cython
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 # then run this with carry [".whl", ".tok"]. flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
 # (62 MB): the device call carries at most 64 MiB. Its other requirements are either in the GPU
@@ -29,6 +29,11 @@ stage() { echo "== $1 (t=$(( $(date +%s) - start ))s)"; }
 stage "wheels"
 if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-deps --no-index --disable-pip-version-check .whl/*.whl 2>&1 | grep -v WARNING
+fi
+stage "fasttoken extension"
+# Built here for the device's Python (3.12); without Cython the server falls back to HF tokenizers.
+if $PY -c "import Cython" 2>/dev/null; then
+  $PY setup.py -q build_ext --inplace 2>&1 | tail -3
 fi
 $PY - <<'PY'
 import importlib, torch
