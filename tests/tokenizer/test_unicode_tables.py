@@ -42,7 +42,9 @@ def test_unsure_only_where_python_lacks_data() -> None:
     table = ud.class_table()
     unsure = [cp for cp in range(ud.N_CODE_POINTS) if table[cp] & ud.UNSURE]
     assert all(unicodedata.category(chr(cp)) == "Cn" for cp in unsure)
-    assert len(unsure) < 20_000  # the Unicode 15-17 additions with a class, nothing more
+    # The additions since Unicode 14 that have a class, nothing more: each version adds about 5K,
+    # and the regex module follows the newest version (regex 2026.11 already counts ~28K).
+    assert len(unsure) < 60_000
 
 
 def test_nfc_version_gap_lists_match_hf() -> None:
