@@ -21,25 +21,25 @@ class CompletionsAPI(Serving):
         super().__init__(engine, admission, served, max_request_bytes)
         self.chat_template = served.chat_template
 
-    def fan_out(self, rid: str, prompts: list[list[int]], n: int, make) -> list[Request]:
-        """n choices per prompt; seeded sampling gets seed + choice index so choices differ."""
+    def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
+                logprobs: int | None, choice_ids: tuple[int, ...] | None, **fields) -> list[Request]:
+        """n choices per prompt, all validated before any is submitted. Sampling is read from the
+        body once per prompt (its output budget depends on the prompt's length); seeded sampling
+        gets seed + choice index so that choices differ."""
         requests = []
         for p, ids in enumerate(prompts):
+            params = self._sampling(body, len(ids), max_tokens, logprobs, choice_ids)
             for j in range(n):
-                requests.append(make(f"{rid}-{p * n + j}", ids, j))
+                seeded = replace(params, seed=params.seed + j) if j and params.seed is not None else params
+                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, **fields))
         return requests
 
     def _sampling(self, body: Body, prompt_len: int, max_tokens: int | None, logprobs: int | None,
-                  seed_offset: int, choice_ids: tuple[int, ...] | None = None):
+                  choice_ids: tuple[int, ...] | None):
         if choice_ids is not None:
             max_tokens = 1  # a single-token choice is the whole answer
-        budget = self.admission.output_budget(prompt_len, max_tokens)
-        params = self.admission.sampling(body, budget, logprobs)
-        if choice_ids is not None:
-            params = replace(params, allowed_token_ids=choice_ids)
-        if seed_offset and params.seed is not None:
-            params = replace(params, seed=params.seed + seed_offset)
-        return params
+        params = self.admission.sampling(body, self.admission.output_budget(prompt_len, max_tokens), logprobs)
+        return params if choice_ids is None else replace(params, allowed_token_ids=choice_ids)
 
     async def _choice(self, body: Body) -> tuple[int, ...] | None:
         """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the
@@ -82,12 +82,8 @@ class CompletionsAPI(Serving):
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
         rid = new_id("cmpl")
-        # Validate every prompt's length before anything is submitted.
-        for ids in prompts:
-            self._sampling(body, len(ids), max_tokens, logprobs, 0, choice)
-        requests = self.fan_out(rid, prompts, n, lambda req_id, ids, j: Request(
-            req_id, ids, self._sampling(body, len(ids), max_tokens, logprobs, j, choice),
-            prompt_logprobs=prompt_logprobs))
+        requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
+                                prompt_logprobs=prompt_logprobs)
         created = int(time.time())
         if stream:
             return EventStream(self._stream_completion(rid, created, requests, prompts, n, echo, include_usage))
@@ -114,7 +110,7 @@ class CompletionsAPI(Serving):
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
-    def _prompt_logprobs_field(self, prompt: list[int], entries: list[TokenLogprob]) -> list:
+    def _prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
         """vLLM's prompt_logprobs shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
         out: list = [None]
         for entry in entries:
@@ -135,7 +131,7 @@ class CompletionsAPI(Serving):
         choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if out.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = self._prompt_logprobs_field(prompt, out.prompt_logprobs)
+            choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
     async def _stream_completion(self, rid, created, requests, prompts, n, echo, include_usage):
@@ -199,10 +195,8 @@ class CompletionsAPI(Serving):
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
-        self._sampling(body, len(ids), max_tokens, logprobs, 0, choice)
         rid = new_id("chatcmpl")
-        requests = self.fan_out(rid, [ids], n, lambda req_id, p, j: Request(
-            req_id, p, self._sampling(body, len(p), max_tokens, logprobs, j, choice)))
+        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice)
         created = int(time.time())
         if stream:
             return EventStream(self._stream_chat(rid, created, requests, len(ids), include_usage))
