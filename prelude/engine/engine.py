@@ -152,7 +152,7 @@ class Engine:
             out = self._output(tracked, result)
             if out.finished:
                 del self._tracked[work.request.request_id]
-                self.scheduler.finish(work, out.finish_reason)
+                self.scheduler.finish(work)
                 self.stats.on_finish(work, out.num_output_tokens, out.finish_reason, now)
                 if logger.isEnabledFor(logging.DEBUG):
                     self._log_finished(tracked, out, now)
@@ -209,6 +209,6 @@ class Engine:
         request_id = tracked.work.request.request_id
         if self._tracked.pop(request_id, None) is None:
             return
-        self.scheduler.finish(tracked.work, reason)
+        self.scheduler.finish(tracked.work)
         self.stats.on_abort()
         tracked.stream.put(RequestOutput(request_id, finished=True, finish_reason=reason))

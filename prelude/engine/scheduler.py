@@ -131,7 +131,7 @@ class Scheduler:
         self.waiting.push(work)
         return work
 
-    def finish(self, work: Work, reason: str) -> None:
+    def finish(self, work: Work) -> None:
         """Ends work (normally or not) and frees what it holds. Safe while a step including it is
         in flight: its blocks are not reused before that step's update, which skips it."""
         if isinstance(work, OneShotJob):
@@ -146,7 +146,6 @@ class Scheduler:
         else:
             self.waiting.remove(work)
         work.status = SeqStatus.FINISHED
-        work.finish_reason = reason
         self.pool.release(work.blocks)
         work.blocks = []
 
@@ -381,7 +380,7 @@ class Scheduler:
             work.job.aborted = True
             works.append(work.job)
         for seq in [s for s, _ in step.prefills] + list(step.decodes):
-            self.finish(seq, "abort")
+            self.finish(seq)
             works.append(seq)
         return works
 

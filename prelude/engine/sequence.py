@@ -14,8 +14,7 @@ class SeqStatus(enum.Enum):
 
 class Sequence:
     __slots__ = ("seq_id", "request", "token_ids", "num_computed", "blocks", "num_published",
-                 "status", "num_cached_tokens", "finish_reason", "first_scheduled", "first_token_time",
-                 "deferred")
+                 "status", "num_cached_tokens", "first_scheduled", "deferred")
 
     def __init__(self, seq_id: int, request: Request):
         self.seq_id = seq_id
@@ -26,9 +25,7 @@ class Sequence:
         self.num_published = 0  # leading blocks handed to the prefix cache
         self.status = SeqStatus.WAITING
         self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
-        self.finish_reason: str | None = None
         self.first_scheduled: float | None = None
-        self.first_token_time: float | None = None
         self.deferred = False  # waited one tick behind a leader computing its prefix
 
     @property

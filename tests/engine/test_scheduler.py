@@ -31,7 +31,7 @@ def step(scheduler: Scheduler, executor: CountingExecutor):
     events = scheduler.update(planned, executor.execute(planned.batch))
     for work, _ in events:
         if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
-            scheduler.finish(work, "length")
+            scheduler.finish(work)
     return planned
 
 
@@ -158,7 +158,7 @@ def test_randomized_mix_with_aborts_and_failed_steps_keeps_block_accounting():
             prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
             live.append(scheduler.add(req(tick, prompt, max_tokens=rng.choice([0, 1, 1, 3, 8]))))
         if live and rng.random() < 0.1:
-            scheduler.finish(live.pop(rng.randrange(len(live))), "abort")
+            scheduler.finish(live.pop(rng.randrange(len(live))))
         planned = scheduler.schedule()
         if planned is not None and rng.random() < 0.03:  # the device step fails
             executor.fail_next = True
@@ -173,10 +173,10 @@ def test_randomized_mix_with_aborts_and_failed_steps_keeps_block_accounting():
             if rng.random() < 0.05:  # abort while the step is in flight
                 victim = rng.choice([s for s, _ in planned.prefills] + list(planned.decodes) or [None])
                 if victim is not None:
-                    scheduler.finish(victim, "abort")
+                    scheduler.finish(victim)
             for work, _ in scheduler.update(planned, executor.execute(planned.batch)):
                 if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
-                    scheduler.finish(work, "length")
+                    scheduler.finish(work)
         # Between steps the only blocks in use are Decode sequences': OneShot rows keep none.
         assert scheduler.pool.num_used_blocks == held_by_sequences(scheduler)
         scheduler.pool.check_integrity()
