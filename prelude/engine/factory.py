@@ -14,7 +14,7 @@ from prelude.config import Config
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.model.config import ModelConfig, UnsupportedModel
-from prelude.tokenizer.chat import ChatTemplate
+from prelude.tokenizer.chat import ChatTemplate, special_token_text, tokenizer_config
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +75,10 @@ def resolve_model_dir(config: Config) -> Path:
 
 def _eos_ids(model_dir: Path, model_config: ModelConfig, tokenizer) -> tuple[int, ...]:
     ids = list(model_config.eos_token_ids)
-    tok_config = model_dir / "tokenizer_config.json"
-    if tok_config.is_file():
-        eos = json.loads(tok_config.read_text(encoding="utf-8")).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if eos and tokenizer.token_to_id(eos) is not None:
-            ids.append(tokenizer.token_to_id(eos))
+    eos = special_token_text(tokenizer_config(model_dir).get("eos_token"))
+    eos_id = tokenizer.token_to_id(eos) if eos else None
+    if eos_id is not None:
+        ids.append(eos_id)
     return tuple(dict.fromkeys(ids))
 
 
@@ -91,9 +89,8 @@ def build_engine(config: Config) -> tuple[Engine, ServedModel]:
     tokenizer = tokenizers.load(model_dir, config.tokenizer_backend)
     eos_ids = _eos_ids(model_dir, model_config, tokenizer)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
-    temp_budget = CPU_TEMP_MEMORY_BYTES
     if config.executor == "null":
-        executor, num_blocks, temp_per_token, dtype_size = _null_executor(config, model_config, eos_ids)
+        executor, num_blocks, temp_per_token, temp_budget = _null_executor(config, model_config, eos_ids)
     else:
         executor, num_blocks, temp_per_token, temp_budget = _model_executor(
             config, model_dir, model_config, max_model_len)
@@ -121,7 +118,7 @@ def _null_executor(config: Config, model_config: ModelConfig, eos_ids):
     from prelude.executor.null_executor import NullExecutor
 
     executor = NullExecutor(model_config, config.block_size, frozenset(eos_ids))
-    return executor, config.num_kv_blocks or 65536, 0, 4
+    return executor, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES
 
 
 def _model_executor(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int):

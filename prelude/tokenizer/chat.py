@@ -34,7 +34,14 @@ def _compile(source: str):
     return env.from_string(source)
 
 
-def _token_text(value: Any) -> str | None:
+def tokenizer_config(model_dir: Path) -> dict:
+    """tokenizer_config.json of a model directory ({} when there is none)."""
+    path = model_dir / "tokenizer_config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def special_token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json gives it: a string, or an AddedToken object."""
     if isinstance(value, dict):
         return value.get("content")
     return value
@@ -52,8 +59,7 @@ class ChatTemplate:
         """The template of a model directory: chat_template.jinja, else tokenizer_config.json's
         chat_template (a string, or a list of named templates of which "default" is used)."""
         model_dir = Path(model_dir)
-        config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        config = tokenizer_config(model_dir)
         jinja_path = model_dir / "chat_template.jinja"
         source = jinja_path.read_text(encoding="utf-8") if jinja_path.is_file() else config.get("chat_template")
         if isinstance(source, list):
@@ -61,7 +67,8 @@ class ChatTemplate:
             source = named.get("default") or next(iter(named.values()), None)
         if not source:
             return None
-        return cls(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+        return cls(source, special_token_text(config.get("bos_token")),
+                   special_token_text(config.get("eos_token")))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:
