@@ -14,7 +14,7 @@ from prelude.engine.request import Request, Task
 from prelude.engine.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import Serving, json_response, new_id
+from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage
 
 # Most inputs (or items, or documents) one request may carry.
 MAX_ITEMS = 1024
@@ -68,9 +68,8 @@ class DecisionAPI(Serving):
         return ids[:end]
 
     def _envelope(self, rid: str, data: list, prompts: list[list[int]]) -> dict:
-        tokens = sum(map(len, prompts))
         return {"id": rid, "object": "list", "created": int(time.time()), "model": self.model_name,
-                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+                "data": data, "usage": prompt_usage(prompts)}
 
     async def _classify_rows(self, http, rid: str, prompts: list[list[int]]) -> list[list[float]]:
         self._require_classifier()
@@ -167,8 +166,7 @@ class DecisionAPI(Serving):
         items = body.list("items", nonempty=True)
         if items is None:
             raise bad_request("'items' is required", "items")
-        if len(items) > MAX_ITEMS:
-            raise bad_request(f"'items' has {len(items)} entries; at most {MAX_ITEMS} are allowed", "items")
+        check_count("items", len(items), MAX_ITEMS)
         item_first = body.bool("item_first")
         if isinstance(query, str) and all(isinstance(i, str) for i in items):
             texts = [item + query if item_first else query + item for item in items]
@@ -188,9 +186,8 @@ class DecisionAPI(Serving):
             label_ids = self._label_ids(body)
             prompts = await self._label_prompts(body)
             scores = await self._label_scores(http, rid, prompts, label_ids, body.bool("apply_softmax"))
-            tokens = sum(map(len, prompts))
             return json_response({"scores": scores, "model": self.model_name, "object": "scoring",
-                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                                  "usage": prompt_usage(prompts)})
         queries, documents = self._pairs(body)
         relevance, prompts = await self._relevance_scores(http, rid, queries, documents, body)
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(relevance)]
@@ -206,8 +203,7 @@ class DecisionAPI(Serving):
         for name, values in ((first_name, first), (second_name, second)):
             if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
                 raise bad_request(f"'{name}' must be a non-empty string or array of non-empty strings", name)
-            if len(values) > MAX_ITEMS:
-                raise bad_request(f"'{name}' has {len(values)} entries; at most {MAX_ITEMS} are allowed", name)
+            check_count(name, len(values), MAX_ITEMS)
         if len(first) == 1:
             first = first * len(second)
         elif len(first) != len(second):
@@ -246,9 +242,7 @@ class DecisionAPI(Serving):
         documents = [d.get("text") if isinstance(d, dict) else d for d in raw_documents]
         if not all(isinstance(d, str) and d for d in documents):
             raise bad_request("'documents' must be non-empty strings or objects with a 'text'", "documents")
-        if len(documents) > MAX_ITEMS:
-            raise bad_request(f"'documents' has {len(documents)} entries; at most {MAX_ITEMS} are allowed",
-                              "documents")
+        check_count("documents", len(documents), MAX_ITEMS)
         top_n = body.int("top_n", len(documents), lo=1)
         return_documents = body.bool("return_documents", True)
         rid = new_id("rerank")
@@ -260,6 +254,5 @@ class DecisionAPI(Serving):
             if return_documents:
                 result["document"] = {"text": documents[i]}
             results.append(result)
-        tokens = sum(map(len, prompts))
         return json_response({"id": rid, "model": self.model_name, "results": results,
-                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                              "usage": prompt_usage(prompts)})

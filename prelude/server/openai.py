@@ -248,9 +248,9 @@ class CompletionsAPI(Serving):
         streams = self.submit_all(requests)
         finals: dict[int, RequestOutput] = {}
 
-        def chunk(choices):
+        def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                        "model": self.model_name, "choices": choices})
+                        "model": self.model_name, "choices": choices, **extra})
 
         try:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -265,9 +265,7 @@ class CompletionsAPI(Serving):
                     finals[index] = out
                 yield chunk([choice])
             if include_usage:
-                yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                           "model": self.model_name, "choices": [],
-                           "usage": self.usage([finals[i] for i in sorted(finals)], [prompt_len])})
+                yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
             yield SSE_DONE
         except EngineError as exc:
             yield sse(APIError(500, str(exc)).body())

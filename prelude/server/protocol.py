@@ -60,10 +60,17 @@ class Body:
     def param(self, name: str) -> str:
         return self.prefix + name
 
+    def invalid(self, name: str, problem: str) -> APIError:
+        """A 400 naming the field (with its path inside nested objects)."""
+        return bad_request(f"'{self.param(name)}' {problem}", self.param(name))
+
+    def _wrong_type(self, name: str, expected: str, value) -> APIError:
+        return self.invalid(name, f"must be {expected}, got {_type_name(value)}")
+
     def require(self, name: str):
         value = self._raw(name)
         if value is _MISSING:
-            raise bad_request(f"'{self.param(name)}' is required", self.param(name))
+            raise self.invalid(name, "is required")
         return value
 
     def int(self, name: str, default=None, lo: int | None = None, hi: int | None = None):
@@ -73,7 +80,7 @@ class Body:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise bad_request(f"'{self.param(name)}' must be an integer, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "an integer", value)
         self._check_range(name, value, lo, hi)
         return value
 
@@ -82,7 +89,7 @@ class Body:
         if value is _MISSING:
             return default
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise bad_request(f"'{self.param(name)}' must be a number, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "a number", value)
         self._check_range(name, value, lo, hi)
         return float(value)
 
@@ -91,7 +98,7 @@ class Body:
         if value is _MISSING:
             return default
         if not isinstance(value, bool):
-            raise bad_request(f"'{self.param(name)}' must be a boolean, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "a boolean", value)
         return value
 
     def str(self, name: str, default=None):
@@ -99,7 +106,7 @@ class Body:
         if value is _MISSING:
             return default
         if not isinstance(value, str):
-            raise bad_request(f"'{self.param(name)}' must be a string, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "a string", value)
         return value
 
     def list(self, name: str, default=None, nonempty: bool = False):
@@ -107,9 +114,9 @@ class Body:
         if value is _MISSING:
             return default
         if not isinstance(value, list):
-            raise bad_request(f"'{self.param(name)}' must be an array, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "an array", value)
         if nonempty and not value:
-            raise bad_request(f"'{self.param(name)}' must not be empty", self.param(name))
+            raise self.invalid(name, "must not be empty")
         return value
 
     def object(self, name: str) -> "Body | None":
@@ -117,7 +124,7 @@ class Body:
         if value is _MISSING:
             return None
         if not isinstance(value, dict):
-            raise bad_request(f"'{self.param(name)}' must be an object, got {_type_name(value)}", self.param(name))
+            raise self._wrong_type(name, "an object", value)
         return Body(value, prefix=f"{self.param(name)}.")
 
     def str_list(self, name: str, max_items: int | None = None) -> tuple[str, ...]:
@@ -127,9 +134,9 @@ class Body:
             return ()
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise bad_request(f"'{self.param(name)}' must be a string or an array of strings", self.param(name))
+            raise self.invalid(name, "must be a string or an array of strings")
         if max_items is not None and len(items) > max_items:
-            raise bad_request(f"'{self.param(name)}' accepts at most {max_items} items", self.param(name))
+            raise self.invalid(name, f"accepts at most {max_items} items")
         return tuple(items)
 
     def int_list(self, name: str, lo: int = 0, hi: int | None = None) -> tuple[int, ...] | None:
@@ -137,13 +144,13 @@ class Body:
         if value is None:
             return None
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise bad_request(f"'{self.param(name)}' must be an array of integers", self.param(name))
+            raise self.invalid(name, "must be an array of integers")
         for v in value:
             self._check_range(name, v, lo, hi)
         return tuple(value)
 
     def _check_range(self, name: str, value, lo, hi) -> None:
         if lo is not None and value < lo:
-            raise bad_request(f"'{self.param(name)}' must be >= {lo}, got {value}", self.param(name))
+            raise self.invalid(name, f"must be >= {lo}, got {value}")
         if hi is not None and value > hi:
-            raise bad_request(f"'{self.param(name)}' must be <= {hi}, got {value}", self.param(name))
+            raise self.invalid(name, f"must be <= {hi}, got {value}")

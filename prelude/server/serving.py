@@ -30,6 +30,18 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(dumps(obj), status_code=status, media_type="application/json")
 
 
+def check_count(name: str, count: int, limit: int | None) -> None:
+    """Refuses a list input longer than the per-request limit."""
+    if limit is not None and count > limit:
+        raise bad_request(f"'{name}' has {count} entries; at most {limit} are allowed", name)
+
+
+def prompt_usage(prompts: list[list[int]]) -> dict:
+    """Usage of requests that generate nothing: every token is a prompt token."""
+    tokens = sum(map(len, prompts))
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
 def _is_ids(value: Any) -> bool:
     """The one-prompt-of-token-ids form (check_ids validates every id afterwards)."""
     return isinstance(value, list) and bool(value) and isinstance(value[0], int)
@@ -64,8 +76,7 @@ class Serving:
             items = value
         else:
             raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids", name)
-        if max_items is not None and len(items) > max_items:
-            raise bad_request(f"'{name}' has {len(items)} items; at most {max_items} are allowed", name)
+        check_count(name, len(items), max_items)
         for item in items:
             if isinstance(item, str) and not item:
                 raise bad_request(f"'{name}' must not contain empty strings", name)
