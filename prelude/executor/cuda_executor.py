@@ -12,7 +12,6 @@ from typing import Sequence
 import torch
 
 from prelude.engine.batch import (
-    BatchResult,
     DecodeBatch,
     DecodeRow,
     ForwardBatch,
@@ -20,13 +19,11 @@ from prelude.engine.batch import (
     OneShotBatch,
     OutputSpec,
     PrefillRow,
-    decode_rows,
-    prefill_rows,
 )
 from prelude.engine.sampling import GREEDY
 from prelude.executor.attention.base import AttentionBackend, StepLayout
 from prelude.executor.cuda_graphs import PREFILL_SIZES, GraphRunner, Kind, decode_sizes
-from prelude.executor.model_executor import HostStep, ModelExecutor, host_step
+from prelude.executor.model_executor import HostStep, ModelExecutor
 from prelude.model.decoder import DecoderLM
 
 logger = logging.getLogger(__name__)
@@ -64,21 +61,11 @@ class CudaExecutor(ModelExecutor):
 
             self._gather = gather_last
 
-    @torch.inference_mode()
-    def execute(self, batch: ForwardBatch) -> BatchResult:
-        return self._execute(batch, graphs=True)
-
-    def _execute(self, batch: ForwardBatch, graphs: bool) -> BatchResult:
-        prefills, decodes = prefill_rows(batch), decode_rows(batch)
-        step = host_step(prefills, decodes, self.block_size)
-        kind, bucket = self._graph_bucket(batch, step) if graphs else (None, None)
-        if bucket is not None:
-            hidden, layout = self._replay(kind, bucket, step)
-        else:
-            input_ids, positions, layout = self._upload(step)
-            self.attention.plan(layout)
-            hidden = self.model(input_ids, positions, self.attention)
-        return BatchResult(self._outputs(hidden, prefills, decodes, layout))
+    def _forward(self, batch: ForwardBatch, step: HostStep) -> tuple[torch.Tensor, StepLayout]:
+        kind, bucket = self._graph_bucket(batch, step)
+        if bucket is None:
+            return super()._forward(batch, step)
+        return self._replay(kind, bucket, step)
 
     # -- inputs -----------------------------------------------------------------------------
     def _fill(self, step: HostStep, width: int, pad_slot: int) -> int:
@@ -97,7 +84,7 @@ class CudaExecutor(ModelExecutor):
         n = len(step.ids)
         if max(n, len(step.starts)) > self.host.shape[1]:  # an oversize row running alone
             self._starts = None
-            return self._unstaged(step)
+            return super()._upload(step)
         cols = self._fill(step, n, -1)
         self.staged[:, :cols].copy_(self.host[:, :cols], non_blocking=True)
         self._record_copy()
@@ -107,10 +94,6 @@ class CudaExecutor(ModelExecutor):
     def _record_copy(self) -> None:
         if self.copied is not None:
             self.copied.record()
-
-    def _unstaged(self, step: HostStep):
-        to_tensor = lambda xs: torch.tensor(xs, dtype=torch.long).to(self.device)
-        return to_tensor(step.ids), to_tensor(step.positions), step.layout(to_tensor(step.slots))
 
     # -- graphs -----------------------------------------------------------------------------
     def _graph_bucket(self, batch: ForwardBatch, step: HostStep) -> tuple[Kind | None, int | None]:
@@ -163,8 +146,12 @@ class CudaExecutor(ModelExecutor):
             MixedBatch([PrefillRow(-2, [1] * (bs + 1), bs, [0, 1], spec)], [DecodeRow(-3, 1, 3, [2], spec)]),
             DecodeBatch([DecodeRow(-4, 1, 3, [2], spec)]),
         ]
-        for batch in batches:
-            self._execute(batch, graphs=False)
+        graphs, self.graphs = self.graphs, None  # graphs stay lazy: warm the eager path only
+        try:
+            for batch in batches:
+                self.execute(batch)
+        finally:
+            self.graphs = graphs
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         logger.info("CUDA warmup in %.2fs (attention %s, ops %s, graphs %s)", time.perf_counter() - start,

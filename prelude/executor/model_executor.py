@@ -40,13 +40,16 @@ class ModelExecutor(Executor):
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> BatchResult:
         prefills, decodes = prefill_rows(batch), decode_rows(batch)
-        input_ids, positions, layout = self._flatten(prefills, decodes)
-        self.attention.plan(layout)
-        hidden = self.model(input_ids, positions, self.attention)
+        hidden, layout = self._forward(batch, host_step(prefills, decodes, self.block_size))
         return BatchResult(self._outputs(hidden, prefills, decodes, layout))
 
-    def _flatten(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow]):
-        step = host_step(prefills, decodes, self.block_size)
+    def _forward(self, batch: ForwardBatch, step: HostStep) -> tuple[torch.Tensor, StepLayout]:
+        """Final hidden states of every token of the step, and the layout they were computed in."""
+        input_ids, positions, layout = self._upload(step)
+        self.attention.plan(layout)
+        return self.model(input_ids, positions, self.attention), layout
+
+    def _upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
         return self._to_device(step.ids), self._to_device(step.positions), step.layout(self._to_device(step.slots))
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
