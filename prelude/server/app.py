@@ -72,9 +72,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         body = await openai.body(http)
         add_special = body.bool("add_special_tokens", True)
         if body.has("messages"):
-            if served.chat_template is None:
-                raise bad_request("this model has no chat template", "messages")
-            text = served.chat_template.render(openai._messages(body), body.bool("add_generation_prompt", True))
+            text = openai.render_chat(body)
             add_special = body.bool("add_special_tokens", False)
         else:
             text = body.str("prompt")

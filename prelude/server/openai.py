@@ -169,18 +169,7 @@ class CompletionsAPI(Serving):
     # -- /v1/chat/completions ---------------------------------------------------------------
     async def chat(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
-        if self.chat_template is None:
-            raise bad_request("this model has no chat template; use /v1/completions")
-        messages = self._messages(body)
-        kwargs = body.object("chat_template_kwargs")
-        try:
-            text = self.chat_template.render(
-                messages, add_generation_prompt=body.bool("add_generation_prompt", True),
-                tools=body.list("tools"), **(kwargs.data if kwargs else {}))
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), "messages") from None
-        except TypeError as exc:
-            raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
+        text = self.render_chat(body)
         # The template already placed any BOS; encoding must not add another.
         ids = await self.admission.encode(text, add_special_tokens=False)
         if not ids:
@@ -208,6 +197,20 @@ class CompletionsAPI(Serving):
         return json_response({"id": rid, "object": "chat.completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(ids)])})
+
+    def render_chat(self, body: Body) -> str:
+        """The prompt text of a chat request (/v1/chat/completions, /tokenize with messages)."""
+        if self.chat_template is None:
+            raise bad_request("this model has no chat template; use /v1/completions")
+        kwargs = body.object("chat_template_kwargs")
+        try:
+            return self.chat_template.render(
+                self._messages(body), add_generation_prompt=body.bool("add_generation_prompt", True),
+                tools=body.list("tools"), **(kwargs.data if kwargs else {}))
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+        except TypeError as exc:
+            raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
 
     def _messages(self, body: Body) -> list[dict]:
         messages = body.list("messages", nonempty=True)

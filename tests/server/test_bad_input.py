@@ -7,6 +7,7 @@ import pytest
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+TOKENIZE = "/tokenize"
 
 CASES = [
     # (path, raw body or json, expected status, expected param)
@@ -43,6 +44,10 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,
      "logprobs"),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
+    (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
+    (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
+     "chat_template_kwargs"),
 ]
 
 
