@@ -55,13 +55,10 @@ class Config:
 
     def __post_init__(self) -> None:
         positive = ("port", "tokenizer_workers", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                    "max_request_bytes")
+                    "max_request_bytes", "num_kv_blocks", "max_model_len", "kv_cache_memory")
         for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-        for name in ("num_kv_blocks", "max_model_len", "kv_cache_memory"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value <= 0:  # None: unset optional flags
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")

@@ -1,0 +1,38 @@
+"""Command-line flags: vLLM's names, byte sizes, and errors that name the bad flag."""
+from __future__ import annotations
+
+import pytest
+
+from prelude.config import Config, parse_args, parse_bytes
+
+
+def test_flags_map_onto_config():
+    config = parse_args(["--model", "/models/q/", "--max-num-seqs", "8", "--kv-cache-memory", "2GiB",
+                         "--no-enable-prefix-caching", "--disable-oneshot", "--pooling", "mean"])
+    assert config.model_name == "/models/q"
+    assert (config.max_num_seqs, config.kv_cache_memory) == (8, 2 * 2**30)
+    assert not config.enable_prefix_caching and config.disable_oneshot and config.pooling == "mean"
+    assert parse_args([]) == Config()
+
+
+@pytest.mark.parametrize("text,expected", [("512MB", 512 * 10**6), ("512MiB", 512 * 2**20), ("4gib", 4 * 2**30),
+                                           ("1.5k", 1500), ("123", 123), ("7b", 7)])
+def test_byte_sizes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--port", "0"], "--port"),
+    (["--num-kv-blocks", "0"], "--num-kv-blocks"),
+    (["--max-model-len", "-5"], "--max-model-len"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--dtype", "int8"], "--dtype"),
+    (["--pooling", "max"], "--pooling"),
+    (["--max-logprobs", "-1"], "--max-logprobs"),
+    (["--kv-cache-memory", "lots"], "--kv-cache-memory"),
+])
+def test_bad_flag_is_a_usage_error_naming_it(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
