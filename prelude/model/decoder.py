@@ -79,10 +79,6 @@ class DecoderLM(nn.Module):
             if isinstance(module, UsesOps):
                 module.ops = ops
 
-    @property
-    def has_lm_head(self) -> bool:
-        return self.config.head == "ForCausalLM"
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
         x = self.model.embed_tokens(input_ids)
