@@ -72,7 +72,8 @@ def cost_table(results: Sequence[RunResult]) -> str:
         s = r.summary
         cores = r.server_cpu_s / s.duration_s if r.server_cpu_s is not None and s.duration_s else None
         rows.append([r.server, r.workload, r.level.label, s.completed, s.errors, s.request_rate,
-                     r.server_cpu_us_per_request, cores, r.client_cpu_s / s.duration_s * 100 if s.duration_s else None,
+                     r.server_cpu_us_per_request, cores,
+                     None if r.client_cpu_share is None else r.client_cpu_share * 100,
                      None if s.e2e.p50 is None else s.e2e.p50 * 1000])
     return report.table(["server", "class", "load", "ok", "err", "max req/s", "srv CPU us/req", "srv cores",
                          "client CPU%", "E2E p50 ms"], rows)

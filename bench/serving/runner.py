@@ -54,6 +54,11 @@ class RunResult:
         return self.summary.request_rate * self.rows_per_request
 
     @property
+    def client_cpu_share(self) -> float | None:
+        """Cores' worth of CPU this process used over the run's window (1.0: one full core)."""
+        return self.client_cpu_s / self.summary.duration_s if self.summary.duration_s else None
+
+    @property
     def server_cpu_us_per_request(self) -> float | None:
         if self.server_cpu_s is None or not self.summary.completed:
             return None
