@@ -209,12 +209,15 @@ def targets(args: argparse.Namespace, server_args: list[str]) -> list[Target]:
         if args.ablation or args.compare or server_args:
             raise SystemExit("--ablation, --compare and server flags need a launched server; drop --base-url")
         return [Target("target", args.base_url.rstrip("/"))]
-    runs = [(label, [*server_args, *extra]) for label, extra in zip(comparison_labels(args) or ("prelude",),
-                                                                     ([], comparison_flags(args)))]
+    labels = comparison_labels(args)
+    if labels is None:
+        runs = [("prelude", server_args)]
+    else:
+        runs = [(labels[0], server_args), (labels[1], [*server_args, *comparison_flags(args)])]
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return [Target(label, "", ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
-                                            args.log_dir / f"{stamp}-{label}.log", label))
-            for label, flags in runs]
+    servers = [ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
+                             args.log_dir / f"{stamp}-{label}.log", label) for label, flags in runs]
+    return [Target(server.label, server.base_url, server) for server in servers]
 
 
 async def run(args: argparse.Namespace, server_args: list[str]) -> tuple[list[RunResult], list[dict]]:
@@ -225,7 +228,6 @@ async def run(args: argparse.Namespace, server_args: list[str]) -> tuple[list[Ru
         if server is not None:
             print(f"starting {target.label}: {' '.join(server.argv)} (log {server.log_path})", file=sys.stderr)
             server.start()
-            target.base_url = server.base_url
         try:
             results += await bench_target(target, args)
         finally:
