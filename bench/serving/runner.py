@@ -8,7 +8,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence, TextIO
+from typing import Sequence
 
 from bench.serving import proc
 from bench.serving.client import ClientPool
@@ -69,9 +69,9 @@ class Progress:
     """One stderr line, rewritten in place on a terminal; elsewhere (logs, CI) a line every few
     seconds so the output stays readable."""
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None, enabled: bool = True):
+    def __init__(self, label: str, total: int, enabled: bool = True):
         self.label, self.total = label, total
-        self.stream = stream or sys.stderr
+        self.stream = sys.stderr
         self.enabled = enabled
         self.tty = self.stream.isatty()
         self.done = self.errors = 0
