@@ -38,15 +38,15 @@ def _rms_norm_kernel(
 
 
 def _row_layout(x: torch.Tensor) -> tuple[int, int, int, int]:
-    """(rows, inner, stride_outer, stride_inner) addressing the rows of x's leading dims."""
+    """(rows, inner, stride_outer, stride_inner) addressing the rows of x's leading dims (x has
+    at most 3 dims: rms_norm flattens more before it gets here)."""
     if x.stride(-1) != 1:
         raise ValueError("rms_norm needs a unit stride on the normalized dimension")
+    if x.dim() == 1:
+        return 1, 1, 0, 0
     if x.dim() == 2:
         return x.shape[0], 1, x.stride(0), 0
-    if x.dim() == 3:
-        return x.shape[0] * x.shape[1], x.shape[1], x.stride(0), x.stride(1)
-    flat = x.reshape(-1, x.shape[-1])
-    return flat.shape[0], 1, flat.stride(0), 0
+    return x.shape[0] * x.shape[1], x.shape[1], x.stride(0), x.stride(1)
 
 
 def _launch_config(n_cols: int) -> tuple[int, int]:

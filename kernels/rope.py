@@ -14,13 +14,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_rotate(x1, x2, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+def _norm_rotate(src, dst, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Loads one head's halves from src, normalizes (HAS_NORM) and rotates them, stores them
+    at dst (contiguous) and returns them for the cache write."""
+    d = tl.arange(0, HALF)
+    x1 = tl.load(src + d)
+    x2 = tl.load(src + HALF + d)
     dtype = x1.dtype
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     if HAS_NORM:
         inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
-        d = tl.arange(0, HALF)
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
         f1 = (w1 * (f1 * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
@@ -29,7 +33,11 @@ def _norm_rotate(x1, x2, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.
     b = (f2 * sin).to(dtype).to(tl.float32)
     c = (f2 * cos).to(dtype).to(tl.float32)
     e = (f1 * sin).to(dtype).to(tl.float32)
-    return (a - b).to(dtype), (c + e).to(dtype)
+    o1 = (a - b).to(dtype)
+    o2 = (c + e).to(dtype)
+    tl.store(dst + d, o1)
+    tl.store(dst + HALF + d, o2)
+    return o1, o2
 
 
 @triton.jit
@@ -46,20 +54,13 @@ def _rope_kv_kernel(
     cos = tl.load(cos_ptr + t * cos_stride + d).to(tl.float32)
     sin = tl.load(sin_ptr + t * sin_stride + d).to(tl.float32)
     if h < num_q_heads:
-        src = q_ptr + t * q_stride_t + h * q_stride_h
-        o1, o2 = _norm_rotate(tl.load(src + d), tl.load(src + HALF + d), qn_ptr, cos, sin, eps,
-                              HALF, HAS_NORM)
-        dst = q_out_ptr + (t * num_q_heads + h) * (2 * HALF)
-        tl.store(dst + d, o1)
-        tl.store(dst + HALF + d, o2)
+        _norm_rotate(q_ptr + t * q_stride_t + h * q_stride_h, q_out_ptr + (t * num_q_heads + h) * (2 * HALF),
+                     qn_ptr, cos, sin, eps, HALF, HAS_NORM)
     else:
         kh = h - num_q_heads
-        src = k_ptr + t * k_stride_t + kh * k_stride_h
-        o1, o2 = _norm_rotate(tl.load(src + d), tl.load(src + HALF + d), kn_ptr, cos, sin, eps,
+        o1, o2 = _norm_rotate(k_ptr + t * k_stride_t + kh * k_stride_h,
+                              k_out_ptr + (t * num_kv_heads + kh) * (2 * HALF), kn_ptr, cos, sin, eps,
                               HALF, HAS_NORM)
-        dst = k_out_ptr + (t * num_kv_heads + kh) * (2 * HALF)
-        tl.store(dst + d, o1)
-        tl.store(dst + HALF + d, o2)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
             cache = (slot * num_kv_heads + kh) * (2 * HALF)

@@ -12,16 +12,15 @@ import argparse
 import asyncio
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Sequence
 
 from bench.serving import proc, report
 from bench.serving.client import make_client
-from bench.serving.loadgen import int_list, model_name, split_server_args
-from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
+from bench.serving.loadgen import int_list, launch_plan, prompt_source, split_server_args, started
+from bench.serving.prompts import TokenizerError
 from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
+from bench.serving.server import ServerError, ServerProcess
 from bench.serving.workloads import Fixed, Options
 
 
@@ -48,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def measure(server: ServerProcess, args: argparse.Namespace) -> list[RunResult]:
     async with make_client(server.base_url, 4, 60.0) as client:
-        model = await model_name(client)
-        tokenizer: TextTokenizer = LocalTokenizer(args.tokenizer) if args.tokenizer else RemoteTokenizer(client, model)
-        factory = await PromptFactory.from_tokenizer(tokenizer)
+        model, _, factory = await prompt_source(client, args.tokenizer)
     options = Options(model)
     classes = [("OneShot", Fixed(factory, options, args.input_len, 1)),
                ("Decode", Fixed(factory, options, args.input_len, args.decode_tokens))]
@@ -72,7 +69,8 @@ def cost_table(results: Sequence[RunResult]) -> str:
         s = r.summary
         cores = r.server_cpu_s / s.duration_s if r.server_cpu_s is not None and s.duration_s else None
         rows.append([r.server, r.workload, r.level.label, s.completed, s.errors, s.request_rate,
-                     r.server_cpu_us_per_request, cores, r.client_cpu_s / s.duration_s * 100 if s.duration_s else None,
+                     r.server_cpu_us_per_request, cores,
+                     None if r.client_cpu_share is None else r.client_cpu_share * 100,
                      None if s.e2e.p50 is None else s.e2e.p50 * 1000])
     return report.table(["server", "class", "load", "ok", "err", "max req/s", "srv CPU us/req", "srv cores",
                          "client CPU%", "E2E p50 ms"], rows)
@@ -85,22 +83,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("cpu_cost reads /proc/<pid>/stat; this system has no /proc")
     base = ["--executor", "null", *(["--model", args.model] if args.model else []), *server_args]
     runs = [("prelude", base)] + ([("ablation", [*base, "--disable-oneshot"])] if args.ablation else [])
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     results: list[RunResult] = []
     servers = []
-    for label, flags in runs:
-        server = ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
-                               args.log_dir / f"{stamp}-cpu-{label}.log", label)
-        print(f"starting {label}: {' '.join(server.argv)} (log {server.log_path})", file=sys.stderr)
+    for server in launch_plan(runs, args.server_cmd, args.log_dir, log_tag="cpu-"):
         try:
-            server.start()
-            results += asyncio.run(measure(server, args))
+            with started(server):
+                results += asyncio.run(measure(server, args))
         except (ServerError, TokenizerError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        finally:
-            server.stop()
-        servers.append({"label": label, "argv": server.argv, "log": str(server.log_path)})
+        servers.append({"label": server.label, "argv": server.argv, "log": str(server.log_path)})
     print("\nServer CPU per request (null executor; CPU from /proc/<pid>/stat, 10 ms ticks)")
     print(cost_table(results))
     if args.ablation:

@@ -7,9 +7,14 @@ the real configs, the Prelude server started on each (startup = time until /heal
   4B    512 in / 1 out   c=1..96   sweep
 
 Prints one table and writes $OUT/gpu_table2.json (OUT defaults to ./bench-results) plus each
-server's log. The HTTP driver is a minimal self-contained httpx client (streaming, so TTFT is
-measured at the first token). Each workload starts with unmeasured warm-up requests so lazily
-captured CUDA graphs are in place before timing.
+server's log. Requests go through bench.serving's closed-loop runner, as `python -m
+bench.serving` sends them: one keep-alive connection per worker, opened before timing, bodies
+serialized before the run, every request streamed so TTFT is measured at the first token, and
+percentiles from bench.serving.stats. Each workload starts with unmeasured warm-up requests on
+the same connections so lazily captured CUDA graphs are in place before timing.
+
+Run as a script (gpu_check.sh) or as `python -m bench.serving.gpu_table2`; on a CPU machine
+`--models tiny` checks the whole path end to end in well under a minute.
 """
 from __future__ import annotations
 
@@ -19,15 +24,20 @@ import json
 import os
 import random
 import shutil
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script: bench.serving must import from this checkout
+    sys.path.insert(0, str(REPO))
+
+from bench.serving.prompts import Prompt
+from bench.serving.runner import Level, Limits, RunResult, run_level
+from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.workloads import Options, Workload
+
+SERVED_NAME = "bench"
 SIZES = {  # the published Qwen3 configs, less what they share (COMMON)
     "0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
     "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32),
@@ -83,116 +93,62 @@ def write_checkpoint(target: Path, size: str, tokenizer: Path | None, seed: int 
     return target
 
 
-class Server:
-    """`python -m prelude` in a subprocess; startup is the time until /health answers 200."""
+class RandomIds(Workload):
+    """Distinct prompts of exactly `input_len` random ordinary token ids (past the bytes, below
+    Qwen3's special tokens), sent as id lists, so no tokenizer is involved. Every request
+    streams, one-token ones included, so TTFT is the first token's arrival."""
 
-    def __init__(self, model: Path, log: Path, extra: list[str]):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.log = open(log, "w")
-        cmd = [sys.executable, "-m", "prelude", "--model", str(model), "--port", str(self.port),
-               "--served-model-name", "bench", *extra]
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    def __init__(self, vocab: int, input_len: int, output_len: int):
+        # No PromptFactory (the base class's only other state): ids are drawn directly.
+        self.options = Options(SERVED_NAME)
+        self.input_len, self.output_len = input_len, output_len
+        self.low, self.high = min(1000, vocab // 4), min(150000, vocab)
 
-    def wait_healthy(self, timeout: float) -> float:
-        import httpx
+    @property
+    def label(self) -> str:
+        return f"random ids {self.input_len}/{self.output_len}"
 
-        while time.perf_counter() - self.started < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return time.perf_counter() - self.started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"no /health 200 within {timeout}s; see {self.log.name}")
+    @property
+    def streamed(self) -> bool:
+        return True
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+    def make_prompt(self, rng: random.Random) -> Prompt:
+        return Prompt([rng.randrange(self.low, self.high) for _ in range(self.input_len)], "")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _one(client, prompt: list[int], max_tokens: int) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    start = time.perf_counter()
-    ttft = None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            return {"error": f"{response.status_code} {(await response.aread())[:200]!r}"}
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if ttft is None:
-                ttft = time.perf_counter() - start
-            if '"error"' in line:  # a failed step ends the stream with an error event
-                return {"error": line[6:206]}
-    end = time.perf_counter() - start
-    return {"ttft": ttft if ttft is not None else end, "e2e": end}
-
-
-async def drive(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int) -> dict:
-    """Closed loop: `concurrency` clients, each sending its next request when the last ends."""
-    import httpx
-
-    queue = list(reversed(prompts))
-    results: list[dict] = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        async def worker():
-            while queue:
-                results.append(await _one(client, queue.pop(), max_tokens))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        duration = time.perf_counter() - start
-    errors = [r["error"] for r in results if "error" in r]
-    ok = [r for r in results if "error" not in r]
-    pct = lambda xs, q: 1000 * statistics.quantiles(xs, n=100)[q - 1] if len(xs) > 1 else 1000 * xs[0]
-    ttft, e2e = [r["ttft"] for r in ok], [r["e2e"] for r in ok]
-    summary = dict(requests=len(results), errors=len(errors), first_error=errors[0] if errors else None,
-                   concurrency=concurrency, duration_s=duration, req_per_s=len(ok) / duration,
-                   out_tok_per_s=len(ok) * max_tokens / duration)
-    if ok:
-        summary.update(ttft_p50_ms=pct(ttft, 50), ttft_p99_ms=pct(ttft, 99), e2e_p50_ms=pct(e2e, 50),
-                       e2e_p99_ms=pct(e2e, 99))
-        if max_tokens > 1:
-            summary["tpot_ms"] = 1000 * statistics.mean((r["e2e"] - r["ttft"]) / (max_tokens - 1) for r in ok)
-    return summary
-
-
-def _prompts(n: int, length: int, seed: int, vocab: int) -> list[list[int]]:
-    rng = random.Random(seed)  # ordinary ids: past the bytes, below Qwen3's special tokens
-    low = min(1000, vocab // 4)
-    return [[rng.randrange(low, min(150000, vocab)) for _ in range(length)] for _ in range(n)]
+def run_json(result: RunResult) -> dict:
+    """One row of gpu_table2.json: times in ms, percentiles from bench.serving.stats."""
+    s = result.summary
+    row = {"requests": s.completed + s.errors, "errors": s.errors,
+           "first_error": s.error_samples[0] if s.error_samples else None,
+           "concurrency": int(result.level.value), "duration_s": s.duration_s, "req_per_s": s.request_rate,
+           "out_tok_per_s": s.output_tok_per_s}
+    if s.completed:
+        row.update(ttft_p50_ms=1000 * s.ttft.p50, ttft_p99_ms=1000 * s.ttft.p99, e2e_p50_ms=1000 * s.e2e.p50,
+                   e2e_p99_ms=1000 * s.e2e.p99)
+        if s.tpot.mean is not None:  # at least two output tokens
+            row["tpot_ms"] = 1000 * s.tpot.mean
+    return row
 
 
 def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path) -> dict:
     from tokenizers import Tokenizer
 
-    model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer)
+    model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
     vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
     extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args
-    server = Server(model, out / f"server-{size}.log", extra)
+    server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra],
+                           env=prelude_env(), log_path=out / f"server-{size}.log", label=size)
     try:
-        record = {"model": size, "startup_s": server.wait_healthy(args.startup_timeout), "runs": []}
+        record = {"model": size, "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
-            asyncio.run(drive(server.url, _prompts(2 * concurrency, prompt_len, 10_000 + i, vocab), max_tokens, concurrency))
-            summary = asyncio.run(drive(server.url, _prompts(requests, prompt_len, i, vocab), max_tokens, concurrency))
+            # Unmeasured warm-up first (2 x concurrency requests on the measured connections).
+            limits = Limits(requests, warmup=2 * concurrency)
+            result = asyncio.run(run_level(server.base_url, RandomIds(vocab, prompt_len, max_tokens),
+                                           Level("concurrency", concurrency), limits, random.Random(i),
+                                           server=size, show_progress=False))
+            summary = run_json(result)
             summary.update(prompt_len=prompt_len, max_tokens=max_tokens)
             record["runs"].append(summary)
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",

@@ -9,9 +9,10 @@ import random
 import shlex
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import httpx
 
@@ -172,12 +173,39 @@ async def reachable(client: httpx.AsyncClient, workload: Workload, rng: random.R
     return True
 
 
+async def prompt_source(client: httpx.AsyncClient, tokenizer_path: str | None,
+                        model: str | None = None) -> tuple[str | None, TextTokenizer, PromptFactory]:
+    """The model name to send (`model`, else the target's first), the tokenizer (local with a
+    path, else the target's /tokenize through `client`) and the exact-length prompt factory."""
+    model = model or await model_name(client)
+    tokenizer: TextTokenizer = LocalTokenizer(tokenizer_path) if tokenizer_path else RemoteTokenizer(client, model)
+    return model, tokenizer, await PromptFactory.from_tokenizer(tokenizer)
+
+
+def launch_plan(runs: Sequence[tuple[str, list[str]]], server_cmd: str | None, log_dir: Path,
+                log_tag: str = "") -> list[ServerProcess]:
+    """One (not yet started) server per (label, flags), run one after the other, each logging to
+    log_dir/<time>-<log_tag><label>.log."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return [ServerProcess(flags, parse_command(server_cmd), prelude_env(), log_dir / f"{stamp}-{log_tag}{label}.log",
+                          label) for label, flags in runs]
+
+
+@contextmanager
+def started(server: ServerProcess) -> Iterator[ServerProcess]:
+    """The server started (ServerError if it never gets healthy), and stopped on the way out."""
+    print(f"starting {server.label}: {' '.join(server.argv)} (log {server.log_path})", file=sys.stderr)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 async def bench_target(target: Target, args: argparse.Namespace) -> list[RunResult]:
     rng = random.Random(args.seed)  # same seed per target: every server gets the same requests
     async with make_client(target.base_url, 4, args.timeout, args.api_key) as client:
-        model = args.model_name or await model_name(client)
-        tokenizer: TextTokenizer = LocalTokenizer(args.tokenizer) if args.tokenizer else RemoteTokenizer(client, model)
-        factory = await PromptFactory.from_tokenizer(tokenizer)
+        model, tokenizer, factory = await prompt_source(client, args.tokenizer, args.model_name)
         options = Options(model, args.prompt_format, not args.no_ignore_eos)
         workloads = await build_workloads(args, factory, tokenizer, options)
         if args.prompt_format == "text":
@@ -209,12 +237,13 @@ def targets(args: argparse.Namespace, server_args: list[str]) -> list[Target]:
         if args.ablation or args.compare or server_args:
             raise SystemExit("--ablation, --compare and server flags need a launched server; drop --base-url")
         return [Target("target", args.base_url.rstrip("/"))]
-    runs = [(label, [*server_args, *extra]) for label, extra in zip(comparison_labels(args) or ("prelude",),
-                                                                     ([], comparison_flags(args)))]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return [Target(label, "", ServerProcess(flags, parse_command(args.server_cmd), prelude_env(),
-                                            args.log_dir / f"{stamp}-{label}.log", label))
-            for label, flags in runs]
+    labels = comparison_labels(args)
+    if labels is None:
+        runs = [("prelude", server_args)]
+    else:
+        runs = [(labels[0], server_args), (labels[1], [*server_args, *comparison_flags(args)])]
+    servers = launch_plan(runs, args.server_cmd, args.log_dir)
+    return [Target(server.label, server.base_url, server) for server in servers]
 
 
 async def run(args: argparse.Namespace, server_args: list[str]) -> tuple[list[RunResult], list[dict]]:
@@ -222,15 +251,8 @@ async def run(args: argparse.Namespace, server_args: list[str]) -> tuple[list[Ru
     info: list[dict] = []
     for target in targets(args, server_args):
         server = target.server
-        if server is not None:
-            print(f"starting {target.label}: {' '.join(server.argv)} (log {server.log_path})", file=sys.stderr)
-            server.start()
-            target.base_url = server.base_url
-        try:
+        with started(server) if server is not None else nullcontext():
             results += await bench_target(target, args)
-        finally:
-            if server is not None:
-                server.stop()
         info.append({"label": target.label, "base_url": target.base_url,
                      "argv": server.argv if server else None, "log": str(server.log_path) if server else None,
                      "startup_s": server.startup_s if server else None})

@@ -47,7 +47,7 @@ def throughput_table(results: Sequence[RunResult]) -> str:
     rows = []
     for r in results:
         s = r.summary
-        client_util = r.client_cpu_s / s.duration_s * 100 if s.duration_s else None
+        client_util = None if r.client_cpu_share is None else r.client_cpu_share * 100
         rows.append([r.server, r.workload, r.level.label, s.completed, s.errors, s.request_rate, r.rows_per_s,
                      s.input_tok_per_s, s.output_tok_per_s, s.rpm, r.server_cpu_us_per_request, client_util])
     return table(["server", "workload", "load", "ok", "err", "req/s", "rows/s", "in tok/s", "out tok/s", "RPM",
@@ -104,8 +104,8 @@ def print_report(results: Sequence[RunResult], comparison: tuple[str, str] | Non
         if s.output_len_mismatches:
             print(f"note: {s.output_len_mismatches} requests in {r.server} {r.workload} {r.level.label} "
                   "returned a different number of tokens than asked (does the server honor ignore_eos?)")
-        if s.duration_s and r.client_cpu_s / s.duration_s > 0.8:
-            print(f"note: the client used {r.client_cpu_s / s.duration_s:.0%} of a core in {r.server} {r.workload} "
+        if r.client_cpu_share is not None and r.client_cpu_share > 0.8:
+            print(f"note: the client used {r.client_cpu_share:.0%} of a core in {r.server} {r.workload} "
                   f"{r.level.label}: that level may be client-bound (run the client on other cores)")
         if r.max_send_lag_s > 0.05:
             print(f"note: in {r.server} {r.workload} {r.level.label} the client sent up to "

@@ -8,7 +8,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence, TextIO
+from typing import Sequence
 
 from bench.serving import proc
 from bench.serving.client import ClientPool
@@ -54,6 +54,11 @@ class RunResult:
         return self.summary.request_rate * self.rows_per_request
 
     @property
+    def client_cpu_share(self) -> float | None:
+        """Cores' worth of CPU this process used over the run's window (1.0: one full core)."""
+        return self.client_cpu_s / self.summary.duration_s if self.summary.duration_s else None
+
+    @property
     def server_cpu_us_per_request(self) -> float | None:
         if self.server_cpu_s is None or not self.summary.completed:
             return None
@@ -64,9 +69,9 @@ class Progress:
     """One stderr line, rewritten in place on a terminal; elsewhere (logs, CI) a line every few
     seconds so the output stays readable."""
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None, enabled: bool = True):
+    def __init__(self, label: str, total: int, enabled: bool = True):
         self.label, self.total = label, total
-        self.stream = stream or sys.stderr
+        self.stream = sys.stderr
         self.enabled = enabled
         self.tty = self.stream.isatty()
         self.done = self.errors = 0

@@ -42,7 +42,6 @@ class Options:
 
 
 class Workload:
-    name = ""
     path = COMPLETIONS
     output_len = 1
     rows_per_request = 1
@@ -83,8 +82,6 @@ class Workload:
 
 
 class Fixed(Workload):
-    name = "fixed"
-
     def __init__(self, factory: PromptFactory, options: Options, input_len: int, output_len: int):
         super().__init__(factory, options)
         factory.body_len(input_len)  # fails early on an impossible length
@@ -125,7 +122,6 @@ class Score(Workload):
     """SGLang's /v1/score: {"query", "items", "label_token_ids", "apply_softmax"}. The server
     scores query + item for each item: the probabilities of the label tokens next."""
 
-    name = "score"
     path = SCORE
     output_len = 0
 

@@ -7,6 +7,7 @@ pre-token first (HF's ignore_merges); the benchmark checks its ids against HF be
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def split_regex(spec: dict) -> str | None:
     return None  # several Splits in a row (DeepSeek-V3) have no single-regex equivalent
 
 
+@functools.cache  # the equality note and the timing both need it: parse the vocab once per path
 def build(path: str | Path) -> tiktoken.Encoding | None:
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     regex = split_regex(spec)
