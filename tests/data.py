@@ -20,9 +20,3 @@ def tokenizer_dir(name: str) -> Path:
         pytest.skip(f"tokenizer data not found at {path} (set PRELUDE_TEST_DATA to the shared folder)")
     return path
 
-
-def all_tokenizer_names() -> list[str]:
-    root = shared_dir() / "tokenizers"
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())

@@ -272,8 +272,6 @@ def test_wordpiece_falls_back_without_shared_data(tmp_path: Path, caplog: pytest
 def test_missing_extension_falls_back_to_hf_with_a_warning(monkeypatch, caplog):
     import sys
 
-    from prelude.tokenizer import load
-
     path = tokenizer_dir("gpt2")
     monkeypatch.setitem(sys.modules, "prelude._fasttoken.core", None)  # import now raises ImportError
     with caplog.at_level("WARNING", logger="prelude.tokenizer"):
