@@ -61,6 +61,12 @@ class ServerThread:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)
 
+    def __enter__(self) -> ServerThread:  # noqa: PYI034 (typing.Self needs 3.11)
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def on_loop(self, fn):
         """Runs fn() on the server's event loop (between engine steps) and returns its result."""
         async def call():

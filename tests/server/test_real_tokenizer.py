@@ -17,9 +17,8 @@ MESSAGES = [{"role": "user", "content": "Summarize: 你好世界, naïve café, 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("qwen3-real-tok"), "qwen3", tokenizer_dir("qwen3"))
-    srv = ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=1024)).start()
-    yield srv
-    srv.stop()
+    with ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=1024)) as srv:
+        yield srv
 
 
 def test_fasttoken_serves_the_qwen3_tokenizer(qwen3):
