@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from dataclasses import replace
 
 import httpx
 
+from bench.serving.server import free_port
 from prelude.config import Config
 from prelude.engine.factory import build_engine
 from prelude.server.app import create_app, serve_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:
