@@ -62,28 +62,39 @@ def _cuda(path, enforce_eager: bool):
     return executor
 
 
-def _script(vocab: int):
+def _script(vocab: int, short: bool = False):
     """Batches of a short serving session; decode inputs are fixed in advance (teacher forcing)
-    so every executor sees identical inputs whatever it samples."""
+    so every executor sees identical inputs whatever it samples.
+
+    `short`: the same batches, rows and row situations (partly stored prompts, a one-block
+    chunk and its continuation, a prefix hit with an unstored tail, padded decode buckets) with
+    fewer tokens, for the Triton interpreter, whose time grows with a step's tokens. Its
+    single-row OneShot (20 tokens) lands in the 32-token prefill graph bucket, the long one's
+    (100 tokens) in the 128-token bucket."""
     gen = torch.Generator().manual_seed(7)
     tok = lambda n: torch.randint(0, vocab, (n,), generator=gen).tolist()
-    a, b, c = tok(40), tok(17), tok(30)
+    # a, b, c: served prompts; c's first 16 tokens (one block) are a chunk of their own.
+    # first, second: OneShot rows, second partly stored (full blocks only); hit: new tokens after
+    # a prefix hit on a's first block; single: the single-row OneShot.
+    la, lb, lc, first, second, hit, single = (17, 5, 20, 6, 19, 4, 20) if short else (40, 17, 30, 23, 35, 20, 100)
+    a, b, c = tok(la), tok(lb), tok(lc)
     ta, tb, tc = [1, 2, 3, 4], [5, 6], [7, 8]
     steps = [
-        OneShotBatch([PrefillRow(100, tok(23), 0, [], SPEC), PrefillRow(101, tok(35), 0, [9, 10], SPEC),
+        OneShotBatch([PrefillRow(100, tok(first), 0, [], SPEC),
+                      PrefillRow(101, tok(second), 0, [9, 10][: second // BS], SPEC),
                       PrefillRow(102, tok(5), 0, [], OutputSpec(label_token_ids=(3, 7, 11)))]),
         MixedBatch([PrefillRow(1, a, 0, ta, SPEC), PrefillRow(2, b, 0, tb, SPEC),
                     PrefillRow(3, c[:16], 0, tc, None)], []),
     ]
     for i in range(3):
-        steps.append(DecodeBatch([DecodeRow(1, tok(1)[0], 40 + i, ta, SPEC), DecodeRow(2, tok(1)[0], 17 + i, tb, SPEC)]))
+        steps.append(DecodeBatch([DecodeRow(1, tok(1)[0], la + i, ta, SPEC), DecodeRow(2, tok(1)[0], lb + i, tb, SPEC)]))
     steps += [
         # Chunk continuation, a prefix hit on a's first block with an unstored tail, decodes.
-        MixedBatch([PrefillRow(3, c[16:], 16, tc, SPEC), PrefillRow(103, tok(20), 16, ta[:1], SPEC)],
-                   [DecodeRow(1, tok(1)[0], 43, ta, SPEC), DecodeRow(2, tok(1)[0], 20, tb, SPEC)]),
-        OneShotBatch([PrefillRow(104, tok(100), 0, [], SPEC)]),  # a single-row prefill graph
-        DecodeBatch([DecodeRow(1, tok(1)[0], 44, ta, SPEC), DecodeRow(2, tok(1)[0], 21, tb, SPEC),
-                     DecodeRow(3, tok(1)[0], 30, tc, SPEC)]),  # 3 rows padded to a bucket of 4
+        MixedBatch([PrefillRow(3, c[16:], 16, tc, SPEC), PrefillRow(103, tok(hit), 16, ta[:1], SPEC)],
+                   [DecodeRow(1, tok(1)[0], la + 3, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 3, tb, SPEC)]),
+        OneShotBatch([PrefillRow(104, tok(single), 0, [], SPEC)]),  # a single-row prefill graph
+        DecodeBatch([DecodeRow(1, tok(1)[0], la + 4, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 4, tb, SPEC),
+                     DecodeRow(3, tok(1)[0], lc, tc, SPEC)]),  # 3 rows padded to a bucket of 4
     ]
     return steps
 
@@ -167,7 +178,8 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
 
     monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
     path = make_checkpoint(tmp_path / "q3", "qwen3")
-    steps = _script(ModelConfig.from_dir(path).vocab_size)
+    # The fused RoPE kernel runs in Triton's interpreter here: the short script keeps it quick.
+    steps = _script(ModelConfig.from_dir(path).vocab_size, short=fuse_rope)
     want = _run(_reference(path), steps)
 
     config = ModelConfig.from_dir(path)
@@ -180,5 +192,5 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     executor.warmup()
     got = _run(executor, steps)
     _compare(got, want, atol=1e-4, margin=0.0)
-    expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 128)} if fuse_rope else set())
+    expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32)} if fuse_rope else set())
     assert set(executor.graphs.graphs) == expected_graphs
