@@ -1,7 +1,9 @@
 """Where the shared test data (real tokenizer files) lives: $PRELUDE_TEST_DATA, else ../shared."""
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,12 @@ def tokenizer_dir(name: str) -> Path:
     return path
 
 
-def all_tokenizer_names() -> list[str]:
-    root = shared_dir() / "tokenizers"
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "tokenizer.json").is_file())
+@functools.cache
+def hf_reference_tokenizer(name: str):
+    """transformers' AutoTokenizer for one real tokenizer, loaded once per session (skips the test
+    when transformers or the data is missing; a skip is not cached)."""
+    transformers = pytest.importorskip("transformers")
+    path = tokenizer_dir(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoTokenizer.from_pretrained(str(path))

@@ -23,9 +23,11 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def reference(demo_model):
-    model = load_reference(demo_model)
+    """The prompts' token ids and transformers' greedy 6-token continuation of each, computed
+    once for all parametrizations."""
     from prelude.tokenizer import load
 
+    model = load_reference(demo_model)
     tokenizer = load(demo_model, "hf")
 
     def greedy(prompt_ids: list[int], n: int) -> list[int]:
@@ -35,7 +37,8 @@ def reference(demo_model):
                 ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
         return ids[len(prompt_ids):]
 
-    return tokenizer, greedy
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    return prompts, {i: greedy(ids, 6) for i, ids in enumerate(prompts)}
 
 
 def run(config: Config, jobs: list[tuple[list[int], int]], stagger: bool = False):
@@ -60,9 +63,7 @@ def run(config: Config, jobs: list[tuple[list[int], int]], stagger: bool = False
 @pytest.mark.parametrize("disable_oneshot", [False, True])
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_greedy_tokens_match_full_forward_on_every_path(demo_model, reference, disable_oneshot, prefix_caching):
-    tokenizer, greedy = reference
-    prompts = [tokenizer.encode(p) for p in PROMPTS]
-    expected = {i: greedy(ids, 6) for i, ids in enumerate(prompts)}
+    prompts, expected = reference
     # One-token and six-token requests for every prompt, twice over (the second round hits the
     # prefix cache), with a small token budget so that long prompts are chunked beside decodes.
     jobs = [(ids, n) for _ in range(2) for ids in prompts for n in (1, 6)]

@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.executor.attention.base import StepLayout
+from prelude.engine.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.engine.sampling import GREEDY
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.executor.model_executor import host_step
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import make_checkpoint
@@ -20,25 +22,18 @@ from tests.executor import fake_flashinfer
 BS = 4
 NUM_BLOCKS = 32
 DUMMY = NUM_BLOCKS - 1
+SPEC = OutputSpec(sample=GREEDY)
 
 
-def _step(rows, num_prefill, slot_buffer=None):
-    """rows: (token ids, context_len, block_table) -> (ids, positions, layout)."""
-    ids, positions, slots, starts, stored = [], [], [], [0], []
-    for tokens, ctx, table in rows:
-        ids += tokens
-        positions += range(ctx, ctx + len(tokens))
-        row = [table[p // BS] * BS + p % BS if p // BS < len(table) else -1 for p in range(ctx, ctx + len(tokens))]
-        slots += row
-        stored.append(-1 not in row)
-        starts.append(starts[-1] + len(tokens))
-    slot_mapping = torch.tensor(slots)
+def _step(prefills=(), decodes=(), slot_buffer=None):
+    """The executor's own flattening (host_step) -> (ids, positions, layout); with `slot_buffer`,
+    the slots are written into it and the layout points at the whole buffer, as for a graph."""
+    step = host_step(prefills, decodes, BS)
+    slot_mapping = torch.tensor(step.slots)
     if slot_buffer is not None:
-        slot_buffer[: len(slots)] = slot_mapping
+        slot_buffer[: len(step.slots)] = slot_mapping
         slot_mapping = slot_buffer
-    layout = StepLayout(starts, [c for _, c, _ in rows], [t for _, _, t in rows], stored, num_prefill,
-                        slot_mapping, host_slots=slots)
-    return torch.tensor(ids), torch.tensor(positions), layout
+    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(slot_mapping)
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +64,18 @@ def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rop
     ta, tb, tc = [3, 7, 12, 14], [20, 5], [9]
     steps = [
         # Fresh prompts: a's first 7 tokens, all of b; c stores only its first block.
-        ([(a[:7], 0, ta), (b[:5], 0, tb), (c, 0, tc)], 3),
+        ([PrefillRow(1, a[:7], 0, ta, None), PrefillRow(2, b[:5], 0, tb, SPEC),
+          PrefillRow(3, c, 0, tc, SPEC)], []),
         # a continues over its cached 7; a prefix hit on b's first block computes 6 tokens it
         # does not store; b decodes.
-        ([(a[7:11], 7, ta), (tok(6), 4, tb[:1]), (b[5:6], 5, tb)], 2),
+        ([PrefillRow(1, a[7:11], 7, ta, SPEC), PrefillRow(4, tok(6), 4, tb[:1], SPEC)],
+         [DecodeRow(2, b[5], 5, tb, SPEC)]),
         # Pure decode.
-        ([(tok(1), 11, ta), (tok(1), 6, tb)], 0),
+        ([], [DecodeRow(1, tok(1)[0], 11, ta, SPEC), DecodeRow(2, tok(1)[0], 6, tb, SPEC)]),
     ]
     with torch.inference_mode():
-        for rows, num_prefill in steps:
-            ids, positions, layout = _step(rows, num_prefill)
+        for prefills, decodes in steps:
+            ids, positions, layout = _step(prefills, decodes)
             reference.plan(layout)
             expected = model.compute_logits(model(ids, positions, reference))
             backend.plan(layout)
@@ -87,13 +84,13 @@ def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rop
         assert backend.prefix.plan_calls == 1 and backend.decode.plan_calls == 2
 
         # A decode step padded to a bucket of 4: static buffers, padding rows on the dummy page.
-        rows = [(tok(1), 12, ta), (tok(1), 7, tb)]
-        ids, positions, layout = _step(rows, 0)
+        rows = [DecodeRow(1, tok(1)[0], 12, ta, SPEC), DecodeRow(2, tok(1)[0], 7, tb, SPEC)]
+        ids, positions, layout = _step(decodes=rows)
         reference.plan(layout)
         expected = model.compute_logits(model(ids, positions, reference))
         static_slots = torch.full((4,), DUMMY * BS, dtype=torch.long)
         static_ids, static_pos = torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)
-        _, _, graph_layout = _step(rows, 0, slot_buffer=static_slots)
+        _, _, graph_layout = _step(decodes=rows, slot_buffer=static_slots)
         static_ids[:2], static_pos[:2] = ids, positions
         backend.plan_graph_decode(graph_layout, bucket=4)
         got = model.compute_logits(model(static_ids, static_pos, backend))[:2]

@@ -4,14 +4,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prelude.engine.batch import DecodeRow, PrefillRow
 from prelude.executor.attention.base import StepLayout
 from prelude.executor.attention.flashinfer_plan import PagedRows, build_plan, pad_decode_rows
+from prelude.executor.model_executor import host_step
 
 BS = 4
 
 
 def _layout(rows, num_prefill):
-    """rows: (num_new_tokens, context_len, block_table); slots follow the table, -1 past it."""
+    """rows: (num_new_tokens, context_len, block_table); slots follow the table, -1 past it.
+
+    Written independently of the executor's host_step (checked against it below), so the plan
+    tests do not depend on it, and able to build layouts host_step cannot (a decode row past
+    its block table) for build_plan's own checks."""
     starts, slots, stored = [0], [], []
     for n, ctx, table in rows:
         starts.append(starts[-1] + n)
@@ -25,14 +31,31 @@ def _layout(rows, num_prefill):
     )
 
 
+MIXED = [
+    (5, 0, [7, 2]),  # fresh prompt, all stored
+    (3, 6, [3, 9, 4]),  # chunk continuing 6 cached tokens
+    (6, 4, [5]),  # OneShot prefix hit whose new tokens are not stored
+    (1, 8, [1, 6, 11]),  # decode at position 8: 9 tokens in 3 pages
+    (1, 3, [0]),  # decode at position 3: a full first page
+]
+
+
+def test_hand_built_layout_equals_the_executors_host_step():
+    ours = _layout(MIXED, num_prefill=3)
+    step = host_step([PrefillRow(i, [1] * n, ctx, table, None) for i, (n, ctx, table) in enumerate(MIXED[:3])],
+                     [DecodeRow(3 + i, 1, ctx, table, None) for i, (_, ctx, table) in enumerate(MIXED[3:])], BS)
+    theirs = step.layout(torch.tensor(step.slots))
+    assert list(theirs.query_starts) == list(ours.query_starts)
+    assert list(theirs.context_lens) == list(ours.context_lens)
+    assert [list(t) for t in theirs.block_tables] == [list(t) for t in ours.block_tables]
+    assert list(theirs.store_kv) == list(ours.store_kv) == [True, True, False, True, True]
+    assert theirs.num_prefill_rows == ours.num_prefill_rows
+    assert list(theirs.host_slots) == list(ours.host_slots)
+    assert torch.equal(theirs.slot_mapping, ours.slot_mapping)
+
+
 def test_mixed_step_with_fresh_prefix_partial_and_decode_rows():
-    layout = _layout([
-        (5, 0, [7, 2]),  # fresh prompt, all stored
-        (3, 6, [3, 9, 4]),  # chunk continuing 6 cached tokens
-        (6, 4, [5]),  # OneShot prefix hit whose new tokens are not stored
-        (1, 8, [1, 6, 11]),  # decode at position 8: 9 tokens in 3 pages
-        (1, 3, [0]),  # decode at position 3: a full first page
-    ], num_prefill=3)
+    layout = _layout(MIXED, num_prefill=3)
     plan = build_plan(layout, BS, layout.host_slots)
     assert plan.num_prefill_tokens == 14
     assert plan.ragged_indptr == [0, 5, 8, 14]

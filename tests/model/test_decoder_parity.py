@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.executor.attention.base import StepLayout
+from prelude.engine.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.engine.sampling import GREEDY
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.executor.model_executor import host_step
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import load_reference, make_checkpoint
@@ -24,20 +26,13 @@ CASES = [
 ]
 
 
-def _layout(rows, device="cpu"):
-    """rows: (num_new_tokens, context_len, block_table)."""
-    starts, slots = [0], []
-    for n, ctx, table in rows:
-        starts.append(starts[-1] + n)
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(ctx, ctx + n)]
-    return StepLayout(
-        query_starts=starts,
-        context_lens=[ctx for _, ctx, _ in rows],
-        block_tables=[table for _, _, table in rows],
-        store_kv=[True] * len(rows),
-        num_prefill_rows=sum(1 for n, _, _ in rows if n > 1),
-        slot_mapping=torch.tensor(slots),
-    )
+SPEC = OutputSpec(sample=GREEDY)
+
+
+def _step(prefills=(), decodes=()):
+    """The executor's own flattening (ids, positions, layout) of PrefillRow/DecodeRow rows."""
+    step = host_step(prefills, decodes, BLOCK)
+    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(torch.tensor(step.slots))
 
 
 def _ours_and_reference(path, num_blocks: int):
@@ -61,9 +56,12 @@ def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, e
     tables = [[free.pop(2 * i % len(free)) for i in range(8)] for _ in prompts]
 
     with torch.inference_mode():
-        ids = torch.cat(prompts)
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        attention.plan(_layout([(n, 0, t) for n, t in zip(lengths, tables)]))
+        # Every prompt, the 1-token one included, is a fresh prefill row.
+        ids, positions, layout = _step([PrefillRow(i, p.tolist(), 0, t, SPEC)
+                                        for i, (p, t) in enumerate(zip(prompts, tables))])
+        assert layout.num_prefill_rows == len(prompts) and all(layout.store_kv)
+        torch.testing.assert_close(ids, torch.cat(prompts))
+        attention.plan(layout)
         hidden = model(ids, positions, attention)
         ours = model.compute_logits(hidden)
         offset = 0
@@ -75,9 +73,11 @@ def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, e
         sequences = [p.tolist() for p in prompts]
         for _ in range(6):
             next_tokens = [int(torch.randint(0, config.vocab_size, (1,), generator=gen)) for _ in sequences]
-            rows = [(1, len(s), t) for s, t in zip(sequences, tables)]
-            attention.plan(_layout(rows))
-            hidden = model(torch.tensor(next_tokens), torch.tensor([len(s) for s in sequences]), attention)
+            rows = zip(sequences, next_tokens, tables)
+            ids, positions, layout = _step(decodes=[DecodeRow(i, tok, len(s), t, SPEC)
+                                                    for i, (s, tok, t) in enumerate(rows)])
+            attention.plan(layout)
+            hidden = model(ids, positions, attention)
             ours = model.compute_logits(hidden)
             for i, (seq, tok) in enumerate(zip(sequences, next_tokens)):
                 seq.append(tok)
@@ -92,8 +92,9 @@ def test_chunked_prefill_over_cached_prefix_matches_full_prefill(tmp_path):
     outputs = []
     with torch.inference_mode():
         for lo, hi in [(0, 8), (8, 17), (17, 23)]:
-            attention.plan(_layout([(hi - lo, lo, table)]))
-            outputs.append(model.compute_logits(model(prompt[lo:hi], torch.arange(lo, hi), attention)))
+            ids, positions, layout = _step([PrefillRow(0, prompt[lo:hi].tolist(), lo, table, None)])
+            attention.plan(layout)
+            outputs.append(model.compute_logits(model(ids, positions, attention)))
         expected = reference(prompt[None]).logits[0]
     torch.testing.assert_close(torch.cat(outputs), expected, atol=1e-4, rtol=1e-4)
 

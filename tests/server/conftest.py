@@ -9,10 +9,9 @@ from tests.server.harness import ServerThread
 @pytest.fixture(scope="package")
 def server(demo_model):
     """The demo model behind a real server; small KV blocks so short prompts share prefixes."""
-    srv = ServerThread(Config(model=str(demo_model), block_size=4, max_model_len=512,
-                              num_kv_blocks=1024, max_request_bytes=64 * 1024)).start()
-    yield srv
-    srv.stop()
+    with ServerThread(Config(model=str(demo_model), block_size=4, max_model_len=512,
+                             num_kv_blocks=1024, max_request_bytes=64 * 1024)) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="package")

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from dataclasses import replace
 
 import httpx
 
+from bench.serving.server import free_port
 from prelude.config import Config
 from prelude.engine.factory import build_engine
 from prelude.server.app import create_app, serve_app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:
@@ -60,6 +54,12 @@ class ServerThread:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)
+
+    def __enter__(self) -> ServerThread:  # noqa: PYI034 (typing.Self needs 3.11)
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def on_loop(self, fn):
         """Runs fn() on the server's event loop (between engine steps) and returns its result."""

@@ -11,9 +11,8 @@ from tests.server.harness import ServerThread
 
 @pytest.fixture(scope="module")
 def secured(demo_model):
-    srv = ServerThread(Config(model=str(demo_model), api_key="s3cret", num_kv_blocks=256)).start()
-    yield srv
-    srv.stop()
+    with ServerThread(Config(model=str(demo_model), api_key="s3cret", num_kv_blocks=256)) as srv:
+        yield srv
 
 
 def test_missing_or_wrong_key_is_401(secured):

@@ -51,10 +51,15 @@ CASES = [
 ]
 
 
+def _post(server, path: str, body: bytes | dict) -> httpx.Response:
+    """Posts raw bytes as they are, anything else as JSON; always labelled application/json."""
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    return httpx.post(server.base_url + path, headers={"content-type": "application/json"}, **kwargs)
+
+
 @pytest.mark.parametrize("path,body,status,param", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_bad_request_gets_openai_error(server, path, body, status, param):
-    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    response = httpx.post(server.base_url + path, headers={"content-type": "application/json"}, **kwargs)
+    response = _post(server, path, body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -89,8 +94,7 @@ def test_unknown_route_and_wrong_method(server):
 
 def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):
     for path, body, _, _ in CASES[:8]:
-        kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-        httpx.post(server.base_url + path, headers={"content-type": "application/json"}, **kwargs)
+        _post(server, path, body)
     out = client.completions.create(model=server.served.name, prompt="still alive", max_tokens=3, temperature=0)
     assert out.usage.completion_tokens == 3
     server.wait_idle()

@@ -13,10 +13,13 @@ def test_200_mixed_concurrent_requests_complete_correctly(server, client):
     name = server.served.name
     prompts = [f"Request about topic {i % 7}: is the answer yes?" for i in range(20)]
     # Reference results, one request at a time (greedy is deterministic).
-    expected = {}
+    expected, expected_chat = {}, {}
     for p in set(prompts):
         for n in (1, 6):
             expected[(p, n)] = client.completions.create(model=name, prompt=p, max_tokens=n, temperature=0).choices[0].text
+            expected_chat[(p, n)] = client.chat.completions.create(
+                model=name, max_tokens=n, temperature=0,
+                messages=[{"role": "user", "content": p}]).choices[0].message.content
     rng = random.Random(3)
     jobs = [(rng.choice(prompts), rng.choice((1, 6)), rng.choice(("plain", "stream", "chat"))) for _ in range(200)]
 
@@ -41,18 +44,28 @@ def test_200_mixed_concurrent_requests_complete_correctly(server, client):
 
     results = asyncio.run(run_all())
     for (prompt, n, mode), text in zip(jobs, results):
-        if mode != "chat":
-            assert text == expected[(prompt, n)], (prompt, n, mode)
-        else:
-            assert isinstance(text, str)
+        assert isinstance(text, str)
+        assert text == (expected_chat if mode == "chat" else expected)[(prompt, n)], (prompt, n, mode)
     server.wait_idle()
+
+
+def _aborts(server) -> int:
+    return server.on_loop(lambda: server.engine.stats.finished.get("abort", 0))
+
+
+def _assert_one_more_abort(server, before: int, timeout: float = 10) -> None:
+    """Waits (up to `timeout`) for the abort count to move past `before`; it must be before + 1."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _aborts(server) == before:
+        time.sleep(0.02)
+    assert _aborts(server) == before + 1
 
 
 def test_client_disconnect_mid_stream_frees_blocks(server):
     def blocks_in_use() -> int:
         return server.on_loop(lambda: server.engine.pool.num_used_blocks)
 
-    before_aborts = server.on_loop(lambda: server.engine.stats.finished.get("abort", 0))
+    before_aborts = _aborts(server)
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
         with http.stream("POST", "/v1/completions", json={"prompt": "Keep talking", "max_tokens": 400,
                                                            "temperature": 0, "stream": True,
@@ -62,22 +75,16 @@ def test_client_disconnect_mid_stream_frees_blocks(server):
                 next(lines)
             assert blocks_in_use() > 0
     # Connection closed without reading the rest: the request is aborted and its blocks freed.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before_aborts:
-        time.sleep(0.02)
-    assert server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before_aborts + 1
+    _assert_one_more_abort(server, before_aborts)
     server.wait_idle()
 
 
 def test_client_disconnect_during_non_streaming_generation_aborts(server):
-    before = server.on_loop(lambda: server.engine.stats.finished.get("abort", 0))
+    before = _aborts(server)
     try:
         httpx.post(server.base_url + "/v1/completions", timeout=0.3,
                    json={"prompt": "Long answer", "max_tokens": 500, "temperature": 0, "ignore_eos": True})
     except httpx.TimeoutException:
         pass
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before:
-        time.sleep(0.02)
-    assert server.on_loop(lambda: server.engine.stats.finished.get("abort", 0)) == before + 1
+    _assert_one_more_abort(server, before)
     server.wait_idle()

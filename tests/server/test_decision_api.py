@@ -8,7 +8,6 @@ import math
 import struct
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -20,8 +19,9 @@ LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["great product, would buy again", "terrible support", "it arrived on a Tuesday"]
 
 
-def _serve(path, **config):
-    return ServerThread(Config(model=str(path), block_size=4, num_kv_blocks=2048, **config)).start()
+def _serve(path, **config) -> ServerThread:
+    """A server for `path`, started by its `with` block."""
+    return ServerThread(Config(model=str(path), block_size=4, num_kv_blocks=2048, **config))
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +36,16 @@ def classifier(demo_model, tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("cls"), "qwen3", demo_model, head="ForSequenceClassification",
                           num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
                           pad_token_id=pad)
-    srv = _serve(path)
-    yield srv, load_reference(path)
-    srv.stop()
+    with _serve(path) as srv:
+        yield srv, load_reference(path)
 
 
 @pytest.fixture(scope="module")
 def reward(demo_model, tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("rm"), "llama", demo_model, head="ForSequenceClassification",
                           num_labels=1, id2label={0: "LABEL_0"}, label2id={"LABEL_0": 0})
-    srv = _serve(path)
-    yield srv, load_reference(path)
-    srv.stop()
+    with _serve(path) as srv:
+        yield srv, load_reference(path)
 
 
 def post(srv, path, **body):
@@ -69,10 +67,9 @@ def lm_logprobs(reference, ids):
 
 
 # -- embeddings ----------------------------------------------------------------------------------
-def test_embeddings_match_last_token_hidden_state(lm):
+def test_embeddings_match_last_token_hidden_state(lm, client):
     srv, reference = lm
-    with openai.OpenAI(base_url=srv.base_url + "/v1", api_key="x", max_retries=0) as client:
-        out = client.embeddings.create(model=srv.served.name, input=TEXTS)
+    out = client.embeddings.create(model=srv.served.name, input=TEXTS)
     assert [d.index for d in out.data] == [0, 1, 2]
     for text, item in zip(TEXTS, out.data):
         expected = torch.nn.functional.normalize(hidden_states(reference, ids_of(srv, text))[-1], dim=-1)
@@ -94,18 +91,15 @@ def test_embeddings_token_ids_base64_and_dimensions(lm):
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
-def test_embedding_pooling_modes(demo_model, pooling):
-    srv = _serve(demo_model, pooling=pooling)
-    try:
-        reference = load_reference(demo_model)
+def test_embedding_pooling_modes(lm, pooling):
+    demo, reference = lm  # the same demo weights: only the pooling differs
+    with _serve(demo.served.path, pooling=pooling) as srv:
         ids = ids_of(srv, TEXTS[1])
         hidden = hidden_states(reference, ids)
         pooled = hidden.mean(0) if pooling == "mean" else hidden[0]
         got = post(srv, "/v1/embeddings", input=TEXTS[1]).json()["data"][0]["embedding"]
         torch.testing.assert_close(torch.tensor(got), torch.nn.functional.normalize(pooled, dim=-1),
                                    atol=1e-4, rtol=1e-4)
-    finally:
-        srv.stop()
 
 
 # -- classification, reward, pooling -------------------------------------------------------------

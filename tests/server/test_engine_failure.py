@@ -9,16 +9,13 @@ from tests.server.harness import ServerThread
 
 
 def test_dead_engine_fails_requests_and_health(demo_model):
-    srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256)).start()
-    try:
-        def broken_schedule():
-            raise RuntimeError("injected scheduler bug")
+    def broken_schedule():
+        raise RuntimeError("injected scheduler bug")
 
+    with ServerThread(Config(model=str(demo_model), num_kv_blocks=256)) as srv:
         srv.on_loop(lambda: setattr(srv.engine.scheduler, "schedule", broken_schedule))
         response = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert response.status_code == 500 and "injected scheduler bug" in response.json()["error"]["message"]
         assert httpx.get(srv.base_url + "/health").status_code == 503
         again = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert again.status_code == 503
-    finally:
-        srv.stop()

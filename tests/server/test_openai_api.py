@@ -97,7 +97,9 @@ def test_n_choices(client, model):
 
 def test_echo_returns_prompt_then_completion(client, model):
     out = client.completions.create(model=model, prompt="Echo me", max_tokens=2, temperature=0, echo=True)
+    plain = client.completions.create(model=model, prompt="Echo me", max_tokens=2, temperature=0)
     assert out.choices[0].text.startswith("Echo me")
+    assert out.choices[0].text == "Echo me" + plain.choices[0].text
 
 
 def test_chat_completion_and_stream(client, model):

@@ -8,7 +8,7 @@ import pytest
 
 from prelude.config import Config
 from tests.checkpoints import make_model_dir
-from tests.data import tokenizer_dir
+from tests.data import hf_reference_tokenizer, tokenizer_dir
 from tests.server.harness import ServerThread
 
 MESSAGES = [{"role": "user", "content": "Summarize: 你好世界, naïve café, emoji 👨‍👩‍👧 and code `x**2`."}]
@@ -17,9 +17,8 @@ MESSAGES = [{"role": "user", "content": "Summarize: 你好世界, naïve café, 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("qwen3-real-tok"), "qwen3", tokenizer_dir("qwen3"))
-    srv = ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=1024)).start()
-    yield srv
-    srv.stop()
+    with ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=1024)) as srv:
+        yield srv
 
 
 def test_fasttoken_serves_the_qwen3_tokenizer(qwen3):
@@ -27,8 +26,7 @@ def test_fasttoken_serves_the_qwen3_tokenizer(qwen3):
 
 
 def test_chat_prompt_tokens_match_hf(qwen3):
-    transformers = pytest.importorskip("transformers")
-    ref = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir("qwen3")))
+    ref = hf_reference_tokenizer("qwen3")
     text = ref.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     got = httpx.post(qwen3.base_url + "/tokenize", json={"messages": MESSAGES}).json()["tokens"]
     assert got == ref.encode(text, add_special_tokens=False)

@@ -18,12 +18,18 @@ from prelude.tokenizer.hf import HFTokenizer
 from tests.tokenizer.corpus import FRAGMENTS, added_contents, special_mixes
 
 
-@functools.cache
-def load_pair(path: str) -> tuple[FastTokenizer, HFTokenizer, RawHF]:
+def make_pair(path: str) -> tuple[FastTokenizer, HFTokenizer, RawHF]:
+    """fasttoken, prelude's HF wrapper and the raw HF tokenizer (for DecodeStream) of one file."""
     raw = RawHF.from_file(path)
     raw.no_truncation()
     raw.no_padding()
     return FastTokenizer(path), HFTokenizer(path), raw
+
+
+@functools.cache
+def load_pair(path: str) -> tuple[FastTokenizer, HFTokenizer, RawHF]:
+    """make_pair, cached for the session: for the shared files many tests read."""
+    return make_pair(path)
 
 
 def corpus_for(path: str) -> list[str]:

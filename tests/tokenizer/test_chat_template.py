@@ -1,12 +1,10 @@
 """Chat templates of real checkpoints render exactly what transformers' apply_chat_template does."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError
-from tests.data import tokenizer_dir
+from tests.data import hf_reference_tokenizer, tokenizer_dir
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
@@ -15,18 +13,11 @@ CONVERSATIONS = [
 ]
 
 
-def reference(name: str):
-    transformers = pytest.importorskip("transformers")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir(name)))
-
-
 @pytest.mark.parametrize("name", ["qwen3", "deepseek-v3", "phi3-mini"])
 @pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("generation_prompt", [True, False])
 def test_renders_like_transformers(name, conversation, generation_prompt):
-    ref = reference(name)
+    ref = hf_reference_tokenizer(name)
     ours = ChatTemplate.from_dir(tokenizer_dir(name))
     messages = CONVERSATIONS[conversation]
     expected = ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
@@ -35,7 +26,7 @@ def test_renders_like_transformers(name, conversation, generation_prompt):
 
 def test_template_kwargs_reach_the_template():
     ours = ChatTemplate.from_dir(tokenizer_dir("qwen3"))
-    ref = reference("qwen3")
+    ref = hf_reference_tokenizer("qwen3")
     messages = CONVERSATIONS[0]
     expected = ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert ours.render(messages, enable_thinking=False) == expected

@@ -20,7 +20,7 @@ from tests.tokenizer.equality import (
     check_decode,
     check_encode,
     check_stream,
-    load_pair,
+    make_pair,
     random_texts,
 )
 
@@ -161,7 +161,7 @@ def test_variant_matches_hf(tmp_path: Path, variant: str) -> None:
     spec = _base(base_name)
     mutate(spec)
     path = _write(tmp_path, spec)
-    fast, hf = FastTokenizer(path), HFTokenizer(path)
+    fast, hf, raw = make_pair(path)  # not load_pair: a per-test file need not live all session
     assert fast.vocab_size == hf.vocab_size
     for token in ["<L>", "<R>", "<W>", "word", "café", "cafe\u0301!", "hello", "<|sys|>", "Āb"]:
         assert fast.token_to_id(token) == hf.token_to_id(token)
@@ -172,7 +172,7 @@ def test_variant_matches_hf(tmp_path: Path, variant: str) -> None:
         problems += check_encode(fast, hf, text)
         problems += check_decode(fast, hf, hf.encode(text))
     for text in TEXTS:
-        problems += check_stream(fast, hf, load_pair(path)[2], hf.encode(text))
+        problems += check_stream(fast, hf, raw, hf.encode(text))
     assert not problems, "\n".join(problems[:10])
 
 
@@ -271,8 +271,6 @@ def test_wordpiece_falls_back_without_shared_data(tmp_path: Path, caplog: pytest
 
 def test_missing_extension_falls_back_to_hf_with_a_warning(monkeypatch, caplog):
     import sys
-
-    from prelude.tokenizer import load
 
     path = tokenizer_dir("gpt2")
     monkeypatch.setitem(sys.modules, "prelude._fasttoken.core", None)  # import now raises ImportError
