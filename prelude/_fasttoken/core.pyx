@@ -183,7 +183,7 @@ cdef class Core:
         e.prefix_ids = plan.prefix_ids
         e.suffix_ids = plan.suffix_ids
         e.word_boundary = plan.word_boundary
-        e.decoder.byte_level = plan.decode_byte_level
+        e.decoder.byte_level = plan.byte_level
         e.decoder.token_bytes = plan.token_bytes
         e.decoder.token_offsets = plan.token_offsets
         e.decoder.token_flags = plan.token_flags

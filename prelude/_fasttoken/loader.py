@@ -125,7 +125,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     norm_steps = normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
     plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = pre_tokenizer_options(spec.get("pre_tokenizer"), use_scanners)
-    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
+    replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
         spec.get("decoder"), plan.byte_level)
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") == "Metaspace":
@@ -202,7 +202,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
         if drop_first:
             first_keys.append(token.replace(drop_first, "").encode())
         flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
-        if dec_byte_level:
+        if plan.byte_level:
             token_keys.append(byte_level_bytes(token))
             continue
         for old, new in replaces:
@@ -212,7 +212,6 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             flags[token_id] |= FLAG_BYTE_TOKEN
             byte_values[token_id] = value
         token_keys.append(token.encode())
-    plan.decode_byte_level = dec_byte_level
     plan.token_bytes, plan.token_offsets = _arena(token_keys)
     plan.token_flags, plan.token_byte = bytes(flags), bytes(byte_values)
     plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
