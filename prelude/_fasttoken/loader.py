@@ -25,7 +25,6 @@ from prelude._fasttoken.plan import (
     apply_normalizers,
     byte_chars_to_bytes,
     byte_fallback_value,
-    byte_level_bytes,
     decoder_options,
     metaspace_options,
     normalizer_steps,
@@ -145,10 +144,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     if model.get("unk_token") is not None:
         require(model["unk_token"] in vocab, "unk_token outside the vocab")
         plan.unk_id = vocab[model["unk_token"]]
+    mapped_by_id: dict[int, bytes | None] = {}  # byte-level: each vocab token's bytes, for decode too
     if plan.byte_level:
         keys, ids = [], array("i")
         for token, token_id in vocab.items():
-            key = byte_chars_to_bytes(token)
+            key = mapped_by_id[token_id] = byte_chars_to_bytes(token)
             if key is not None:  # other tokens can never come out of BPE over bytes
                 keys.append(key)
                 ids.append(token_id)
@@ -193,7 +193,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     byte_values = bytearray(top + 1)
     for token_id in range(top + 1):
         token = shown.get(token_id)
-        if token is None:
+        from_vocab = token is None
+        if from_vocab:
             token = vocab_by_id.get(token_id)
         if token is None:
             token_keys.append(b"")
@@ -203,7 +204,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             first_keys.append(token.replace(drop_first, "").encode())
         flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
         if plan.byte_level:
-            token_keys.append(byte_level_bytes(token))
+            # The ByteLevel decoder maps a token back to bytes when every char is a byte char.
+            # A vocab token was mapped above (the last token listed for an id, as in
+            # vocab_by_id); an added token's shown content may differ, so it is mapped here.
+            mapped = mapped_by_id[token_id] if from_vocab else byte_chars_to_bytes(token)
+            token_keys.append(token.encode() if mapped is None else mapped)
             continue
         for old, new in replaces:
             token = token.replace(old, new)

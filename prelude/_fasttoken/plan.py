@@ -253,9 +253,3 @@ def byte_chars_to_bytes(token: str) -> bytes | None:
         return token.translate(_TO_BYTE).encode("latin-1")
     except UnicodeEncodeError:
         return None
-
-
-def byte_level_bytes(token: str) -> bytes:
-    """The ByteLevel decoder's bytes for one token: mapped back if every char is a byte char."""
-    mapped = byte_chars_to_bytes(token)
-    return token.encode() if mapped is None else mapped
