@@ -83,9 +83,9 @@ public:
     std::string word_boundary;  // see encode_words_at_boundaries; empty: off
     bool metaspace = false;  // Metaspace pre-tokenizer
     std::string ms_replacement;
-    int ms_prepend = 0;
+    int ms_prepend = 0;  // kPrependAlways, kPrependFirst, or 2: never (PREPEND_SCHEMES in plan.py)
     bool ms_split = true;
-    enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
+    enum : int { kPrependAlways = 0, kPrependFirst = 1 };
     Decoder decoder;
     const uint64_t uid = next_engine_id();
 
@@ -216,7 +216,7 @@ private:
             return true;
         }
         Scanner scanner(classes, p);
-        scanner.split(PatternKind(pattern), max_digits, 0, len,
+        scanner.split(PatternKind(pattern), max_digits, len,
                       [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
         return !(scanner.seen() & kUnsure);
     }
