@@ -275,9 +275,11 @@ private:
 
     void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
         if (!n) return;
-        const uint64_t h = hash_bytes(p, n);
+        // The hash serves the cache (short pieces) and the whole-piece vocab lookup.
+        const bool cacheable = n <= kCacheKeyMax;
+        const uint64_t h = (cacheable || ignore_merges) ? hash_bytes(p, n) : 0;
         CacheEntry* slot = nullptr;
-        if (n <= kCacheKeyMax) {
+        if (cacheable) {
             slot = &sc.cache[h & (kCacheSlots - 1)];
             if (slot->hash == h && slot->key_len == n && std::memcmp(slot->key, p, n) == 0) {
                 out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);
