@@ -32,6 +32,7 @@ from prelude._fasttoken.plan import (
     pre_tokenizer_options,
     require,
 )
+from prelude.tokenizer.base import special_token_ids
 
 
 class Added(NamedTuple):
@@ -226,7 +227,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan.token_to_id = {**vocab, **by_content}
     plan.added_by_id = shown
     plan.vocab_by_id = vocab_by_id
-    plan.special_ids = frozenset(t["id"] for t in spec.get("added_tokens") or [] if t.get("special"))
+    plan.special_ids = special_token_ids(spec.get("added_tokens") or [])
     plan.vocab_size = len(vocab.keys() | by_content.keys())
     return plan
 
