@@ -22,6 +22,9 @@ cdef extern from "Python.h":
     void PyTuple_SET_ITEM(object tup, Py_ssize_t i, object item)
 
 cdef extern from "ft_engine.hpp" namespace "ft" nogil:
+    enum Status:
+        kNeedReference  # the input needs the reference (HF) encoder
+
     cdef cppclass Segment:
         size_t begin
         size_t end
@@ -79,7 +82,6 @@ cdef extern from "ft_build.hpp" namespace "ft":
                      vector[vector[int32_t]]& out, vector[int]& status) except + nogil
 
 cdef enum:
-    NEED_REFERENCE = 1
     SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
 
 
@@ -138,7 +140,7 @@ cdef void _fill_ids(object ids, Py_ssize_t start, vector[int32_t]& out) except *
 
 cdef class Core:
     cdef Engine* engine
-    cdef object reference  # callable(text, add_special_tokens) used for NEED_REFERENCE inputs
+    cdef object reference  # callable(text, add_special_tokens) used for kNeedReference inputs
     cdef object regexes  # Split regexes the `regex` module runs, or None when a scanner does
 
     def __cinit__(self):
@@ -183,7 +185,7 @@ cdef class Core:
         e.prefix_ids = plan.prefix_ids
         e.suffix_ids = plan.suffix_ids
         e.word_boundary = plan.word_boundary
-        e.decoder.byte_level = plan.decode_byte_level
+        e.decoder.byte_level = plan.byte_level
         e.decoder.token_bytes = plan.token_bytes
         e.decoder.token_offsets = plan.token_offsets
         e.decoder.token_flags = plan.token_flags
@@ -205,7 +207,7 @@ cdef class Core:
         cdef int status
         with nogil:
             status = self.engine.encode(s, <size_t>n, add_special_tokens, out)
-        if status == NEED_REFERENCE:
+        if status == kNeedReference:
             return self.reference(text, add_special_tokens)
         return _to_list(out)
 
@@ -222,7 +224,7 @@ cdef class Core:
         cdef int status
         with nogil:
             status = self.engine.segment(s, <size_t>n, segs, arena)
-        if status == NEED_REFERENCE:
+        if status == kNeedReference:
             return self.reference(text, add_special_tokens)
         cdef bytes normalized = arena
         cdef bytearray pieces = bytearray()
@@ -263,7 +265,7 @@ cdef class Core:
             encode_many(self.engine[0], ptrs, lengths, add_special_tokens, outs, status)
         cdef list result = PyList_New(count)
         for i in range(count):
-            if status[i] == NEED_REFERENCE:
+            if status[i] == kNeedReference:
                 item = self.reference(items[i], add_special_tokens)
             else:
                 item = _to_list(outs[i])

@@ -83,9 +83,9 @@ public:
     std::string word_boundary;  // see encode_words_at_boundaries; empty: off
     bool metaspace = false;  // Metaspace pre-tokenizer
     std::string ms_replacement;
-    int ms_prepend = 0;
+    int ms_prepend = 0;  // kPrependAlways, kPrependFirst, or 2: never (PREPEND_SCHEMES in plan.py)
     bool ms_split = true;
-    enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
+    enum : int { kPrependAlways = 0, kPrependFirst = 1 };
     Decoder decoder;
     const uint64_t uid = next_engine_id();
 
@@ -216,7 +216,7 @@ private:
             return true;
         }
         Scanner scanner(classes, p);
-        scanner.split(PatternKind(pattern), max_digits, 0, len,
+        scanner.split(PatternKind(pattern), max_digits, len,
                       [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
         return !(scanner.seen() & kUnsure);
     }
@@ -275,9 +275,11 @@ private:
 
     void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
         if (!n) return;
-        const uint64_t h = hash_bytes(p, n);
+        // The hash serves the cache (short pieces) and the whole-piece vocab lookup.
+        const bool cacheable = n <= kCacheKeyMax;
+        const uint64_t h = (cacheable || ignore_merges) ? hash_bytes(p, n) : 0;
         CacheEntry* slot = nullptr;
-        if (n <= kCacheKeyMax) {
+        if (cacheable) {
             slot = &sc.cache[h & (kCacheSlots - 1)];
             if (slot->hash == h && slot->key_len == n && std::memcmp(slot->key, p, n) == 0) {
                 out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);

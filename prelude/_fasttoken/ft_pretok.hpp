@@ -19,19 +19,18 @@ public:
 
     uint8_t seen() const { return seen_; }
 
-    // Calls emit(begin, end) for each piece of s[begin, end).
+    // Calls emit(begin, end) for each piece of s[0, end).
     template <class Emit>
-    void split(PatternKind kind, int max_digits, size_t begin, size_t end, Emit&& emit) {
+    void split(PatternKind kind, int max_digits, size_t end, Emit&& emit) {
         switch (kind) {
             case PatternKind::kGpt2:
-                isolated(begin, end, [&](size_t i, size_t e) { return gpt2(i, e); }, emit);
+                isolated(0, end, [&](size_t i, size_t e) { return gpt2(i, e); }, emit);
                 break;
             case PatternKind::kLlama3:
-                isolated(begin, end, [&](size_t i, size_t e) { return llama3(i, e, max_digits); },
-                         emit);
+                isolated(0, end, [&](size_t i, size_t e) { return llama3(i, e, max_digits); }, emit);
                 break;
             case PatternKind::kDeepSeek:
-                deepseek(begin, end, emit);
+                deepseek(0, end, emit);
                 break;
         }
     }

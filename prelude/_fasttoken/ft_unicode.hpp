@@ -146,7 +146,6 @@ public:
         }
     }
     T get(uint32_t cp) const { return blocks_[(size_t(index_[cp >> 8]) << 8) | (cp & 0xFF)]; }
-    bool empty() const { return index_.empty(); }
 
 private:
     std::vector<uint16_t> index_;

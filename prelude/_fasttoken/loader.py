@@ -25,7 +25,6 @@ from prelude._fasttoken.plan import (
     apply_normalizers,
     byte_chars_to_bytes,
     byte_fallback_value,
-    byte_level_bytes,
     decoder_options,
     metaspace_options,
     normalizer_steps,
@@ -33,6 +32,7 @@ from prelude._fasttoken.plan import (
     pre_tokenizer_options,
     require,
 )
+from prelude.tokenizer.base import special_token_ids
 
 
 class Added(NamedTuple):
@@ -125,7 +125,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     norm_steps = normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
     plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = pre_tokenizer_options(spec.get("pre_tokenizer"), use_scanners)
-    dec_byte_level, replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
+    replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
         spec.get("decoder"), plan.byte_level)
     pre = spec.get("pre_tokenizer") or {}
     if pre.get("type") == "Metaspace":
@@ -145,10 +145,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     if model.get("unk_token") is not None:
         require(model["unk_token"] in vocab, "unk_token outside the vocab")
         plan.unk_id = vocab[model["unk_token"]]
+    mapped_by_id: dict[int, bytes | None] = {}  # byte-level: each vocab token's bytes, for decode too
     if plan.byte_level:
         keys, ids = [], array("i")
         for token, token_id in vocab.items():
-            key = byte_chars_to_bytes(token)
+            key = mapped_by_id[token_id] = byte_chars_to_bytes(token)
             if key is not None:  # other tokens can never come out of BPE over bytes
                 keys.append(key)
                 ids.append(token_id)
@@ -193,7 +194,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     byte_values = bytearray(top + 1)
     for token_id in range(top + 1):
         token = shown.get(token_id)
-        if token is None:
+        from_vocab = token is None
+        if from_vocab:
             token = vocab_by_id.get(token_id)
         if token is None:
             token_keys.append(b"")
@@ -202,8 +204,12 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
         if drop_first:
             first_keys.append(token.replace(drop_first, "").encode())
         flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
-        if dec_byte_level:
-            token_keys.append(byte_level_bytes(token))
+        if plan.byte_level:
+            # The ByteLevel decoder maps a token back to bytes when every char is a byte char.
+            # A vocab token was mapped above (the last token listed for an id, as in
+            # vocab_by_id); an added token's shown content may differ, so it is mapped here.
+            mapped = mapped_by_id[token_id] if from_vocab else byte_chars_to_bytes(token)
+            token_keys.append(token.encode() if mapped is None else mapped)
             continue
         for old, new in replaces:
             token = token.replace(old, new)
@@ -212,7 +218,6 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             flags[token_id] |= FLAG_BYTE_TOKEN
             byte_values[token_id] = value
         token_keys.append(token.encode())
-    plan.decode_byte_level = dec_byte_level
     plan.token_bytes, plan.token_offsets = _arena(token_keys)
     plan.token_flags, plan.token_byte = bytes(flags), bytes(byte_values)
     plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
@@ -222,7 +227,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan.token_to_id = {**vocab, **by_content}
     plan.added_by_id = shown
     plan.vocab_by_id = vocab_by_id
-    plan.special_ids = frozenset(t["id"] for t in spec.get("added_tokens") or [] if t.get("special"))
+    plan.special_ids = special_token_ids(spec.get("added_tokens") or [])
     plan.vocab_size = len(vocab.keys() | by_content.keys())
     return plan
 

@@ -47,14 +47,6 @@ def recognize(regexes: list[str]) -> tuple[int, int] | None:
     return _KNOWN.get(tuple(regexes))
 
 
-def regexes_for(kind: int, max_digits: int) -> tuple[str, ...]:
-    if kind == GPT2:
-        return (GPT2_REGEX,)
-    if kind == LLAMA3:
-        return (LLAMA3_REGEX if max_digits == 3 else QWEN2_REGEX,)
-    return DEEPSEEK_REGEXES
-
-
 def compiles(pattern: str) -> bool:
     try:
         _compiled(pattern)

@@ -60,7 +60,6 @@ class Plan:
     fuse_unk: bool = False
     prefix_ids: list[int] = field(default_factory=list)
     suffix_ids: list[int] = field(default_factory=list)
-    decode_byte_level: bool = True
     token_bytes: bytes = b""
     token_offsets: array = field(default_factory=lambda: array("I", [0]))
     token_flags: bytes = b""
@@ -164,17 +163,18 @@ def pre_tokenizer_options(spec: dict | None, use_scanners: bool = True) -> tuple
     return -1, 3, True, tuple(regexes)
 
 
-def decoder_options(spec: dict | None, byte_level: bool) -> tuple[bool, list[tuple[str, str]], bool, str, int, str]:
-    """(byte level, replaces, byte fallback, strip content, strip start, metaspace replacement
-    that the first token drops)."""
+def decoder_options(spec: dict | None, byte_level: bool) -> tuple[list[tuple[str, str]], bool, str, int, str]:
+    """(replaces, byte fallback, strip content, strip start, metaspace replacement that the
+    first token drops). A ByteLevel decoder goes with, and only with, a byte-level
+    pre-tokenizer, so `byte_level` also says how tokens decode."""
     require(spec is not None, "no decoder")
     if spec.get("type") == "ByteLevel":
         require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
-        return True, [], False, "", 0, ""
+        return [], False, "", 0, ""
     require(not byte_level, "byte-level pre-tokenizer with a non-ByteLevel decoder")
     if spec.get("type") == "Metaspace":
         replacement, scheme, _ = metaspace_options(spec)
-        return False, [(replacement, " ")], False, "", 0, replacement if scheme != PREPEND_SCHEMES["never"] else ""
+        return [(replacement, " ")], False, "", 0, replacement if scheme != PREPEND_SCHEMES["never"] else ""
     require(spec.get("type") == "Sequence", f"decoder {spec.get('type')}")
     replaces: list[tuple[str, str]] = []
     byte_fallback = fused = False
@@ -195,7 +195,7 @@ def decoder_options(spec: dict | None, byte_level: bool) -> tuple[bool, list[tup
             strip, stage = (step["content"], int(step.get("start", 0))), 3
         else:
             raise UnsupportedTokenizer(f"decoder sequence with {kind} at this position")
-    return False, replaces, byte_fallback, strip[0], strip[1], ""
+    return replaces, byte_fallback, strip[0], strip[1], ""
 
 
 def post_processor_ids(spec: dict | None) -> tuple[list[int], list[int]]:
@@ -253,9 +253,3 @@ def byte_chars_to_bytes(token: str) -> bytes | None:
         return token.translate(_TO_BYTE).encode("latin-1")
     except UnicodeEncodeError:
         return None
-
-
-def byte_level_bytes(token: str) -> bytes:
-    """The ByteLevel decoder's bytes for one token: mapped back if every char is a byte char."""
-    mapped = byte_chars_to_bytes(token)
-    return token.encode() if mapped is None else mapped

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prelude._fasttoken.loader import load_plan
 from prelude._fasttoken.plan import UnsupportedTokenizer
-from prelude.tokenizer.base import DecodeStep, Tokenizer
+from prelude.tokenizer.base import Tokenizer
 
 __all__ = ["FastTokenizer", "UnsupportedTokenizer"]
 
@@ -37,7 +37,8 @@ class FastTokenizer(Tokenizer):
         self._reference = None
         self._reference_lock = threading.Lock()
         self.reference_encodes = 0  # how many inputs went to HF (tests watch it; races are harmless)
-        # Instance attributes shadow the methods below: callers reach the Cython code directly.
+        # Instance attributes shadow encode and decode below and the base class's encode_batch
+        # and decode_step: callers reach the Cython code directly.
         self.encode = self._core.encode  # type: ignore[method-assign]
         self.encode_batch = self._core.encode_batch  # type: ignore[method-assign]
         self.decode = self._core.decode  # type: ignore[method-assign]
@@ -46,15 +47,8 @@ class FastTokenizer(Tokenizer):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._core.encode(text, add_special_tokens)
 
-    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return self._core.encode_batch(texts, add_special_tokens)
-
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._core.decode(ids, skip_special_tokens)
-
-    def decode_step(self, ids: Sequence[int], prefix_offset: int, read_offset: int,
-                    skip_special_tokens: bool = False) -> DecodeStep:
-        return self._core.decode_step(ids, prefix_offset, read_offset, skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._token_to_id.get(token)

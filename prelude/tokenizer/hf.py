@@ -8,7 +8,7 @@ from typing import Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from prelude.tokenizer.base import Tokenizer
+from prelude.tokenizer.base import Tokenizer, special_token_ids
 
 
 class HFTokenizer(Tokenizer):
@@ -20,7 +20,7 @@ class HFTokenizer(Tokenizer):
         self._tok.no_truncation()
         self._tok.no_padding()
         added = json.loads(Path(path).read_text(encoding="utf-8")).get("added_tokens", [])
-        self._special_ids = frozenset(t["id"] for t in added if t.get("special"))
+        self._special_ids = special_token_ids(added)
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
