@@ -93,39 +93,29 @@ class Body:
         self._check_range(name, value, lo, hi)
         return float(value)
 
-    def bool(self, name: str, default: bool = False) -> bool:
+    def _of_type(self, name: str, default, kind: type, expected: str):
         value = self._raw(name)
         if value is _MISSING:
             return default
-        if not isinstance(value, bool):
-            raise self._wrong_type(name, "a boolean", value)
+        if not isinstance(value, kind):
+            raise self._wrong_type(name, expected, value)
         return value
+
+    def bool(self, name: str, default: bool = False) -> bool:
+        return self._of_type(name, default, bool, "a boolean")
 
     def str(self, name: str, default=None):
-        value = self._raw(name)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str):
-            raise self._wrong_type(name, "a string", value)
-        return value
+        return self._of_type(name, default, str, "a string")
 
     def list(self, name: str, default=None, nonempty: bool = False):
-        value = self._raw(name)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, list):
-            raise self._wrong_type(name, "an array", value)
-        if nonempty and not value:
+        value = self._of_type(name, default, list, "an array")
+        if nonempty and value is not default and not value:
             raise self.invalid(name, "must not be empty")
         return value
 
     def object(self, name: str) -> "Body | None":
-        value = self._raw(name)
-        if value is _MISSING:
-            return None
-        if not isinstance(value, dict):
-            raise self._wrong_type(name, "an object", value)
-        return Body(value, prefix=f"{self.param(name)}.")
+        value = self._of_type(name, None, dict, "an object")
+        return None if value is None else Body(value, prefix=f"{self.param(name)}.")
 
     def str_list(self, name: str, max_items: int | None = None) -> tuple[str, ...]:
         """A string or an array of strings (OpenAI's `stop`)."""
