@@ -83,9 +83,9 @@ public:
     std::string word_boundary;  // see encode_words_at_boundaries; empty: off
     bool metaspace = false;  // Metaspace pre-tokenizer
     std::string ms_replacement;
-    int ms_prepend = 0;  // kPrependAlways, kPrependFirst, or 2: never (PREPEND_SCHEMES in plan.py)
+    int ms_prepend = 0;  // one of the kPrepend values (PREPEND_SCHEMES in plan.py)
     bool ms_split = true;
-    enum : int { kPrependAlways = 0, kPrependFirst = 1 };
+    enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
     Decoder decoder;
     const uint64_t uid = next_engine_id();
 
