@@ -31,6 +31,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    backlog: int = 2048
     log_level: str = "info"
     dtype: str = "auto"
     device: str = "auto"
@@ -54,8 +55,9 @@ class Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("port", "tokenizer_workers", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                    "max_request_bytes", "num_kv_blocks", "max_model_len", "kv_cache_memory")
+        positive = ("port", "backlog", "tokenizer_workers", "block_size", "max_num_seqs",
+                    "max_num_batched_tokens", "max_request_bytes", "num_kv_blocks", "max_model_len",
+                    "kv_cache_memory")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:  # None: unset optional flags
@@ -93,7 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: --model)")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route except /health, /ping, "
+                        "/version and /metrics, which stay open as in vLLM")
+    p.add_argument("--backlog", type=int, default=d.backlog,
+                   help="pending connections the listening socket queues (default %(default)s)")
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--dtype", default=d.dtype, help="auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32")
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda")

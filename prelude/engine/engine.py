@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.engine.output import EngineError, RequestOutput, RequestStream
-from prelude.engine.batch import RowResult
+from prelude.engine.batch import RowResult, decode_rows, prefill_rows
+from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.request import Request
 from prelude.engine.scheduler import OneShotJob, Scheduler, ScheduledStep, StepEvent, Work
 from prelude.engine.sequence import Sequence
@@ -113,17 +114,14 @@ class Engine:
             started = time.perf_counter()
             self._in_flight = True
             try:
-                result = await loop.run_in_executor(self._worker, self.executor.execute, step.batch)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # a failed step fails its own requests, not the server
-                logger.exception("step failed")
-                self._fail(step, exc)
-                continue
+                outcome = await loop.run_in_executor(self._worker, execute_isolating, self.executor.execute,
+                                                     step.batch)
             finally:
                 self._in_flight = False
             self.stats.on_step(time.perf_counter() - started)
-            self._process(self.scheduler.update(step, result))
+            if outcome.first_error is not None:
+                step = self._fail_rows(step, outcome)
+            self._process(self.scheduler.update(step, outcome.result))
 
     def _on_loop_exit(self, task: asyncio.Task) -> None:
         """An engine bug must not leave requests hanging: fail them all, loudly."""
@@ -134,11 +132,20 @@ class Engine:
             self._tracked.pop(tracked.work.request.request_id, None)
             tracked.stream.put(EngineError(f"engine failed: {task.exception()!r}"))
 
-    def _fail(self, step: ScheduledStep, exc: Exception) -> None:
-        for work in self.scheduler.abort_step(step):
+    def _fail_rows(self, step: ScheduledStep, outcome: StepOutcome) -> ScheduledStep:
+        """A step raised: fail only the requests whose rows raise alone; the rest go on."""
+        step, failed = self.scheduler.fail_rows(step, set(outcome.failures))
+        self.stats.on_step_failure(len(failed))
+        logger.error("a step of %d rows raised; %d request(s) failed alone and were ended: %s",
+                     len(prefill_rows(step.batch)) + len(decode_rows(step.batch)), len(failed),
+                     ", ".join(w.request.request_id for w in failed) or "none (the retries passed)",
+                     exc_info=outcome.first_error)
+        for work in failed:
             tracked = self._tracked.pop(work.request.request_id, None)
             if tracked is not None:
-                tracked.stream.put(EngineError(f"engine step failed: {exc}"))
+                error = outcome.failures[work.seq_id]
+                tracked.stream.put(EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
+        return step
 
     def _process(self, events: list[StepEvent]) -> None:
         now = time.monotonic()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -21,7 +23,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
     def restricts_logits(self) -> bool:

@@ -371,18 +371,23 @@ class Scheduler:
             events.append(self._append(seq, by_id[seq.seq_id]))
         return events
 
-    def abort_step(self, step: ScheduledStep) -> list[Work]:
-        """Undoes a step whose forward failed: frees everything its work holds, finishes it all,
-        and returns that work so the engine can fail the requests."""
-        works: list[Work] = []
+    def fail_rows(self, step: ScheduledStep, seq_ids: set[int]) -> tuple[ScheduledStep, list[Work]]:
+        """Ends the work whose rows failed in `step`, freeing its blocks unpublished (their KV is
+        suspect); returns the step without that work, for `update`, and the work itself."""
+        failed: list[Work] = []
+        oneshots = []
         for work in step.oneshots:
-            self.pool.release(work.blocks)
-            work.job.aborted = True
-            works.append(work.job)
+            if work.job.seq_id in seq_ids:
+                self.pool.release(work.blocks)
+                work.job.aborted = True
+                failed.append(work.job)
+            else:
+                oneshots.append(work)
         for seq in [s for s, _ in step.prefills] + list(step.decodes):
-            self.finish(seq)
-            works.append(seq)
-        return works
+            if seq.seq_id in seq_ids:
+                self.finish(seq)
+                failed.append(seq)
+        return step._replace(oneshots=oneshots), failed
 
     def _append(self, seq: Sequence, result: RowResult) -> StepEvent:
         if result.token is not None:

@@ -33,6 +33,8 @@ class EngineStats:
     cached_tokens: int = 0
     arrived: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    failed_steps: int = 0  # steps whose forward raised (their rows were then retried in halves)
+    failed_requests: int = 0  # requests ended because their own row raised
 
     def on_arrival(self) -> None:
         self.arrived += 1
@@ -54,6 +56,10 @@ class EngineStats:
         self.cached_tokens += work.num_cached_tokens
         self.generation_tokens += num_output_tokens
         self.finished[reason] = self.finished.get(reason, 0) + 1
+
+    def on_step_failure(self, num_failed_requests: int) -> None:
+        self.failed_steps += 1
+        self.failed_requests += num_failed_requests
 
     def on_abort(self) -> None:
         self.finished["abort"] = self.finished.get("abort", 0) + 1

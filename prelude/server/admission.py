@@ -88,12 +88,13 @@ class Admission:
                     raise bad_request(f"'logit_bias' token {token} is not in [0, {self.vocab_size})", "logit_bias")
                 items.append((token, bias.float(key, lo=-100.0, hi=100.0)))
             logit_bias = tuple(items)
+        # top_k: -1 or 0 turn the cut off; a cut wider than the vocabulary is no cut (clamped).
         top_k = body.int("top_k", 0, lo=-1)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=body.float("temperature", 1.0, lo=0.0),
             top_p=body.float("top_p", 1.0, lo=1e-9, hi=1.0),
-            top_k=max(top_k, 0),
+            top_k=0 if top_k >= self.vocab_size else max(top_k, 0),
             seed=body.int("seed"),
             stop=body.str_list("stop", max_items=16),
             stop_token_ids=body.int_list("stop_token_ids", hi=self.vocab_size - 1) or (),

@@ -7,7 +7,7 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -25,26 +25,47 @@ from prelude.server.serving import json_response
 
 logger = logging.getLogger(__name__)
 
-# Reachable without the API key: liveness and monitoring, as in vLLM.
+# Reachable without the API key: liveness and monitoring, as vLLM leaves them.
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
 
 
 class BearerAuth:
     """Requires `Authorization: Bearer <key>` everywhere but OPEN_PATHS (plain ASGI: no per-request
-    middleware objects)."""
+    middleware objects). The scheme is case-insensitive (RFC 9110); the key is compared in
+    constant time."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = given.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
-                error = APIError(401, "Invalid or missing API key (send 'Authorization: Bearer <key>').",
-                                 code="invalid_api_key")
-                await error.response()(scope, receive, send)
-                return
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            error = APIError(401, "Invalid or missing API key (send 'Authorization: Bearer <key>').",
+                             code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class HealthFirst:
+    """Answers GET /health before routing, auth or anything else, so a liveness probe is one
+    small response on the event loop even while thousands of requests are in flight."""
+
+    def __init__(self, app: ASGIApp, engine: Engine):
+        self.app = app
+        self.engine = engine
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health" and scope["method"] in ("GET", "HEAD"):
+            await send({"type": "http.response.start", "status": 200 if self.engine.healthy else 503,
+                        "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
         await self.app(scope, receive, send)
 
 
@@ -54,7 +75,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     openai = CompletionsAPI(engine, admission, served, config.max_request_bytes)
     decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
 
-    async def health(_: HTTPRequest) -> Response:
+    async def ping(_: HTTPRequest) -> Response:
         return Response(status_code=200 if engine.healthy else 503)
 
     async def models(_: HTTPRequest) -> Response:
@@ -92,6 +113,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     async def on_http_error(_: HTTPRequest, exc: HTTPException) -> Response:
         return APIError(exc.status_code, str(exc.detail)).response()
 
+    async def on_disconnect(http: HTTPRequest, _: ClientDisconnect) -> Response:
+        # Nobody reads this response; the request's engine work was already aborted.
+        logger.info("client went away: %s %s", http.method, http.url.path)
+        return Response(status_code=499)
+
     async def on_error(_: HTTPRequest, exc: Exception) -> Response:
         logger.exception("unhandled error")
         return APIError(500, f"internal error: {type(exc).__name__}").response()
@@ -107,8 +133,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
 
     app = Starlette(
         routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/ping", health, methods=["GET", "POST"]),
+            Route("/ping", ping, methods=["GET", "POST"]),
             Route("/version", version, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -125,10 +150,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
-        exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_error},
+        exception_handlers={APIError: on_api_error, HTTPException: on_http_error,
+                            ClientDisconnect: on_disconnect, Exception: on_error},
         lifespan=lifespan,
     )
-    return BearerAuth(app, config.api_key) if config.api_key else app
+    return HealthFirst(BearerAuth(app, config.api_key) if config.api_key else app, engine)
 
 
 def hypercorn_config(config: Config):
@@ -140,6 +166,7 @@ def hypercorn_config(config: Config):
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.loglevel = config.log_level.upper()
     hc.graceful_timeout = 3.0
+    hc.backlog = config.backlog
     return hc
 
 

@@ -1,8 +1,7 @@
 """OpenAI-style errors: {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
-import json
-
+import orjson
 from starlette.responses import Response
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -13,19 +12,22 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "inval
 class APIError(Exception):
     """A request the server refuses; raised anywhere in a handler, rendered by the app."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
 
     def response(self) -> Response:
-        return Response(json.dumps(self.body()), status_code=self.status, media_type="application/json")
+        return Response(orjson.dumps(self.body()), status_code=self.status, headers=self.headers,
+                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

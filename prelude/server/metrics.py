@@ -55,6 +55,10 @@ def render(engine: Engine, model: str) -> str:
     w.header("request_success_total", "counter", "Finished requests by finish reason.")
     for reason, count in sorted(stats.finished.items()):
         w.sample("request_success_total", count, finished_reason=reason)
+    w.metric("failed_steps_total", "counter", "Forward steps that raised; their rows were retried in halves.",
+             stats.failed_steps)
+    w.metric("failed_requests_total", "counter", "Requests ended because their own row made a step raise.",
+             stats.failed_requests)
     w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.",
              scheduler.stats.num_preemptions)
     w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", scheduler.stats.num_oneshot_rows)

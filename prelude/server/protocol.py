@@ -1,16 +1,53 @@
 """Reading and validating request bodies. One pass over the JSON with typed accessors that raise
-a 400 naming the offending field; no schema library on the hot path."""
+a 400 naming the offending field; no schema library on the hot path.
+
+Everything a later layer could choke on is refused here: invalid UTF-8 and lone surrogates
+(orjson rejects both), NaN and infinities, nesting deeper than MAX_JSON_DEPTH, and numbers
+outside what the engine represents (integers beyond int64, non-finite floats)."""
 from __future__ import annotations
 
-import json
 import math
+import re
 from typing import Any
 
+import numpy as np
+import orjson
 from starlette.requests import Request as HTTPRequest
 
 from prelude.server.errors import APIError, bad_request
 
 _MISSING = object()
+
+# Deepest JSON nesting accepted. Real requests nest a few levels (tool schemas a dozen); the
+# limit keeps every later recursive walk (templates, json.dumps of tools) far from Python's
+# recursion limit.
+MAX_JSON_DEPTH = 64
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_DEPTH_STEP = np.zeros(256, dtype=np.int8)
+for _byte, _step in _BRACKETS.items():
+    _DEPTH_STEP[_byte] = _step
+
+
+def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text nests deeper than `limit`, found without parsing it. Almost every
+    body has fewer brackets than the limit and is cleared by two counts; the rest are measured
+    once string contents (which may hold brackets) are blanked out."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    structure = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    return int(np.cumsum(_DEPTH_STEP[structure], dtype=np.int64).max(initial=0)) > limit
+
+
+def parse_json(raw: bytes) -> Any:
+    """The JSON value of a body, or a 400 saying why it is not one."""
+    if json_depth_exceeds(raw):
+        raise bad_request(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
 
 
 async def read_json(http: HTTPRequest, limit: int) -> "Body":
@@ -24,15 +61,7 @@ async def read_json(http: HTTPRequest, limit: int) -> "Body":
         if size > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
         chunks.append(chunk)
-    raw = b"".join(chunks)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise bad_request(f"request body is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
+    data = parse_json(b"".join(chunks))
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
     return Body(data)
@@ -73,7 +102,8 @@ class Body:
             raise self.invalid(name, "is required")
         return value
 
-    def int(self, name: str, default=None, lo: int | None = None, hi: int | None = None):
+    def int(self, name: str, default=None, lo: int = INT64_MIN, hi: int = INT64_MAX):
+        """An integer within [lo, hi]; the default bounds are int64's, what the engine holds."""
         value = self._raw(name)
         if value is _MISSING:
             return default
@@ -88,8 +118,10 @@ class Body:
         value = self._raw(name)
         if value is _MISSING:
             return default
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            raise self.invalid(name, "is out of range")  # float() of a huge int overflows
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise self._wrong_type(name, "a number", value)
+            raise self._wrong_type(name, "a finite number", value)
         self._check_range(name, value, lo, hi)
         return float(value)
 
@@ -129,7 +161,7 @@ class Body:
             raise self.invalid(name, f"accepts at most {max_items} items")
         return tuple(items)
 
-    def int_list(self, name: str, lo: int = 0, hi: int | None = None) -> tuple[int, ...] | None:
+    def int_list(self, name: str, lo: int = 0, hi: int = INT64_MAX) -> tuple[int, ...] | None:
         value = self.list(name)
         if value is None:
             return None

@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import AsyncIterator, Awaitable, TypeVar
 
+import orjson
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
 
 
-def dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+def dumps(obj) -> bytes:
+    """Compact UTF-8 JSON (orjson: several times faster than the standard library here)."""
+    return orjson.dumps(obj)
 
 
 def sse(obj) -> bytes:
-    return f"data: {dumps(obj)}\n\n".encode()
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -61,7 +63,7 @@ class EventStream:
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Awaits `work`, cancelling it if the client disconnects first (then raises CancelledError)."""
+    """Awaits `work`, cancelling it if the client disconnects first (then raises ClientDisconnect)."""
     work_task = asyncio.ensure_future(work)
     watch_task = asyncio.create_task(_wait_disconnect(receive))
     try:
@@ -71,7 +73,7 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     if not work_task.done():
         work_task.cancel()
         await asyncio.gather(work_task, return_exceptions=True)
-        raise asyncio.CancelledError("client disconnected")
+        raise ClientDisconnect()
     return work_task.result()
 
 

@@ -19,12 +19,8 @@ class CountingExecutor(Executor):
     def __init__(self, vocab: int = 1000):
         self.vocab = vocab
         self.batches: list[ForwardBatch] = []
-        self.fail_next = False
 
     def execute(self, batch: ForwardBatch) -> BatchResult:
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("injected failure")
         self.batches.append(batch)
         rows = [self._result(r.seq_id, r.token_ids[-1], r.output) for r in prefill_rows(batch) if r.output]
         rows += [self._result(r.seq_id, r.token_id, r.output) for r in decode_rows(batch)]
@@ -41,3 +37,20 @@ class CountingExecutor(Executor):
     @property
     def computed_tokens(self) -> list[int]:
         return [sum(len(r.token_ids) for r in prefill_rows(b)) + len(decode_rows(b)) for b in self.batches]
+
+
+class PoisonedExecutor(Executor):
+    """The fault-injection hook of the isolation tests: wraps a real executor and raises for
+    any step holding a row that carries the poison token id, as a row the kernels choke on would."""
+
+    def __init__(self, inner: Executor, poison: int):
+        self.inner = inner
+        self.poison = poison
+        self.raised = 0
+
+    def execute(self, batch: ForwardBatch) -> BatchResult:
+        if any(self.poison in r.token_ids for r in prefill_rows(batch)) or \
+                any(r.token_id == self.poison for r in decode_rows(batch)):
+            self.raised += 1
+            raise RuntimeError("injected fault: poisoned row")
+        return self.inner.execute(batch)

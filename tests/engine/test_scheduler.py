@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from prelude.cache.block_pool import BlockPool
-from prelude.engine.batch import DecodeBatch, MixedBatch, OneShotBatch
+from prelude.engine.batch import DecodeBatch, MixedBatch, OneShotBatch, decode_rows, prefill_rows
 from prelude.engine.request import Request, Task
 from prelude.engine.sampling import SamplingParams
 from prelude.engine.scheduler import OneShotJob, Scheduler, SchedulerConfig
@@ -148,7 +148,7 @@ def test_preemption_by_recompute_when_blocks_run_out_and_outputs_unchanged():
     assert tight == roomy
 
 
-def test_randomized_mix_with_aborts_and_failed_steps_keeps_block_accounting():
+def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting():
     rng = random.Random(7)
     scheduler, executor = make(num_blocks=40, max_num_batched_tokens=32, max_num_seqs=6)
     prefixes = [list(range(s * 50, s * 50 + rng.randrange(4, 20))) for s in range(4)]
@@ -160,15 +160,13 @@ def test_randomized_mix_with_aborts_and_failed_steps_keeps_block_accounting():
         if live and rng.random() < 0.1:
             scheduler.finish(live.pop(rng.randrange(len(live))))
         planned = scheduler.schedule()
-        if planned is not None and rng.random() < 0.03:  # the device step fails
-            executor.fail_next = True
-            try:
-                executor.execute(planned.batch)
-            except RuntimeError:
-                for work in scheduler.abort_step(planned):
-                    if work in live:
-                        live.remove(work)
-            planned = None
+        if planned is not None and rng.random() < 0.05:  # some rows of the step raise alone
+            rows = [*prefill_rows(planned.batch), *decode_rows(planned.batch)]
+            culprits = {r.seq_id for r in rng.sample(rows, rng.randrange(1, len(rows) + 1))}
+            planned, failed = scheduler.fail_rows(planned, culprits)
+            for work in failed:
+                if work in live:
+                    live.remove(work)
         if planned is not None:
             if rng.random() < 0.05:  # abort while the step is in flight
                 victim = rng.choice([s for s, _ in planned.prefills] + list(planned.decodes) or [None])

@@ -1,6 +1,8 @@
 """--api-key: bearer auth on every API route; /health (and /metrics) stay open."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -16,16 +18,30 @@ def secured(demo_model):
 
 
 def test_missing_or_wrong_key_is_401(secured):
-    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"},
+                    {"authorization": "Basic s3cret"}, {"authorization": "Bearer"}):
         response = httpx.post(secured.base_url + "/v1/completions", json={"prompt": "hi"}, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
+        assert response.headers["www-authenticate"] == "Bearer"
     assert httpx.get(secured.base_url + "/v1/models").status_code == 401
 
 
-def test_health_and_metrics_stay_open(secured):
-    assert httpx.get(secured.base_url + "/health").status_code == 200
-    assert httpx.get(secured.base_url + "/metrics").status_code == 200
+def test_bearer_scheme_is_case_insensitive(secured):
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        response = httpx.get(secured.base_url + "/v1/models", headers={"authorization": f"{scheme} s3cret"})
+        assert response.status_code == 200, scheme
+
+
+def test_open_routes_are_the_documented_ones(secured):
+    from prelude.config import build_parser
+
+    for path in ("/health", "/ping", "/version", "/metrics"):
+        assert httpx.get(secured.base_url + path).status_code == 200, path
+    api_key_help = next(a.help for a in build_parser()._actions if "--api-key" in a.option_strings)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for path in ("/health", "/ping", "/version", "/metrics"):
+        assert path in api_key_help and f"`{path}`" in readme
 
 
 def test_right_key_works_with_the_openai_client(secured):

@@ -35,6 +35,18 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 500}}, 400, "logit_bias.5"),
     (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
     (COMPLETIONS, {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
+    # Numbers the engine cannot represent are refused at validation, never inside a step.
+    (COMPLETIONS, {"prompt": "hi", "top_k": 2**63}, 400, "top_k"),
+    (COMPLETIONS, {"prompt": "hi", "top_k": 1e308}, 400, "top_k"),
+    (COMPLETIONS, {"prompt": "hi", "seed": 2**64}, 400, "seed"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 2**63}, 400, "max_tokens"),
+    (COMPLETIONS, b'{"prompt": "hi", "temperature": 1' + b"0" * 400 + b"}", 400, None),
+    (COMPLETIONS, b'{"prompt": "hi", "top_p": NaN}', 400, None),
+    (COMPLETIONS, b'{"prompt": "hi", "temperature": 1e400}', 400, None),
+    # Lone surrogates and deep nesting: a 400 before any handler (or recursion) sees them.
+    (COMPLETIONS, b'{"prompt": "\\ud800x"}', 400, None),
+    (TOKENIZE, b'{"prompt": "\\udfffx"}', 400, None),
+    (COMPLETIONS, b'{"prompt": "hi", "stop": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", 400, None),
     (CHAT, {"messages": []}, 400, "messages"),
     (CHAT, {"messages": "hello"}, 400, "messages"),
     (CHAT, {"messages": [{"content": "no role"}]}, 400, "messages[0]"),
@@ -122,3 +134,16 @@ def test_failed_step_fails_only_its_requests(server, client):
     ok = client.completions.create(model=server.served.name, prompt="fine", max_tokens=2, temperature=0)
     assert ok.usage.completion_tokens == 2
     server.wait_idle()
+
+
+def test_extreme_but_representable_sampling_values_are_served(server):
+    """A top_k wider than the vocabulary cuts nothing; a temperature too small for float32
+    logits is greedy; int64's extremes are valid seeds."""
+    greedy = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "temperature": 0}).json()
+    for extra in ({"top_k": 2**40, "temperature": 0}, {"temperature": 1e-300}, {"seed": 2**63 - 1, "temperature": 0},
+                  {"seed": -(2**63), "top_k": 10**9, "temperature": 1e-6}):
+        response = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, **extra})
+        assert response.status_code == 200, (extra, response.text)
+        assert response.json()["choices"][0]["text"] == greedy["choices"][0]["text"]
+    sampled = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "temperature": 1e300, "seed": 1})
+    assert sampled.status_code == 200

@@ -1,0 +1,37 @@
+"""A client that goes away at any point costs one INFO line, never an ERROR or a traceback, and
+its work is dropped."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+
+
+def _send_and_drop(server, head_and_body: bytes, wait: float) -> None:
+    with socket.create_connection(("127.0.0.1", server.config.port)) as sock:
+        sock.sendall(head_and_body)
+        time.sleep(wait)  # let the server start on it, then vanish
+
+
+def _request(path: str, body: bytes, declared_length: int | None = None) -> bytes:
+    length = len(body) if declared_length is None else declared_length
+    return (f"POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+            f"content-length: {length}\r\n\r\n").encode() + body
+
+
+def test_disconnects_are_logged_quietly(server, caplog):
+    long_generation = json.dumps({"prompt": "tell me a story", "max_tokens": 400, "ignore_eos": True}).encode()
+    with caplog.at_level(logging.INFO):
+        # Mid-body: the declared length never arrives.
+        _send_and_drop(server, _request("/v1/completions", b'{"prompt": "hel', declared_length=500), 0.2)
+        # Mid-generation, plain and streamed.
+        _send_and_drop(server, _request("/v1/completions", long_generation), 0.3)
+        streamed = json.dumps({"prompt": "tell me a story", "max_tokens": 400, "ignore_eos": True,
+                               "stream": True}).encode()
+        _send_and_drop(server, _request("/v1/completions", streamed), 0.3)
+        server.wait_idle()
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not noisy, [r.getMessage() for r in noisy]
+    gone = [r for r in caplog.records if "client went away" in r.getMessage()]
+    assert len(gone) >= 2  # the body read and the plain generation; a dropped stream just stops
