@@ -5,14 +5,14 @@ import asyncio
 import logging
 import sys
 
-from prelude.config import parse_args
+from prelude.cli import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from prelude.model.config import UnsupportedModel
-    from prelude.server.app import serve
+    from prelude.assembly import serve
 
     try:
         asyncio.run(serve(config))

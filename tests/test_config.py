@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from prelude.config import Config, parse_args, parse_bytes
+from prelude.cli import parse_args
+from prelude.contract.config import Config, parse_bytes
 
 
 def test_flags_map_onto_config():

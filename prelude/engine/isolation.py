@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
-from prelude.engine.batch import (
+from prelude.contract.batch import (
     BatchResult,
     DecodeBatch,
     DecodeRow,

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 
-from prelude.engine.batch import TokenLogprob
+from prelude.contract.batch import TokenLogprob
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens reached, or a OneShot request's single forward done
+    ABORT = "abort"  # the client went away, or the server stopped
+    ERROR = "error"  # the request's own row made a step raise
 
 
 @dataclass(slots=True)
@@ -21,7 +29,7 @@ class RequestOutput:
     scores: list[float] | None = None
     label_logprobs: list[float] | None = None
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended generation
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0

@@ -1,12 +1,13 @@
-"""The normalized request: everything the engine needs, fixed once at admission."""
+"""The normalized request: everything the engine needs, fixed once at admission (sampling, the
+outputs its last row produces, label ids), and never changed afterwards."""
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
 
-from prelude.engine.batch import OutputSpec
-from prelude.engine.sampling import GREEDY, SamplingParams
+from prelude.contract.batch import OutputSpec
+from prelude.contract.sampling import GREEDY, SamplingParams
 
 
 class Task(str, enum.Enum):
@@ -23,10 +24,10 @@ class ExecutionClass(str, enum.Enum):
     DECODE = "decode"  # paged KV, continuous batching
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Request:
     request_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # read-only once admitted
     sampling: SamplingParams = GREEDY
     task: Task = Task.GENERATE
     prompt_logprobs: int | None = None
@@ -34,6 +35,19 @@ class Request:
     normalize: bool = True
     label_token_ids: tuple[int, ...] | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    # The outputs the row carrying the last prompt token produces (derived, once).
+    output: OutputSpec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        generates = self.task is Task.GENERATE and self.sampling.max_tokens > 0
+        object.__setattr__(self, "output", OutputSpec(
+            sample=self.sampling if generates else None,
+            prompt_logprobs=self.prompt_logprobs,
+            pooling=self.pooling if self.task is Task.EMBED else None,
+            normalize=self.normalize,
+            classify=self.task is Task.CLASSIFY,
+            label_token_ids=self.label_token_ids if self.task is Task.SCORE else None,
+        ))
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -41,30 +55,15 @@ class Request:
 
     @property
     def generates(self) -> bool:
-        return self.task is Task.GENERATE and self.sampling.max_tokens > 0
+        return self.output.sample is not None
 
     @property
     def needs_every_position(self) -> bool:
         """Outputs read every prompt position, so a cached prefix cannot stand in for them."""
         return self.prompt_logprobs is not None or (self.task is Task.EMBED and self.pooling != "last")
 
-    def output_spec(self, sample_step: int = 0) -> OutputSpec:
-        """The outputs the row carrying this request's last prompt token must produce."""
-        return OutputSpec(
-            sample=self.sampling if self.generates else None,
-            sample_step=sample_step,
-            prompt_logprobs=self.prompt_logprobs,
-            pooling=self.pooling if self.task is Task.EMBED else None,
-            normalize=self.normalize,
-            classify=self.task is Task.CLASSIFY,
-            label_token_ids=self.label_token_ids if self.task is Task.SCORE else None,
-        )
-
-
-def classify(request: Request, disable_oneshot: bool = False) -> ExecutionClass:
-    """OneShot when the request returns a fixed-size artifact or at most one token."""
-    if disable_oneshot:
+    def execution_class(self, disable_oneshot: bool = False) -> ExecutionClass:
+        """OneShot when the request returns a fixed-size artifact or at most one token."""
+        if not disable_oneshot and (self.task is not Task.GENERATE or self.sampling.max_tokens <= 1):
+            return ExecutionClass.ONESHOT
         return ExecutionClass.DECODE
-    if request.task is not Task.GENERATE or request.sampling.max_tokens <= 1:
-        return ExecutionClass.ONESHOT
-    return ExecutionClass.DECODE

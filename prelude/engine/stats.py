@@ -4,6 +4,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from prelude.engine.output import FinishReason
+from prelude.engine.work import Work
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
@@ -42,24 +45,24 @@ class EngineStats:
     def on_step(self, seconds: float) -> None:
         self.step_time.observe(seconds)
 
-    def on_first_token(self, work, now: float) -> None:
+    def on_first_token(self, work: Work, now: float) -> None:
         request = work.request
         self.ttft.observe(now - request.arrival_time)
         if work.first_scheduled is not None:
             self.queue_time.observe(work.first_scheduled - request.arrival_time)
             self.prefill_time.observe(now - work.first_scheduled)
 
-    def on_finish(self, work, num_output_tokens: int, reason: str, now: float) -> None:
+    def on_finish(self, work: Work, num_output_tokens: int, reason: FinishReason, now: float) -> None:
+        self.finished[reason.value] = self.finished.get(reason.value, 0) + 1
+        if reason in (FinishReason.ABORT, FinishReason.ERROR):
+            return
         request = work.request
         self.e2e.observe(now - request.arrival_time)
         self.prompt_tokens += request.num_prompt_tokens
         self.cached_tokens += work.num_cached_tokens
         self.generation_tokens += num_output_tokens
-        self.finished[reason] = self.finished.get(reason, 0) + 1
 
     def on_step_failure(self, num_failed_requests: int) -> None:
         self.failed_steps += 1
         self.failed_requests += num_failed_requests
 
-    def on_abort(self) -> None:
-        self.finished["abort"] = self.finished.get("abort", 0) + 1

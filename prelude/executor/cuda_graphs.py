@@ -16,15 +16,14 @@ import bisect
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
-from prelude.executor.attention.base import StepLayout
+from prelude.model.attention import GraphKind as Kind, StepLayout
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["decode", "prefill"]
 PREFILL_SIZES = (32, 64, 128, 256)
 
 
@@ -70,10 +69,7 @@ class GraphRunner:
         next replay)."""
         self.static[:, :bucket].copy_(host[:, :bucket], non_blocking=True)
         layout = replace(layout, slot_mapping=self.static[2, :bucket])
-        if kind == "decode":
-            self.attention.plan_graph_decode(layout, bucket)
-        else:
-            self.attention.plan_graph_prefill(layout, bucket)
+        self.attention.plan_graph(kind, layout, bucket)
         captured = self.graphs.get((kind, bucket))
         if captured is None:
             captured = self.graphs[(kind, bucket)] = self._capture(kind, bucket)

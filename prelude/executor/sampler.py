@@ -6,8 +6,8 @@ from typing import Sequence
 
 import torch
 
-from prelude.engine.batch import OutputSpec, TokenLogprob
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.batch import TokenLogprob
+from prelude.contract.sampling import SamplingParams
 
 
 def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
@@ -24,24 +24,24 @@ def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
             logits[row, ids] += bias
 
 
-def _exponential_noise(row_specs: Sequence[OutputSpec], vocab: int, device: torch.device) -> torch.Tensor:
+def _exponential_noise(params: Sequence[SamplingParams], steps: Sequence[int], vocab: int,
+                       device: torch.device) -> torch.Tensor:
     """Exp(1) noise per row; a seeded row's noise depends only on (seed, step), so the same
     request samples the same tokens whatever it is batched with."""
-    noise = torch.empty(len(row_specs), vocab, device=device)
-    for i, spec in enumerate(row_specs):
-        seed = spec.sample.seed
-        if seed is None:
+    noise = torch.empty(len(params), vocab, device=device)
+    for i, (p, step) in enumerate(zip(params, steps)):
+        if p.seed is None:
             noise[i].exponential_()
         else:
             gen = torch.Generator(device=device)
-            gen.manual_seed(hash((seed, spec.sample_step)) & 0x7FFF_FFFF_FFFF_FFFF)
+            gen.manual_seed(hash((p.seed, step)) & 0x7FFF_FFFF_FFFF_FFFF)
             noise[i].exponential_(generator=gen)
     return noise
 
 
-def sample(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> list[TokenLogprob]:
-    """logits: [N, vocab] float32 for rows whose spec has `sample` set."""
-    params = [s.sample for s in specs]
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> list[TokenLogprob]:
+    """logits: [N, vocab] float32, one row per sampled row; steps: the index of the token each
+    row samples."""
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         # Reported logprobs are the model's own distribution, before any restriction or
@@ -53,7 +53,7 @@ def sample(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> list[TokenLogpr
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
-        tokens[rows] = _sample_rows(logits[rows], [specs[i] for i in sampled])
+        tokens[rows] = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
     token_list = tokens.tolist()
     results = [TokenLogprob(t, 0.0, []) for t in token_list]
     if raw_logprobs is not None:
@@ -63,16 +63,16 @@ def sample(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> list[TokenLogpr
     return results
 
 
-def _sample_rows(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> torch.Tensor:
-    temps = torch.tensor([s.sample.temperature for s in specs], device=logits.device)
+def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
+    temps = torch.tensor([p.temperature for p in params], device=logits.device)
     logits = logits / temps[:, None]
-    top_ks = [s.sample.top_k for s in specs]
+    top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
         vocab = logits.shape[-1]
         ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
         kth = logits.sort(dim=-1, descending=True).values.gather(1, (ks - 1).clamp(max=vocab - 1)[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    top_ps = torch.tensor([s.sample.top_p for s in specs], device=logits.device)
+    top_ps = torch.tensor([p.top_p for p in params], device=logits.device)
     if bool((top_ps < 1.0).any()):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
@@ -81,7 +81,7 @@ def _sample_rows(logits: torch.Tensor, specs: Sequence[OutputSpec]) -> torch.Ten
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    noise = _exponential_noise(specs, logits.shape[-1], logits.device)
+    noise = _exponential_noise(params, steps, logits.shape[-1], logits.device)
     return (probs / noise).argmax(dim=-1)
 
 

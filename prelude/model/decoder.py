@@ -6,11 +6,11 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.layers import (
     MLP,
     Attention,
-    AttentionFn,
     Embedding,
     Linear,
     RMSNorm,
@@ -37,7 +37,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, residual, rope, attention: AttentionFn):
+    def forward(self, x, residual, rope, attention: AttentionBackend):
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -79,7 +79,7 @@ class DecoderLM(nn.Module):
             if isinstance(module, UsesOps):
                 module.ops = ops
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary.lookup(positions, x.dtype)

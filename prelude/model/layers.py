@@ -1,36 +1,20 @@
 """Building blocks shared by the decoder families: norms, rotary embedding, MLP, attention.
 
 Layers compute on the flattened varlen layout: every activation is [num_tokens, ...] with no
-batch or padding dimension. Attention itself is delegated to an `AttentionFn` the executor binds
-per step, so model code never sees block tables or backend details.
+batch or padding dimension. Attention itself is delegated to the `AttentionBackend` the executor
+plans per step (prelude.model.attention), so model code never sees block tables or backend details.
 """
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-
-# (q_norm weight, k_norm weight, eps) handed to backends that fuse the per-head norms.
-QKNorm = tuple[torch.Tensor, torch.Tensor, float]
-
-
-class AttentionFn(Protocol):
-    # True when the backend rotates q/k itself (fused with its KV write): it is then called with
-    # un-rotated q/k and the step's (cos, sin), plus the q/k norm weights when the model has them.
-    fuses_rope: bool
-
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 qk_norm: QKNorm | None = None) -> torch.Tensor:
-        """q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] for this step's tokens.
-        Stores k/v where the step says so and returns [T, num_heads, head_dim]."""
-
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -148,12 +132,12 @@ class Attention(UsesOps, nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionFn):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionBackend):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if getattr(attention, "fuses_rope", False):
+        if attention.fuses_rope:
             qk_norm = None
             if self.q_norm is not None:
                 qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)

@@ -6,7 +6,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.tokenizer import Tokenizer

@@ -13,14 +13,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prelude import __version__
-from prelude.config import Config
+from prelude.contract.config import Config
 from prelude.engine.engine import Engine
-from prelude.engine.factory import ServedModel
 from prelude.server import metrics
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
-from prelude.server.openai import CompletionsAPI
 from prelude.server.decision import DecisionAPI
+from prelude.server.openai import CompletionsAPI
+from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ class HealthFirst:
 
 
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
-    admission = Admission(engine.tokenizer, config.tokenizer_workers, served.max_model_len,
-                          engine.pool.num_blocks * engine.pool.block_size, config.max_logprobs)
+    admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
+                          served.kv_capacity_tokens, config.max_logprobs)
     openai = CompletionsAPI(engine, admission, served, config.max_request_bytes)
     decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
 
@@ -87,7 +87,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         return json_response({"version": __version__})
 
     async def metrics_endpoint(_: HTTPRequest) -> Response:
-        return PlainTextResponse(metrics.render(engine, served.name), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(engine.snapshot(), served.name),
+                                 media_type="text/plain; version=0.0.4")
 
     async def tokenize(http: HTTPRequest) -> Response:
         body = await openai.body(http)
@@ -105,7 +106,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     async def detokenize(http: HTTPRequest) -> Response:
         body = await openai.body(http)
         ids = admission.check_ids(body.list("tokens", nonempty=True) or [], "tokens")
-        return json_response({"prompt": engine.tokenizer.decode(ids)})
+        return json_response({"prompt": served.tokenizer.decode(ids)})
 
     async def on_api_error(_: HTTPRequest, exc: APIError) -> Response:
         return exc.response()
@@ -175,11 +176,3 @@ async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None) -> None
 
     kwargs = {"shutdown_trigger": shutdown_trigger} if shutdown_trigger is not None else {}
     await hypercorn_serve(app, hypercorn_config(config), **kwargs)
-
-
-async def serve(config: Config) -> None:
-    from prelude.engine.factory import build_engine
-
-    engine, served = build_engine(config)
-    logger.info("serving %s on http://%s:%d", served.name, config.host, config.port)
-    await serve_app(create_app(engine, served, config), config)

@@ -11,7 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Request, Task
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage

@@ -1,7 +1,7 @@
 """GET /metrics: Prometheus text exposition, vLLM's metric names under a `prelude:` prefix."""
 from __future__ import annotations
 
-from prelude.engine.engine import Engine
+from prelude.engine.snapshot import EngineSnapshot
 from prelude.engine.stats import Histogram
 
 
@@ -37,18 +37,18 @@ class _Writer:
         self.sample(f"{name}_count", hist.count)
 
 
-def render(engine: Engine, model: str) -> str:
+def render(snap: EngineSnapshot, model: str) -> str:
     w = _Writer(model)
-    scheduler, pool, stats = engine.scheduler, engine.pool, engine.stats
-    w.metric("num_requests_running", "gauge", "Decode sequences holding KV blocks.", scheduler.num_running)
-    w.metric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", scheduler.num_waiting)
-    w.metric("kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).", pool.usage)
-    w.metric("kv_blocks_total", "gauge", "KV blocks in the pool.", pool.num_blocks)
-    w.metric("kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", pool.num_used_blocks)
-    w.metric("kv_blocks_cached", "gauge", "KV blocks published in the prefix cache.", pool.num_cached_blocks)
+    stats, sched = snap.stats, snap.scheduler
+    w.metric("num_requests_running", "gauge", "Decode sequences holding KV blocks.", snap.num_running)
+    w.metric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", snap.num_waiting)
+    w.metric("kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).", snap.kv_usage)
+    w.metric("kv_blocks_total", "gauge", "KV blocks in the pool.", snap.kv_blocks_total)
+    w.metric("kv_blocks_in_use", "gauge", "KV blocks referenced by requests.", snap.kv_blocks_in_use)
+    w.metric("kv_blocks_cached", "gauge", "KV blocks published in the prefix cache.", snap.kv_blocks_cached)
     w.metric("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-             pool.queries_tokens)
-    w.metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", pool.hit_tokens)
+             snap.prefix_query_tokens)
+    w.metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", snap.prefix_hit_tokens)
     w.metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", stats.prompt_tokens)
     w.metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
              stats.generation_tokens)
@@ -59,13 +59,12 @@ def render(engine: Engine, model: str) -> str:
              stats.failed_steps)
     w.metric("failed_requests_total", "counter", "Requests ended because their own row made a step raise.",
              stats.failed_requests)
-    w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.",
-             scheduler.stats.num_preemptions)
-    w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", scheduler.stats.num_oneshot_rows)
+    w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.", sched.num_preemptions)
+    w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", sched.num_oneshot_rows)
     w.metric("oneshot_deferrals_total", "counter", "Requests deferred one tick behind a cold-prefix leader.",
-             scheduler.stats.num_deferrals)
+             sched.num_deferrals)
     w.header("steps_total", "counter", "Forward steps by batch kind.")
-    for kind, count in scheduler.stats.steps.items():
+    for kind, count in sched.steps.items():
         w.sample("steps_total", count, kind=kind)
     w.histogram("time_to_first_token_seconds", "Time to first token (or OneShot result).", stats.ttft)
     w.histogram("e2e_request_latency_seconds", "Arrival to finish.", stats.e2e)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
-from prelude.engine.batch import TokenLogprob
+from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
 from prelude.server.errors import APIError, bad_request

@@ -16,6 +16,7 @@ from prelude.engine.request import Request
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
+from prelude.server.served_model import ServedModel
 from prelude.server.streaming import dumps, unless_disconnected
 
 _ids = itertools.count()
@@ -48,10 +49,10 @@ def _is_ids(value: Any) -> bool:
 
 
 class Serving:
-    def __init__(self, engine: Engine, admission: Admission, served, max_request_bytes: int):
+    def __init__(self, engine: Engine, admission: Admission, served: ServedModel, max_request_bytes: int):
         self.engine = engine
         self.admission = admission
-        self.tokenizer = engine.tokenizer
+        self.tokenizer = served.tokenizer
         self.served = served
         self.model_name = served.name
         self.max_request_bytes = max_request_bytes

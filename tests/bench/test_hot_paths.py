@@ -11,7 +11,8 @@ import pytest
 from prelude.cache.block_pool import BlockPool
 from prelude.engine.output import RequestOutput
 from prelude.engine.request import Request
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
+from prelude.contract.config import Config
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.server.admission import Admission
 from prelude.server.protocol import Body
@@ -59,7 +60,7 @@ def test_request_normalization(benchmark, admission):
 
 def _waiting_scheduler() -> Scheduler:
     """256 waiting requests, half one-token (OneShot), half 8-token generations (Decode)."""
-    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=16384), BlockPool(4096, BLOCK))
+    scheduler = Scheduler(SchedulerConfig.from_config(Config(max_num_batched_tokens=16384)), BlockPool(4096, BLOCK))
     rng = random.Random(0)
     for i in range(256):
         prompt = [rng.randrange(VOCAB) for _ in range(48)]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.serving import loadgen
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 

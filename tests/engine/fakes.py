@@ -1,7 +1,7 @@
 """A deterministic executor without a model, for scheduler and engine tests."""
 from __future__ import annotations
 
-from prelude.engine.batch import (
+from prelude.contract.batch import (
     BatchResult,
     ForwardBatch,
     OutputSpec,
@@ -10,10 +10,10 @@ from prelude.engine.batch import (
     decode_rows,
     prefill_rows,
 )
-from prelude.executor.base import Executor
+from prelude.executor.executors import Executor
 
 
-class CountingExecutor(Executor):
+class CountingExecutor:
     """Next token = (last token + 1) % vocab. Records every batch and the tokens it computed."""
 
     def __init__(self, vocab: int = 1000):
@@ -39,7 +39,7 @@ class CountingExecutor(Executor):
         return [sum(len(r.token_ids) for r in prefill_rows(b)) + len(decode_rows(b)) for b in self.batches]
 
 
-class PoisonedExecutor(Executor):
+class PoisonedExecutor:
     """The fault-injection hook of the isolation tests: wraps a real executor and raises for
     any step holding a row that carries the poison token id, as a row the kernels choke on would."""
 

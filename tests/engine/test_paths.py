@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from prelude.config import Config
-from prelude.engine.factory import build_engine
+from prelude.contract.config import Config
+from prelude.assembly import build
 from prelude.engine.request import Request
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
 from tests.checkpoints import load_reference
 
 PROMPTS = [
@@ -43,7 +43,7 @@ def reference(demo_model):
 
 def run(config: Config, jobs: list[tuple[list[int], int]], stagger: bool = False):
     """Submits (prompt ids, max_tokens) jobs to a fresh engine; returns outputs and the engine."""
-    engine, _ = build_engine(config)
+    engine = build(config).engine
 
     async def main():
         await engine.start()
@@ -75,6 +75,6 @@ def test_greedy_tokens_match_full_forward_on_every_path(demo_model, reference, d
     steps = engine.scheduler.stats.steps
     assert steps["mixed"] > 0 and steps["decode"] > 0
     assert (steps["oneshot"] > 0) == (not disable_oneshot)
-    assert (engine.pool.hit_tokens > 0) == prefix_caching
-    engine.pool.check_integrity()
-    assert engine.pool.num_used_blocks == 0
+    assert (engine.scheduler.pool.hit_tokens > 0) == prefix_caching
+    engine.scheduler.pool.check_integrity()
+    assert engine.scheduler.pool.num_used_blocks == 0

@@ -5,18 +5,20 @@ from __future__ import annotations
 import random
 
 from prelude.cache.block_pool import BlockPool
-from prelude.engine.batch import DecodeBatch, MixedBatch, OneShotBatch, decode_rows, prefill_rows
+from prelude.contract.batch import DecodeBatch, MixedBatch, OneShotBatch, decode_rows, prefill_rows
+from prelude.contract.config import Config
+from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import Request, Task
-from prelude.engine.sampling import SamplingParams
-from prelude.engine.scheduler import OneShotJob, Scheduler, SchedulerConfig
-from prelude.engine.sequence import Sequence, SeqStatus
+from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.engine.work import OneShotJob, Sequence, WorkStatus
 from tests.engine.fakes import CountingExecutor
 
 BS = 4
 
 
 def make(num_blocks=64, **config) -> tuple[Scheduler, CountingExecutor]:
-    return Scheduler(SchedulerConfig(**config), BlockPool(num_blocks, BS)), CountingExecutor()
+    scheduler_config = SchedulerConfig.from_config(Config(**config))
+    return Scheduler(scheduler_config, BlockPool(num_blocks, BS)), CountingExecutor()
 
 
 def req(rid, prompt, max_tokens=1, **kw) -> Request:
@@ -28,11 +30,18 @@ def step(scheduler: Scheduler, executor: CountingExecutor):
     planned = scheduler.schedule()
     if planned is None:
         return None
-    events = scheduler.update(planned, executor.execute(planned.batch))
-    for work, _ in events:
-        if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
-            scheduler.finish(work)
+    end_like_the_engine(scheduler, scheduler.update(planned, executor.execute(planned.batch)))
     return planned
+
+
+def end_like_the_engine(scheduler: Scheduler, events) -> None:
+    """What the engine does with a step's events: append sampled tokens, and release work that
+    is done (OneShot after its row, Decode at max_tokens)."""
+    for work, result in events:
+        if isinstance(work, Sequence) and result.token is not None:
+            work.token_ids.append(result.token.token_id)
+        if isinstance(work, OneShotJob) or work.num_output_tokens >= work.request.sampling.max_tokens:
+            scheduler.release(work)
 
 
 def drain(scheduler, executor, limit=10_000) -> int:
@@ -44,7 +53,7 @@ def drain(scheduler, executor, limit=10_000) -> int:
 
 
 def held_by_sequences(scheduler: Scheduler) -> int:
-    return len({b for s in scheduler.running for b in s.blocks})
+    return len({b for s in scheduler.decode.running for b in s.blocks})
 
 
 def test_one_token_request_is_oneshot_and_holds_nothing_after_its_step():
@@ -68,7 +77,7 @@ def test_generation_request_runs_the_decode_lifecycle():
     kinds = [type(b) for b in executor.batches]
     assert kinds == [MixedBatch, DecodeBatch, DecodeBatch, DecodeBatch]
     assert work.token_ids[6:] == [6, 7, 8, 9]
-    assert work.status is SeqStatus.FINISHED and scheduler.pool.num_used_blocks == 0
+    assert work.status is WorkStatus.FINISHED and scheduler.pool.num_used_blocks == 0
 
 
 def test_embedding_and_prompt_logprob_requests_are_oneshot():
@@ -158,7 +167,7 @@ def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting():
             prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
             live.append(scheduler.add(req(tick, prompt, max_tokens=rng.choice([0, 1, 1, 3, 8]))))
         if live and rng.random() < 0.1:
-            scheduler.finish(live.pop(rng.randrange(len(live))))
+            scheduler.release(live.pop(rng.randrange(len(live))))
         planned = scheduler.schedule()
         if planned is not None and rng.random() < 0.05:  # some rows of the step raise alone
             rows = [*prefill_rows(planned.batch), *decode_rows(planned.batch)]
@@ -171,10 +180,8 @@ def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting():
             if rng.random() < 0.05:  # abort while the step is in flight
                 victim = rng.choice([s for s, _ in planned.prefills] + list(planned.decodes) or [None])
                 if victim is not None:
-                    scheduler.finish(victim)
-            for work, _ in scheduler.update(planned, executor.execute(planned.batch)):
-                if isinstance(work, Sequence) and work.num_output_tokens >= work.request.sampling.max_tokens:
-                    scheduler.finish(work)
+                    scheduler.release(victim)
+            end_like_the_engine(scheduler, scheduler.update(planned, executor.execute(planned.batch)))
         # Between steps the only blocks in use are Decode sequences': OneShot rows keep none.
         assert scheduler.pool.num_used_blocks == held_by_sequences(scheduler)
         scheduler.pool.check_integrity()

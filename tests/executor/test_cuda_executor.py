@@ -14,8 +14,8 @@ import logging
 import pytest
 import torch
 
-from prelude.config import Config
-from prelude.engine.batch import (
+from prelude.contract.config import Config
+from prelude.contract.batch import (
     DecodeBatch,
     DecodeRow,
     MixedBatch,
@@ -25,10 +25,11 @@ from prelude.engine.batch import (
     decode_rows,
     prefill_rows,
 )
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.kv_cache import KVCache, KVCacheShape
-from prelude.executor.model_executor import ModelExecutor
+from prelude.executor.executors import Executors
+from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import make_checkpoint
@@ -55,11 +56,11 @@ def _reference(path):
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
     cache = KVCache(KVCacheShape.for_model(config, BLOCKS, BS, torch.float32), torch.device("cpu"))
-    return ModelExecutor(model, TorchAttention(cache), torch.device("cpu"))
+    return ModelRunner(model, TorchAttention(cache), torch.device("cpu"), BS)
 
 
 def _cuda(path, enforce_eager: bool):
-    from prelude.engine.factory import _cuda_executor
+    from prelude.assembly import _cuda_runner
     from prelude.model.ops import select_ops
 
     device = torch.device("cuda")
@@ -68,9 +69,9 @@ def _cuda(path, enforce_eager: bool):
     per_block = KVCacheShape.bytes_per_block(config, BS, torch.bfloat16)
     cfg = Config(model=str(path), block_size=BS, num_kv_blocks=BLOCKS, max_num_seqs=8,
                  max_num_batched_tokens=512, enforce_eager=enforce_eager)
-    executor, *_ = _cuda_executor(cfg, model, device, torch.bfloat16, 512, 1024, per_block)
-    executor.warmup()
-    return executor
+    runner, *_ = _cuda_runner(cfg, model, device, torch.bfloat16, 512, 1024, per_block)
+    runner.warmup()
+    return runner
 
 
 def _script(vocab: int, short: bool = False):
@@ -116,8 +117,10 @@ def _sampled_rows(steps) -> int:
                for batch in steps for r in [*prefill_rows(batch), *decode_rows(batch)])
 
 
-def _run(executor, steps):
-    return [executor.execute(batch).rows for batch in steps]
+def _run(runner, steps):
+    """Each step through the executor of its batch kind, all over one runner."""
+    executors = Executors.over(runner)
+    return [executors.execute(batch).rows for batch in steps]
 
 
 def _compare(got_steps, want_steps, atol: float, margin: float):
@@ -166,8 +169,8 @@ def test_cuda_backend_choice_is_logged_and_usable(checkpoint, caplog):
 
     expected = "FlashInferAttention" if importlib.util.find_spec("flashinfer") else "TorchAttention"
     with caplog.at_level(logging.INFO, logger="prelude"):
-        executor = _cuda(checkpoint, enforce_eager=False)
-    assert type(executor.attention).__name__ == expected
+        runner = _cuda(checkpoint, enforce_eager=False)
+    assert type(runner.attention).__name__ == expected
     # Logged: the factory's KV-cache line and the warmup line both name the backend.
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("KV cache:") and f"attention {expected}" in m for m in messages), messages
@@ -175,7 +178,7 @@ def test_cuda_backend_choice_is_logged_and_usable(checkpoint, caplog):
     # Usable: one step (a OneShot of three rows, one label-only) through it gives the
     # reference's results.
     step = _script(ModelConfig.from_dir(checkpoint).vocab_size)[:1]
-    got, want = _run(executor, step), _run(_reference(checkpoint), step)
+    got, want = _run(runner, step), _run(_reference(checkpoint), step)
     assert [r.token is None for r in got[0]] == [r.token is None for r in want[0]] == [False, False, True]
     _compare(got, want, LOGPROB_ATOL, MARGIN)
 
@@ -197,7 +200,7 @@ class _EagerGraph:
 def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rope):
     from prelude.executor import cuda_graphs
     from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-    from prelude.executor.cuda_executor import CudaExecutor
+    from prelude.executor.cuda_runner import CudaModelRunner
 
     fake_flashinfer.install(monkeypatch)
 
@@ -217,11 +220,11 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
     attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
                                     fuse_rope=fuse_rope, workspace_bytes=16)
-    executor = CudaExecutor(model, attention, torch.device("cpu"), max_num_seqs=8,
-                            max_num_batched_tokens=512, pad_slot=BLOCKS * BS)
-    executor.warmup()
-    got = _run(executor, steps)
+    runner = CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8,
+                             max_num_batched_tokens=512, pad_slot=BLOCKS * BS)
+    runner.warmup()
+    got = _run(runner, steps)
     # fp32 on both sides: every sampled row is checked (no exact top-2 ties in this model).
     assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 18
     expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32)} if fuse_rope else set())
-    assert set(executor.graphs.graphs) == expected_graphs
+    assert set(runner.graphs.graphs) == expected_graphs

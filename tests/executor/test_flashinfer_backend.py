@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.engine.batch import DecodeRow, OutputSpec, PrefillRow
-from prelude.engine.sampling import GREEDY
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.kv_cache import KVCache, KVCacheShape
-from prelude.executor.model_executor import host_step
+from prelude.executor.host_step import host_step
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import make_checkpoint
@@ -92,7 +92,7 @@ def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rop
         static_ids, static_pos = torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)
         _, _, graph_layout = _step(decodes=rows, slot_buffer=static_slots)
         static_ids[:2], static_pos[:2] = ids, positions
-        backend.plan_graph_decode(graph_layout, bucket=4)
+        backend.plan_graph("decode", graph_layout, bucket=4)
         got = model.compute_logits(model(static_ids, static_pos, backend))[:2]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
         assert set(backend.graph_decoders) == {4}

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.engine.batch import DecodeRow, PrefillRow
-from prelude.executor.attention.base import StepLayout
+from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.model.attention import StepLayout
 from prelude.executor.attention.flashinfer_plan import PagedRows, build_plan, pad_decode_rows
-from prelude.executor.model_executor import host_step
+from prelude.executor.host_step import host_step
 
 BS = 4
 

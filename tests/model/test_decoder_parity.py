@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.engine.batch import DecodeRow, OutputSpec, PrefillRow
-from prelude.engine.sampling import GREEDY
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.kv_cache import KVCache, KVCacheShape
-from prelude.executor.model_executor import host_step
+from prelude.executor.host_step import host_step
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import load_reference, make_checkpoint

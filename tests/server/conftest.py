@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 

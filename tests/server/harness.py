@@ -10,8 +10,8 @@ from dataclasses import replace
 import httpx
 
 from bench.serving.server import free_port
-from prelude.config import Config
-from prelude.engine.factory import build_engine
+from prelude.assembly import build
+from prelude.contract.config import Config
 from prelude.server.app import create_app, serve_app
 
 
@@ -20,7 +20,8 @@ class ServerThread:
         # CPU even on a GPU machine: these tests compare with fp32 references exactly.
         self.config = replace(config, host="127.0.0.1", port=free_port(), device="cpu")
         self.base_url = f"http://127.0.0.1:{self.config.port}"
-        self.engine, self.served = build_engine(self.config)
+        built = build(self.config)
+        self.engine, self.served = built.engine, built.served
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)
@@ -80,7 +81,7 @@ class ServerThread:
             raise TimeoutError("engine did not go idle")
 
         def check():
-            pool = self.engine.pool
+            pool = self.engine.scheduler.pool
             pool.check_integrity()
             return pool.num_used_blocks, pool.num_free_blocks, pool.num_blocks
 

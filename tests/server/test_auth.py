@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 
@@ -34,7 +34,7 @@ def test_bearer_scheme_is_case_insensitive(secured):
 
 
 def test_open_routes_are_the_documented_ones(secured):
-    from prelude.config import build_parser
+    from prelude.cli import build_parser
 
     for path in ("/health", "/ping", "/version", "/metrics"):
         assert httpx.get(secured.base_url + path).status_code == 200, path

@@ -114,36 +114,24 @@ def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):
 
 def test_failed_step_fails_only_its_requests(server, client):
     """An executor exception mid-step answers that request with a 500 and leaves the engine serving."""
-    executor = server.engine.executor
-    original = executor.execute
-    calls = {"n": 0}
+    executors = server.engine.executors
 
-    def failing(batch):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected device failure")
-        return original(batch)
+    class FailsOnce:
+        failed = False
 
-    server.on_loop(lambda: setattr(executor, "execute", failing))
+        def execute(self, batch):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("injected device failure")
+            return executors.execute(batch)
+
+    server.on_loop(lambda: setattr(server.engine, "executors", FailsOnce()))
     try:
         response = httpx.post(server.base_url + COMPLETIONS, json={"prompt": "boom", "max_tokens": 4})
         assert response.status_code == 500
         assert "injected device failure" in response.json()["error"]["message"]
     finally:
-        server.on_loop(lambda: setattr(executor, "execute", original))
+        server.on_loop(lambda: setattr(server.engine, "executors", executors))
     ok = client.completions.create(model=server.served.name, prompt="fine", max_tokens=2, temperature=0)
     assert ok.usage.completion_tokens == 2
     server.wait_idle()
-
-
-def test_extreme_but_representable_sampling_values_are_served(server):
-    """A top_k wider than the vocabulary cuts nothing; a temperature too small for float32
-    logits is greedy; int64's extremes are valid seeds."""
-    greedy = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "temperature": 0}).json()
-    for extra in ({"top_k": 2**40, "temperature": 0}, {"temperature": 1e-300}, {"seed": 2**63 - 1, "temperature": 0},
-                  {"seed": -(2**63), "top_k": 10**9, "temperature": 1e-6}):
-        response = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, **extra})
-        assert response.status_code == 200, (extra, response.text)
-        assert response.json()["choices"][0]["text"] == greedy["choices"][0]["text"]
-    sampled = _post(server, COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "temperature": 1e300, "seed": 1})
-    assert sampled.status_code == 200

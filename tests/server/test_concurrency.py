@@ -63,7 +63,7 @@ def _assert_one_more_abort(server, before: int, timeout: float = 10) -> None:
 
 def test_client_disconnect_mid_stream_frees_blocks(server):
     def blocks_in_use() -> int:
-        return server.on_loop(lambda: server.engine.pool.num_used_blocks)
+        return server.on_loop(lambda: server.engine.scheduler.pool.num_used_blocks)
 
     before_aborts = _aborts(server)
     with httpx.Client(base_url=server.base_url, timeout=30) as http:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.checkpoints import load_reference, make_model_dir
 from tests.server.harness import ServerThread
 
@@ -53,7 +53,7 @@ def post(srv, path, **body):
 
 
 def ids_of(srv, text, special=True):
-    return srv.engine.tokenizer.encode(text, special)
+    return srv.served.tokenizer.encode(text, special)
 
 
 def hidden_states(reference, ids):
@@ -169,7 +169,7 @@ def test_label_token_scoring_matches_lm_logprobs_and_shares_the_query(lm):
     labels = [ids_of(srv, " yes", False)[0], ids_of(srv, " no", False)[0]]
     stats = srv.engine.scheduler.stats
     before = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
-    srv.on_loop(srv.engine.pool.reset_prefix_cache)
+    srv.on_loop(srv.engine.scheduler.pool.reset_prefix_cache)
     out = post(srv, "/v1/score", query=query, items=items, label_token_ids=labels, apply_softmax=False).json()
     after = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
     prompts = [ids_of(srv, query + item) for item in items]
@@ -204,7 +204,7 @@ def test_label_scoring_with_token_ids_and_item_first(lm):
 
 def test_generative_rerank_uses_yes_no_probability(lm):
     srv, reference = lm
-    tok = srv.engine.tokenizer
+    tok = srv.served.tokenizer
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
     if yes is None or no is None:
         pytest.skip("demo vocabulary lacks single-token yes/no")
@@ -260,11 +260,11 @@ def test_allowed_tokens_logit_bias_and_choice_restrict_the_token(lm):
     allowed = post(srv, "/v1/completions", prompt=text, max_tokens=1, temperature=0,
                    allowed_token_ids=worst[:2]).json()
     best_allowed = max(worst[:2], key=lambda t: float(logprobs[t]))
-    assert allowed["choices"][0]["text"] == srv.engine.tokenizer.decode([best_allowed])
+    assert allowed["choices"][0]["text"] == srv.served.tokenizer.decode([best_allowed])
     biased = post(srv, "/v1/completions", prompt=text, max_tokens=1, temperature=0,
                   logit_bias={str(worst[0]): 100}).json()
-    assert biased["choices"][0]["text"] == srv.engine.tokenizer.decode([worst[0]])
-    tok = srv.engine.tokenizer
+    assert biased["choices"][0]["text"] == srv.served.tokenizer.decode([worst[0]])
+    tok = srv.served.tokenizer
     round_trips = [t for t in logprobs.argsort().tolist() if tok.encode(tok.decode([t]), False) == [t]]
     choices = [tok.decode([t]) for t in round_trips[:3]]
     for body in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.engine.fakes import PoisonedExecutor
 from tests.server.harness import ServerThread
 
@@ -30,8 +30,8 @@ def test_a_poisoned_row_fails_only_its_own_request(demo_model):
         alone = [httpx.post(url + "/v1/completions", json=_completion(p)).json()["choices"][0]["text"]
                  for p in PROMPTS]
         embed_alone = httpx.post(url + "/v1/embeddings", json={"input": PROMPTS}).json()["data"]
-        hook = PoisonedExecutor(srv.engine.executor, poison)
-        srv.on_loop(lambda: setattr(srv.engine, "executor", hook))
+        hook = PoisonedExecutor(srv.engine.executors, poison)
+        srv.on_loop(lambda: setattr(srv.engine, "executors", hook))
 
         async def storm():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:

@@ -25,7 +25,7 @@ def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
 
 
 def test_prompt_forms_string_list_and_token_ids(client, model, server):
-    ids = server.engine.tokenizer.encode("The judge says")
+    ids = server.served.tokenizer.encode("The judge says")
     by_text = client.completions.create(model=model, prompt="The judge says", max_tokens=4, temperature=0)
     by_ids = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0)
     batch = client.completions.create(model=model, prompt=["The judge says", "Another prompt"],
@@ -118,7 +118,7 @@ def test_chat_uses_the_template(client, model, server):
     messages = [{"role": "user", "content": "Hi"}]
     out = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0)
     rendered = server.served.chat_template.render(messages)
-    assert out.usage.prompt_tokens == len(server.engine.tokenizer.encode(rendered, add_special_tokens=False))
+    assert out.usage.prompt_tokens == len(server.served.tokenizer.encode(rendered, add_special_tokens=False))
     parts = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         max_tokens=1, temperature=0)
@@ -150,6 +150,6 @@ def test_metrics_exposes_vllm_names(server, client, model):
 
 def test_tokenize_and_detokenize(server):
     ids = httpx.post(server.base_url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
-    assert ids == server.engine.tokenizer.encode("Hello world")
+    assert ids == server.served.tokenizer.encode("Hello world")
     text = httpx.post(server.base_url + "/detokenize", json={"tokens": ids}).json()["prompt"]
     assert text == "Hello world"

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from prelude.config import Config
+from prelude.contract.config import Config
 from tests.checkpoints import make_model_dir
 from tests.data import hf_reference_tokenizer, tokenizer_dir
 from tests.server.harness import ServerThread
@@ -22,7 +22,7 @@ def qwen3(tmp_path_factory):
 
 
 def test_fasttoken_serves_the_qwen3_tokenizer(qwen3):
-    assert qwen3.engine.tokenizer.backend == "fasttoken"
+    assert qwen3.served.tokenizer.backend == "fasttoken"
 
 
 def test_chat_prompt_tokens_match_hf(qwen3):

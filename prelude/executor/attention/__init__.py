@@ -9,7 +9,7 @@ import importlib.util
 import logging
 from typing import Any, Callable
 
-from prelude.executor.attention.base import AttentionBackend, StepLayout
+from prelude.model.attention import AttentionBackend, StepLayout
 from prelude.executor.kv_cache import KVCache
 
 __all__ = ["AttentionBackend", "BACKENDS", "StepLayout", "get_backend", "pick_backend"]

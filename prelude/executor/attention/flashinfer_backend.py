@@ -8,7 +8,7 @@ once per step on host index arrays (flashinfer_plan.build_plan) and run once per
 Per layer (`__call__`): K/V are stored first (by kernels.rope's fused norm+RoPE+write when
 Triton is there, else by index_copy_ over the planned slots), so decode rows read their own
 token from the cache. Nothing in `__call__` syncs with the host, which lets CUDA graphs
-capture pure decode steps (see `plan_graph_decode`).
+capture pure decode steps and single fresh prefill rows (see `plan_graph`).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from prelude.executor.attention.base import AttentionBackend, StepLayout
 from prelude.executor.attention.flashinfer_plan import FlashInferPlan, PagedRows, build_plan, pad_decode_rows
 from prelude.executor.kv_cache import KVCache
+from prelude.model.attention import AttentionBackend, GraphKind, QKNorm, StepLayout
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ class FlashInferAttention(AttentionBackend):
         """`dummy_page`: a cache block no sequence owns (padding rows of graph buckets read and
         write it). `fuse_rope`: use kernels.rope for norm+RoPE+KV write (default: when Triton
         is available)."""
-        super().__init__(kv_cache)
         import flashinfer
 
+        self.kv_cache = kv_cache
         self._fi = flashinfer
         shape = kv_cache.shape
         self.device = kv_cache.k.device
@@ -60,6 +60,8 @@ class FlashInferAttention(AttentionBackend):
 
             fuse_rope = available(self.device.type)
         self.fuses_rope = fuse_rope
+        # Prefill graphs read the static slot buffer, which only the fused KV write does.
+        self.graph_kinds = frozenset(("decode", "prefill") if fuse_rope else ("decode",))
         # Tensor-core decode pays off once several query heads share a KV head.
         self.decode_tensor_cores = num_q_heads // shape.num_kv_heads >= 4
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
@@ -108,7 +110,13 @@ class FlashInferAttention(AttentionBackend):
         if plan.num_decode_rows:
             self._plan_decoder(self.decode, plan.decode_kv)
 
-    def plan_graph_decode(self, layout: StepLayout, bucket: int) -> None:
+    def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
+        if kind == "decode":
+            self._plan_graph_decode(layout, bucket)
+        else:
+            self._plan_graph_prefill(layout, bucket)
+
+    def _plan_graph_decode(self, layout: StepLayout, bucket: int) -> None:
         """Plans a pure decode step padded to `bucket` rows on that bucket's graph wrapper.
         layout.slot_mapping must already be the graph's static [bucket] slot buffer."""
         plan = build_plan(layout, self.page_size, layout.host_slots)
@@ -122,7 +130,7 @@ class FlashInferAttention(AttentionBackend):
         self._decoder = wrapper
         self._ragged = self.ragged
 
-    def plan_graph_prefill(self, layout: StepLayout, bucket: int) -> None:
+    def _plan_graph_prefill(self, layout: StepLayout, bucket: int) -> None:
         """Plans one prefill row without cached context, padded to `bucket` tokens (the padding
         follows the real tokens, so causality keeps it out of their attention), on that
         bucket's graph wrapper. Needs the fused KV write: it reads the static slot buffer."""
@@ -160,7 +168,7 @@ class FlashInferAttention(AttentionBackend):
     # -- per layer --------------------------------------------------------------------------
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+                 qk_norm: QKNorm | None = None) -> torch.Tensor:
         plan = self._plan
         k_cache, v_cache = self.kv_cache.layer(layer)
         if rope is not None:

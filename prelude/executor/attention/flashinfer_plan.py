@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from prelude.executor.attention.base import StepLayout
+from prelude.model.attention import StepLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,12 +4,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from prelude.executor.attention.base import AttentionBackend, StepLayout
+from prelude.executor.kv_cache import KVCache
+from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
 
 
 class TorchAttention(AttentionBackend):
     """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
     single-token rows that store their K/V are batched into one padded attention over blocks."""
+
+    def __init__(self, kv_cache: KVCache):
+        self.kv_cache = kv_cache
 
     def plan(self, layout: StepLayout) -> None:
         device = layout.slot_mapping.device
@@ -42,7 +46,9 @@ class TorchAttention(AttentionBackend):
             key_pos = torch.arange(max_blocks * block_size, device=device)
             self.batched_mask = (key_pos[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 qk_norm: QKNorm | None = None) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.layer(layer)
         if len(self.stored_slots):
             new_k, new_v = k, v

@@ -1,5 +1,6 @@
-"""Builds a ready Engine from the Config: resolves the model directory (or the demo), loads
-tokenizer and weights, sizes the KV cache, and wires scheduler and executor together."""
+"""Assembly, the top layer: reads the Config and builds everything else (tokenizer, model,
+runner and executors, KV cache, scheduler, engine, and the HTTP app), then serves it.
+`python -m prelude` calls `serve`; tests and benchmarks call `build`."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,14 @@ from pathlib import Path
 
 from prelude import tokenizer as tokenizers
 from prelude.cache.block_pool import BlockPool
-from prelude.config import Config
+from prelude.contract.config import Config
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.executor.executors import Executors
+from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.server.app import create_app, serve_app
+from prelude.server.served_model import ServedModel
 from prelude.tokenizer.chat import ChatTemplate, special_token_text, tokenizer_config
 
 logger = logging.getLogger(__name__)
@@ -23,26 +28,6 @@ CPU_TEMP_MEMORY_BYTES = 1 << 30
 # GPU memory kept out of the KV cache besides one step's activations: CUDA context, cuBLAS and
 # flashinfer workspaces, CUDA-graph pools, allocator fragmentation.
 CUDA_FIXED_RESERVE = 2 << 30
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """What the server needs to know about the model besides the engine."""
-
-    name: str
-    path: Path
-    config: ModelConfig
-    chat_template: ChatTemplate | None
-    max_model_len: int
-    pooling: str  # default embedding pooling: last | mean | cls
-
-    @property
-    def has_lm_head(self) -> bool:
-        return self.config.head == "ForCausalLM"
-
-    @property
-    def has_classifier(self) -> bool:
-        return self.config.head == "ForSequenceClassification"
 
 
 def default_pooling(model_dir: Path) -> str:
@@ -82,7 +67,14 @@ def _eos_ids(model_dir: Path, model_config: ModelConfig, tokenizer) -> tuple[int
     return tuple(dict.fromkeys(ids))
 
 
-def build_engine(config: Config) -> tuple[Engine, ServedModel]:
+@dataclass(frozen=True, slots=True)
+class Built:
+    engine: Engine
+    served: ServedModel
+
+
+def build(config: Config) -> Built:
+    """The engine and what the server knows about the model, ready to serve."""
     start = time.perf_counter()
     model_dir = resolve_model_dir(config)
     model_config = ModelConfig.from_dir(model_dir)
@@ -90,44 +82,44 @@ def build_engine(config: Config) -> tuple[Engine, ServedModel]:
     eos_ids = _eos_ids(model_dir, model_config, tokenizer)
     max_model_len = config.max_model_len or model_config.max_position_embeddings
     if config.executor == "null":
-        executor, num_blocks, temp_per_token, temp_budget = _null_executor(config, model_config, eos_ids)
+        runner, num_blocks, temp_per_token, temp_budget = _null_runner(config, model_config, eos_ids)
     else:
-        executor, num_blocks, temp_per_token, temp_budget = _model_executor(
-            config, model_dir, model_config, max_model_len)
-    executor.warmup()
+        runner, num_blocks, temp_per_token, temp_budget = _model_runner(config, model_dir, model_config, max_model_len)
+    runner.warmup()
     pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
-    scheduler = Scheduler(SchedulerConfig(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        disable_oneshot=config.disable_oneshot,
-        policy=config.scheduling_policy,
-        temp_bytes_per_token=temp_per_token,
-        temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
-        temp_memory_budget=temp_budget,
-    ), pool)
-    engine = Engine(scheduler, executor, tokenizer, eos_ids, max_model_len)
-    served = ServedModel(config.model_name, model_dir, model_config, ChatTemplate.from_dir(model_dir),
-                         max_model_len, config.pooling or default_pooling(model_dir))
+    scheduler = Scheduler(SchedulerConfig.from_config(
+        config, temp_bytes_per_token=temp_per_token, temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
+        temp_memory_budget=temp_budget), pool)
+    engine = Engine(scheduler, Executors.over(runner), tokenizer, eos_ids)
+    served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
+                         max_model_len, num_blocks * config.block_size,
+                         config.pooling or default_pooling(model_dir))
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
-    return engine, served
+    return Built(engine, served)
 
 
-def _null_executor(config: Config, model_config: ModelConfig, eos_ids):
-    from prelude.executor.null_executor import NullExecutor
+async def serve(config: Config) -> None:
+    built = build(config)
+    logger.info("serving %s on http://%s:%d", built.served.name, config.host, config.port)
+    await serve_app(create_app(built.engine, built.served, config), config)
 
-    executor = NullExecutor(model_config, config.block_size, frozenset(eos_ids))
-    return executor, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES
+
+def _null_runner(config: Config, model_config: ModelConfig, eos_ids) -> tuple[ModelRunner, int, int, int]:
+    from prelude.executor.null_model import null_runner
+
+    runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
+    return runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES
 
 
-def _model_executor(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int):
-    """(executor, KV blocks the pool may hand out, temp bytes per token, temp budget)."""
+def _model_runner(config: Config, model_dir: Path, model_config: ModelConfig,
+                  max_model_len: int) -> tuple[ModelRunner, int, int, int]:
+    """(runner, KV blocks the pool may hand out, temp bytes per token, temp budget)."""
     import torch
 
     from prelude.executor.attention import get_backend
     from prelude.executor.kv_cache import KVCache, KVCacheShape
-    from prelude.executor.model_executor import ModelExecutor
     from prelude.model.loader import load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
@@ -144,22 +136,22 @@ def _model_executor(config: Config, model_dir: Path, model_config: ModelConfig, 
                                  + 3 * c.intermediate_size)
     per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
     if device.type == "cuda":
-        return _cuda_executor(config, model, device, dtype, max_model_len, temp_per_token, per_block)
+        return _cuda_runner(config, model, device, dtype, max_model_len, temp_per_token, per_block)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
-    executor = ModelExecutor(model, get_backend("torch", kv_cache), device)
-    return executor, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES
+    runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size)
+    return runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES
 
 
-def _cuda_executor(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
-                   per_block: int):
+def _cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
+                 per_block: int) -> tuple[ModelRunner, int, int, int]:
     """KV cache sized from --gpu-memory-utilization after the weights are loaded, leaving room
     for one full step's activations; one extra block at the end belongs to nobody (CUDA-graph
     padding rows write and read it)."""
     import torch
 
     from prelude.executor.attention import pick_backend
-    from prelude.executor.cuda_executor import CudaExecutor
+    from prelude.executor.cuda_runner import CudaModelRunner
     from prelude.executor.kv_cache import KVCache, KVCacheShape
 
     c = model.config
@@ -178,9 +170,9 @@ def _cuda_executor(config: Config, model, device, dtype, max_model_len: int, tem
     kv_cache = KVCache(shape, device)
     attention = pick_backend(kv_cache, num_q_heads=c.num_heads, dummy_page=num_blocks,
                              max_pages_per_row=-(-max_model_len // config.block_size) + 1)
-    executor = CudaExecutor(model, attention, device, max_num_seqs=config.max_num_seqs,
-                            max_num_batched_tokens=config.max_num_batched_tokens,
-                            pad_slot=num_blocks * config.block_size, enforce_eager=config.enforce_eager)
+    runner = CudaModelRunner(model, attention, device, config.block_size, max_num_seqs=config.max_num_seqs,
+                             max_num_batched_tokens=config.max_num_batched_tokens,
+                             pad_slot=num_blocks * config.block_size, enforce_eager=config.enforce_eager)
     logger.info("KV cache: %d blocks (%.2f GiB) on %s; attention %s", num_blocks,
                 num_blocks * per_block / 2**30, torch.cuda.get_device_name(device), type(attention).__name__)
-    return executor, num_blocks, temp_per_token, temp_budget
+    return runner, num_blocks, temp_per_token, temp_budget

@@ -1,15 +1,36 @@
-"""The Decode-lifecycle record: a request that keeps KV blocks across steps."""
+"""The scheduler's records of admitted requests: a OneShotJob (one forward, holds KV blocks only
+during its own step) or a Sequence (Decode lifecycle: keeps KV blocks across steps)."""
 from __future__ import annotations
 
 import enum
+from typing import Union
 
 from prelude.engine.request import Request
 
 
-class SeqStatus(enum.Enum):
+class WorkStatus(enum.Enum):
     WAITING = "waiting"  # queued, or preempted and waiting to recompute
-    RUNNING = "running"
-    FINISHED = "finished"
+    RUNNING = "running"  # a Sequence holding KV blocks, or a OneShotJob whose step is in flight
+    FINISHED = "finished"  # ended, however it ended (the engine records why)
+
+
+class OneShotJob:
+    __slots__ = ("seq_id", "request", "status", "deferred", "first_scheduled", "num_cached_tokens")
+
+    def __init__(self, seq_id: int, request: Request):
+        self.seq_id = seq_id
+        self.request = request
+        self.status = WorkStatus.WAITING
+        self.deferred = False  # waited one tick behind a leader computing its prefix
+        self.first_scheduled: float | None = None
+        self.num_cached_tokens = 0
+
+    @property
+    def num_output_tokens(self) -> int:
+        return 0  # a sampled token lives in the step's result, not in the job
+
+    def __repr__(self) -> str:
+        return f"OneShotJob({self.request.request_id}, {self.status.value})"
 
 
 class Sequence:
@@ -23,7 +44,7 @@ class Sequence:
         self.num_computed = 0  # tokens whose K/V are in `blocks`
         self.blocks: list[int] = []
         self.num_published = 0  # leading blocks handed to the prefix cache
-        self.status = SeqStatus.WAITING
+        self.status = WorkStatus.WAITING
         self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
         self.first_scheduled: float | None = None
         self.deferred = False  # waited one tick behind a leader computing its prefix
@@ -31,10 +52,6 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.request.num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:
@@ -48,3 +65,6 @@ class Sequence:
 
     def __repr__(self) -> str:
         return f"Sequence({self.request.request_id}, {self.status.value}, {self.num_computed}/{self.num_tokens})"
+
+
+Work = Union[OneShotJob, Sequence]

@@ -14,16 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, Union
 
-from prelude.engine.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
 class OutputSpec:
-    """What a row's forward must produce. Everything unset is skipped (no LM head for a row that
+    """What a row's forward must produce, fixed once per request at admission. Everything unset is skipped (no LM head for a row that
     only needs a pooled state, no per-position logits unless prompt logprobs were asked for)."""
 
     sample: SamplingParams | None = None  # sample one token from the last position's logits
-    sample_step: int = 0  # index of the token being sampled (seeded sampling is a function of it)
     prompt_logprobs: int | None = None  # logprob of each prompt token (+ this many alternatives)
     pooling: str | None = None  # "last" | "mean" | "cls": pooled final hidden state
     normalize: bool = True  # L2-normalize the pooled state
@@ -47,6 +46,7 @@ class PrefillRow:
     start: int
     block_table: Sequence[int]
     output: OutputSpec | None  # None for a chunk that is not the prompt's last
+    sample_step: int = 0  # index of the token sampled (seeded sampling is a function of it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,7 @@ class DecodeRow:
     position: int
     block_table: Sequence[int]
     output: OutputSpec
+    sample_step: int = 0
 
 
 @dataclass(frozen=True, slots=True)

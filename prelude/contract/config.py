@@ -1,0 +1,87 @@
+"""The one frozen configuration object, and the single source of every default (the command
+line in prelude.cli and the scheduler's settings derive from it). Imports nothing heavy:
+`--help` and flag errors must be instant."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB', '512MB', '1e9'-free integers: a byte count."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"not a byte size: {text!r} (examples: 2147483648, 2GiB, 512MB)")
+    unit = (m.group(2) or "").lower().rstrip("b")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+class ConfigError(ValueError):
+    """A flag has an invalid value; the message names the flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    model: str | None = None  # None: the embedded demo model
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    backlog: int = 2048
+    log_level: str = "info"
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    tokenizer_backend: str = "auto"
+    tokenizer_workers: int = 2
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    scheduling_policy: str = "fcfs"
+    disable_oneshot: bool = False
+    executor: str = "model"
+    enforce_eager: bool = False
+    max_logprobs: int = 20
+    max_request_bytes: int = 32 * 2**20
+    pooling: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("port", "backlog", "tokenizer_workers", "block_size", "max_num_seqs",
+                    "max_num_batched_tokens", "max_request_bytes", "num_kv_blocks", "max_model_len",
+                    "kv_cache_memory")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value <= 0:  # None: unset optional flags
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+        if self.max_logprobs < 0:
+            raise ConfigError("--max-logprobs must be >= 0")
+        choices = {
+            "dtype": ("auto", "bfloat16", "float16", "float32"),
+            "device": ("auto", "cpu", "cuda"),
+            "tokenizer_backend": ("auto", "fasttoken", "hf"),
+            "executor": ("model", "null"),
+            "scheduling_policy": ("fcfs",),
+            "log_level": ("debug", "info", "warning", "error", "critical"),
+            "pooling": (None, "last", "mean", "cls"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                shown = ", ".join(str(a) for a in allowed if a is not None)
+                raise ConfigError(f"--{name.replace('_', '-')} must be one of: {shown}")
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        return self.model.rstrip("/") if self.model else "prelude-demo"

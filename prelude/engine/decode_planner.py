@@ -1,0 +1,140 @@
+"""Plans Decode work: the running sequences' next tokens, chunked prefill of admitted prompts,
+admission of waiting sequences by sequence slots and KV blocks, and preemption by recompute
+when blocks run out (the newest sequence goes back to the queue front)."""
+from __future__ import annotations
+
+from prelude.cache.block_pool import BlockKey, BlockPool, PrefixMatch
+from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.engine.plan import SchedulerStats, Skip, StepBudget
+from prelude.engine.policy import QueuePolicy
+from prelude.engine.prefix_sharing import PrefixSharing
+from prelude.engine.work import Sequence, Work, WorkStatus
+
+
+class DecodePlanner:
+    def __init__(self, pool: BlockPool, prefix: PrefixSharing, max_num_seqs: int,
+                 waiting: QueuePolicy[Work], stats: SchedulerStats):
+        self.pool = pool
+        self.prefix = prefix
+        self.max_num_seqs = max_num_seqs
+        self.waiting = waiting
+        self.stats = stats
+        self.running: list[Sequence] = []
+
+    # -- running sequences ------------------------------------------------------------------
+    def decodes(self, budget: StepBudget) -> list[Sequence]:
+        """Running sequences in their decode phase that get a block for their next token."""
+        scheduled: list[Sequence] = []
+        for seq in list(self.running):
+            if seq.status is not WorkStatus.RUNNING or seq.prefilling:
+                continue
+            need = self.pool.blocks_for(seq.num_tokens) - len(seq.blocks)
+            if not self._make_room(need, seq, keep=scheduled):
+                continue
+            seq.blocks.extend(self.pool.allocate(need))
+            scheduled.append(seq)
+            budget.take(1)
+        return scheduled
+
+    @staticmethod
+    def decode_row(seq: Sequence) -> DecodeRow:
+        return DecodeRow(seq.seq_id, seq.token_ids[-1], seq.num_tokens - 1, seq.blocks, seq.request.output,
+                         seq.num_output_tokens)
+
+    def prefill_chunks(self, budget: StepBudget) -> list[tuple[Sequence, PrefillRow]]:
+        """The next chunk of each running sequence still prefilling, while the budget lasts."""
+        chunks = []
+        for seq in [s for s in self.running if s.prefilling]:
+            row = self._chunk(seq, budget, PrefixMatch([], None), admitting=False)
+            if row is None:
+                break
+            chunks.append((seq, row))
+        return chunks
+
+    # -- admission ----------------------------------------------------------------------------
+    def admit(self, seq: Sequence, budget: StepBudget, pending: set[BlockKey]) -> PrefillRow | Skip:
+        """The first chunk of a waiting sequence, which then runs; or why it waits."""
+        if len(self.running) >= self.max_num_seqs:
+            return Skip.NO_ROOM
+        match = self.prefix.match(seq.request, seq.token_ids)
+        if self.prefix.defer(seq, match, pending):
+            return Skip.DEFERRED
+        row = self._chunk(seq, budget, match, admitting=True)
+        if row is None:
+            return Skip.NO_ROOM
+        if match.miss_key is not None and len(seq.blocks) > len(match.blocks):
+            pending.add(match.miss_key)
+        seq.status = WorkStatus.RUNNING
+        self.running.append(seq)
+        return row
+
+    def _chunk(self, seq: Sequence, budget: StepBudget, match: PrefixMatch, admitting: bool) -> PrefillRow | None:
+        request = seq.request
+        computed = seq.num_computed + len(match.blocks) * self.pool.block_size
+        remaining = seq.num_tokens - computed
+        # Rows whose outputs read every prompt position are never split.
+        chunk = remaining if request.needs_every_position else min(remaining, budget.tokens_left)
+        if chunk <= 0 or not budget.fits(chunk):
+            return None
+        self.pool.acquire(match.blocks)
+        need = self.pool.blocks_for(computed + chunk) - len(seq.blocks) - len(match.blocks)
+        # Admission keeps one block spare for running decodes; a running prefill may preempt.
+        room = self.pool.can_allocate(need + 1) if admitting else self._make_room(need, seq, keep=[])
+        if not room:
+            self.pool.release(match.blocks)
+            return None
+        budget.take(chunk)
+        if admitting:
+            seq.blocks = list(match.blocks)
+            seq.num_computed = computed
+            seq.num_published = len(match.blocks)
+            if seq.first_scheduled is None:
+                seq.num_cached_tokens = computed
+                self.pool.record_query(seq.num_tokens, computed)
+        seq.blocks.extend(self.pool.allocate(need))
+        last = computed + chunk == seq.num_tokens
+        return PrefillRow(seq.seq_id, seq.token_ids[computed:computed + chunk], computed, seq.blocks,
+                          request.output if last else None, seq.num_output_tokens)
+
+    # -- preemption ---------------------------------------------------------------------------
+    def _make_room(self, need: int, seq: Sequence, keep: list[Sequence]) -> bool:
+        """Preempts the newest running sequences (never those in `keep`) until `need` blocks are
+        free. False when `seq` itself had to go or nothing else could."""
+        while not self.pool.can_allocate(need):
+            victim = next((s for s in reversed(self.running) if s not in keep), None)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Sends a running sequence back to the queue front; it recomputes from its tokens (much
+        of which the prefix cache usually still holds)."""
+        self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.num_published = 0
+        seq.status = WorkStatus.WAITING
+        self.waiting.push_front(seq)
+        self.stats.num_preemptions += 1
+
+    # -- after the step -----------------------------------------------------------------------
+    def advance(self, seq: Sequence, num_computed: int) -> None:
+        """Records tokens computed in a step and publishes the blocks they filled."""
+        seq.num_computed += num_computed
+        full = seq.num_computed // self.pool.block_size
+        if full > seq.num_published:
+            self.pool.publish(seq.token_ids, seq.blocks, seq.num_published, full)
+            seq.num_published = full
+
+    def release(self, seq: Sequence) -> None:
+        """Frees a running or waiting sequence's slot and blocks."""
+        if seq.status is WorkStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []

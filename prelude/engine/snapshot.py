@@ -1,0 +1,34 @@
+"""A point-in-time copy of the engine's counters: what /metrics and operators read, without
+reaching into the scheduler, the block pool or the executors."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from prelude.engine.plan import SchedulerStats
+from prelude.engine.scheduler import Scheduler
+from prelude.engine.stats import EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    num_running: int  # Decode sequences holding KV blocks
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_in_use: int
+    kv_blocks_cached: int
+    kv_usage: float
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    scheduler: SchedulerStats
+    stats: EngineStats
+
+
+def take_snapshot(scheduler: Scheduler, stats: EngineStats) -> EngineSnapshot:
+    pool = scheduler.pool
+    return EngineSnapshot(
+        num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+        kv_blocks_total=pool.num_blocks, kv_blocks_in_use=pool.num_used_blocks,
+        kv_blocks_cached=pool.num_cached_blocks, kv_usage=pool.usage,
+        prefix_query_tokens=pool.queries_tokens, prefix_hit_tokens=pool.hit_tokens,
+        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats))

@@ -1,0 +1,68 @@
+"""Engine-side state of one admitted request, and how a row result advances it: the new tokens
+and text it yields, and whether the request is done. This is the one place a request's normal
+end (stop token, EOS, stop string, length, OneShot result) is decided; aborts and errors come
+from outside the step and end requests through the same Engine._finish."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prelude.contract.batch import RowResult
+from prelude.engine.detokenize import IncrementalDetokenizer
+from prelude.engine.output import FinishReason, RequestOutput, RequestStream
+from prelude.engine.work import Sequence, Work
+from prelude.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class Tracked:
+    work: Work
+    stream: RequestStream
+    detokenizer: IncrementalDetokenizer | None = None  # requests that generate several tokens
+    first_token_time: float | None = None
+
+    @classmethod
+    def admit(cls, work: Work, tokenizer: Tokenizer) -> Tracked:
+        request = work.request
+        detokenizer = None
+        if isinstance(work, Sequence) and request.generates:
+            detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids, request.sampling.stop,
+                                                 request.sampling.skip_special_tokens)
+        return cls(work, RequestStream(request.request_id), detokenizer)
+
+
+def advance(tracked: Tracked, result: RowResult, tokenizer: Tokenizer,
+            eos_token_ids: frozenset[int]) -> tuple[RequestOutput, FinishReason | None]:
+    """The increment one row's result adds to its request, and the reason it ends, if it does."""
+    work, request = tracked.work, tracked.work.request
+    sampling = request.sampling
+    out = RequestOutput(request.request_id, prompt_logprobs=result.prompt_logprobs, pooled=result.pooled,
+                        scores=result.scores, label_logprobs=result.label_logprobs,
+                        num_prompt_tokens=request.num_prompt_tokens, num_cached_tokens=work.num_cached_tokens)
+    token = result.token
+    reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    if token is not None:
+        if isinstance(work, Sequence):
+            work.token_ids.append(token.token_id)
+        out.token_ids = [token.token_id]
+        if sampling.logprobs is not None:
+            out.logprobs = [token]
+        if token.token_id in sampling.stop_token_ids:
+            reason, stop_reason = FinishReason.STOP, token.token_id
+        elif not sampling.ignore_eos and token.token_id in eos_token_ids:
+            reason = FinishReason.STOP
+    out.num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
+    detok = tracked.detokenizer
+    if detok is not None and token is not None and reason is None:
+        hit = detok.add(token.token_id)
+        if hit is not None:
+            reason, stop_reason = FinishReason.STOP, hit
+    if reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
+        reason = FinishReason.LENGTH
+    if detok is not None:
+        out.text = detok.emit(final=reason is not None)
+    elif token is not None and reason is not FinishReason.STOP:  # the stop token is not output text
+        out.text = tokenizer.decode(out.token_ids, sampling.skip_special_tokens)
+    if reason is not None:
+        out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason
+    return out, reason

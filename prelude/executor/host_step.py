@@ -1,0 +1,74 @@
+"""A step's rows flattened on the host into the varlen layout every backend plans from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.model.attention import StepLayout
+
+
+@dataclass(frozen=True, slots=True)
+class HostStep:
+    """A step flattened on the host: what goes to the device, and the layout around it."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    starts: list[int]
+    context_lens: list[int]
+    block_tables: list[Sequence[int]]
+    stored: list[bool]
+    num_prefill_rows: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.starts) - 1
+
+    def layout(self, slot_mapping: torch.Tensor) -> StepLayout:
+        return StepLayout(
+            query_starts=self.starts,
+            context_lens=self.context_lens,
+            block_tables=self.block_tables,
+            store_kv=self.stored,
+            num_prefill_rows=self.num_prefill_rows,
+            slot_mapping=slot_mapping,
+            host_slots=self.slots,
+        )
+
+
+def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: int) -> HostStep:
+    """Rows flattened into the varlen layout: prefill rows first, then decode rows. A prefill
+    token's slot is -1 where the row's block table does not cover its position."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    stored: list[bool] = []
+    for row in prefills:
+        start, end, table = row.start, row.start + len(row.token_ids), row.block_table
+        ids.extend(row.token_ids)
+        positions.extend(range(start, end))
+        covered = min(end, len(table) * bs)
+        # Slots of the stored tokens, one contiguous range per block.
+        for block in range(start // bs, -(-covered // bs)):
+            lo, hi = max(start, block * bs), min(covered, (block + 1) * bs)
+            base = table[block] * bs - block * bs
+            slots.extend(range(base + lo, base + hi))
+        slots.extend([-1] * (end - max(covered, start)))
+        stored.append(covered == end)
+        starts.append(starts[-1] + end - start)
+    for row in decodes:
+        ids.append(row.token_id)
+        positions.append(row.position)
+        slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
+        starts.append(starts[-1] + 1)
+    return HostStep(
+        ids, positions, slots, starts,
+        context_lens=[r.start for r in prefills] + [r.position for r in decodes],
+        block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
+        stored=stored + [True] * len(decodes),
+        num_prefill_rows=len(prefills),
+    )

@@ -1,0 +1,73 @@
+"""The attention-backend contract: what the model calls once per layer, and what an executor
+plans once per step. Defined here, beside the model that calls it; the torch reference and the
+flashinfer backend (prelude.executor.attention) implement it."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+
+# (q_norm weight, k_norm weight, eps) handed to backends that fuse the per-head norms.
+QKNorm = tuple[torch.Tensor, torch.Tensor, float]
+# The step shapes a backend can replay from a CUDA graph: a pure decode step, or one fresh
+# prefill row, padded to a bucket.
+GraphKind = Literal["decode", "prefill"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """Where each row of a flattened step sits. Rows are ordered prefill rows first, then
+    decode rows; row i owns tokens [query_starts[i], query_starts[i+1]) of the step and
+    attends to `context_lens[i]` cached tokens before them plus its own tokens causally."""
+
+    query_starts: Sequence[int]  # len(rows) + 1
+    context_lens: Sequence[int]
+    block_tables: Sequence[Sequence[int]]
+    store_kv: Sequence[bool]
+    num_prefill_rows: int
+    slot_mapping: torch.Tensor  # [num_tokens] flat KV slot per token, -1 where not stored
+    # The same slots as a host list, when the executor has it: backends that plan on the host
+    # read it instead of copying slot_mapping back from the device.
+    host_slots: Sequence[int] | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.context_lens)
+
+    def query_len(self, row: int) -> int:
+        return self.query_starts[row + 1] - self.query_starts[row]
+
+
+class AttentionBackend(ABC):
+    """Computes attention for all rows of one step, layer by layer.
+
+    `plan` runs once per step, before the first layer (precompute indices, flashinfer plan).
+    Calling the backend runs once per layer: it first stores this step's K/V into the paged
+    cache for rows with store_kv, then returns causal attention of the step's queries over each
+    row's cached context plus its own new tokens. q: [T, num_heads, head_dim]; k, v:
+    [T, num_kv_heads, head_dim]; the result is [T, num_heads, head_dim].
+
+    `fuses_rope`: the backend receives q/k before rotary embedding (and before the per-head q/k
+    norms, whose weights come in `qk_norm`) and applies them itself, fused with its KV write;
+    the model then skips its own rotation and passes the step's (cos, sin) as `rope`.
+
+    `graph_kinds`: the step shapes the backend can plan for CUDA-graph replay with
+    `plan_graph` (none by default)."""
+
+    fuses_rope: bool = False
+    graph_kinds: frozenset[GraphKind] = frozenset()
+
+    @abstractmethod
+    def plan(self, layout: StepLayout) -> None: ...
+
+    @abstractmethod
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 qk_norm: QKNorm | None = None) -> torch.Tensor: ...
+
+    def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
+        """Plans a step padded to `bucket` (rows for decode, tokens for prefill) on that
+        bucket's graph-safe buffers; layout.slot_mapping is the graph's static slot buffer."""
+        raise NotImplementedError(f"{type(self).__name__} cannot replay {kind} steps from CUDA graphs")

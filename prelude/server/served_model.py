@@ -1,0 +1,30 @@
+"""What the server knows about the model it serves, besides the engine: names, heads, chat
+template, and the limits admission checks requests against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from prelude.model.config import ModelConfig
+from prelude.tokenizer import Tokenizer
+from prelude.tokenizer.chat import ChatTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    max_model_len: int
+    kv_capacity_tokens: int  # the most tokens one request's KV may take
+    pooling: str  # default embedding pooling: last | mean | cls
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.config.head == "ForCausalLM"
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.config.head == "ForSequenceClassification"
