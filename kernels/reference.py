@@ -1,11 +1,35 @@
-"""Torch references of every kernel. The elementwise ones are the model's own torch ops
-(prelude.model.ops), so a kernel that matches them changes no model output; the fused ones are
-compositions of those ops plus the torch reference attention's KV write."""
+"""Torch references of every kernel. The elementwise ones are the model's own torch ops (the
+model runs them through prelude.model.ops wherever Triton does not), so a kernel that matches
+them changes no model output; the fused ones are compositions of those ops plus the torch
+reference attention's KV write. Imports nothing from prelude: kernels sit below the model."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from prelude.model.ops import rms_norm, rotate, silu_and_mul
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """Normalizes x (after adding residual, when given). With a residual it returns
+    (normed, x + residual) so the next block can reuse the sum."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    # Computed in fp32 and cast back, as the HF reference does.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * xf.to(x.dtype)
+    return out if residual is None else (out, residual)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style rotary embedding (rotate halves); cos/sin broadcast over the head dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 __all__ = ["gather_last", "rms_norm", "rope_kv_write", "rotate", "silu_and_mul"]
 

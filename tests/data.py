@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.shared_data import shared_dir
 
-
-def shared_dir() -> Path:
-    return Path(os.environ.get("PRELUDE_TEST_DATA", REPO.parent / "shared"))
+__all__ = ["hf_reference_tokenizer", "shared_dir", "tokenizer_dir"]
 
 
 def tokenizer_dir(name: str) -> Path:

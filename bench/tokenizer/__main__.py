@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.tokenizer import gate, libraries, report, textgen
 from bench.tokenizer.measure import ENCODE_ROWS, ROWS, run_rows
-from tests.data import shared_dir
+from bench.shared_data import shared_dir
 
 DEFAULT_TOKENIZERS = "qwen3,llama3,gpt2"
 

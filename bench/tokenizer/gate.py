@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.tokenizer import textgen
 from bench.tokenizer.tiktoken_build import build as build_tiktoken
-from tests.tokenizer.equality import check_text, corpus_for, load_pair, random_texts
+from bench.tokenizer.equality import check_text, corpus_for, load_pair, random_texts
 
 
 def equality_problems(path: str, random_count: int) -> tuple[int, list[str]]:

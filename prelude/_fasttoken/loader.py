@@ -31,8 +31,8 @@ from prelude._fasttoken.plan import (
     post_processor_ids,
     pre_tokenizer_options,
     require,
+    special_token_ids,
 )
-from prelude.tokenizer.base import special_token_ids
 
 
 class Added(NamedTuple):

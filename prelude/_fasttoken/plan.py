@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import unicodedata
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prelude._fasttoken import patterns
 
@@ -34,6 +36,12 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 NORM_NFC, NORM_PREPEND, NORM_REPLACE = 0, 1, 2
 FLAG_KNOWN, FLAG_SPECIAL, FLAG_BYTE_TOKEN = 1, 2, 4
 
+
+
+def special_token_ids(added_tokens: Iterable[dict[str, Any]]) -> frozenset[int]:
+    """The "id" of each tokenizer.json added token flagged special: what every backend reports
+    as special_ids."""
+    return frozenset(t["id"] for t in added_tokens if t.get("special"))
 
 @dataclass
 class Plan:

@@ -1,9 +1,9 @@
 """The elementwise and normalization ops of the decoder, behind one indirection so that the CUDA
 executor can swap in Triton kernels at model build time while every other path keeps running
-this plain torch code unchanged.
+plain torch code unchanged.
 
-`TORCH_OPS` is the reference: its functions are exactly what the layers computed before the
-indirection existed, and kernels/reference.py tests every Triton kernel against them.
+`TORCH_OPS` is the reference: kernels/reference.py's torch functions, the same ones every Triton
+kernel is tested against.
 """
 from __future__ import annotations
 
@@ -12,33 +12,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+
+from kernels.reference import rms_norm, rotate, silu_and_mul
 
 logger = logging.getLogger(__name__)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """Normalizes x (after adding residual, when given). With a residual it returns
-    (normed, x + residual) so the next block can reuse the sum."""
-    if residual is not None:
-        x = x + residual
-        residual = x
-    # Computed in fp32 and cast back, as the HF reference does.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * xf.to(x.dtype)
-    return out if residual is None else (out, residual)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotary embedding (rotate halves); cos/sin broadcast over the head dim."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 
 class DecodeStep(NamedTuple):
@@ -12,12 +11,6 @@ class DecodeStep(NamedTuple):
     text: str
     prefix_offset: int
     read_offset: int
-
-
-def special_token_ids(added_tokens: Iterable[dict[str, Any]]) -> frozenset[int]:
-    """The "id" of each tokenizer.json added token flagged special: what every backend reports
-    as special_ids."""
-    return frozenset(t["id"] for t in added_tokens if t.get("special"))
 
 
 class Tokenizer(ABC):

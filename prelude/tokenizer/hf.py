@@ -8,7 +8,8 @@ from typing import Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from prelude.tokenizer.base import Tokenizer, special_token_ids
+from prelude._fasttoken.plan import special_token_ids
+from prelude.tokenizer.base import Tokenizer
 
 
 class HFTokenizer(Tokenizer):

@@ -12,7 +12,7 @@ import pytest
 from bench.tokenizer import textgen
 from prelude.tokenizer.fast import FastTokenizer
 from tests.data import tokenizer_dir
-from tests.tokenizer.equality import load_pair, tokenizer_path
+from bench.tokenizer.equality import load_pair, tokenizer_path
 
 NAMES = ["qwen3", "llama3", "gpt2"]
 

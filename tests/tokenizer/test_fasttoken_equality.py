@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from prelude.tokenizer.fast import FastTokenizer
 from tests.data import tokenizer_dir
-from tests.tokenizer.corpus import FRAGMENTS, added_contents
-from tests.tokenizer.equality import (
+from bench.tokenizer.corpus import FRAGMENTS, added_contents
+from bench.tokenizer.equality import (
     check_decode,
     check_encode,
     check_stream,

@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.data import tokenizer_dir
-from tests.tokenizer.equality import corpus_for, load_pair, long_text, random_texts, tokenizer_path
+from bench.tokenizer.equality import corpus_for, load_pair, long_text, random_texts, tokenizer_path
 
 
 def test_threads_agree_with_serial() -> None:

@@ -15,8 +15,8 @@ from prelude.tokenizer import load
 from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
 from prelude.tokenizer.hf import HFTokenizer
 from tests.data import tokenizer_dir
-from tests.tokenizer.corpus import FRAGMENTS
-from tests.tokenizer.equality import (
+from bench.tokenizer.corpus import FRAGMENTS
+from bench.tokenizer.equality import (
     check_decode,
     check_encode,
     check_stream,

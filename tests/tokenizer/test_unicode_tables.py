@@ -11,7 +11,7 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 from prelude._fasttoken import unicode_data as ud
 from prelude._fasttoken.plan import BYTE_TO_CHAR
 from tests.data import tokenizer_dir
-from tests.tokenizer.equality import load_pair, tokenizer_path
+from bench.tokenizer.equality import load_pair, tokenizer_path
 
 ALL = ud._all_code_points()
 CLASSES = {

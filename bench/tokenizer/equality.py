@@ -2,7 +2,8 @@
 
 Each check compares fasttoken with HF `tokenizers` (through prelude.tokenizer.hf, i.e. without
 truncation) and returns a list of human-readable differences, empty when identical. The pytest
-suite asserts on them; bench/tokenizer runs the same checks before it prints any timing.
+suite (tests/tokenizer) asserts on them; bench/tokenizer runs the same checks before it prints
+any timing.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tokenizers.decoders import DecodeStream
 
 from prelude.tokenizer.fast import FastTokenizer
 from prelude.tokenizer.hf import HFTokenizer
-from tests.tokenizer.corpus import FRAGMENTS, added_contents, special_mixes
+from bench.tokenizer.corpus import FRAGMENTS, added_contents, special_mixes
 
 
 def make_pair(path: str) -> tuple[FastTokenizer, HFTokenizer, RawHF]:

@@ -1,0 +1,18 @@
+"""The architecture is checked, not just described: import-linter's contracts in pyproject.toml
+(layers that never import upward; the product never imports bench or tests) and mypy over
+prelude/, both with the configuration in pyproject.toml."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_contracts_hold(monkeypatch):
+    from importlinter.cli import lint_imports
+
+    monkeypatch.chdir(ROOT)
+    assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0, \
+        "an import breaks a layer contract: run `lint-imports` for the details"
