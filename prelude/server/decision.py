@@ -214,9 +214,10 @@ class DecisionAPI(Serving):
     async def _relevance_scores(self, http, rid: str, queries: list[str], documents: list[str],
                                 body: Body) -> tuple[list[float], list[list[int]]]:
         if self.served.has_classifier:  # cross-encoder: the pair through the classification head
-            firsts = await self.encode_items(queries, "query")
+            unique = list(dict.fromkeys(queries))  # usually one query for every document
+            encoded = dict(zip(unique, await self.encode_items(unique, "query")))
             seconds = await self.admission.encode_many(documents, add_special_tokens=False)
-            prompts = [a + b for a, b in zip(firsts, seconds)]
+            prompts = [encoded[q] + d for q, d in zip(queries, seconds)]
             return [self._relevance(s) for s in await self._classify_rows(http, rid, prompts)], prompts
         self._require_lm_head("scoring")
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")

@@ -24,22 +24,23 @@ class CompletionsAPI(Serving):
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
                 logprobs: int | None, choice_ids: tuple[int, ...] | None, **fields) -> list[Request]:
         """n choices per prompt, all validated before any is submitted. Sampling is read from the
-        body once per prompt (its output budget depends on the prompt's length); seeded sampling
-        gets seed + choice index so that choices differ."""
-        requests = []
-        for p, ids in enumerate(prompts):
-            params = self._sampling(body, len(ids), max_tokens, logprobs, choice_ids)
-            for j in range(n):
-                seeded = replace(params, seed=params.seed + j) if j and params.seed is not None else params
-                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, **fields))
-        return requests
-
-    def _sampling(self, body: Body, prompt_len: int, max_tokens: int | None, logprobs: int | None,
-                  choice_ids: tuple[int, ...] | None):
+        body once; each prompt gets its own output budget (it depends on the prompt's length), and
+        seeded sampling gets seed + choice index so that choices differ."""
         if choice_ids is not None:
             max_tokens = 1  # a single-token choice is the whole answer
-        params = self.admission.sampling(body, self.admission.output_budget(prompt_len, max_tokens), logprobs)
-        return params if choice_ids is None else replace(params, allowed_token_ids=choice_ids)
+        budgets = [self.admission.output_budget(len(ids), max_tokens) for ids in prompts]
+        params = self.admission.sampling(body, budgets[0], logprobs)
+        if choice_ids is not None:
+            params = replace(params, allowed_token_ids=choice_ids)
+        requests = []
+        for p, (ids, budget) in enumerate(zip(prompts, budgets)):
+            prompt_params = params if budget == params.max_tokens else replace(params, max_tokens=budget)
+            for j in range(n):
+                seeded = prompt_params
+                if j and params.seed is not None:
+                    seeded = replace(prompt_params, seed=params.seed + j)
+                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, **fields))
+        return requests
 
     async def _choice(self, body: Body) -> tuple[int, ...] | None:
         """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the

@@ -56,6 +56,7 @@ class Serving:
         self.served = served
         self.model_name = served.name
         self.max_request_bytes = max_request_bytes
+        self._token_texts: dict[int, str] = {}
 
     async def body(self, http: HTTPRequest) -> Body:
         body = await read_json(http, self.max_request_bytes)
@@ -65,7 +66,12 @@ class Serving:
         return body
 
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        """One token's own text (logprob entries), decoded once per token id for the server's
+        lifetime: the table is at most the vocabulary."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     async def inputs(self, body: Body, name: str, max_items: int | None = None) -> list[list[int]]:
         """A prompt field as OpenAI allows it: a string, an array of strings, an array of token
