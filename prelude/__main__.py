@@ -15,7 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     from prelude.assembly import serve
 
     try:
-        asyncio.run(serve(config))
+        import uvloop
+
+        uvloop.run(serve(config))
     except UnsupportedModel as exc:
         logging.getLogger("prelude").error("%s", exc)
         return 2

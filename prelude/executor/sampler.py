@@ -14,12 +14,12 @@ def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
     """Applies allowed_token_ids and logit_bias in place."""
     for row, p in enumerate(params):
         if p.allowed_token_ids is not None:
-            keep = torch.tensor(p.allowed_token_ids, device=logits.device)
+            keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=logits.device)
             kept = logits[row, keep]
             logits[row].fill_(float("-inf"))
             logits[row, keep] = kept
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], device=logits.device)
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=logits.device)
             bias = torch.tensor([b for _, b in p.logit_bias], device=logits.device, dtype=logits.dtype)
             logits[row, ids] += bias
 

@@ -101,6 +101,12 @@ class Admission:
             ignore_eos=body.bool("ignore_eos"),
             logprobs=logprobs,
             logit_bias=logit_bias,
-            allowed_token_ids=body.int_list("allowed_token_ids", hi=self.vocab_size - 1),
+            allowed_token_ids=self._allowed_ids(body),
             skip_special_tokens=body.bool("skip_special_tokens", True),
         )
+
+    def _allowed_ids(self, body: Body) -> tuple[int, ...] | None:
+        allowed = body.int_list("allowed_token_ids", hi=self.vocab_size - 1)
+        if allowed is not None and not allowed:
+            raise body.invalid("allowed_token_ids", "must not be empty (it would allow no token)")
+        return allowed
