@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from prelude.contract.batch import TokenLogprob
@@ -41,25 +42,37 @@ class EngineError(RuntimeError):
 
 
 class RequestStream:
-    """Async iterator over one request's outputs, fed by the engine loop (same event loop)."""
+    """Async iterator over one request's outputs, fed by the engine loop (same event loop).
+    A deque and at most one waiting future: an asyncio.Queue per request costs more than the
+    rest of a OneShot request's bookkeeping."""
 
-    __slots__ = ("request_id", "_queue", "finished")
+    __slots__ = ("request_id", "_items", "_waiter", "finished")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
-        self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._items: deque[RequestOutput | Exception] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.finished = False
 
     def put(self, item: RequestOutput | Exception) -> None:
-        self._queue.put_nowait(item)
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
-    def __aiter__(self):
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
         if isinstance(item, Exception):
             self.finished = True
             raise item
