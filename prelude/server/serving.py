@@ -11,7 +11,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.engine import Engine
-from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.output import EngineError, RequestOutput, RequestStream
 from prelude.engine.request import Request
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
@@ -120,14 +120,19 @@ class Serving:
                       watch_disconnect: bool = False) -> list[RequestOutput]:
         streams = self.submit_all(requests)
         try:
-            gathered = asyncio.gather(*(s.collect() for s in streams))
             if watch_disconnect:
-                return await unless_disconnected(http.receive, gathered)
-            return await gathered
+                return await unless_disconnected(http.receive, self._collect_all(streams))
+            return await self._collect_all(streams)
         except EngineError as exc:
             raise APIError(500, str(exc)) from None
         finally:
             self.abort_unfinished(streams)
+
+    @staticmethod
+    async def _collect_all(streams: list[RequestStream]) -> list[RequestOutput]:
+        if len(streams) == 1:  # the usual case: no task per stream
+            return [await streams[0].collect()]
+        return list(await asyncio.gather(*(s.collect() for s in streams)))
 
     def check_length(self, ids: list[int], param: str) -> None:
         """A prompt that only needs one forward must still fit the context and the KV cache."""
