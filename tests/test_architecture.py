@@ -3,6 +3,7 @@
 prelude/, both with the configuration in pyproject.toml."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,5 +15,10 @@ def test_import_contracts_hold(monkeypatch):
     from importlinter.cli import lint_imports
 
     monkeypatch.chdir(ROOT)
+    # lint_imports sets up its logging with dictConfig, which disables every logger that exists
+    # by then (prelude's too) for the rest of the session; undo that after the test.
+    for logger in list(logging.root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            monkeypatch.setattr(logger, "disabled", logger.disabled)
     assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0, \
         "an import breaks a layer contract: run `lint-imports` for the details"
