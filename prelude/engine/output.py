@@ -53,7 +53,7 @@ class RequestStream:
     def put(self, item: RequestOutput | Exception) -> None:
         self._queue.put_nowait(item)
 
-    def __aiter__(self):
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
@@ -82,4 +82,7 @@ class RequestStream:
                 value = getattr(out, name)
                 if value is not None:
                     setattr(merged, name, value)
+        # A fresh stream yields at least its finished output; only a stream already read to its end
+        # yields nothing.
+        assert merged is not None, f"collect() on the finished stream of {self.request_id}"
         return merged
