@@ -41,6 +41,7 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     """Optional per-head RMSNorm of q and k, neox RoPE, then k (rotated) and v stored into the
     paged cache at slot_mapping (-1: not stored). cos/sin: [T, D/2]. Returns rotated (q, k)."""
     if q_norm is not None:
+        assert k_norm is not None, "q_norm and k_norm come together (the model's qk_norm)"
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = rotate(q, cos, sin), rotate(k, cos, sin)

@@ -1,8 +1,9 @@
 """The architecture is checked, not just described: import-linter's contracts in pyproject.toml
 (layers that never import upward; the product never imports bench or tests) and mypy over
-prelude/, both with the configuration in pyproject.toml."""
+prelude/ and kernels/, both with the configuration in pyproject.toml."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -14,5 +15,18 @@ def test_import_contracts_hold(monkeypatch):
     from importlinter.cli import lint_imports
 
     monkeypatch.chdir(ROOT)
+    # lint_imports sets up its logging with dictConfig, which disables every logger that exists
+    # by then (prelude's too) for the rest of the session; undo that after the test.
+    for logger in list(logging.root.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            monkeypatch.setattr(logger, "disabled", logger.disabled)
     assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0, \
         "an import breaks a layer contract: run `lint-imports` for the details"
+
+
+def test_mypy_is_clean(monkeypatch):
+    from mypy import api
+
+    monkeypatch.chdir(ROOT)  # the config's `files` are relative to the repository root
+    stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
+    assert status == 0, f"mypy reports errors (run `mypy` at the repository root):\n{stdout}{stderr}"

@@ -148,8 +148,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     mapped_by_id: dict[int, bytes | None] = {}  # byte-level: each vocab token's bytes, for decode too
     if plan.byte_level:
         keys, ids = [], array("i")
-        for token, token_id in vocab.items():
-            key = mapped_by_id[token_id] = byte_chars_to_bytes(token)
+        for piece, token_id in vocab.items():
+            key = mapped_by_id[token_id] = byte_chars_to_bytes(piece)
             if key is not None:  # other tokens can never come out of BPE over bytes
                 keys.append(key)
                 ids.append(token_id)
@@ -190,7 +190,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     top = max(max(vocab.values()), max(by_id, default=-1))
     token_keys: list[bytes] = []
     first_keys: list[bytes] = []
-    flags = bytearray(top + 1)
+    flag_table = bytearray(top + 1)
     byte_values = bytearray(top + 1)
     for token_id in range(top + 1):
         token = shown.get(token_id)
@@ -203,7 +203,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             continue
         if drop_first:
             first_keys.append(token.replace(drop_first, "").encode())
-        flags[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
+        flag_table[token_id] = FLAG_KNOWN | (FLAG_SPECIAL if token in special_set else 0)
         if plan.byte_level:
             # The ByteLevel decoder maps a token back to bytes when every char is a byte char.
             # A vocab token was mapped above (the last token listed for an id, as in
@@ -215,11 +215,11 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
             token = token.replace(old, new)
         value = byte_fallback_value(token) if dec_byte_fallback else None
         if value is not None:
-            flags[token_id] |= FLAG_BYTE_TOKEN
+            flag_table[token_id] |= FLAG_BYTE_TOKEN
             byte_values[token_id] = value
         token_keys.append(token.encode())
     plan.token_bytes, plan.token_offsets = _arena(token_keys)
-    plan.token_flags, plan.token_byte = bytes(flags), bytes(byte_values)
+    plan.token_flags, plan.token_byte = bytes(flag_table), bytes(byte_values)
     plan.strip_content, plan.strip_start = strip_content.encode(), strip_start
     if drop_first:
         plan.first_token_bytes, plan.first_token_offsets = _arena(first_keys)

@@ -175,7 +175,8 @@ def decoder_options(spec: dict | None, byte_level: bool) -> tuple[list[tuple[str
     """(replaces, byte fallback, strip content, strip start, metaspace replacement that the
     first token drops). A ByteLevel decoder goes with, and only with, a byte-level
     pre-tokenizer, so `byte_level` also says how tokens decode."""
-    require(spec is not None, "no decoder")
+    if spec is None:  # spelled out, not require(), so the type narrows
+        raise UnsupportedTokenizer("no decoder")
     if spec.get("type") == "ByteLevel":
         require(byte_level, "ByteLevel decoder without a ByteLevel pre-tokenizer")
         return [], False, "", 0, ""

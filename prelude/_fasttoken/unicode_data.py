@@ -27,7 +27,10 @@ import regex
 
 from prelude.cachedir import cache_root, write_atomically
 
-T = TypeVar("T")
+# (per-code-point uint16 NFC words as bytes, canonical decompositions, composition pairs)
+NfcTables = tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, int, int]]]
+# The two kinds of table the disk cache holds; both are values marshal can write.
+T = TypeVar("T", bytes, NfcTables)
 # Bump when the tables' contents or layout change, so old cache files are not read.
 TABLES_VERSION = 1
 
@@ -117,7 +120,7 @@ def class_table() -> bytes:
 
 
 @functools.cache
-def nfc_tables() -> tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, int, int]]]:
+def nfc_tables() -> NfcTables:
     """(per-code-point uint16 NFC words as bytes, canonical decompositions, composition pairs),
     as HF's Unicode 9 NFC sees them."""
     return _disk_cached("nfc", _build_nfc_tables)
@@ -135,7 +138,7 @@ def _build_class_table() -> bytes:
     return bytes(table)
 
 
-def _build_nfc_tables() -> tuple[bytes, list[tuple[int, list[int]]], list[tuple[int, int, int]]]:
+def _build_nfc_tables() -> NfcTables:
     """Decompositions are full (recursive) and exclude Hangul, which the C++ side does
     algorithmically; pairs are (first, second, composite) for primary composites only.
     """

@@ -139,9 +139,10 @@ class BlockPool:
         bs = self.block_size
         parent = ROOT
         if first > 0:
-            parent = self._canonical(tokens, blocks, first - 1)
-            if parent is None:
+            canonical = self._canonical(tokens, blocks, first - 1)
+            if canonical is None:
                 return  # the chain above was evicted meanwhile: nothing below is reachable
+            parent = canonical
         for i in range(first, last):
             block = blocks[i]
             key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
@@ -179,6 +180,7 @@ class BlockPool:
         while stack:
             b = stack.pop()
             key = self._key[b]
+            assert key is not None, f"block {b} evicted but not published"  # idle and children are
             self._key[b] = None
             del self._lookup[key]
             parent = key[0]

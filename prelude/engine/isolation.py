@@ -45,8 +45,8 @@ def execute_isolating(execute: Callable[[ForwardBatch], BatchResult], batch: For
     try:
         return StepOutcome(execute(batch))
     except Exception as exc:  # noqa: BLE001 (any failure of the forward is isolated, then reported)
-        outcome = StepOutcome(BatchResult([]), first_error=exc)
-    _bisect(execute, batch, [*prefill_rows(batch), *decode_rows(batch)], outcome, outcome.first_error)
+        outcome, error = StepOutcome(BatchResult([]), first_error=exc), exc
+    _bisect(execute, batch, [*prefill_rows(batch), *decode_rows(batch)], outcome, error)
     return outcome
 
 

@@ -95,4 +95,7 @@ class RequestStream:
                 value = getattr(out, name)
                 if value is not None:
                     setattr(merged, name, value)
+        # A fresh stream yields at least its finished output; only a stream already read to its end
+        # yields nothing.
+        assert merged is not None, f"collect() on the finished stream of {self.request_id}"
         return merged

@@ -26,7 +26,7 @@ from prelude.contract.config import Config
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import PlannedOneShot, SchedulerStats, ScheduledStep, Skip, StepBudget, StepEvent
-from prelude.engine.policy import POLICIES
+from prelude.engine.policy import POLICIES, QueuePolicy
 from prelude.engine.prefix_sharing import PrefixSharing
 from prelude.engine.request import ExecutionClass, Request
 from prelude.engine.work import OneShotJob, Sequence, Work, WorkStatus
@@ -55,7 +55,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool):
         self.config = config
         self.pool = pool
-        self.waiting = POLICIES[config.policy]()
+        self.waiting: QueuePolicy[Work] = POLICIES[config.policy]()
         self.stats = SchedulerStats()
         prefix = PrefixSharing(pool, self.stats)
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)

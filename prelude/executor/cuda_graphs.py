@@ -58,7 +58,9 @@ class GraphRunner:
         self.max_tokens = max(self.decode_sizes + self.prefill_sizes)
         self.static = torch.zeros(3, self.max_tokens, dtype=torch.long, device=device)
         self.graphs: dict[tuple[Kind, int], _Captured] = {}
-        self.pool = None  # one memory pool shared by all graphs (they never run concurrently)
+        # One memory pool shared by all graphs (they never run concurrently); the first capture
+        # creates it. torch names its handle type only privately (the annotation is not evaluated).
+        self.pool: torch.cuda._POOL_HANDLE | None = None
 
     def bucket(self, kind: Kind, n: int) -> int | None:
         return pick_bucket(n, self.decode_sizes if kind == "decode" else self.prefill_sizes)

@@ -60,10 +60,10 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
         slots.extend([-1] * (end - max(covered, start)))
         stored.append(covered == end)
         starts.append(starts[-1] + end - start)
-    for row in decodes:
-        ids.append(row.token_id)
-        positions.append(row.position)
-        slots.append(row.block_table[row.position // bs] * bs + row.position % bs)
+    for decode in decodes:
+        ids.append(decode.token_id)
+        positions.append(decode.position)
+        slots.append(decode.block_table[decode.position // bs] * bs + decode.position % bs)
         starts.append(starts[-1] + 1)
     return HostStep(
         ids, positions, slots, starts,

@@ -59,7 +59,7 @@ class ModelConfig:
         architectures = raw.get("architectures") or []
         architecture = architectures[0] if architectures else None
         family_head = _split_architecture(architecture)
-        if family_head is None:
+        if architecture is None or family_head is None:
             raise UnsupportedModel(
                 f"architecture {architecture!r} is not supported; supported: "
                 + ", ".join(SUPPORTED_ARCHITECTURES)

@@ -66,8 +66,8 @@ class DecoderLM(nn.Module):
         self.config = config
         self.model = DecoderModel(config)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_positions)
-        self.lm_head = None
-        self.score = None
+        self.lm_head: Linear | None = None
+        self.score: Linear | None = None
         if config.head == "ForCausalLM" and not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
@@ -94,6 +94,7 @@ class DecoderLM(nn.Module):
         return hidden @ weight.t()
 
     def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.score is not None, "classify requests reach only *ForSequenceClassification models"
         return self.score(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -101,8 +102,8 @@ class DecoderLM(nn.Module):
         that were filled, so the loader can name any that were missing."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, tensor in weights:
-            name = self._canonical_name(name)
+        for checkpoint_name, tensor in weights:
+            name = self._canonical_name(checkpoint_name)
             if name is None:
                 continue
             packed = next(((frag, target) for frag, target in PACKED_WEIGHTS.items() if f".{frag}." in name), None)

@@ -94,6 +94,7 @@ class RotaryEmbedding:
         self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.cos_sin is not None, "materialize() builds the table before any forward"
         cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
         return cos, sin
 
@@ -126,6 +127,8 @@ class Attention(UsesOps, nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm: RMSNorm | None  # both or neither
+        self.k_norm: RMSNorm | None
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -139,11 +142,11 @@ class Attention(UsesOps, nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if attention.fuses_rope:
             qk_norm = None
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.k_norm is not None:
                 qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             out = attention(self.layer, q, k, v, rope=rope, qk_norm=qk_norm)
             return self.o_proj(out.reshape(-1, self.q_size))
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin)

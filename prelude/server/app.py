@@ -151,8 +151,10 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
-        exception_handlers={APIError: on_api_error, HTTPException: on_http_error,
-                            ClientDisconnect: on_disconnect, Exception: on_error},
+        # Starlette types each handler as taking any Exception; ours take the class they are
+        # registered for, which is what Starlette passes them.
+        exception_handlers={APIError: on_api_error, HTTPException: on_http_error,  # type: ignore[dict-item]
+                            ClientDisconnect: on_disconnect, Exception: on_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
     return HealthFirst(BearerAuth(app, config.api_key) if config.api_key else app, engine)
@@ -175,4 +177,6 @@ async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None) -> None
     from hypercorn.asyncio import serve as hypercorn_serve
 
     kwargs = {"shutdown_trigger": shutdown_trigger} if shutdown_trigger is not None else {}
-    await hypercorn_serve(app, hypercorn_config(config), **kwargs)
+    # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
+    # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
+    await hypercorn_serve(app, hypercorn_config(config), **kwargs)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ Everything a later layer could choke on is refused here: invalid UTF-8 and lone 
 outside what the engine represents (integers beyond int64, non-finite floats)."""
 from __future__ import annotations
 
+import builtins
 import math
 import re
 from typing import Any
@@ -73,7 +74,8 @@ def _type_name(value: Any) -> str:
 
 
 class Body:
-    """Typed, validating access to a JSON object. `null` counts as absent, as in OpenAI's API."""
+    """Typed, validating access to a JSON object. `null` counts as absent, as in OpenAI's API.
+    The accessors are named after the JSON types, so annotations below them say `builtins.str`."""
 
     def __init__(self, data: dict, prefix: str = ""):
         self.data = data
@@ -139,17 +141,17 @@ class Body:
     def str(self, name: str, default=None):
         return self._of_type(name, default, str, "a string")
 
-    def list(self, name: str, default=None, nonempty: bool = False):
+    def list(self, name: builtins.str, default=None, nonempty: builtins.bool = False):
         value = self._of_type(name, default, list, "an array")
         if nonempty and value is not default and not value:
             raise self.invalid(name, "must not be empty")
         return value
 
-    def object(self, name: str) -> "Body | None":
+    def object(self, name: builtins.str) -> "Body | None":
         value = self._of_type(name, None, dict, "an object")
         return None if value is None else Body(value, prefix=f"{self.param(name)}.")
 
-    def str_list(self, name: str, max_items: int | None = None) -> tuple[str, ...]:
+    def str_list(self, name: builtins.str, max_items: builtins.int | None = None) -> tuple[builtins.str, ...]:
         """A string or an array of strings (OpenAI's `stop`)."""
         value = self._raw(name)
         if value is _MISSING:
@@ -161,7 +163,8 @@ class Body:
             raise self.invalid(name, f"accepts at most {max_items} items")
         return tuple(items)
 
-    def int_list(self, name: str, lo: int = 0, hi: int = INT64_MAX) -> tuple[int, ...] | None:
+    def int_list(self, name: builtins.str, lo: builtins.int = 0,
+                 hi: builtins.int = INT64_MAX) -> tuple[builtins.int, ...] | None:
         value = self.list(name)
         if value is None:
             return None
@@ -171,7 +174,7 @@ class Body:
             self._check_range(name, v, lo, hi)
         return tuple(value)
 
-    def _check_range(self, name: str, value, lo, hi) -> None:
+    def _check_range(self, name: builtins.str, value, lo, hi) -> None:
         if lo is not None and value < lo:
             raise self.invalid(name, f"must be >= {lo}, got {value}")
         if hi is not None and value > hi:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import AsyncGenerator, AsyncIterator, Awaitable, TypeVar
 
 import orjson
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
+
+from prelude.engine.output import RequestOutput, RequestStream
 
 T = TypeVar("T")
 
@@ -33,7 +35,7 @@ class EventStream:
     cancelled, so its `finally` (which aborts the engine request and frees its blocks) runs
     right then, not at the next failed write."""
 
-    def __init__(self, events: AsyncIterator[bytes]):
+    def __init__(self, events: AsyncGenerator[bytes, None]):
         self.events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -58,8 +60,10 @@ class EventStream:
             if task not in done:
                 task.cancel()
         await asyncio.gather(pump_task, watch_task, return_exceptions=True)
-        if pump_task in done and not pump_task.cancelled() and pump_task.exception() is not None:
-            raise pump_task.exception()
+        if pump_task in done and not pump_task.cancelled():
+            error = pump_task.exception()
+            if error is not None:
+                raise error
 
 
 async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
@@ -77,29 +81,29 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     return work_task.result()
 
 
-async def merge(streams: list) -> AsyncIterator[tuple[int, object]]:
+async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleaves several RequestStreams as (index, output), in arrival order."""
     if len(streams) == 1:
         async for out in streams[0]:
             yield 0, out
         return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
+    # (index, an output, the exception that ended the stream, or None once the stream is done)
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
 
-    async def feed(index: int, stream) -> None:
+    async def feed(index: int, stream: RequestStream) -> None:
         try:
             async for out in stream:
                 queue.put_nowait((index, out))
         except Exception as exc:  # surfaced to the consumer
             queue.put_nowait((index, exc))
-        queue.put_nowait((index, done))
+        queue.put_nowait((index, None))
 
     tasks = [asyncio.create_task(feed(i, s)) for i, s in enumerate(streams)]
     try:
         remaining = len(streams)
         while remaining:
             index, item = await queue.get()
-            if item is done:
+            if item is None:
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item

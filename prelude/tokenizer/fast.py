@@ -34,7 +34,7 @@ class FastTokenizer(Tokenizer):
         self._vocab_by_id = plan.vocab_by_id
         self._special_ids = plan.special_ids
         self._vocab_size = plan.vocab_size
-        self._reference = None
+        self._reference: Tokenizer | None = None  # HF, loaded on the first input that needs it
         self._reference_lock = threading.Lock()
         self.reference_encodes = 0  # how many inputs went to HF (tests watch it; races are harmless)
         # Instance attributes shadow encode and decode below and the base class's encode_batch

@@ -170,6 +170,7 @@ class FlashInferAttention(AttentionBackend):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor:
         plan = self._plan
+        assert plan is not None, "plan() or plan_graph() runs before the layers"
         k_cache, v_cache = self.kv_cache.layer(layer)
         if rope is not None:
             from kernels.rope import rope_kv_write
@@ -178,41 +179,44 @@ class FlashInferAttention(AttentionBackend):
             q, k = rope_kv_write(q, k, v, rope[0], rope[1], k_cache, v_cache, self.slot_mapping,
                                  q_norm, k_norm, eps)
         else:
-            self._store(k, v, k_cache, v_cache)
+            self._store(plan, k, v, k_cache, v_cache)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         num_prefill = plan.num_prefill_tokens
         if num_prefill:
-            self._prefill(_dense(q[:num_prefill]), _dense(k[:num_prefill]), _dense(v[:num_prefill]),
+            self._prefill(plan, _dense(q[:num_prefill]), _dense(k[:num_prefill]), _dense(v[:num_prefill]),
                           out[:num_prefill], (k_cache, v_cache))
         if num_prefill < q.shape[0]:
             self._decoder.run(_dense(q[num_prefill:]), (k_cache, v_cache), out=out[num_prefill:])
         return out
 
-    def _store(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def _store(self, plan: FlashInferPlan, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> None:
         flat_k = k_cache.view(-1, self.num_kv_heads, self.head_dim)
         flat_v = v_cache.view(-1, self.num_kv_heads, self.head_dim)
-        if self._plan.store_all:
+        if plan.store_all:
             flat_k.index_copy_(0, self.slot_mapping, k)
             flat_v.index_copy_(0, self.slot_mapping, v)
-        elif self._plan.store_tokens:
+        elif plan.store_tokens:
             flat_k.index_copy_(0, self.store_slots, k.index_select(0, self.store_index))
             flat_v.index_copy_(0, self.store_slots, v.index_select(0, self.store_index))
 
-    def _prefill(self, q, k, v, out: torch.Tensor, kv_cache) -> None:
-        if not self._plan.prefix_rows:
+    def _prefill(self, plan: FlashInferPlan, q, k, v, out: torch.Tensor, kv_cache) -> None:
+        if not plan.prefix_rows:
             self._ragged.run(q, k, v, out=out)
             return
         _, lse = self._ragged.run(q, k, v, out=out, return_lse=True)
-        span = self._plan.prefix_span
-        q_ctx = q[span[0]:span[1]] if span else q.index_select(0, self.prefix_index)
-        o_ctx, lse_ctx = self.prefix.run(q_ctx, kv_cache, return_lse=True)
+        span = plan.prefix_span
         if span:
+            o_ctx, lse_ctx = self.prefix.run(q[span[0]:span[1]], kv_cache, return_lse=True)
             # Slices of `out`/`lse`: the merge writes the final values in place.
             self._fi.merge_state_in_place(out[span[0]:span[1]], lse[span[0]:span[1]], o_ctx, lse_ctx)
             return
-        o_own = out.index_select(0, self.prefix_index)
-        self._fi.merge_state_in_place(o_own, lse.index_select(0, self.prefix_index), o_ctx, lse_ctx)
-        out.index_copy_(0, self.prefix_index, o_own)
+        index = self.prefix_index
+        assert index is not None, "plan() indexes the prefix rows' tokens when they are not one span"
+        o_ctx, lse_ctx = self.prefix.run(q.index_select(0, index), kv_cache, return_lse=True)
+        o_own = out.index_select(0, index)
+        self._fi.merge_state_in_place(o_own, lse.index_select(0, index), o_ctx, lse_ctx)
+        out.index_copy_(0, index, o_own)
 
 
 def _dense(x: torch.Tensor) -> torch.Tensor:

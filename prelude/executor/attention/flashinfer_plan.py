@@ -79,7 +79,9 @@ def build_plan(layout: StepLayout, page_size: int, slot_mapping: Sequence[int] |
     num_prefill = layout.num_prefill_rows
     starts = layout.query_starts
     num_prefill_tokens = starts[num_prefill]
-    prefix_rows, prefix_qo, prefix_tokens = [], [0], []
+    prefix_rows: list[int] = []
+    prefix_qo = [0]
+    prefix_tokens: list[int] = []
     prefix_kv = PagedRows()
     for row in range(num_prefill):
         ctx = layout.context_lens[row]
