@@ -78,7 +78,7 @@ class Admission:
         if logprobs is not None and logprobs > self.max_logprobs:
             raise bad_request(f"requested {logprobs} logprobs; this server allows at most "
                               f"{self.max_logprobs} (--max-logprobs)", "logprobs")
-        logit_bias = ()
+        logit_bias: tuple[tuple[int, float], ...] = ()
         bias = body.object("logit_bias")
         if bias is not None:
             items = []

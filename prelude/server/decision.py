@@ -6,6 +6,7 @@ import base64
 import math
 import struct
 import time
+from typing import Any, TypeVar
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -17,6 +18,8 @@ from prelude.server.protocol import Body
 from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage
 
 # Most inputs (or items, or documents) one request may carry.
+T = TypeVar("T")
+
 MAX_ITEMS = 1024
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 
@@ -28,6 +31,12 @@ RERANK_PREFIX = (
     'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
 )
 RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _required(value: T | None) -> T:
+    """An output the row's OutputSpec asked for, which the executor always fills."""
+    assert value is not None, "the executor left out an output the row asked for"
+    return value
 
 
 def _softmax(values: list[float]) -> list[float]:
@@ -74,7 +83,7 @@ class DecisionAPI(Serving):
     async def _classify_rows(self, http, rid: str, prompts: list[list[int]]) -> list[list[float]]:
         self._require_classifier()
         rows = self._rows(rid, [self._trim_padding(p) for p in prompts], task=Task.CLASSIFY)
-        return [out.scores for out in await self.collect(http, rows)]
+        return [_required(out.scores) for out in await self.collect(http, rows)]
 
     def _relevance(self, logits: list[float]) -> float:
         """Cross-encoder relevance: sigmoid of a single logit, else the probability of label 1."""
@@ -94,15 +103,17 @@ class DecisionAPI(Serving):
                           normalize=normalize and dimensions is None)
         data = []
         for i, out in enumerate(await self.collect(http, rows)):
-            vector = out.pooled
+            vector = _required(out.pooled)
+            embedding: list[float] | str = vector
             if dimensions is not None:  # Matryoshka: keep the leading dimensions, renormalize
                 vector = vector[:dimensions]
                 if normalize:
                     norm = math.sqrt(sum(v * v for v in vector)) or 1.0
                     vector = [v / norm for v in vector]
+                embedding = vector
             if encoding == "base64":
-                vector = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-            data.append({"object": "embedding", "index": i, "embedding": vector})
+                embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
         response = self._envelope(rid, data, prompts)
         del response["created"], response["id"]
         return json_response(response)
@@ -139,7 +150,7 @@ class DecisionAPI(Serving):
         else:
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                               normalize=body.bool("normalize", False))
-            outputs = [out.pooled for out in await self.collect(http, rows)]
+            outputs = [_required(out.pooled) for out in await self.collect(http, rows)]
         data = [{"index": i, "object": "pooling", "data": out} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 
@@ -156,9 +167,10 @@ class DecisionAPI(Serving):
         over the label tokens alone (apply_softmax) or over the whole vocabulary."""
         rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids)
         outputs = await self.collect(http, rows)
+        logprobs = [_required(out.label_logprobs) for out in outputs]
         if apply_softmax:
-            return [_softmax(out.label_logprobs) for out in outputs]
-        return [[math.exp(lp) for lp in out.label_logprobs] for out in outputs]
+            return [_softmax(lps) for lps in logprobs]
+        return [[math.exp(lp) for lp in lps] for lps in logprobs]
 
     async def _label_prompts(self, body: Body) -> list[list[int]]:
         """SGLang's shape: query + each item (item + query with item_first), as text or ids."""
@@ -241,19 +253,20 @@ class DecisionAPI(Serving):
         if raw_documents is None:
             raise bad_request("'documents' is required", "documents")
         documents = [d.get("text") if isinstance(d, dict) else d for d in raw_documents]
-        if not all(isinstance(d, str) and d for d in documents):
+        texts = [d for d in documents if isinstance(d, str) and d]
+        if len(texts) != len(documents):
             raise bad_request("'documents' must be non-empty strings or objects with a 'text'", "documents")
-        check_count("documents", len(documents), MAX_ITEMS)
-        top_n = body.int("top_n", len(documents), lo=1)
+        check_count("documents", len(texts), MAX_ITEMS)
+        top_n = body.int("top_n", len(texts), lo=1)
         return_documents = body.bool("return_documents", True)
         rid = new_id("rerank")
-        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(documents), documents, body)
-        order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]
+        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body)
+        order = sorted(range(len(texts)), key=lambda i: -relevance[i])[:top_n]
         results = []
         for i in order:
-            result = {"index": i, "relevance_score": relevance[i]}
+            result: dict[str, Any] = {"index": i, "relevance_score": relevance[i]}
             if return_documents:
-                result["document"] = {"text": documents[i]}
+                result["document"] = {"text": texts[i]}
             results.append(result)
         return json_response({"id": rid, "model": self.model_name, "results": results,
                               "usage": prompt_usage(prompts)})

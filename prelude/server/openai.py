@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Sequence
 from dataclasses import replace
 
 from starlette.requests import Request as HTTPRequest
@@ -61,7 +62,7 @@ class CompletionsAPI(Serving):
         return tuple(ids)
 
     # -- /v1/completions --------------------------------------------------------------------
-    async def completions(self, http: HTTPRequest) -> Response:
+    async def completions(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         prompts = await self.inputs(body, "prompt")
         if body.has("suffix"):
@@ -95,13 +96,14 @@ class CompletionsAPI(Serving):
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
 
-    def _legacy_logprobs(self, entries: list[TokenLogprob | None], first_token: int | None = None,
+    def _legacy_logprobs(self, entries: Sequence[TokenLogprob | None], first_token: int | None = None,
                          offset: int = 0) -> dict:
         """OpenAI's legacy logprobs object. A None entry is the echoed first prompt token, which
         has no logprob."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for entry in entries:
             token_id = first_token if entry is None else entry.token_id
+            assert token_id is not None, "an echoed entry comes with the prompt's first token"
             text = self.token_text(token_id)
             tokens.append(text)
             token_logprobs.append(None if entry is None else entry.logprob)
@@ -168,7 +170,7 @@ class CompletionsAPI(Serving):
             self.abort_unfinished(streams)
 
     # -- /v1/chat/completions ---------------------------------------------------------------
-    async def chat(self, http: HTTPRequest) -> Response:
+    async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         text = self.render_chat(body)
         # The template already placed any BOS; encoding must not add another.
