@@ -24,19 +24,16 @@ def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> N
             logits[row, ids] += bias
 
 
-def _exponential_noise(params: Sequence[SamplingParams], steps: Sequence[int], vocab: int,
-                       device: torch.device) -> torch.Tensor:
-    """Exp(1) noise per row; a seeded row's noise depends only on (seed, step), so the same
-    request samples the same tokens whatever it is batched with."""
-    noise = torch.empty(len(params), vocab, device=device)
+def _uniforms(params: Sequence[SamplingParams], steps: Sequence[int], device: torch.device) -> torch.Tensor:
+    """One U[0, 1) draw per row, in float64. A seeded row's draw depends only on (seed, step), so
+    the same request samples the same tokens whatever it is batched with."""
+    u = torch.rand(len(params), dtype=torch.float64, device=device)
     for i, (p, step) in enumerate(zip(params, steps)):
-        if p.seed is None:
-            noise[i].exponential_()
-        else:
+        if p.seed is not None:
             gen = torch.Generator(device=device)
             gen.manual_seed(hash((p.seed, step)) & 0x7FFF_FFFF_FFFF_FFFF)
-            noise[i].exponential_(generator=gen)
-    return noise
+            u[i] = torch.rand(1, dtype=torch.float64, generator=gen, device=device)[0]
+    return u
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> list[TokenLogprob]:
@@ -64,25 +61,35 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
 
 
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
+    """Exact sampling from each row's tempered, top-k / top-p filtered distribution by inverse
+    CDF: one uniform per row and one cumulative sum, instead of one random draw per vocabulary
+    entry. The sum runs in float64 so that tail tokens keep their exact share."""
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
     logits = logits / temps[:, None]
     top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
-        vocab = logits.shape[-1]
-        ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=logits.device)
-        kth = logits.sort(dim=-1, descending=True).values.gather(1, (ks - 1).clamp(max=vocab - 1)[:, None])
+        # k-th largest logit per row from one topk over the largest k asked (not a full sort);
+        # rows without a cut keep everything.
+        widest = max(top_ks)
+        top = logits.topk(widest, dim=-1).values
+        ks = torch.tensor([max(k, 1) for k in top_ks], device=logits.device)
+        kth = top.gather(1, (ks - 1)[:, None])
+        kth[torch.tensor([k <= 0 for k in top_ks], device=logits.device)] = float("-inf")
         logits = logits.masked_fill(logits < kth, float("-inf"))
     top_ps = torch.tensor([p.top_p for p in params], device=logits.device)
     if bool((top_ps < 1.0).any()):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens before it already reach top_p; the best one always stays.
-        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_ps[:, None]
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_ps[:, None]
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    noise = _exponential_noise(params, steps, logits.shape[-1], logits.device)
-    return (probs / noise).argmax(dim=-1)
+    cdf = logits.softmax(dim=-1).to(torch.float64).cumsum_(dim=-1)
+    targets = _uniforms(params, steps, logits.device) * cdf[:, -1]
+    # The first token whose cumulative mass exceeds the target: filtered tokens add no mass, so
+    # they can never be it.
+    chosen = torch.searchsorted(cdf, targets[:, None], right=True).squeeze(1)
+    return chosen.clamp_(max=logits.shape[-1] - 1)
 
 
 def token_logprob(logprobs: torch.Tensor, token_id: int, top: int) -> TokenLogprob:
