@@ -78,8 +78,12 @@ class DecodePlanner:
             return None
         self.pool.acquire(match.blocks)
         need = self.pool.blocks_for(computed + chunk) - len(seq.blocks) - len(match.blocks)
-        # Admission keeps one block spare for running decodes; a running prefill may preempt.
-        room = self.pool.can_allocate(need + 1) if admitting else self._make_room(need, seq, keep=[])
+        # Admission keeps one block spare for running decodes (when any run: a request that
+        # needs the whole pool must still be admissible); a running prefill may preempt.
+        if admitting:
+            room = self.pool.can_allocate(need + 1 if self.running else need)
+        else:
+            room = self._make_room(need, seq, keep=[])
         if not room:
             self.pool.release(match.blocks)
             return None

@@ -63,7 +63,12 @@ class Request:
         return self.prompt_logprobs is not None or (self.task is Task.EMBED and self.pooling != "last")
 
     def execution_class(self, disable_oneshot: bool = False) -> ExecutionClass:
-        """OneShot when the request returns a fixed-size artifact or at most one token."""
-        if not disable_oneshot and (self.task is not Task.GENERATE or self.sampling.max_tokens <= 1):
-            return ExecutionClass.ONESHOT
-        return ExecutionClass.DECODE
+        return execution_class(self.task, self.sampling.max_tokens, disable_oneshot)
+
+
+def execution_class(task: Task, max_tokens: int, disable_oneshot: bool = False) -> ExecutionClass:
+    """OneShot when the request returns a fixed-size artifact or at most one token; admission
+    asks the same question before the request exists, to know which limits apply."""
+    if not disable_oneshot and (task is not Task.GENERATE or max_tokens <= 1):
+        return ExecutionClass.ONESHOT
+    return ExecutionClass.DECODE

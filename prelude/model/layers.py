@@ -99,6 +99,10 @@ class RotaryEmbedding:
         return cos, sin
 
 
+# Rows of the MLP's input processed at once; longer inputs are chunked (see MLP.forward).
+MLP_CHUNK_TOKENS = 2048
+
+
 class MLP(UsesOps, nn.Module):
     """SwiGLU with gate and up projections fused into one matmul."""
 
@@ -108,7 +112,15 @@ class MLP(UsesOps, nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        if x.shape[0] <= MLP_CHUNK_TOKENS:
+            return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        # Hybrid prefilling (PrefillOnly): a long input goes through the MLP a chunk of tokens at
+        # a time, so its largest activation ([tokens, 2 x intermediate]) stays bounded.
+        out = torch.empty_like(x)
+        for start in range(0, x.shape[0], MLP_CHUNK_TOKENS):
+            part = x[start:start + MLP_CHUNK_TOKENS]
+            out[start:start + MLP_CHUNK_TOKENS] = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(part)))
+        return out
 
 
 class Attention(UsesOps, nn.Module):

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from prelude.contract.sampling import SamplingParams
+from prelude.engine.request import ExecutionClass, Task, execution_class
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.tokenizer import Tokenizer
@@ -17,12 +18,13 @@ INLINE_CHARS = 2048
 
 class Admission:
     def __init__(self, tokenizer: Tokenizer, workers: int, max_model_len: int, kv_capacity_tokens: int,
-                 max_logprobs: int):
+                 max_logprobs: int, disable_oneshot: bool = False):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
         self.max_logprobs = max_logprobs
+        self.disable_oneshot = disable_oneshot
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prelude-tokenize")
 
     def close(self) -> None:
@@ -51,18 +53,33 @@ class Admission:
                                       param)
         return list(ids)
 
-    def output_budget(self, num_prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
-        """The effective max_tokens: the request's, or all the context left when it gave none."""
+    def output_budget(self, num_prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens",
+                      prompt_param: str = "prompt", task: Task = Task.GENERATE) -> int:
+        """The effective max_tokens: the request's, or all that fits when it gave none.
+
+        Every request must fit the context. Only Decode work keeps KV across steps, so only it
+        must also fit the KV pool: a OneShot row (one forward) computes without storing what
+        the pool cannot hold."""
+        if num_prompt_tokens > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"prompt has {num_prompt_tokens} tokens. Please reduce the length of the prompt.", prompt_param)
         room = self.max_model_len - num_prompt_tokens
+        oneshot = max_tokens is not None and \
+            execution_class(task, max_tokens, self.disable_oneshot) is ExecutionClass.ONESHOT
         if max_tokens is None:
-            max_tokens = room
-        if num_prompt_tokens + max_tokens > self.max_model_len or room < 0:
+            max_tokens = room if oneshot else min(room, self.kv_capacity_tokens - num_prompt_tokens)
+            if max_tokens < 1 and task is Task.GENERATE:
+                raise bad_request(
+                    f"the prompt's {num_prompt_tokens} tokens leave no room to generate: the server's KV "
+                    f"cache holds {self.kv_capacity_tokens} tokens per request", prompt_param)
+        if num_prompt_tokens + max_tokens > self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
                 f"{max_tokens} in the completion). Please reduce the length of the prompt or completion.",
                 param)
-        if num_prompt_tokens + max_tokens > self.kv_capacity_tokens:
+        if not oneshot and num_prompt_tokens + max_tokens > self.kv_capacity_tokens:
             raise bad_request(
                 f"the request needs {num_prompt_tokens + max_tokens} tokens of KV cache but the server "
                 f"holds {self.kv_capacity_tokens}; reduce the prompt or max_tokens", param)

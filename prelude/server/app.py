@@ -71,7 +71,7 @@ class HealthFirst:
 
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
-                          served.kv_capacity_tokens, config.max_logprobs)
+                          served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot)
     openai = CompletionsAPI(engine, admission, served, config.max_request_bytes)
     decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
 

@@ -52,10 +52,10 @@ def _sigmoid(x: float) -> float:
 
 class DecisionAPI(Serving):
     # -- helpers ----------------------------------------------------------------------------
-    def _rows(self, rid: str, prompts: list[list[int]], **fields) -> list[Request]:
+    def _rows(self, rid: str, prompts: list[list[int]], task: Task, **fields) -> list[Request]:
         for ids in prompts:
-            self.check_length(ids, "input")
-        return [Request(f"{rid}-{i}", ids, NO_GENERATION, **fields) for i, ids in enumerate(prompts)]
+            self.check_length(ids, "input", task)
+        return [Request(f"{rid}-{i}", ids, NO_GENERATION, task=task, **fields) for i, ids in enumerate(prompts)]
 
     def _require_classifier(self) -> None:
         if not self.served.has_classifier:

@@ -29,7 +29,8 @@ class CompletionsAPI(Serving):
         seeded sampling gets seed + choice index so that choices differ."""
         if choice_ids is not None:
             max_tokens = 1  # a single-token choice is the whole answer
-        budgets = [self.admission.output_budget(len(ids), max_tokens) for ids in prompts]
+        prompt_param = "messages" if body.has("messages") else "prompt"
+        budgets = [self.admission.output_budget(len(ids), max_tokens, prompt_param=prompt_param) for ids in prompts]
         params = self.admission.sampling(body, budgets[0], logprobs)
         if choice_ids is not None:
             params = replace(params, allowed_token_ids=choice_ids)

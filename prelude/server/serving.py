@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from prelude.engine.engine import Engine
 from prelude.engine.output import EngineError, RequestOutput, RequestStream
-from prelude.engine.request import Request
+from prelude.engine.request import Request, Task
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
@@ -134,9 +134,9 @@ class Serving:
             return [await streams[0].collect()]
         return list(await asyncio.gather(*(s.collect() for s in streams)))
 
-    def check_length(self, ids: list[int], param: str) -> None:
-        """A prompt that only needs one forward must still fit the context and the KV cache."""
-        self.admission.output_budget(len(ids), 0, param)
+    def check_length(self, ids: list[int], param: str, task: Task) -> None:
+        """A prompt that only needs one forward must still fit the context."""
+        self.admission.output_budget(len(ids), 0, param, prompt_param=param, task=task)
 
     @staticmethod
     def usage(outputs: list[RequestOutput], prompt_lens: list[int]) -> dict:
