@@ -3,8 +3,11 @@ runner and executors, KV cache, scheduler, engine, and the HTTP app), then serve
 `python -m prelude` calls `serve`; tests and benchmarks call `build`."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +92,7 @@ def build(config: Config) -> Built:
     pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(SchedulerConfig.from_config(
         config, temp_bytes_per_token=temp_per_token, temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
-        temp_memory_budget=temp_budget), pool)
+        temp_memory_budget=temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
     engine = Engine(scheduler, Executors.over(runner), tokenizer, eos_ids)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
@@ -101,9 +104,36 @@ def build(config: Config) -> Built:
 
 
 async def serve(config: Config) -> None:
+    """Serves until SIGTERM or SIGINT, then drains: new requests get 503 (Connection: close),
+    in-flight ones get up to --shutdown-timeout to finish, and the server exits 0. A second
+    signal exits at once."""
     built = build(config)
+    engine = built.engine
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    drained: list[asyncio.Task] = []
+
+    async def drain() -> None:
+        if not await engine.wait_idle(config.shutdown_timeout):
+            logger.warning("shutdown timeout (%.1fs) reached with requests in flight: ending them",
+                           config.shutdown_timeout)
+            engine.end_all()
+            await asyncio.sleep(0.1)  # their handlers write the error out before the server closes
+        stop.set()
+
+    def on_signal(name: str) -> None:
+        if drained:
+            logger.warning("%s again: exiting now", name)
+            os._exit(0)
+        logger.info("%s: draining (%d waiting, %d running; at most %.0fs)", name,
+                    engine.snapshot().num_waiting, engine.snapshot().num_running, config.shutdown_timeout)
+        engine.begin_drain()
+        drained.append(loop.create_task(drain()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
     logger.info("serving %s on http://%s:%d", built.served.name, config.host, config.port)
-    await serve_app(create_app(built.engine, built.served, config), config)
+    await serve_app(create_app(engine, built.served, config), config, shutdown_trigger=stop.wait)
 
 
 def _null_runner(config: Config, model_config: ModelConfig, eos_ids) -> tuple[ModelRunner, int, int, int]:

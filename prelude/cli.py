@@ -36,7 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running Decode sequences")
     p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help="tokens per step")
-    p.add_argument("--scheduling-policy", default=d.scheduling_policy)
+    p.add_argument("--scheduling-policy", default=d.scheduling_policy,
+                   help="waiting-queue order: fcfs | priority (the request's `priority`, lower first) | "
+                        "sjf (shortest uncached prompt first, with aging) | edf (earliest deadline "
+                        "first by slack; sjf for requests without one)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="waiting requests beyond which new ones get 503 + Retry-After (default 4 x --max-num-seqs)")
+    p.add_argument("--max-queued-tokens", type=int, default=None,
+                   help="waiting prompt tokens beyond which new requests get 503 (default 4 x the KV pool)")
+    p.add_argument("--default-deadline-ms", type=int, default=None,
+                   help="deadline for the first token / OneShot result of requests that set none "
+                        "(X-Deadline-Ms header or deadline_ms field); default none")
+    p.add_argument("--shed-late-requests", action="store_true",
+                   help="answer a waiting request that can no longer meet its deadline with 503 "
+                        "deadline_exceeded at once instead of running it")
+    p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
     p.add_argument("--disable-oneshot", action="store_true",
                    help="ablation: run OneShot work through the Decode lifecycle")
     p.add_argument("--executor", default=d.executor, help="model | null (no model work; for benchmarks)")

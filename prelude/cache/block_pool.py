@@ -42,6 +42,9 @@ class BlockPool:
         self._lookup: dict[BlockKey, int] = {}
         self._children: dict[int, set[int]] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        # Bumped whenever the set of cached blocks changes: cost estimates made from an older
+        # version may be stale.
+        self.version = 0
         # Counters for metrics.
         self.queries_tokens = 0
         self.hit_tokens = 0
@@ -127,6 +130,20 @@ class BlockPool:
         self._touch(blocks)
         return PrefixMatch(blocks, None)
 
+    def cached_blocks(self, tokens: Sequence[int], max_blocks: int) -> int:
+        """How many leading full blocks of `tokens` are cached now; a read-only peek (no LRU
+        touch) for cost estimates."""
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        parent = ROOT
+        for i in range(min(len(tokens) // bs, max_blocks)):
+            block = self._lookup.get((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            if block is None:
+                return i
+            parent = block
+        return min(len(tokens) // bs, max_blocks)
+
     def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.queries_tokens += num_tokens
         self.hit_tokens += num_hit_tokens
@@ -155,6 +172,7 @@ class BlockPool:
                 continue
             self._key[block] = key
             self._lookup[key] = block
+            self.version += 1
             if parent != ROOT:
                 self._children.setdefault(parent, set()).add(block)
             parent = block
@@ -176,6 +194,7 @@ class BlockPool:
         """Unpublishes an idle cached block and, with it, its cached descendants. A descendant can
         still be in use (a sequence whose own copy of an ancestor lost a publish race hangs its
         later blocks under the winner's chain): it is only unpublished, and freed on release."""
+        self.version += 1
         stack = [block]
         while stack:
             b = stack.pop()

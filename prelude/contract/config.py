@@ -46,6 +46,11 @@ class Config:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     scheduling_policy: str = "fcfs"
+    max_queued_requests: int | None = None  # None: 4 x max_num_seqs
+    max_queued_tokens: int | None = None  # None: 4 x the KV pool's tokens
+    default_deadline_ms: int | None = None
+    shed_late_requests: bool = False
+    shutdown_timeout: float = 30.0
     disable_oneshot: bool = False
     executor: str = "model"
     enforce_eager: bool = False
@@ -57,13 +62,15 @@ class Config:
     def __post_init__(self) -> None:
         positive = ("port", "backlog", "tokenizer_workers", "block_size", "max_num_seqs",
                     "max_num_batched_tokens", "max_request_bytes", "num_kv_blocks", "max_model_len",
-                    "kv_cache_memory")
+                    "kv_cache_memory", "max_queued_requests", "max_queued_tokens", "default_deadline_ms")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:  # None: unset optional flags
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
+        if self.shutdown_timeout < 0:
+            raise ConfigError("--shutdown-timeout must be >= 0")
         if self.max_logprobs < 0:
             raise ConfigError("--max-logprobs must be >= 0")
         choices = {
@@ -71,7 +78,7 @@ class Config:
             "device": ("auto", "cpu", "cuda"),
             "tokenizer_backend": ("auto", "fasttoken", "hf"),
             "executor": ("model", "null"),
-            "scheduling_policy": ("fcfs",),
+            "scheduling_policy": ("fcfs", "priority", "sjf", "edf"),
             "log_level": ("debug", "info", "warning", "error", "critical"),
             "pooling": (None, "last", "mean", "cls"),
         }

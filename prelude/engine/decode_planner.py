@@ -8,12 +8,12 @@ from prelude.contract.batch import DecodeRow, PrefillRow
 from prelude.engine.plan import SchedulerStats, Skip, StepBudget
 from prelude.engine.policy import QueuePolicy
 from prelude.engine.prefix_sharing import PrefixSharing
-from prelude.engine.work import Sequence, Work, WorkStatus
+from prelude.engine.work import Sequence, WorkStatus
 
 
 class DecodePlanner:
     def __init__(self, pool: BlockPool, prefix: PrefixSharing, max_num_seqs: int,
-                 waiting: QueuePolicy[Work], stats: SchedulerStats):
+                 waiting: QueuePolicy, stats: SchedulerStats):
         self.pool = pool
         self.prefix = prefix
         self.max_num_seqs = max_num_seqs
@@ -74,7 +74,7 @@ class DecodePlanner:
         remaining = seq.num_tokens - computed
         # Rows whose outputs read every prompt position are never split.
         chunk = remaining if request.needs_every_position else min(remaining, budget.tokens_left)
-        if chunk <= 0 or not budget.fits(chunk):
+        if chunk <= 0 or not budget.fits(chunk, deadline=request.deadline):
             return None
         self.pool.acquire(match.blocks)
         need = self.pool.blocks_for(computed + chunk) - len(seq.blocks) - len(match.blocks)
@@ -87,7 +87,7 @@ class DecodePlanner:
         if not room:
             self.pool.release(match.blocks)
             return None
-        budget.take(chunk)
+        budget.take(chunk, deadline=request.deadline)
         if admitting:
             seq.blocks = list(match.blocks)
             seq.num_computed = computed

@@ -13,7 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prelude.contract.batch import decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.output import EngineError, FinishReason, RequestOutput, RequestStream
+from prelude.engine.output import (
+    DeadlineExceeded,
+    EngineError,
+    FinishReason,
+    Overloaded,
+    RequestOutput,
+    RequestStream,
+)
 from prelude.engine.plan import ScheduledStep, StepEvent
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
@@ -40,6 +47,7 @@ class Engine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
         self._loop_task: asyncio.Task | None = None
         self._in_flight = False
+        self._draining = False
 
     @property
     def idle(self) -> bool:
@@ -65,22 +73,63 @@ class Engine:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
-        for tracked in list(self._tracked.values()):
-            self._finish(tracked, FinishReason.ABORT)
+        self.end_all()
         self._worker.shutdown(wait=True)
+
+    def end_all(self) -> None:
+        """Ends every request in flight with an error (shutdown): their clients get it now."""
+        for tracked in list(self._tracked.values()):
+            self._finish(tracked, FinishReason.ERROR, EngineError("the server shut down before this request finished"))
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Waits until no request is in flight, at most `timeout` seconds; whether it got there."""
+        deadline = time.monotonic() + timeout
+        while not self.idle and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.idle
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, request: Request) -> RequestStream:
         """Queues a normalized request; outputs arrive on the returned stream."""
-        if request.request_id in self._tracked:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: list[Request]) -> list[RequestStream]:
+        """Queues the rows of one HTTP request together, or none of them: raises Overloaded when
+        the waiting queue has no room for them all (or the server is draining)."""
         if not self.healthy:
             raise EngineError("the engine is not running")
-        tracked = Tracked.admit(self.scheduler.add(request), self.tokenizer)
-        self._tracked[request.request_id] = tracked
-        self.stats.on_arrival()
+        if self._draining:
+            self.stats.on_rejected("draining")
+            raise Overloaded("the server is shutting down")
+        if not self.scheduler.has_room(requests):
+            self.stats.on_rejected("queue_full")
+            raise Overloaded(f"the server is overloaded ({self.scheduler.num_waiting} requests waiting); retry shortly")
+        streams = []
+        for request in requests:
+            if request.request_id in self._tracked:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            tracked = Tracked.admit(self.scheduler.add(request), self.tokenizer)
+            self._tracked[request.request_id] = tracked
+            self.stats.on_arrival()
+            streams.append(tracked.stream)
         self._wakeup.set()
-        return tracked.stream
+        return streams
+
+    @property
+    def overloaded(self) -> bool:
+        """The waiting queue is at its limit (or the server is draining): a router should steer
+        new work elsewhere."""
+        config = self.scheduler.config
+        return self._draining or (self.scheduler.num_waiting >= config.max_queued_requests
+                                  or self.scheduler.num_waiting_tokens >= config.max_queued_tokens)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def begin_drain(self) -> None:
+        """Stops admitting (submit raises Overloaded); in-flight requests go on."""
+        self._draining = True
 
     def abort(self, request_id: str) -> None:
         """Cancels a request (client went away); frees its blocks. No-op once it finished."""
@@ -92,6 +141,9 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            for work in self.scheduler.late(time.monotonic()):
+                self._finish(self._tracked[work.request.request_id], FinishReason.ERROR,
+                             DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
             if step is None:
                 self._wakeup.clear()
@@ -104,7 +156,9 @@ class Engine:
                                                      step.batch)
             finally:
                 self._in_flight = False
-            self.stats.on_step(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.stats.on_step(seconds)
+            self.scheduler.observe_step(step, seconds)
             if outcome.first_error is not None:
                 step = self._fail_rows(step, outcome)
             self._process(self.scheduler.update(step, outcome.result))

@@ -41,6 +41,15 @@ class EngineError(RuntimeError):
     """The engine failed this request (the step it was in raised); other requests go on."""
 
 
+class Overloaded(EngineError):
+    """The request was not admitted: the waiting queue is full, or the server is draining.
+    Nothing was queued; the client may retry."""
+
+
+class DeadlineExceeded(EngineError):
+    """The request could no longer meet its deadline and was shed before running."""
+
+
 class RequestStream:
     """Async iterator over one request's outputs, fed by the engine loop (same event loop).
     A deque and at most one waiting future: an asyncio.Queue per request costs more than the

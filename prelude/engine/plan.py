@@ -3,10 +3,12 @@ piece of work, the planned step, and the events folded back after it."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from prelude.contract.batch import ForwardBatch, RowResult
+from prelude.engine.cost_model import StepCostModel
 from prelude.engine.work import OneShotJob, Sequence, Work
 
 
@@ -18,20 +20,38 @@ class Skip(enum.Enum):
 
 
 class StepBudget:
-    """Token and temporary-memory budget of one step; admits or refuses one piece at a time.
-    The first piece always fits, so an oversize OneShot row runs alone rather than never."""
+    """Token, temporary-memory and (for deadline-aware batching) time budget of one step; admits
+    or refuses one piece at a time. The first piece always fits, so an oversize OneShot row runs
+    alone rather than never. With a cost model, a piece fits only if the step, grown by it, is
+    still predicted to end before the most urgent deadline among its rows (FlowPrefill's
+    SLO-aware batch sizing)."""
 
-    def __init__(self, tokens: int, temp_bytes: int):
+    def __init__(self, tokens: int, temp_bytes: int, costs: StepCostModel | None = None,
+                 now: float = 0.0):
         self.tokens_left = tokens
         self.temp_left = temp_bytes
         self.empty = True
+        self.costs = costs
+        self.now = now
+        self.tokens_taken = 0
+        self.deadline = math.inf
 
-    def fits(self, tokens: int, temp_bytes: int = 0) -> bool:
-        return self.empty or (tokens <= self.tokens_left and temp_bytes <= self.temp_left)
+    def fits(self, tokens: int, temp_bytes: int = 0, deadline: float | None = None) -> bool:
+        if self.empty:
+            return True
+        if tokens > self.tokens_left or temp_bytes > self.temp_left:
+            return False
+        if self.costs is None:
+            return True
+        urgent = self.deadline if deadline is None else min(self.deadline, deadline)
+        return self.now + self.costs.estimate(self.tokens_taken + tokens) <= urgent
 
-    def take(self, tokens: int, temp_bytes: int = 0) -> None:
+    def take(self, tokens: int, temp_bytes: int = 0, deadline: float | None = None) -> None:
         self.tokens_left -= tokens
         self.temp_left -= temp_bytes
+        self.tokens_taken += tokens
+        if deadline is not None:
+            self.deadline = min(self.deadline, deadline)
         self.empty = False
 
 
@@ -60,6 +80,7 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_deferrals: int = 0
     num_oneshot_rows: int = 0
+    num_late: int = 0  # waiting requests shed because they could no longer meet their deadline
     prefill_tokens: int = 0
     decode_tokens: int = 0
     steps: dict[str, int] = field(default_factory=lambda: {"oneshot": 0, "decode": 0, "mixed": 0})

@@ -1,65 +1,189 @@
-"""Queue policies: the order in which waiting requests are offered to the scheduler."""
+"""Queue policies: the order in which waiting requests are offered to the planners.
+
+- fcfs: arrival order.
+- priority: the request's `priority` (lower first, as in vLLM), then arrival.
+- sjf: JCT-aware (PrefillOnly): shortest estimated job first, the estimate made from the
+  request's *uncached* tokens with the step cost model calibrated online, and refreshed when the
+  prefix cache changes. Aging bounds every wait: see `SJF`.
+- edf: slack-based earliest deadline first (FlowPrefill): the request that must start soonest
+  to meet its deadline goes first; requests without a deadline are ordered as under sjf.
+
+The scheduler iterates a policy in order, then removes what it admitted; preempted work
+re-enters with `push_front`. Every policy counts the tokens it holds waiting, for admission
+control."""
 from __future__ import annotations
 
+import bisect
+import itertools
+import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Generic, Iterator, TypeVar
+from typing import Iterator
 
-T = TypeVar("T")
+from prelude.cache.block_pool import BlockPool
+from prelude.engine.cost_model import StepCostModel
+from prelude.engine.work import Estimate, Work
+
+POLICY_NAMES = ("fcfs", "priority", "sjf", "edf")
+# sjf/edf: a request's key is its arrival time plus AGING x its estimated cost, so a request is
+# only ever overtaken by requests that arrive within AGING x its own cost after it.
+AGING = 2.0
+# Estimates are refreshed when the prefix cache changed, at most this often per request.
+REFRESH_S = 0.05
 
 
-class QueuePolicy(ABC, Generic[T]):
-    """A waiting queue. The scheduler iterates it in priority order, then removes what it admitted;
-    preempted work re-enters with `push_front` so it is not starved behind new arrivals."""
+def queued_tokens(work: Work) -> int:
+    return len(work.tokens_to_compute)
+
+
+class QueuePolicy(ABC):
+    def __init__(self) -> None:
+        self.num_tokens = 0  # tokens of the waiting work, for --max-queued-tokens
+
+    def push(self, item: Work) -> None:
+        self.num_tokens += queued_tokens(item)
+        self._push(item, front=False)
+
+    def push_front(self, item: Work) -> None:
+        self.num_tokens += queued_tokens(item)
+        self._push(item, front=True)
+
+    def remove(self, item: Work) -> None:
+        self.num_tokens -= queued_tokens(item)
+        self._remove_many([item])
+
+    def remove_many(self, items: list[Work]) -> None:
+        """Removes the items the scheduler admitted in one tick (one pass over the queue)."""
+        if items:
+            self.num_tokens -= sum(map(queued_tokens, items))
+            self._remove_many(items)
 
     @abstractmethod
-    def push(self, item: T) -> None: ...
+    def _push(self, item: Work, front: bool) -> None: ...
 
     @abstractmethod
-    def push_front(self, item: T) -> None: ...
+    def _remove_many(self, items: list[Work]) -> None: ...
 
     @abstractmethod
-    def remove(self, item: T) -> None: ...
-
-    @abstractmethod
-    def remove_many(self, items: list[T]) -> None:
-        """Removes items the scheduler admitted in one tick (one pass over the queue)."""
-
-    @abstractmethod
-    def __iter__(self) -> Iterator[T]: ...
+    def __iter__(self) -> Iterator[Work]:
+        """Waiting work in the order to offer it; not mutated while the scheduler iterates."""
 
     @abstractmethod
     def __len__(self) -> int: ...
 
 
-class FCFS(QueuePolicy[T]):
+class FCFS(QueuePolicy):
     def __init__(self) -> None:
-        self._queue: deque[T] = deque()
+        super().__init__()
+        self._queue: deque[Work] = deque()
 
-    def push(self, item: T) -> None:
-        self._queue.append(item)
+    def _push(self, item: Work, front: bool) -> None:
+        if front:
+            self._queue.appendleft(item)
+        else:
+            self._queue.append(item)
 
-    def push_front(self, item: T) -> None:
-        self._queue.appendleft(item)
-
-    def remove(self, item: T) -> None:
-        self._queue.remove(item)
-
-    def remove_many(self, items: list[T]) -> None:
-        if not items:
-            return
+    def _remove_many(self, items: list[Work]) -> None:
         if len(items) == len(self._queue):
             self._queue.clear()
-            return
-        taken = {id(item) for item in items}
-        self._queue = deque(item for item in self._queue if id(item) not in taken)
+        elif len(items) == 1:
+            self._queue.remove(items[0])
+        else:
+            taken = {id(item) for item in items}
+            self._queue = deque(item for item in self._queue if id(item) not in taken)
 
-    def __iter__(self) -> Iterator[T]:
-        # Not mutated while the scheduler iterates: admitted work is removed after the pass.
+    def __iter__(self) -> Iterator[Work]:
         return iter(self._queue)
 
     def __len__(self) -> int:
         return len(self._queue)
 
 
-POLICIES = {"fcfs": FCFS}
+class _Keyed(QueuePolicy):
+    """Work kept sorted by a key (smaller first); ties and front pushes by a sequence number."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._entries: list[tuple[float, int, Work]] = []
+        self._counter = itertools.count()
+        self._front = itertools.count(-1, -1)
+
+    @abstractmethod
+    def key(self, item: Work) -> float: ...
+
+    def _push(self, item: Work, front: bool) -> None:
+        bisect.insort(self._entries, (self.key(item), next(self._front if front else self._counter), item),
+                      key=lambda e: e[:2])
+
+    def _remove_many(self, items: list[Work]) -> None:
+        taken = {id(item) for item in items}
+        self._entries = [e for e in self._entries if id(e[2]) not in taken]
+
+    def __iter__(self) -> Iterator[Work]:
+        return iter([e[2] for e in self._entries])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class Priority(_Keyed):
+    def key(self, item: Work) -> float:
+        return item.request.priority
+
+
+class SJF(_Keyed):
+    """Shortest estimated job first with aging. The key is arrival + AGING x estimated seconds,
+    so a request r of cost C is overtaken only by requests arriving before arrival(r) + AGING x C:
+    its wait is bounded by the work queued when it arrived plus the work arriving in the next
+    AGING x C seconds. No stream of short requests can starve it."""
+
+    def __init__(self, pool: BlockPool, costs: StepCostModel):
+        super().__init__()
+        self.pool = pool
+        self.costs = costs
+
+    def estimate(self, item: Work) -> Estimate:
+        """The item's cost from its uncached tokens, refreshed when the prefix cache changed."""
+        now = time.monotonic()
+        current = item.estimate
+        if current is not None and (current.pool_version == self.pool.version or now - current.made_at < REFRESH_S):
+            return current
+        tokens = item.tokens_to_compute
+        bs = self.pool.block_size
+        uncached = len(tokens) - bs * self.pool.cached_blocks(tokens, (len(tokens) - 1) // bs)
+        seconds = self.costs.estimate(uncached)
+        item.estimate = Estimate(seconds, self.order_key(item, seconds), self.pool.version, now)
+        return item.estimate
+
+    def order_key(self, item: Work, seconds: float) -> float:
+        return item.request.arrival_time + AGING * seconds
+
+    def key(self, item: Work) -> float:
+        return self.estimate(item).key
+
+    def __iter__(self) -> Iterator[Work]:
+        if any(e[0] != self.estimate(e[2]).key for e in self._entries):
+            self._entries = sorted(((self.estimate(w).key, n, w) for _, n, w in self._entries),
+                                   key=lambda e: e[:2])
+        return super().__iter__()
+
+
+class EDF(SJF):
+    """Slack-based earliest deadline first: a request with a deadline is keyed by the latest
+    time it can start and still finish (deadline - estimated cost); one without, as under SJF."""
+
+    def order_key(self, item: Work, seconds: float) -> float:
+        deadline = item.request.deadline
+        return super().order_key(item, seconds) if deadline is None else deadline - seconds
+
+
+def make_policy(name: str, pool: BlockPool, costs: StepCostModel) -> QueuePolicy:
+    if name == "fcfs":
+        return FCFS()
+    if name == "priority":
+        return Priority()
+    if name == "sjf":
+        return SJF(pool, costs)
+    if name == "edf":
+        return EDF(pool, costs)
+    raise ValueError(f"unknown scheduling policy {name!r}; choose one of {POLICY_NAMES}")

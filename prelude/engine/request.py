@@ -34,6 +34,8 @@ class Request:
     pooling: str = "last"
     normalize: bool = True
     label_token_ids: tuple[int, ...] | None = None
+    priority: int = 0  # lower runs first (vLLM's semantics), under --scheduling-policy priority
+    deadline: float | None = None  # time.monotonic() by which the result is wanted
     arrival_time: float = field(default_factory=time.monotonic)
     # The outputs the row carrying the last prompt token produces (derived, once).
     output: OutputSpec = field(init=False, repr=False)

@@ -26,7 +26,8 @@ from prelude.contract.config import Config
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import PlannedOneShot, SchedulerStats, ScheduledStep, Skip, StepBudget, StepEvent
-from prelude.engine.policy import POLICIES, QueuePolicy
+from prelude.engine.cost_model import StepCostModel
+from prelude.engine.policy import QueuePolicy, make_policy
 from prelude.engine.prefix_sharing import PrefixSharing
 from prelude.engine.request import ExecutionClass, Request
 from prelude.engine.work import OneShotJob, Sequence, Work, WorkStatus
@@ -38,6 +39,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     disable_oneshot: bool
     policy: str
+    max_queued_requests: int
+    max_queued_tokens: int
+    shed_late: bool
     # OneShot temporaries: activation bytes per computed token, bytes per row of logits, and the
     # budget one step's rows may take together (set by what the executor's device holds).
     temp_bytes_per_token: int
@@ -46,16 +50,20 @@ class SchedulerConfig:
 
     @classmethod
     def from_config(cls, config: Config, temp_bytes_per_token: int = 0, temp_bytes_per_logits_row: int = 0,
-                    temp_memory_budget: int = 1 << 62) -> SchedulerConfig:
+                    temp_memory_budget: int = 1 << 62, kv_capacity_tokens: int = 1 << 40) -> SchedulerConfig:
         return cls(config.max_num_seqs, config.max_num_batched_tokens, config.disable_oneshot,
-                   config.scheduling_policy, temp_bytes_per_token, temp_bytes_per_logits_row, temp_memory_budget)
+                   config.scheduling_policy, config.max_queued_requests or 4 * config.max_num_seqs,
+                   config.max_queued_tokens or 4 * kv_capacity_tokens, config.shed_late_requests,
+                   temp_bytes_per_token,
+                   temp_bytes_per_logits_row, temp_memory_budget)
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool):
         self.config = config
         self.pool = pool
-        self.waiting: QueuePolicy[Work] = POLICIES[config.policy]()
+        self.costs = StepCostModel()
+        self.waiting: QueuePolicy = make_policy(config.policy, pool, self.costs)
         self.stats = SchedulerStats()
         prefix = PrefixSharing(pool, self.stats)
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)
@@ -93,9 +101,47 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.decode.running)
 
+    @property
+    def num_waiting_tokens(self) -> int:
+        return self.waiting.num_tokens
+
+    def observe_step(self, step: ScheduledStep, seconds: float) -> None:
+        """Calibrates the step cost model with a step the engine ran."""
+        tokens = sum(n for _, n in step.prefills) + len(step.decodes)
+        tokens += sum(len(p.job.request.prompt_ids) - p.num_cached_blocks * self.pool.block_size for p in step.oneshots)
+        self.costs.observe(tokens, seconds)
+
+    def _estimate(self, work: Work) -> float:
+        """Seconds to compute the work: the ordering policy's estimate (from its uncached
+        tokens) when it made one, else all its tokens."""
+        if work.estimate is not None:
+            return work.estimate.seconds
+        return self.costs.estimate(len(work.tokens_to_compute))
+
+    def has_room(self, requests: list[Request]) -> bool:
+        """Whether the waiting queue takes these requests without passing its limits. An empty
+        queue takes anything, so a single huge request is never refused forever."""
+        if not len(self.waiting):
+            return True
+        tokens = sum(r.num_prompt_tokens for r in requests)
+        return (len(self.waiting) + len(requests) <= self.config.max_queued_requests
+                and self.waiting.num_tokens + tokens <= self.config.max_queued_tokens)
+
+    def late(self, now: float) -> list[Work]:
+        """Waiting work that can no longer meet its deadline, even if it started now (only when
+        shedding late requests is on)."""
+        if not self.config.shed_late:
+            return []
+        late = [w for w in self.waiting if w.request.deadline is not None
+                and now + self._estimate(w) > w.request.deadline]
+        self.stats.num_late += len(late)
+        return late
+
     # -- one tick -------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep | None:
-        budget = StepBudget(self.config.max_num_batched_tokens, self.config.temp_memory_budget)
+        now = time.monotonic()
+        budget = StepBudget(self.config.max_num_batched_tokens, self.config.temp_memory_budget,
+                            self.costs if self.config.policy == "edf" else None, now)
         decodes = self.decode.decodes(budget)
         chunks = self.decode.prefill_chunks(budget)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
@@ -104,7 +150,6 @@ class Scheduler:
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
         admitted: list[Work] = []
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        now = time.monotonic()
         for work in self.waiting:
             if isinstance(work, OneShotJob):
                 planned = self.oneshot.plan(work, budget, pending)

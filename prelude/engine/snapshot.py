@@ -14,6 +14,7 @@ from prelude.engine.stats import EngineStats
 class EngineSnapshot:
     num_running: int  # Decode sequences holding KV blocks
     num_waiting: int
+    num_waiting_tokens: int
     kv_blocks_total: int
     kv_blocks_in_use: int
     kv_blocks_cached: int
@@ -28,6 +29,7 @@ def take_snapshot(scheduler: Scheduler, stats: EngineStats) -> EngineSnapshot:
     pool = scheduler.pool
     return EngineSnapshot(
         num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+        num_waiting_tokens=scheduler.num_waiting_tokens,
         kv_blocks_total=pool.num_blocks, kv_blocks_in_use=pool.num_used_blocks,
         kv_blocks_cached=pool.num_cached_blocks, kv_usage=pool.usage,
         prefix_query_tokens=pool.queries_tokens, prefix_hit_tokens=pool.hit_tokens,

@@ -38,6 +38,7 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)
     failed_steps: int = 0  # steps whose forward raised (their rows were then retried in halves)
     failed_requests: int = 0  # requests ended because their own row raised
+    rejected: dict[str, int] = field(default_factory=dict)  # requests refused at admission, by reason
 
     def on_arrival(self) -> None:
         self.arrived += 1
@@ -61,6 +62,9 @@ class EngineStats:
         self.prompt_tokens += request.num_prompt_tokens
         self.cached_tokens += work.num_cached_tokens
         self.generation_tokens += num_output_tokens
+
+    def on_rejected(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def on_step_failure(self, num_failed_requests: int) -> None:
         self.failed_steps += 1

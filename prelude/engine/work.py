@@ -3,9 +3,20 @@ during its own step) or a Sequence (Decode lifecycle: keeps KV blocks across ste
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Union
 
 from prelude.engine.request import Request
+
+
+@dataclass(slots=True)
+class Estimate:
+    """A waiting request's estimated cost, and the cache state and time it was made at."""
+
+    seconds: float
+    key: float  # the ordering key the policy derived from it
+    pool_version: int
+    made_at: float
 
 
 class WorkStatus(enum.Enum):
@@ -15,7 +26,7 @@ class WorkStatus(enum.Enum):
 
 
 class OneShotJob:
-    __slots__ = ("seq_id", "request", "status", "deferred", "first_scheduled", "num_cached_tokens")
+    __slots__ = ("seq_id", "request", "status", "deferred", "first_scheduled", "num_cached_tokens", "estimate")
 
     def __init__(self, seq_id: int, request: Request):
         self.seq_id = seq_id
@@ -24,10 +35,15 @@ class OneShotJob:
         self.deferred = False  # waited one tick behind a leader computing its prefix
         self.first_scheduled: float | None = None
         self.num_cached_tokens = 0
+        self.estimate: Estimate | None = None  # cost ordering policies only
 
     @property
     def num_output_tokens(self) -> int:
         return 0  # a sampled token lives in the step's result, not in the job
+
+    @property
+    def tokens_to_compute(self) -> tuple[int, ...] | list[int]:
+        return self.request.prompt_ids
 
     def __repr__(self) -> str:
         return f"OneShotJob({self.request.request_id}, {self.status.value})"
@@ -35,7 +51,7 @@ class OneShotJob:
 
 class Sequence:
     __slots__ = ("seq_id", "request", "token_ids", "num_computed", "blocks", "num_published",
-                 "status", "num_cached_tokens", "first_scheduled", "deferred")
+                 "status", "num_cached_tokens", "first_scheduled", "deferred", "estimate")
 
     def __init__(self, seq_id: int, request: Request):
         self.seq_id = seq_id
@@ -48,6 +64,11 @@ class Sequence:
         self.num_cached_tokens = 0  # prefix-cache hit at (first) admission
         self.first_scheduled: float | None = None
         self.deferred = False  # waited one tick behind a leader computing its prefix
+        self.estimate: Estimate | None = None  # cost ordering policies only
+
+    @property
+    def tokens_to_compute(self) -> list[int]:
+        return self.token_ids
 
     @property
     def num_tokens(self) -> int:

@@ -26,7 +26,7 @@ from prelude.server.serving import json_response
 logger = logging.getLogger(__name__)
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.
-OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/metrics"})
 
 
 class BearerAuth:
@@ -72,11 +72,20 @@ class HealthFirst:
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot)
-    openai = CompletionsAPI(engine, admission, served, config.max_request_bytes)
-    decision = DecisionAPI(engine, admission, served, config.max_request_bytes)
+    openai = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+    decision = DecisionAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
 
     async def ping(_: HTTPRequest) -> Response:
         return Response(status_code=200 if engine.healthy else 503)
+
+    async def ready(_: HTTPRequest) -> Response:
+        """Readiness, for routers and load balancers: 503 while the waiting queue is full or the
+        server drains (liveness stays on /health)."""
+        if not engine.healthy:
+            return json_response({"status": "unhealthy"}, status=503)
+        if engine.overloaded:
+            return json_response({"status": "draining" if engine.draining else "overloaded"}, status=503)
+        return json_response({"status": "ready"})
 
     async def models(_: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [{
@@ -135,6 +144,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     app = Starlette(
         routes=[
             Route("/ping", ping, methods=["GET", "POST"]),
+            Route("/ready", ready, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),

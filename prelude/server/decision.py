@@ -80,9 +80,9 @@ class DecisionAPI(Serving):
         return {"id": rid, "object": "list", "created": int(time.time()), "model": self.model_name,
                 "data": data, "usage": prompt_usage(prompts)}
 
-    async def _classify_rows(self, http, rid: str, prompts: list[list[int]]) -> list[list[float]]:
+    async def _classify_rows(self, http, rid: str, prompts: list[list[int]], sched: dict) -> list[list[float]]:
         self._require_classifier()
-        rows = self._rows(rid, [self._trim_padding(p) for p in prompts], task=Task.CLASSIFY)
+        rows = self._rows(rid, [self._trim_padding(p) for p in prompts], task=Task.CLASSIFY, **sched)
         return [_required(out.scores) for out in await self.collect(http, rows)]
 
     def _relevance(self, logits: list[float]) -> float:
@@ -100,7 +100,7 @@ class DecisionAPI(Serving):
         normalize = body.bool("normalize", True)
         rid = new_id("embd")
         rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
-                          normalize=normalize and dimensions is None)
+                          normalize=normalize and dimensions is None, **self.scheduling(http, body))
         data = []
         for i, out in enumerate(await self.collect(http, rows)):
             vector = _required(out.pooled)
@@ -126,7 +126,7 @@ class DecisionAPI(Serving):
         rid = new_id("classify")
         labels = self.served.config.id2label
         data = []
-        for i, logits in enumerate(await self._classify_rows(http, rid, prompts)):
+        for i, logits in enumerate(await self._classify_rows(http, rid, prompts, self.scheduling(http, body))):
             if len(logits) == 1:  # a reward / regression head: the raw scalar, and its sigmoid
                 item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [_sigmoid(logits[0])],
                         "num_classes": 1, "score": logits[0]}
@@ -145,11 +145,12 @@ class DecisionAPI(Serving):
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS)
         rid = new_id("pool")
+        sched = self.scheduling(http, body)
         if self.served.has_classifier:
-            outputs = await self._classify_rows(http, rid, prompts)
+            outputs = await self._classify_rows(http, rid, prompts, sched)
         else:
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
-                              normalize=body.bool("normalize", False))
+                              normalize=body.bool("normalize", False), **sched)
             outputs = [_required(out.pooled) for out in await self.collect(http, rows)]
         data = [{"index": i, "object": "pooling", "data": out} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
@@ -162,10 +163,10 @@ class DecisionAPI(Serving):
         return ids
 
     async def _label_scores(self, http, rid: str, prompts: list[list[int]], label_ids: tuple[int, ...],
-                            apply_softmax: bool) -> list[list[float]]:
+                            apply_softmax: bool, sched: dict) -> list[list[float]]:
         """For each prompt, the probability of each label token at the next position: normalized
         over the label tokens alone (apply_softmax) or over the whole vocabulary."""
-        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids)
+        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids, **sched)
         outputs = await self.collect(http, rows)
         logprobs = [_required(out.label_logprobs) for out in outputs]
         if apply_softmax:
@@ -197,7 +198,8 @@ class DecisionAPI(Serving):
             self._require_lm_head("label-token scoring")
             label_ids = self._label_ids(body)
             prompts = await self._label_prompts(body)
-            scores = await self._label_scores(http, rid, prompts, label_ids, body.bool("apply_softmax"))
+            scores = await self._label_scores(http, rid, prompts, label_ids, body.bool("apply_softmax"),
+                                              self.scheduling(http, body))
             return json_response({"scores": scores, "model": self.model_name, "object": "scoring",
                                   "usage": prompt_usage(prompts)})
         queries, documents = self._pairs(body)
@@ -230,7 +232,8 @@ class DecisionAPI(Serving):
             encoded = dict(zip(unique, await self.encode_items(unique, "query")))
             seconds = await self.admission.encode_many(documents, add_special_tokens=False)
             prompts = [encoded[q] + d for q, d in zip(queries, seconds)]
-            return [self._relevance(s) for s in await self._classify_rows(http, rid, prompts)], prompts
+            scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
+            return [self._relevance(s) for s in scores], prompts
         self._require_lm_head("scoring")
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
         if yes is None or no is None:
@@ -239,7 +242,7 @@ class DecisionAPI(Serving):
         texts = [f"{RERANK_PREFIX}<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}{RERANK_SUFFIX}"
                  for q, d in zip(queries, documents)]
         prompts = await self.encode_items(texts, "documents")
-        scores = await self._label_scores(http, rid, prompts, (no, yes), apply_softmax=True)
+        scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body))
         return [s[1] for s in scores], prompts
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------

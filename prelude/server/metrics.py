@@ -55,6 +55,12 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.header("request_success_total", "counter", "Finished requests by finish reason.")
     for reason, count in sorted(stats.finished.items()):
         w.sample("request_success_total", count, finished_reason=reason)
+    w.header("rejected_requests_total", "counter", "Requests refused at admission (503), by reason.")
+    for reason in ("queue_full", "draining"):
+        w.sample("rejected_requests_total", stats.rejected.get(reason, 0), reason=reason)
+    w.metric("late_requests_total", "counter", "Waiting requests shed because they could no longer meet "
+             "their deadline (--shed-late-requests).", sched.num_late)
+    w.metric("num_waiting_tokens", "gauge", "Prompt tokens of the waiting requests.", snap.num_waiting_tokens)
     w.metric("failed_steps_total", "counter", "Forward steps that raised; their rows were retried in halves.",
              stats.failed_steps)
     w.metric("failed_requests_total", "counter", "Requests ended because their own row made a step raise.",

@@ -14,12 +14,12 @@ from prelude.engine.request import Request
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import Serving, json_response, new_id
-from prelude.server.streaming import SSE_DONE, EventStream, merge, sse
+from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
 from prelude.tokenizer.chat import ChatTemplateError
 
 class CompletionsAPI(Serving):
-    def __init__(self, engine, admission, served, max_request_bytes: int):
-        super().__init__(engine, admission, served, max_request_bytes)
+    def __init__(self, engine, admission, served, max_request_bytes: int, default_deadline_ms: float | None = None):
+        super().__init__(engine, admission, served, max_request_bytes, default_deadline_ms)
         self.chat_template = served.chat_template
 
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
@@ -86,11 +86,13 @@ class CompletionsAPI(Serving):
         choice = await self._choice(body)
         rid = new_id("cmpl")
         requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
-                                prompt_logprobs=prompt_logprobs)
+                                prompt_logprobs=prompt_logprobs, **self.scheduling(http, body))
         created = int(time.time())
         if stream:
-            return EventStream(self._stream_completion(rid, created, requests, prompts, n, echo, include_usage))
-        outputs = await self.collect(http, requests, watch_disconnect=max_tokens > 1)
+            streams = self.submit_all(requests)
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage),
+                               on_close=lambda: self.abort_unfinished(streams))
+        outputs = await self.collect(http, requests)
         choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs)
                    for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
@@ -138,8 +140,7 @@ class CompletionsAPI(Serving):
             choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
-    async def _stream_completion(self, rid, created, requests, prompts, n, echo, include_usage):
-        streams = self.submit_all(requests)
+    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         offsets = [0] * len(streams)
@@ -166,9 +167,8 @@ class CompletionsAPI(Serving):
                            "model": self.model_name, "choices": [], "usage": usage})
             yield SSE_DONE
         except EngineError as exc:
-            yield sse(APIError(500, str(exc)).body())
-        finally:
-            self.abort_unfinished(streams)
+            yield sse(stream_error(exc))
+            yield SSE_DONE
 
     # -- /v1/chat/completions ---------------------------------------------------------------
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
@@ -189,11 +189,13 @@ class CompletionsAPI(Serving):
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
         rid = new_id("chatcmpl")
-        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice)
+        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
         created = int(time.time())
         if stream:
-            return EventStream(self._stream_chat(rid, created, requests, len(ids), include_usage))
-        outputs = await self.collect(http, requests, watch_disconnect=True)
+            streams = self.submit_all(requests)
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage),
+                               on_close=lambda: self.abort_unfinished(streams))
+        outputs = await self.collect(http, requests)
         choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
                     "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
@@ -251,8 +253,7 @@ class CompletionsAPI(Serving):
             content.append(row)
         return {"content": content}
 
-    async def _stream_chat(self, rid, created, requests, prompt_len, include_usage):
-        streams = self.submit_all(requests)
+    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
@@ -275,7 +276,6 @@ class CompletionsAPI(Serving):
                 yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
             yield SSE_DONE
         except EngineError as exc:
-            yield sse(APIError(500, str(exc)).body())
-        finally:
-            self.abort_unfinished(streams)
+            yield sse(stream_error(exc))
+            yield SSE_DONE
 

@@ -5,19 +5,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from typing import Any
 
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.engine import Engine
-from prelude.engine.output import EngineError, RequestOutput, RequestStream
+from prelude.engine.output import DeadlineExceeded, EngineError, Overloaded, RequestOutput, RequestStream
 from prelude.engine.request import Request, Task
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
 from prelude.server.served_model import ServedModel
-from prelude.server.streaming import dumps, unless_disconnected
+from prelude.server.streaming import dumps, wait_disconnect
 
 _ids = itertools.count()
 _ID_PREFIX = os.urandom(4).hex()
@@ -49,7 +50,8 @@ def _is_ids(value: Any) -> bool:
 
 
 class Serving:
-    def __init__(self, engine: Engine, admission: Admission, served: ServedModel, max_request_bytes: int):
+    def __init__(self, engine: Engine, admission: Admission, served: ServedModel, max_request_bytes: int,
+                 default_deadline_ms: float | None = None):
         self.engine = engine
         self.admission = admission
         self.tokenizer = served.tokenizer
@@ -57,6 +59,7 @@ class Serving:
         self.model_name = served.name
         self.max_request_bytes = max_request_bytes
         self._token_texts: dict[int, str] = {}
+        self.default_deadline_ms = default_deadline_ms
 
     async def body(self, http: HTTPRequest) -> Body:
         body = await read_json(http, self.max_request_bytes)
@@ -104,29 +107,64 @@ class Serving:
             out.append(ids)
         return out
 
-    def submit_all(self, requests: list[Request]) -> list:
-        """One admission of all rows: they reach the scheduler together, never one by one."""
+    def scheduling(self, http: HTTPRequest, body: Body) -> dict[str, Any]:
+        """The request's scheduling fields: `priority` (lower first, vLLM's), and a deadline for
+        its first token or OneShot result from the X-Deadline-Ms header, the `deadline_ms`
+        field, or the server's --default-deadline-ms."""
+        fields: dict[str, Any] = {"priority": body.int("priority", 0)}
+        header = http.headers.get("x-deadline-ms")
+        if header is not None:
+            try:
+                deadline_ms = float(header)
+            except ValueError:
+                raise bad_request(f"X-Deadline-Ms must be a number of milliseconds, got {header!r}") from None
+            if not 0 < deadline_ms < 1e9:
+                raise bad_request("X-Deadline-Ms must be in (0, 1e9) milliseconds")
+        else:
+            deadline_ms = body.float("deadline_ms", self.default_deadline_ms, lo=1e-3, hi=1e9)
+        if deadline_ms is not None:
+            fields["deadline"] = time.monotonic() + deadline_ms / 1000
+        return fields
+
+    def submit_all(self, requests: list[Request]) -> list[RequestStream]:
+        """One admission of all rows: they reach the scheduler together, or none does (503 with
+        Retry-After when the queue is full or the server is draining)."""
         try:
-            return [self.engine.submit(r) for r in requests]
+            return self.engine.submit_all(requests)
+        except Overloaded as exc:
+            headers = {"Retry-After": "1"}
+            if self.engine.draining:  # this server is going away: clients should reconnect elsewhere
+                headers["Connection"] = "close"
+            raise APIError(503, str(exc), code="overloaded", headers=headers) from None
         except EngineError as exc:
             raise APIError(503, str(exc)) from None
 
-    def abort_unfinished(self, streams: list) -> None:
+    def abort_unfinished(self, streams: list[RequestStream]) -> None:
         for stream in streams:
             if not stream.finished:
                 self.engine.abort(stream.request_id)
 
-    async def collect(self, http: HTTPRequest, requests: list[Request],
-                      watch_disconnect: bool = False) -> list[RequestOutput]:
+    async def collect(self, http: HTTPRequest, requests: list[Request]) -> list[RequestOutput]:
+        """Submits the rows and waits for their results. If the client goes away first, its rows
+        are aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised."""
         streams = self.submit_all(requests)
+        watcher = asyncio.create_task(self._abort_when_gone(http, streams))
         try:
-            if watch_disconnect:
-                return await unless_disconnected(http.receive, self._collect_all(streams))
-            return await self._collect_all(streams)
+            outputs = await self._collect_all(streams)
+        except DeadlineExceeded as exc:
+            raise APIError(503, str(exc), code="deadline_exceeded") from None
         except EngineError as exc:
             raise APIError(500, str(exc)) from None
         finally:
+            watcher.cancel()
             self.abort_unfinished(streams)
+        if watcher.done() and not watcher.cancelled():
+            raise ClientDisconnect()
+        return outputs
+
+    async def _abort_when_gone(self, http: HTTPRequest, streams: list[RequestStream]) -> None:
+        await wait_disconnect(http.receive)
+        self.abort_unfinished(streams)
 
     @staticmethod
     async def _collect_all(streams: list[RequestStream]) -> list[RequestOutput]:

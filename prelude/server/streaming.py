@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncGenerator, AsyncIterator, Awaitable, TypeVar
+from typing import AsyncGenerator, AsyncIterator, Callable
 
 import orjson
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from prelude.engine.output import RequestOutput, RequestStream
-
-T = TypeVar("T")
+from prelude.engine.output import DeadlineExceeded, RequestOutput, RequestStream
+from prelude.server.errors import APIError
 
 
 def dumps(obj) -> bytes:
@@ -25,7 +23,7 @@ def sse(obj) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -35,8 +33,9 @@ class EventStream:
     cancelled, so its `finally` (which aborts the engine request and frees its blocks) runs
     right then, not at the next failed write."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None]):
+    def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None]):
         self.events = events
+        self.on_close = on_close  # aborts what the events came from, whatever ended the response
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -54,31 +53,17 @@ class EventStream:
                 await self.events.aclose()
 
         pump_task = asyncio.create_task(pump())
-        watch_task = asyncio.create_task(_wait_disconnect(receive))
+        watch_task = asyncio.create_task(wait_disconnect(receive))
         done, _ = await asyncio.wait({pump_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
         for task in (pump_task, watch_task):
             if task not in done:
                 task.cancel()
         await asyncio.gather(pump_task, watch_task, return_exceptions=True)
+        self.on_close()
         if pump_task in done and not pump_task.cancelled():
             error = pump_task.exception()
             if error is not None:
                 raise error
-
-
-async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Awaits `work`, cancelling it if the client disconnects first (then raises ClientDisconnect)."""
-    work_task = asyncio.ensure_future(work)
-    watch_task = asyncio.create_task(_wait_disconnect(receive))
-    try:
-        await asyncio.wait({work_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch_task.cancel()
-    if not work_task.done():
-        work_task.cancel()
-        await asyncio.gather(work_task, return_exceptions=True)
-        raise ClientDisconnect()
-    return work_task.result()
 
 
 async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -112,3 +97,10 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
     finally:
         for task in tasks:
             task.cancel()
+
+
+def stream_error(exc: Exception) -> dict:
+    """The error event that ends a stream the engine failed (its 200 was already sent)."""
+    if isinstance(exc, DeadlineExceeded):
+        return APIError(503, str(exc), code="deadline_exceeded").body()
+    return APIError(500, str(exc)).body()

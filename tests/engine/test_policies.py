@@ -1,0 +1,120 @@
+"""Queue policies and deadline-aware batching, on the scheduler with a fake executor: priority
+order, shortest-uncached-first with aging (no starvation), slack-based EDF, SLO-aware step
+sizing, shedding of late requests, and the waiting-token count admission control reads."""
+from __future__ import annotations
+
+import time
+
+from prelude.cache.block_pool import BlockPool
+from prelude.contract.batch import prefill_rows
+from prelude.contract.config import Config
+from prelude.contract.sampling import SamplingParams
+from prelude.engine.policy import AGING
+from prelude.engine.request import Request, Task
+from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from tests.engine.fakes import CountingExecutor
+from tests.engine.test_scheduler import end_like_the_engine
+
+BS = 4
+
+
+def make(policy: str, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig.from_config(Config(scheduling_policy=policy, **config)), BlockPool(256, BS))
+
+
+def embed(rid, n: int, start: int = 0, **kw) -> Request:
+    return Request(str(rid), list(range(start, start + n)), SamplingParams(max_tokens=0), task=Task.EMBED, **kw)
+
+
+def first_rows(scheduler: Scheduler) -> list[str]:
+    """Request ids in the order of the next step's rows."""
+    step = scheduler.schedule()
+    assert step is not None
+    by_seq = {p.job.seq_id: p.job.request.request_id for p in step.oneshots}
+    return [by_seq[r.seq_id] for r in prefill_rows(step.batch)]
+
+
+def test_priority_runs_lower_values_first_then_arrival():
+    scheduler = make("priority", max_num_batched_tokens=1000)
+    for i, (rid, priority) in enumerate((("a", 5), ("b", 0), ("c", 5), ("d", -1))):
+        scheduler.add(embed(rid, 8, start=100 * i, priority=priority))
+    assert first_rows(scheduler) == ["d", "b", "a", "c"]
+
+
+def test_sjf_serves_short_uncached_work_first_and_counts_cached_tokens_as_free():
+    scheduler = make("sjf", max_num_batched_tokens=100)
+    executor = CountingExecutor()
+    # Cache a 64-token prefix, then queue: a long cold request, a short one, and a long request
+    # whose prefix is cached (short once the cache is counted).
+    scheduler.add(embed("warm", 65))
+    end_like_the_engine(scheduler, scheduler.update(step := scheduler.schedule(), executor.execute(step.batch)))
+    scheduler.add(embed("cold-long", 64, start=500))
+    scheduler.add(embed("short", 8, start=900))
+    scheduler.add(embed("cached-long", 66))
+    assert first_rows(scheduler) == ["cached-long", "short", "cold-long"]  # 2, 8, 64 uncached tokens
+
+
+def test_sjf_aging_bounds_the_wait_of_a_long_request():
+    """A long request is overtaken only by requests that arrive within AGING x its cost after it:
+    under an endless stream of short ones it still runs."""
+    scheduler = make("sjf", max_num_batched_tokens=64)
+    executor = CountingExecutor()
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-4  # long: ~7 ms, short: ~1.4 ms
+    long_request = embed("long", 60, start=1000)
+    scheduler.add(long_request)
+    started = time.monotonic()
+    ran_long_at = None
+    for i in range(2000):
+        scheduler.add(embed(f"s{i}", 4, start=4 * i))
+        step = scheduler.schedule()
+        ids = {p.job.request.request_id for p in step.oneshots}
+        end_like_the_engine(scheduler, scheduler.update(step, executor.execute(step.batch)))
+        if "long" in ids:
+            ran_long_at = time.monotonic() - started
+            break
+        time.sleep(0.001)
+    bound = AGING * scheduler.costs.estimate(60) + 0.05  # plus the queue it found, and slack
+    assert ran_long_at is not None and ran_long_at < bound, (ran_long_at, bound)
+
+
+def test_edf_orders_by_latest_start_time():
+    scheduler = make("edf", max_num_batched_tokens=10_000)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-4  # 400 tokens: 41 ms
+    now = time.monotonic()
+    scheduler.add(embed("relaxed", 8, deadline=now + 10))
+    scheduler.add(embed("urgent", 8, start=100, deadline=now + 1))
+    scheduler.add(embed("urgent-but-long", 400, start=200, deadline=now + 1.01))
+    assert first_rows(scheduler) == ["urgent-but-long", "urgent", "relaxed"]
+
+
+def test_edf_step_grows_only_while_the_most_urgent_row_meets_its_deadline():
+    scheduler = make("edf", max_num_batched_tokens=10_000)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3  # 1 ms per token
+    now = time.monotonic()
+    scheduler.add(embed("urgent", 10, deadline=now + 0.05))  # 11 ms alone: fits
+    for i in range(5):
+        scheduler.add(embed(f"bulk{i}", 30, start=100 + 30 * i))  # +30 ms each
+    step = scheduler.schedule()
+    assert [p.job.request.request_id for p in step.oneshots] == ["urgent", "bulk0"]
+
+
+def test_late_requests_are_shed_only_when_asked():
+    for shed in (False, True):
+        scheduler = make("edf", shed_late_requests=shed)
+        scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
+        late = scheduler.add(embed("late", 100, deadline=time.monotonic() + 0.01))  # needs ~0.1 s
+        scheduler.add(embed("fine", 4, start=500, deadline=time.monotonic() + 5))
+        assert scheduler.late(time.monotonic()) == ([late] if shed else [])
+
+
+def test_admission_counts_waiting_requests_and_tokens():
+    scheduler = make("fcfs", max_queued_requests=3, max_queued_tokens=100)
+    assert scheduler.has_room([embed("huge", 1000)])  # an empty queue takes anything
+    scheduler.add(embed("a", 40))
+    assert scheduler.num_waiting_tokens == 40
+    assert scheduler.has_room([embed("b", 60)]) and not scheduler.has_room([embed("b", 61)])
+    scheduler.add(embed("b", 10, start=50))
+    scheduler.add(embed("c", 10, start=70))
+    assert not scheduler.has_room([embed("d", 1, start=90)])
+    step = scheduler.schedule()
+    assert step is not None and scheduler.num_waiting_tokens == 0

@@ -1,0 +1,77 @@
+"""Graceful drain: on SIGTERM the server stops admitting (503, Connection: close), lets in-flight
+streams finish with [DONE] (or an error event when --shutdown-timeout cuts them), and exits 0
+without a traceback; a second signal exits at once."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+
+from bench.serving.server import ServerProcess, prelude_env
+
+STORY = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+
+def _stream(url: str, lines: list[str], started: threading.Event, max_tokens: int = 400) -> None:
+    with httpx.stream("POST", url + "/v1/completions", json={**STORY, "max_tokens": max_tokens},
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line:
+                lines.append(line)
+                started.set()
+
+
+def _run_drain(demo_model, extra: list[str], max_tokens: int = 400) -> tuple[list[str], httpx.Response, int, str]:
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", *extra], env=prelude_env())
+    with server:
+        lines: list[str] = []
+        started = threading.Event()
+        reader = threading.Thread(target=_stream, args=(server.base_url, lines, started, max_tokens))
+        reader.start()
+        assert started.wait(30)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        refused = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        reader.join(60)
+        code = server.proc.wait(60)
+    return lines, refused, code, server.log_path.read_text()
+
+
+def test_sigterm_finishes_live_streams_refuses_new_work_and_exits_0(demo_model):
+    lines, refused, code, log = _run_drain(demo_model, [])
+    assert lines[-1] == "data: [DONE]"
+    assert not any('"error"' in line for line in lines)
+    assert refused.status_code == 503 and refused.headers["connection"] == "close"
+    assert refused.headers["retry-after"] == "1"
+    assert code == 0
+    assert "Traceback" not in log and "draining" in log
+
+
+def test_shutdown_timeout_ends_streams_with_an_error_event(demo_model):
+    lines, _, code, log = _run_drain(demo_model, ["--shutdown-timeout", "0.3"], max_tokens=4000)
+    assert '"error"' in lines[-2] and "shut down" in lines[-2] and lines[-1] == "data: [DONE]"
+    assert code == 0 and "Traceback" not in log
+
+
+def test_second_signal_exits_at_once(demo_model):
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256"], env=prelude_env())
+
+    def cut_stream(started: threading.Event) -> None:
+        try:
+            _stream(server.base_url, [], started, max_tokens=4000)
+        except httpx.HTTPError:
+            pass  # the point: the server went away mid-stream
+
+    with server:
+        started = threading.Event()
+        reader = threading.Thread(target=cut_stream, args=(started,), daemon=True)
+        reader.start()
+        assert started.wait(30)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.1)
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(10)
+        assert time.monotonic() - began < 2
