@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route except /health, /ping, "
-                        "/version and /metrics, which stay open as in vLLM")
+                        "/ready, /version and /metrics, which stay open as in vLLM")
     p.add_argument("--backlog", type=int, default=d.backlog,
                    help="pending connections the listening socket queues (default %(default)s)")
     p.add_argument("--log-level", default=d.log_level)

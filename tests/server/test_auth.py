@@ -36,11 +36,11 @@ def test_bearer_scheme_is_case_insensitive(secured):
 def test_open_routes_are_the_documented_ones(secured):
     from prelude.cli import build_parser
 
-    for path in ("/health", "/ping", "/version", "/metrics"):
+    for path in ("/health", "/ping", "/ready", "/version", "/metrics"):
         assert httpx.get(secured.base_url + path).status_code == 200, path
     api_key_help = next(a.help for a in build_parser()._actions if "--api-key" in a.option_strings)
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for path in ("/health", "/ping", "/version", "/metrics"):
+    for path in ("/health", "/ping", "/ready", "/version", "/metrics"):
         assert path in api_key_help and f"`{path}`" in readme
 
 
