@@ -1,0 +1,259 @@
+"""`python -m bench.serving.long_short`: short score requests (128 tokens) mixed with long
+embedding requests (8K tokens), Poisson arrivals at about 70% of capacity, against one server
+per scheduling policy, with and without deadlines on the short requests. Then an overload run:
+1,000 concurrent requests against a bounded queue.
+
+Reports, per policy: short-request latency P50/P99 (a OneShot result is its first token),
+long-request throughput and longest wait, SLO attainment of the short requests, rejections.
+Capacity is calibrated first on an unloaded server: each shape's service time, alone."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+
+from bench.serving import report
+from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.stats import percentile, poisson_arrivals
+
+SHORT_TOKENS, LONG_TOKENS = 128, 8192
+
+
+def _ids(n: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: str  # "short" | "long"
+    sent: float
+    latency: float
+    status: int
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    policy: str
+    deadlines: bool
+    short_p50_ms: float | None
+    short_p99_ms: float | None
+    slo_attainment: float | None  # share of short requests answered 200 within the deadline
+    long_per_s: float
+    long_max_wait_s: float | None
+    longs_completed: int
+    rejected: int
+    errors: int
+    outcomes: list[Outcome] = field(default_factory=list, repr=False)
+
+
+async def _send(client: httpx.AsyncClient, kind: str, body: dict, headers: dict, at: float, began: float,
+                out: list[Outcome]) -> None:
+    await asyncio.sleep(max(0.0, began + at - time.perf_counter()))
+    sent = time.perf_counter()
+    path = "/v1/score" if kind == "short" else "/v1/embeddings"
+    try:
+        status = (await client.post(path, json=body, headers=headers)).status_code
+    except httpx.HTTPError:
+        status = 0
+    out.append(Outcome(kind, sent - began, time.perf_counter() - sent, status))
+
+
+def _short_body(rng: random.Random) -> dict:
+    return {"query": _ids(SHORT_TOKENS - 8, rng), "items": [_ids(8, rng)], "label_token_ids": [5, 9]}
+
+
+def _long_body(rng: random.Random) -> dict:
+    return {"input": [_ids(LONG_TOKENS, rng)]}
+
+
+async def calibrate(url: str, rng: random.Random) -> tuple[float, float, float]:
+    """(short service s, long service s, unloaded short P99 s), one request at a time."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        shorts = []
+        for _ in range(30):
+            t = time.perf_counter()
+            await client.post("/v1/score", json=_short_body(rng))
+            shorts.append(time.perf_counter() - t)
+        longs = []
+        for _ in range(2):
+            t = time.perf_counter()
+            await client.post("/v1/embeddings", json=_long_body(rng))
+            longs.append(time.perf_counter() - t)
+    return percentile(shorts, 50) or 0.0, min(longs), percentile(shorts, 99) or 0.0
+
+
+async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: float, deadline_ms: float | None,
+                    seed: int) -> list[Outcome]:
+    rng = random.Random(seed)
+    plan = [(t, "short") for t in poisson_arrivals(short_rate, rng, horizon=seconds)]
+    plan += [(t, "long") for t in poisson_arrivals(long_rate, rng, horizon=seconds)]
+    plan.sort()
+    headers = {} if deadline_ms is None else {"X-Deadline-Ms": f"{deadline_ms:.1f}"}
+    out: list[Outcome] = []
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(
+            _send(client, kind, _short_body(rng) if kind == "short" else _long_body(rng),
+                  headers if kind == "short" else {}, at, began, out) for at, kind in plan))
+    return out
+
+
+def summarize(policy: str, deadlines: bool, outcomes: list[Outcome], deadline_s: float, seconds: float) -> PolicyResult:
+    shorts = [o for o in outcomes if o.kind == "short"]
+    ok_short = [o.latency for o in shorts if o.status == 200]
+    longs = [o for o in outcomes if o.kind == "long" and o.status == 200]
+    met = sum(1 for o in shorts if o.status == 200 and o.latency <= deadline_s)
+    return PolicyResult(
+        policy, deadlines,
+        None if not ok_short else 1000 * (percentile(ok_short, 50) or 0),
+        None if not ok_short else 1000 * (percentile(ok_short, 99) or 0),
+        met / len(shorts) if shorts else None,
+        len(longs) / seconds, max((o.latency for o in longs), default=None), len(longs),
+        sum(1 for o in outcomes if o.status == 503), sum(1 for o in outcomes if o.status not in (200, 503)),
+        outcomes)
+
+
+async def overload(url: str, count: int, seed: int) -> dict:
+    """`count` concurrent short requests at once while /health is probed every 50 ms."""
+    rng = random.Random(seed)
+    stop = threading.Event()
+    health: list[float] = []
+
+    def probe() -> None:
+        with httpx.Client(base_url=url, timeout=10) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                try:
+                    ok = c.get("/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                health.append(time.perf_counter() - t if ok else float("inf"))
+                stop.wait(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    out: list[Outcome] = []
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        began = time.perf_counter()
+        await asyncio.gather(*(_send(client, "short", _short_body(rng), {}, 0.0, began, out) for _ in range(count)))
+    stop.set()
+    prober.join()
+    accepted = [o.latency for o in out if o.status == 200]
+    refused = [o.latency for o in out if o.status == 503]
+    return {"requests": count, "accepted": len(accepted), "refused": len(refused),
+            "other": count - len(accepted) - len(refused),
+            "accepted_p99_ms": None if not accepted else 1000 * (percentile(accepted, 99) or 0),
+            "refused_p99_ms": None if not refused else 1000 * (percentile(refused, 99) or 0),
+            "health_worst_ms": 1000 * max(health) if health else None}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.long_short", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model directory (default: the demo model)")
+    p.add_argument("--policies", default="fcfs,sjf,edf")
+    p.add_argument("--seconds", type=float, default=30.0, help="length of each mixed run")
+    p.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
+    p.add_argument("--long-share", type=float, default=0.5, help="share of the offered work that is long")
+    p.add_argument("--deadline-x", type=float, default=2.0,
+                   help="short-request deadline as a multiple of the unloaded short P99")
+    p.add_argument("--overload", type=int, default=1000, help="concurrent requests of the overload run (0: skip)")
+    p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "long_short.json")
+    return p
+
+
+def server_args(args: argparse.Namespace, policy: str, extra: Sequence[str] = ()) -> list[str]:
+    model = ["--model", args.model] if args.model else []
+    return [*model, "--max-model-len", str(LONG_TOKENS + 64), "--scheduling-policy", policy, *extra]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    env = prelude_env()
+    rng = random.Random(args.seed)
+    with ServerProcess(server_args(args, "fcfs"), env=env, label="calibration") as server:
+        t_short, t_long, p99_unloaded = asyncio.run(calibrate(server.base_url, rng))
+    deadline_s = args.deadline_x * p99_unloaded
+    long_rate = args.load * args.long_share / t_long
+    short_rate = args.load * (1 - args.long_share) / t_short
+    print(f"calibration: short {1000 * t_short:.1f} ms, long {1000 * t_long:.0f} ms, unloaded short P99 "
+          f"{1000 * p99_unloaded:.1f} ms; offered {short_rate:.1f} short/s + {long_rate:.2f} long/s; "
+          f"short deadline {1000 * deadline_s:.1f} ms", flush=True)
+    results: list[PolicyResult] = []
+    for policy in args.policies.split(","):
+        for deadlines in (False, True):
+            with ServerProcess(server_args(args, policy), env=env, label=f"{policy}") as server:
+                outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
+                                                 1000 * deadline_s if deadlines else None, args.seed))
+            results.append(summarize(policy, deadlines, outcomes, deadline_s, args.seconds))
+            print(f"  {policy} deadlines={deadlines}: done", flush=True)
+    rows = [[r.policy, "yes" if r.deadlines else "no", r.short_p50_ms, r.short_p99_ms,
+             None if r.slo_attainment is None else 100 * r.slo_attainment, r.long_per_s, r.longs_completed,
+             r.long_max_wait_s, r.rejected, r.errors] for r in results]
+    print()
+    print(report.table(["policy", "deadlines", "short P50 ms", "short P99 ms", "SLO %", "long/s", "longs",
+                        "long max s", "503", "err"], rows))
+    print(f"(unloaded short P99 {1000 * p99_unloaded:.1f} ms; SLO = answered within {1000 * deadline_s:.1f} ms)")
+    over = None
+    if args.overload:
+        policy = args.policies.split(",")[0]
+        with ServerProcess(server_args(args, policy, ["--max-queued-requests", str(args.max_queued_requests)]),
+                           env=env, label="overload") as server:
+            over = asyncio.run(overload(server.base_url, args.overload, args.seed))
+            over["server_peak_rss_mb"] = rss_mb(server.pid)
+        print(f"\noverload ({policy}, --max-queued-requests {args.max_queued_requests}): {json.dumps(over)}")
+    path = report.write_json(args.json, {
+        "tool": "bench.serving.long_short", "argv": list(sys.argv if argv is None else argv),
+        "calibration": {"short_s": t_short, "long_s": t_long, "unloaded_short_p99_s": p99_unloaded,
+                        "short_rate": short_rate, "long_rate": long_rate, "deadline_s": deadline_s},
+        "results": [{k: v for k, v in asdict(r).items() if k != "outcomes"} for r in results],
+        "overload": over})
+    print(f"results: {path}")
+    _plot(results, args.json.with_suffix(".png"))
+    return 0
+
+
+def _plot(results: list[PolicyResult], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("(no plot: matplotlib is not installed)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    labels = [f"{r.policy}{'+dl' if r.deadlines else ''}" for r in results]
+    axes[0].bar(labels, [r.short_p99_ms or 0 for r in results])
+    axes[0].set_ylabel("short P99 ms")
+    axes[1].bar(labels, [100 * (r.slo_attainment or 0) for r in results])
+    axes[1].set_ylabel("SLO attainment %")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path)
+    print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
