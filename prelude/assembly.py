@@ -96,7 +96,9 @@ def build(config: Config) -> Built:
     engine = Engine(scheduler, Executors.over(runner), tokenizer, eos_ids)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
-                         config.pooling or default_pooling(model_dir))
+                         config.pooling or default_pooling(model_dir),
+                         multi_item_scoring=config.multi_item_scoring and runner.attention.supports_items
+                         and not config.disable_oneshot)
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)

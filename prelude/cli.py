@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "deadline_exceeded at once instead of running it")
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+    p.add_argument("--multi-item-scoring", action=argparse.BooleanOptionalAction, default=d.multi_item_scoring,
+                   help="/v1/score with several short items runs them in one masked forward "
+                        "(per request: \"multi_item\": true/false)")
     p.add_argument("--disable-oneshot", action="store_true",
                    help="ablation: run OneShot work through the Decode lifecycle")
     p.add_argument("--executor", default=d.executor, help="model | null (no model work; for benchmarks)")

@@ -28,6 +28,9 @@ class OutputSpec:
     normalize: bool = True  # L2-normalize the pooled state
     classify: bool = False  # score head on the last token
     label_token_ids: tuple[int, ...] | None = None  # last-position logprobs of just these ids
+    # False: label logprobs normalized over the label tokens alone, from just their K rows of
+    # the LM head (the compact label head); True: over the whole vocabulary.
+    label_vocab_normalized: bool = True
 
     @property
     def needs_last_logits(self) -> bool:
@@ -47,6 +50,10 @@ class PrefillRow:
     block_table: Sequence[int]
     output: OutputSpec | None  # None for a chunk that is not the prompt's last
     sample_step: int = 0  # index of the token sampled (seeded sampling is a function of it)
+    # Multi-item rows: the row ends with items of these lengths, each scored as if it alone
+    # followed the shared part before it (its positions restart there; it attends to the shared
+    # part and to itself, never to other items). Label logprobs are read at each item's end.
+    item_lengths: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,7 @@ class RowResult:
     pooled: list[float] | None = None
     scores: list[float] | None = None
     label_logprobs: list[float] | None = None
+    item_label_logprobs: list[list[float]] | None = None  # multi-item rows: one list per item
 
 
 @dataclass(slots=True)

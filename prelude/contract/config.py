@@ -52,6 +52,7 @@ class Config:
     shed_late_requests: bool = False
     shutdown_timeout: float = 30.0
     disable_oneshot: bool = False
+    multi_item_scoring: bool = True
     executor: str = "model"
     enforce_eager: bool = False
     max_logprobs: int = 20

@@ -27,7 +27,7 @@ class OneShotPlanner:
             return Skip.DEFERRED
         num_cached = len(match.blocks)
         suffix = len(prompt) - num_cached * bs
-        logits_rows = len(prompt) if request.prompt_logprobs is not None else 1
+        logits_rows = len(prompt) if request.prompt_logprobs is not None else max(1, len(request.item_lengths))
         temp = suffix * self.temp_bytes_per_token + logits_rows * self.temp_bytes_per_logits_row
         if not budget.fits(suffix, temp, request.deadline):
             return Skip.NO_ROOM
@@ -37,7 +37,7 @@ class OneShotPlanner:
         job.num_cached_tokens = num_cached * bs
         # Without room for the new full blocks the row computes without storing them: OneShot
         # work never waits for KV blocks.
-        new_full = len(prompt) // bs - num_cached if self.pool.enable_prefix_caching else 0
+        new_full = request.cacheable_len // bs - num_cached if self.pool.enable_prefix_caching else 0
         new_blocks = self.pool.allocate(new_full) if 0 < new_full and self.pool.can_allocate(new_full) else []
         if new_blocks and match.miss_key is not None:
             pending.add(match.miss_key)
@@ -46,7 +46,8 @@ class OneShotPlanner:
     def row(self, planned: PlannedOneShot) -> PrefillRow:
         request = planned.job.request
         start = planned.num_cached_blocks * self.pool.block_size
-        return PrefillRow(planned.job.seq_id, request.prompt_ids[start:], start, planned.blocks, request.output)
+        return PrefillRow(planned.job.seq_id, request.prompt_ids[start:], start, planned.blocks, request.output,
+                          item_lengths=request.item_lengths)
 
     def complete(self, planned: PlannedOneShot) -> None:
         """After its step: the full prompt blocks go to the prefix cache, and the row lets go."""

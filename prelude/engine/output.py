@@ -29,6 +29,7 @@ class RequestOutput:
     pooled: list[float] | None = None
     scores: list[float] | None = None
     label_logprobs: list[float] | None = None
+    item_label_logprobs: list[list[float]] | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended generation
@@ -100,7 +101,7 @@ class RequestStream:
             if out.logprobs is not None:
                 merged.logprobs = (merged.logprobs or []) + out.logprobs
             for name in ("finished", "finish_reason", "stop_reason", "num_output_tokens",
-                         "prompt_logprobs", "pooled", "scores", "label_logprobs"):
+                         "prompt_logprobs", "pooled", "scores", "label_logprobs", "item_label_logprobs"):
                 value = getattr(out, name)
                 if value is not None:
                     setattr(merged, name, value)

@@ -20,6 +20,8 @@ class PrefixSharing:
         """The cached prefix usable for this request; at least one token is left to compute."""
         if request.needs_every_position:
             return self.pool.match((), 0)
+        if request.item_lengths:  # only the shared part; its items are always left to compute
+            return self.pool.match(tokens, max_blocks=request.cacheable_len // self.pool.block_size)
         return self.pool.match(tokens, max_blocks=(len(tokens) - 1) // self.pool.block_size)
 
     def defer(self, work: Work, match: PrefixMatch, pending: set[BlockKey]) -> bool:

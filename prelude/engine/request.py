@@ -34,6 +34,10 @@ class Request:
     pooling: str = "last"
     normalize: bool = True
     label_token_ids: tuple[int, ...] | None = None
+    label_vocab_normalized: bool = True  # False: over the label tokens alone (compact head)
+    # Multi-item scoring: the prompt ends with items of these lengths, each scored as if it
+    # alone followed the shared part (see PrefillRow.item_lengths).
+    item_lengths: tuple[int, ...] = ()
     priority: int = 0  # lower runs first (vLLM's semantics), under --scheduling-policy priority
     deadline: float | None = None  # time.monotonic() by which the result is wanted
     arrival_time: float = field(default_factory=time.monotonic)
@@ -49,11 +53,18 @@ class Request:
             normalize=self.normalize,
             classify=self.task is Task.CLASSIFY,
             label_token_ids=self.label_token_ids if self.task is Task.SCORE else None,
+            label_vocab_normalized=self.label_vocab_normalized,
         ))
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def cacheable_len(self) -> int:
+        """Leading prompt tokens whose KV is a true prefix: all of them, or the shared part of a
+        multi-item prompt (items after the first do not continue the tokens before them)."""
+        return len(self.prompt_ids) - sum(self.item_lengths)
 
     @property
     def generates(self) -> bool:

@@ -37,6 +37,7 @@ def advance(tracked: Tracked, result: RowResult, tokenizer: Tokenizer,
     sampling = request.sampling
     out = RequestOutput(request.request_id, prompt_logprobs=result.prompt_logprobs, pooled=result.pooled,
                         scores=result.scores, label_logprobs=result.label_logprobs,
+                        item_label_logprobs=result.item_label_logprobs,
                         num_prompt_tokens=request.num_prompt_tokens, num_cached_tokens=work.num_cached_tokens)
     token = result.token
     reason: FinishReason | None = None

@@ -29,24 +29,39 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
     wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
     results = [RowResult(seq_id=r.seq_id) for _, _, r in wanted]
 
-    logit_rows = [k for k, (_, spec, _) in enumerate(wanted) if spec.needs_last_logits]
-    if logit_rows:
-        last = last_hidden(hidden, layout, [wanted[k][0] for k in logit_rows])
-        logits = model.compute_logits(last).float()
-        sample_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].sample is not None]
-        label_rows = [j for j, k in enumerate(logit_rows) if wanted[k][1].label_token_ids is not None]
-        if label_rows:
-            logprobs = torch.log_softmax(logits[label_rows], dim=-1)
-            for j, lp in zip(label_rows, logprobs):
-                k = logit_rows[j]
-                ids = torch.tensor(wanted[k][1].label_token_ids, device=lp.device)
-                results[k].label_logprobs = lp[ids].tolist()
-        if sample_rows:
-            chosen = [wanted[logit_rows[j]] for j in sample_rows]
-            tokens = sample(logits[sample_rows], [spec.sample for _, spec, _ in chosen if spec.sample],
+    # One GEMM over the vocabulary for every last position that needs full logits.
+    full = [k for k, (_, spec, row) in enumerate(wanted)
+            if spec.sample is not None or (spec.label_token_ids is not None and _reads_last_with_vocab(spec, row))]
+    if full:
+        logits = model.compute_logits(last_hidden(hidden, layout, [wanted[k][0] for k in full])).float()
+        sample_at = [j for j, k in enumerate(full) if wanted[k][1].sample is not None]
+        for j, k in enumerate(full):
+            ids = wanted[k][1].label_token_ids
+            if ids is not None:
+                results[k].label_logprobs = torch.log_softmax(logits[j], dim=-1)[list(ids)].tolist()
+        if sample_at:
+            chosen = [wanted[full[j]] for j in sample_at]
+            tokens = sample(logits[sample_at], [spec.sample for _, spec, _ in chosen if spec.sample],
                             [row.sample_step for _, _, row in chosen])
-            for j, token in zip(sample_rows, tokens):
-                results[logit_rows[j]].token = token
+            for j, token in zip(sample_at, tokens):
+                results[full[j]].token = token
+    # Label rows read at item ends, or through the compact head (just the labels' K rows).
+    for k, (i, spec, row) in enumerate(wanted):
+        ids = spec.label_token_ids
+        if ids is None or (spec.sample is None and _reads_last_with_vocab(spec, row)):
+            continue
+        end = layout.query_starts[i + 1]
+        items = row.item_lengths if isinstance(row, PrefillRow) else ()
+        ends = [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))] if items else [end - 1]
+        states = hidden[ends]
+        if spec.label_vocab_normalized:
+            logprobs = torch.log_softmax(model.compute_logits(states).float(), dim=-1)[:, list(ids)]
+        else:
+            logprobs = torch.log_softmax(model.compute_label_logits(states, ids).float(), dim=-1)
+        if items:
+            results[k].item_label_logprobs = logprobs.tolist()
+        else:
+            results[k].label_logprobs = logprobs[0].tolist()
 
     for k, (i, spec, row) in enumerate(wanted):
         start, end = layout.query_starts[i], layout.query_starts[i + 1]
@@ -58,6 +73,12 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         if spec.classify:
             results[k].scores = model.compute_scores(hidden[end - 1]).float().tolist()
     return results
+
+
+def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> bool:
+    """A label row read at its last position over the whole vocabulary: it shares the step's
+    full-logits GEMM with the sampled rows."""
+    return spec.label_vocab_normalized and not (isinstance(row, PrefillRow) and row.item_lengths)
 
 
 def _prompt_logprobs(model: DecoderLM, hidden: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:

@@ -22,6 +22,7 @@ class HostStep:
     block_tables: list[Sequence[int]]
     stored: list[bool]
     num_prefill_rows: int
+    item_lengths: list[tuple[int, ...]] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -36,6 +37,7 @@ class HostStep:
             num_prefill_rows=self.num_prefill_rows,
             slot_mapping=slot_mapping,
             host_slots=self.slots,
+            item_lengths=self.item_lengths,
         )
 
 
@@ -50,7 +52,13 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
     for row in prefills:
         start, end, table = row.start, row.start + len(row.token_ids), row.block_table
         ids.extend(row.token_ids)
-        positions.extend(range(start, end))
+        if row.item_lengths:  # each item's positions restart where the shared part ends
+            shared_end = end - sum(row.item_lengths)
+            positions.extend(range(start, shared_end))
+            for length in row.item_lengths:
+                positions.extend(range(shared_end, shared_end + length))
+        else:
+            positions.extend(range(start, end))
         covered = min(end, len(table) * bs)
         # Slots of the stored tokens, one contiguous range per block.
         for block in range(start // bs, -(-covered // bs)):
@@ -71,4 +79,6 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
         block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
         stored=stored + [True] * len(decodes),
         num_prefill_rows=len(prefills),
+        item_lengths=[r.item_lengths for r in prefills] + [()] * len(decodes)
+        if any(r.item_lengths for r in prefills) else None,
     )

@@ -41,6 +41,9 @@ class NullModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_row.expand(hidden.shape[0], -1).clone()
 
+    def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+        return self.logits_row[list(token_ids)].expand(hidden.shape[0], -1).clone()
+
     def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*hidden.shape[:-1], max(self.config.num_labels, 1))
 

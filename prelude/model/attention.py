@@ -31,6 +31,9 @@ class StepLayout:
     # The same slots as a host list, when the executor has it: backends that plan on the host
     # read it instead of copying slot_mapping back from the device.
     host_slots: Sequence[int] | None = None
+    # Per row: lengths of the independent items that end it (see PrefillRow.item_lengths);
+    # empty for an ordinary causal row. None when no row of the step has items.
+    item_lengths: Sequence[tuple[int, ...]] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -54,10 +57,11 @@ class AttentionBackend(ABC):
     the model then skips its own rotation and passes the step's (cos, sin) as `rope`.
 
     `graph_kinds`: the step shapes the backend can plan for CUDA-graph replay with
-    `plan_graph` (none by default)."""
+    `plan_graph` (none by default). `supports_items`: the backend masks multi-item rows."""
 
     fuses_rope: bool = False
     graph_kinds: frozenset[GraphKind] = frozenset()
+    supports_items: bool = False  # can mask multi-item rows (StepLayout.item_lengths)
 
     @abstractmethod
     def plan(self, layout: StepLayout) -> None: ...

@@ -93,6 +93,11 @@ class DecoderLM(nn.Module):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return hidden @ weight.t()
 
+    def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+        """Logits of just these tokens: K rows of the LM head instead of the vocabulary."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return hidden @ weight[list(token_ids)].t()
+
     def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.score is not None, "classify requests reach only *ForSequenceClassification models"
         return self.score(hidden)

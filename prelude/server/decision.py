@@ -165,30 +165,62 @@ class DecisionAPI(Serving):
     async def _label_scores(self, http, rid: str, prompts: list[list[int]], label_ids: tuple[int, ...],
                             apply_softmax: bool, sched: dict) -> list[list[float]]:
         """For each prompt, the probability of each label token at the next position: normalized
-        over the label tokens alone (apply_softmax) or over the whole vocabulary."""
-        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids, **sched)
+        over the label tokens alone (apply_softmax: the compact head computes just their rows of
+        the LM head) or over the whole vocabulary."""
+        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids,
+                          label_vocab_normalized=not apply_softmax, **sched)
         outputs = await self.collect(http, rows)
-        logprobs = [_required(out.label_logprobs) for out in outputs]
-        if apply_softmax:
-            return [_softmax(lps) for lps in logprobs]
-        return [[math.exp(lp) for lp in lps] for lps in logprobs]
+        return [[math.exp(lp) for lp in _required(out.label_logprobs)] for out in outputs]
 
-    async def _label_prompts(self, body: Body) -> list[list[int]]:
-        """SGLang's shape: query + each item (item + query with item_first), as text or ids."""
-        query = body.require("query")
-        items = body.list("items", nonempty=True)
+    async def _multi_item_scores(self, http, rid: str, query: list[int], items: list[list[int]],
+                                 label_ids: tuple[int, ...], apply_softmax: bool, sched: dict) -> list[list[float]]:
+        """All items in one row behind the shared query: one forward, each item masked to see
+        the query and itself only, read at its own last token."""
+        prompt = query + [t for item in items for t in item]
+        rows = self._rows(rid, [prompt], task=Task.SCORE, label_token_ids=label_ids,
+                          label_vocab_normalized=not apply_softmax, item_lengths=tuple(map(len, items)), **sched)
+        (out,) = await self.collect(http, rows)
+        return [[math.exp(lp) for lp in item] for item in _required(out.item_label_logprobs)]
+
+    def _use_multi_item(self, body: Body) -> bool:
+        """Multi-item mode: on by default when there are several items and each is no longer than
+        the query (characters for text, tokens for ids: the query dominates, so sharing one
+        forward pays); `multi_item` in the request forces it on or off. Only where the server
+        supports it (--multi-item-scoring and an attention backend that masks items)."""
+        query, items = body.require("query"), body.list("items") or []
+        short = bool(items) and all(isinstance(i, (str, list)) and len(i) <= len(query) for i in items)
+        wanted = body.bool("multi_item", len(items) > 1 and short)
+        return wanted and self.served.multi_item_scoring and not body.bool("item_first")
+
+    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]]:
+        """Multi-item inputs: the query's ids (with special tokens, for text) and each item's
+        (without): SGLang's shape, each item tokenized on its own."""
+        query, items = body.require("query"), body.require("items")
+        if isinstance(query, str):
+            (query_ids,) = await self.encode_items([query], "query")
+            return query_ids, await self.admission.encode_many(items, add_special_tokens=False)
+        return self.admission.check_ids(query, "query"), [self.admission.check_ids(item, "items") for item in items]
+
+    def _check_label_shape(self, body: Body) -> None:
+        query, items = body.require("query"), body.list("items", nonempty=True)
         if items is None:
             raise bad_request("'items' is required", "items")
         check_count("items", len(items), MAX_ITEMS)
+        if not (isinstance(query, str) and all(isinstance(i, str) for i in items)) and \
+                not (isinstance(query, list) and all(isinstance(i, list) for i in items)):
+            raise bad_request("'query' and 'items' must both be text or both be token ids", "items")
+
+    async def _label_prompts(self, body: Body) -> list[list[int]]:
+        """Per-item prompts: query + item (item + query with item_first). Text pairs are
+        tokenized as one string each, so the boundary tokenizes as in the joined text."""
+        query, items = body.require("query"), body.require("items")
         item_first = body.bool("item_first")
-        if isinstance(query, str) and all(isinstance(i, str) for i in items):
+        if isinstance(query, str):
             texts = [item + query if item_first else query + item for item in items]
             return await self.encode_items(texts, "items")
-        if isinstance(query, list) and all(isinstance(i, list) for i in items):
-            query_ids = self.admission.check_ids(query, "query")
-            item_ids = [self.admission.check_ids(item, "items") for item in items]
-            return [i + query_ids if item_first else query_ids + i for i in item_ids]
-        raise bad_request("'query' and 'items' must both be text or both be token ids", "items")
+        query_ids = self.admission.check_ids(query, "query")
+        item_ids = [self.admission.check_ids(item, "items") for item in items]
+        return [i + query_ids if item_first else query_ids + i for i in item_ids]
 
     # -- /score, /v1/score ------------------------------------------------------------------
     async def score(self, http: HTTPRequest) -> Response:
@@ -197,11 +229,17 @@ class DecisionAPI(Serving):
         if body.has("label_token_ids"):
             self._require_lm_head("label-token scoring")
             label_ids = self._label_ids(body)
-            prompts = await self._label_prompts(body)
-            scores = await self._label_scores(http, rid, prompts, label_ids, body.bool("apply_softmax"),
-                                              self.scheduling(http, body))
-            return json_response({"scores": scores, "model": self.model_name, "object": "scoring",
-                                  "usage": prompt_usage(prompts)})
+            self._check_label_shape(body)
+            apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
+            if self._use_multi_item(body):
+                query, items = await self._label_inputs(body)
+                scores = await self._multi_item_scores(http, rid, query, items, label_ids, apply_softmax, sched)
+                usage = prompt_usage([query + [t for item in items for t in item]])
+            else:
+                prompts = await self._label_prompts(body)
+                scores = await self._label_scores(http, rid, prompts, label_ids, apply_softmax, sched)
+                usage = prompt_usage(prompts)
+            return json_response({"scores": scores, "model": self.model_name, "object": "scoring", "usage": usage})
         queries, documents = self._pairs(body)
         relevance, prompts = await self._relevance_scores(http, rid, queries, documents, body)
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(relevance)]

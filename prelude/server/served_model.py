@@ -20,6 +20,7 @@ class ServedModel:
     max_model_len: int
     kv_capacity_tokens: int  # the most tokens one request's KV may take
     pooling: str  # default embedding pooling: last | mean | cls
+    multi_item_scoring: bool = False  # /v1/score may pack items into one masked row
 
     @property
     def has_lm_head(self) -> bool:

@@ -170,7 +170,8 @@ def test_label_token_scoring_matches_lm_logprobs_and_shares_the_query(lm):
     stats = srv.engine.scheduler.stats
     before = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
     srv.on_loop(srv.engine.scheduler.pool.reset_prefix_cache)
-    out = post(srv, "/v1/score", query=query, items=items, label_token_ids=labels, apply_softmax=False).json()
+    out = post(srv, "/v1/score", query=query, items=items, label_token_ids=labels, apply_softmax=False,
+               multi_item=False).json()
     after = srv.on_loop(lambda: (stats.prefill_tokens, stats.num_deferrals))
     prompts = [ids_of(srv, query + item) for item in items]
     for prompt, scores in zip(prompts, out["scores"]):

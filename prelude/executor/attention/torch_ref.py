@@ -10,7 +10,10 @@ from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
 
 class TorchAttention(AttentionBackend):
     """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
-    single-token rows that store their K/V are batched into one padded attention over blocks."""
+    single-token rows that store their K/V are batched into one padded attention over blocks.
+    Multi-item rows attend under an explicit mask (items see the shared part and themselves)."""
+
+    supports_items = True
 
     def __init__(self, kv_cache: KVCache):
         self.kv_cache = kv_cache
@@ -22,7 +25,7 @@ class TorchAttention(AttentionBackend):
         stored = (layout.slot_mapping >= 0).nonzero().squeeze(1)
         self.stored_tokens = None if len(stored) == len(layout.slot_mapping) else stored
         self.stored_slots = layout.slot_mapping if self.stored_tokens is None else layout.slot_mapping[stored]
-        self.prefills = []  # (start, end, context_len, prefix block ids | None)
+        self.prefills = []  # (start, end, context_len, prefix block ids | None, item mask | None)
         batched = []  # rows answered by the padded single-token path
         for row in range(layout.num_rows):
             start, ctx = layout.query_starts[row], layout.context_lens[row]
@@ -34,7 +37,10 @@ class TorchAttention(AttentionBackend):
                 torch.tensor(layout.block_tables[row][:num_blocks], dtype=torch.long, device=device)
                 if ctx else None
             )
-            self.prefills.append((start, layout.query_starts[row + 1], ctx, prefix))
+            items = layout.item_lengths[row] if layout.item_lengths is not None else ()
+            end = layout.query_starts[row + 1]
+            mask = _item_mask(end - start, ctx, items, device) if items else None
+            self.prefills.append((start, end, ctx, prefix, mask))
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
@@ -57,12 +63,17 @@ class TorchAttention(AttentionBackend):
             k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.stored_slots, new_k)
             v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.stored_slots, new_v)
         out = torch.empty_like(q)
-        for start, end, ctx, prefix in self.prefills:
+        for start, end, ctx, prefix, mask in self.prefills:
             keys, values = k[start:end], v[start:end]
             if prefix is not None:
                 keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
                 values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
-            out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
+            if mask is None:
+                out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
+            else:
+                qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
+                o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+                out[start:end] = o[0].transpose(0, 1)
         if self.batched_rows is not None:
             keys = k_cache[self.batched_tables].flatten(1, 2)  # [B, L, Hkv, D]
             values = v_cache[self.batched_tables].flatten(1, 2)
@@ -87,3 +98,17 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset:
         mask = torch.arange(total, device=q.device)[None, :] <= (offset + torch.arange(n, device=q.device))[:, None]
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
     return o[0].transpose(0, 1)
+
+
+def _item_mask(n: int, ctx: int, items: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[n, ctx + n] boolean mask of a multi-item row: every token sees the cached context; a
+    token of the shared part sees the shared part causally; a token of an item sees the whole
+    shared part and its own item causally, never another item."""
+    segment = torch.zeros(n, dtype=torch.long, device=device)
+    at = n - sum(items)
+    for k, length in enumerate(items):
+        segment[at:at + length] = k + 1
+        at += length
+    index = torch.arange(n, device=device)
+    own = (index[None, :] <= index[:, None]) & ((segment[None, :] == 0) | (segment[None, :] == segment[:, None]))
+    return torch.cat([torch.ones(n, ctx, dtype=torch.bool, device=device), own], dim=1)

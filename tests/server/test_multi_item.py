@@ -1,0 +1,74 @@
+"""Multi-item scoring: a query and N items in ONE masked forward give the scores of N separate
+query+item rows (fp32 tolerance), reuse a cached query prefix, and are used by default only
+when the items are short relative to the query."""
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+
+from prelude.contract.config import Config
+from tests.server.harness import ServerThread
+
+LABELS = [5, 9, 33]
+
+
+@pytest.fixture(scope="module")
+def srv(demo_model):
+    with ServerThread(Config(model=str(demo_model), num_kv_blocks=512, block_size=16)) as server:
+        yield server
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def _score(srv, **body) -> httpx.Response:
+    return httpx.post(srv.base_url + "/v1/score", json={"label_token_ids": LABELS, **body}, timeout=60)
+
+
+def _rows_and_tokens(srv) -> tuple[int, int]:
+    stats = srv.engine.scheduler.stats
+    return srv.on_loop(lambda: (stats.num_oneshot_rows, stats.prefill_tokens))
+
+
+@pytest.mark.parametrize("apply_softmax", [False, True])
+def test_one_forward_equals_one_row_per_item(srv, apply_softmax):
+    rng = random.Random(int(apply_softmax))
+    query = _ids(rng, 70)
+    items = [_ids(rng, rng.randrange(1, 14)) for _ in range(12)]
+    before = _rows_and_tokens(srv)
+    multi = _score(srv, query=query, items=items, apply_softmax=apply_softmax, multi_item=True).json()["scores"]
+    after = _rows_and_tokens(srv)
+    assert after[0] - before[0] == 1  # one row for all twelve items
+    single = _score(srv, query=query, items=items, apply_softmax=apply_softmax, multi_item=False).json()["scores"]
+    for got, want in zip(multi, single):
+        assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_a_cached_query_prefix_is_reused(srv):
+    rng = random.Random(7)
+    query = _ids(rng, 64)  # four full blocks of 16
+    _score(srv, query=query, items=[_ids(rng, 5), _ids(rng, 5)])
+    items = [_ids(rng, 4) for _ in range(3)]
+    before = _rows_and_tokens(srv)
+    cached = _score(srv, query=query, items=items).json()["scores"]
+    after = _rows_and_tokens(srv)
+    assert after[1] - before[1] == 3 * 4  # the query came from the cache: only the items ran
+    fresh = _score(srv, query=query, items=items, multi_item=False).json()["scores"]
+    for got, want in zip(cached, fresh):
+        assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_long_items_go_one_row_each_by_default(srv):
+    rng = random.Random(3)
+    before = _rows_and_tokens(srv)
+    _score(srv, query=_ids(rng, 8), items=[_ids(rng, 20) for _ in range(3)])
+    assert _rows_and_tokens(srv)[0] - before[0] == 3
+
+
+def test_text_query_and_items(srv):
+    out = _score(srv, query="Is the following answer correct? The answer is", items=[" yes", " no", " maybe"])
+    assert out.status_code == 200 and len(out.json()["scores"]) == 3
+    srv.wait_idle()
