@@ -63,15 +63,25 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         else:
             results[k].label_logprobs = logprobs[0].tolist()
 
+    # Heads over the last position run once per step for all their rows (grouped by head).
+    classify = [k for k, (_, spec, _) in enumerate(wanted) if spec.classify]
+    if classify:
+        scores = model.compute_scores(last_hidden(hidden, layout, [wanted[k][0] for k in classify])).float()
+        for k, row_scores in zip(classify, scores.tolist()):
+            results[k].scores = row_scores
+    last_pooled = [k for k, (_, spec, _) in enumerate(wanted) if spec.pooling == "last"]
+    if last_pooled:
+        states = last_hidden(hidden, layout, [wanted[k][0] for k in last_pooled]).float()
+        normalized = F.normalize(states, dim=-1)
+        for j, k in enumerate(last_pooled):
+            results[k].pooled = (normalized[j] if wanted[k][1].normalize else states[j]).tolist()
     for k, (i, spec, row) in enumerate(wanted):
         start, end = layout.query_starts[i], layout.query_starts[i + 1]
         if spec.prompt_logprobs is not None and isinstance(row, PrefillRow):
             results[k].prompt_logprobs = _prompt_logprobs(model, hidden[start:end], row.token_ids,
                                                           spec.prompt_logprobs)
-        if spec.pooling is not None:
+        if spec.pooling is not None and spec.pooling != "last":
             results[k].pooled = _pool(hidden[start:end], spec).tolist()
-        if spec.classify:
-            results[k].scores = model.compute_scores(hidden[end - 1]).float().tolist()
     return results
 
 
@@ -101,10 +111,6 @@ def _prompt_logprobs(model: DecoderLM, hidden: torch.Tensor, token_ids: Sequence
 
 
 def _pool(hidden: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
-    if spec.pooling == "mean":
-        pooled = hidden.float().mean(dim=0)
-    elif spec.pooling == "cls":
-        pooled = hidden[0].float()
-    else:
-        pooled = hidden[-1].float()
+    """Mean or CLS pooling of one row (last-token pooling is grouped across rows above)."""
+    pooled = hidden.float().mean(dim=0) if spec.pooling == "mean" else hidden[0].float()
     return F.normalize(pooled, dim=-1) if spec.normalize else pooled

@@ -70,8 +70,9 @@ class ModelConfig:
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         id2label = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
-        if head == "ForSequenceClassification" and "num_labels" in raw and not id2label:
-            id2label = {i: f"LABEL_{i}" for i in range(raw["num_labels"])}
+        if head == "ForSequenceClassification" and not id2label:
+            # transformers leaves id2label out of config.json at its default, num_labels=2
+            id2label = {i: f"LABEL_{i}" for i in range(raw.get("num_labels", 2))}
         return cls(
             architecture=architecture,
             family=family,

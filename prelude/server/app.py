@@ -90,7 +90,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     async def models(_: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [{
             "id": served.name, "object": "model", "created": 0, "owned_by": "prelude",
-            "root": str(served.path), "max_model_len": served.max_model_len}]})
+            "root": str(served.path), "max_model_len": served.max_model_len,
+            "capabilities": served.capabilities}]})
 
     async def version(_: HTTPRequest) -> Response:
         return json_response({"version": __version__})

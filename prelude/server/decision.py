@@ -62,11 +62,6 @@ class DecisionAPI(Serving):
             raise bad_request(f"model {self.model_name!r} ({self.served.config.architecture}) has no "
                               "classification head; this endpoint needs a *ForSequenceClassification checkpoint")
 
-    def _require_lm_head(self, what: str) -> None:
-        if not self.served.has_lm_head:
-            raise bad_request(f"{what} needs a language-model head; model {self.model_name!r} is "
-                              f"{self.served.config.architecture}")
-
     def _trim_padding(self, ids: list[int]) -> list[int]:
         """Sequence classification reads the last non-pad token (as HF does); causal attention
         makes that the same as dropping trailing pads and reading the last token."""
@@ -227,7 +222,7 @@ class DecisionAPI(Serving):
         body = await self.body(http)
         rid = new_id("score")
         if body.has("label_token_ids"):
-            self._require_lm_head("label-token scoring")
+            self.require_lm_head("label-token scoring")
             label_ids = self._label_ids(body)
             self._check_label_shape(body)
             apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
@@ -272,7 +267,7 @@ class DecisionAPI(Serving):
             prompts = [encoded[q] + d for q, d in zip(queries, seconds)]
             scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
             return [self._relevance(s) for s in scores], prompts
-        self._require_lm_head("scoring")
+        self.require_lm_head("scoring")
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
         if yes is None or no is None:
             raise bad_request("generative scoring needs single tokens 'yes' and 'no' in the vocabulary")

@@ -65,6 +65,7 @@ class CompletionsAPI(Serving):
     # -- /v1/completions --------------------------------------------------------------------
     async def completions(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
+        self.require_lm_head("text generation")
         prompts = await self.inputs(body, "prompt")
         if body.has("suffix"):
             raise bad_request("'suffix' is not supported", "suffix")
@@ -173,6 +174,7 @@ class CompletionsAPI(Serving):
     # -- /v1/chat/completions ---------------------------------------------------------------
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
+        self.require_lm_head("chat")
         text = self.render_chat(body)
         # The template already placed any BOS; encoding must not add another.
         ids = await self.admission.encode(text, add_special_tokens=False)

@@ -29,3 +29,12 @@ class ServedModel:
     @property
     def has_classifier(self) -> bool:
         return self.config.head == "ForSequenceClassification"
+
+    @property
+    def capabilities(self) -> list[str]:
+        """What the model's heads can answer (listed by /v1/models)."""
+        if self.has_classifier:
+            return ["classify", "score", "embed"]
+        if self.has_lm_head:
+            return ["generate", "score", "embed"]
+        return ["embed"]

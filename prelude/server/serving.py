@@ -68,6 +68,11 @@ class Serving:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
         return body
 
+    def require_lm_head(self, what: str) -> None:
+        if not self.served.has_lm_head:
+            raise bad_request(f"{what} needs a language-model head; model {self.model_name!r} is "
+                              f"{self.served.config.architecture}")
+
     def token_text(self, token_id: int) -> str:
         """One token's own text (logprob entries), decoded once per token id for the server's
         lifetime: the table is at most the vocabulary."""

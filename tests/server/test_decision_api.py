@@ -315,3 +315,28 @@ def test_label_scoring_on_a_classifier_is_400(classifier):
     response = post(srv, "/v1/score", query="q", items=["a"], label_token_ids=[1])
     assert response.status_code == 400 and "language-model head" in response.json()["error"]["message"]
     srv.wait_idle()
+
+
+def test_binary_classifier_saved_with_transformers_defaults_loads_and_matches(demo_model, tmp_path):
+    """transformers' default num_labels=2 leaves id2label out of config.json: read it as 2."""
+    import json
+
+    path = make_model_dir(tmp_path / "binary", "qwen3", demo_model, head="ForSequenceClassification", pad_token_id=0)
+    assert "id2label" not in json.loads((path / "config.json").read_text())
+    reference = load_reference(path)
+    with _serve(path) as srv:
+        ids = ids_of(srv, "is this spam?")
+        out = post(srv, "/classify", input=[ids]).json()["data"][0]
+        with torch.no_grad():
+            expected = reference(torch.tensor([ids])).logits[0].softmax(-1)
+        assert out["num_classes"] == 2 and out["probs"] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_a_classifier_has_no_text_generation_and_models_lists_capabilities(classifier, lm):
+    srv, _ = classifier
+    for path, body in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        response = post(srv, path, **body)
+        assert response.status_code == 400 and "language-model head" in response.json()["error"]["message"]
+    assert httpx.get(srv.base_url + "/v1/models").json()["data"][0]["capabilities"] == ["classify", "score", "embed"]
+    assert httpx.get(lm[0].base_url + "/v1/models").json()["data"][0]["capabilities"] == ["generate", "score", "embed"]
