@@ -98,7 +98,8 @@ def build(config: Config) -> Built:
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),
                          multi_item_scoring=config.multi_item_scoring and runner.attention.supports_items
-                         and not config.disable_oneshot)
+                         and not config.disable_oneshot,
+                         truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"))
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)

@@ -18,7 +18,7 @@ from prelude.engine.engine import Engine
 from prelude.server import metrics
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
-from prelude.server.decision import DecisionAPI
+from prelude.server.compat import CompatAPI
 from prelude.server.openai import CompletionsAPI
 from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response
@@ -73,7 +73,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot)
     openai = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
-    decision = DecisionAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+    decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
 
     async def ping(_: HTTPRequest) -> Response:
         return Response(status_code=200 if engine.healthy else 503)
@@ -159,6 +159,10 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/v1/score", decision.score, methods=["POST"]),
             Route("/rerank", decision.rerank, methods=["POST"]),
             Route("/v1/rerank", decision.rerank, methods=["POST"]),
+            Route("/embed", decision.tei_embed, methods=["POST"]),
+            Route("/predict", decision.tei_predict, methods=["POST"]),
+            Route("/v2/embed", decision.cohere_embed, methods=["POST"]),
+            Route("/v2/rerank", decision.cohere_rerank, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],

@@ -280,8 +280,10 @@ class DecisionAPI(Serving):
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------
     async def rerank(self, http: HTTPRequest) -> Response:
+        return await self.rerank_documents(await self.body(http), http)
+
+    async def rerank_documents(self, body: Body, http: HTTPRequest) -> Response:
         """Cohere / Jina shape: query + documents -> results sorted by relevance."""
-        body = await self.body(http)
         query = body.str("query")
         if not query:
             raise bad_request("'query' must be a non-empty string", "query")

@@ -81,9 +81,23 @@ class Serving:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def truncate(self, ids: list[int], limit: int | None, side: str | None = None) -> list[int]:
+        """At most `limit` tokens, dropping from the tokenizer's truncation side (or `side`)."""
+        if limit is None or len(ids) <= limit:
+            return ids
+        return ids[len(ids) - limit:] if (side or self.served.truncation_side) == "left" else ids[:limit]
+
+    def truncation_limit(self, body: Body) -> int | None:
+        """vLLM's truncate_prompt_tokens: k keeps at most k prompt tokens, -1 the model's context."""
+        k = body.int("truncate_prompt_tokens", None, lo=-1)
+        if k == 0 or (k is not None and k < -1):
+            raise body.invalid("truncate_prompt_tokens", "must be -1 or positive")
+        return self.served.max_model_len if k == -1 else k
+
     async def inputs(self, body: Body, name: str, max_items: int | None = None) -> list[list[int]]:
         """A prompt field as OpenAI allows it: a string, an array of strings, an array of token
-        ids, or an array of token-id arrays; returns token ids per input (all validated)."""
+        ids, or an array of token-id arrays; returns token ids per input (all validated, and
+        truncated as truncate_prompt_tokens asks: vLLM keeps the last k tokens)."""
         value = body.require(name)
         if isinstance(value, str) or _is_ids(value):
             items: list = [value]
@@ -98,7 +112,9 @@ class Serving:
             if not isinstance(item, (str, list)):
                 raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids",
                                   name)
-        return await self.encode_items(items, name)
+        limit = self.truncation_limit(body)
+        encoded = await self.encode_items(items, name)
+        return encoded if limit is None else [self.truncate(ids, limit, "left") for ids in encoded]
 
     async def encode_items(self, items: list, name: str) -> list[list[int]]:
         """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked)."""

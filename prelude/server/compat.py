@@ -1,0 +1,185 @@
+"""The shapes other embedding and rerank servers' clients send, on the same OneShot paths:
+TEI's /embed, /rerank (with `texts`) and /predict, and Cohere's v2 /v2/embed and /v2/rerank.
+Each answers in its own server's response shape."""
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from prelude.engine.request import Task
+from prelude.server.decision import MAX_ITEMS, DecisionAPI, _required, _sigmoid, _softmax
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.server.serving import check_count, json_response, new_id
+
+COHERE_EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+
+
+def _texts(body: Body, name: str) -> list[str]:
+    value = body.require(name)
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise bad_request(f"'{name}' must be a non-empty string or array of non-empty strings", name)
+    check_count(name, len(texts), MAX_ITEMS)
+    return texts
+
+
+def _matryoshka(vector: list[float], dimensions: int | None, normalize: bool) -> list[float]:
+    if dimensions is not None:
+        vector = vector[:dimensions]
+    if normalize:
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        vector = [v / norm for v in vector]
+    return vector
+
+
+def _packed_bits(vector: list[float], signed: bool) -> list[int]:
+    """One bit per dimension (1 where positive), eight to a byte; Cohere's binary is the byte
+    minus 128."""
+    out = []
+    for i in range(0, len(vector), 8):
+        byte = sum(1 << (7 - j) for j, v in enumerate(vector[i:i + 8]) if v > 0)
+        out.append(byte - 128 if signed else byte)
+    return out
+
+
+def _cohere_embedding(vector: list[float], kind: str) -> list | str:
+    if kind == "float":
+        return vector
+    if kind == "int8":
+        return [max(-128, min(127, round(v * 127))) for v in vector]
+    if kind == "uint8":
+        return [max(0, min(255, round((v + 1) * 127.5))) for v in vector]
+    if kind in ("binary", "ubinary"):
+        return _packed_bits(vector, signed=kind == "binary")
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+class CompatAPI(DecisionAPI):
+    async def _embed_texts(self, http: HTTPRequest, body: Body, texts: list[str], limit: int | None,
+                           side: str | None, normalize: bool) -> tuple[list[list[float]], list[list[int]]]:
+        prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
+        rows = self._rows(new_id("embd"), prompts, task=Task.EMBED, pooling=self.served.pooling,
+                          normalize=normalize, **self.scheduling(http, body))
+        return [_required(out.pooled) for out in await self.collect(http, rows)], prompts
+
+    async def rerank(self, http: HTTPRequest) -> Response:
+        """/rerank and /v1/rerank: Cohere / Jina's `documents`, or TEI's `texts`."""
+        body = await self.body(http)
+        if body.has("texts") and not body.has("documents"):
+            return await self.tei_rerank(body, http)
+        return await self.rerank_documents(body, http)
+
+    # -- TEI --------------------------------------------------------------------------------
+    async def tei_embed(self, http: HTTPRequest) -> Response:
+        """TEI /embed: `inputs` (string or strings), `normalize`, `truncate`, `dimensions`;
+        answers a bare array of embeddings. Without `truncate`, an over-long input is a 400."""
+        body = await self.body(http)
+        texts = _texts(body, "inputs")
+        truncate = body.bool("truncate")
+        dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
+        normalize = body.bool("normalize", True)
+        vectors, _ = await self._embed_texts(http, body, texts, self.served.max_model_len if truncate else None,
+                                             None, normalize and dimensions is None)
+        return json_response([_matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
+
+    async def tei_rerank(self, body: Body, http: HTTPRequest) -> Response:
+        """TEI /rerank: `query`, `texts`, `raw_scores`, `return_text`; a bare array sorted by
+        score."""
+        query = body.str("query")
+        if not query:
+            raise bad_request("'query' must be a non-empty string", "query")
+        texts = _texts(body, "texts")
+        relevance, _ = await self._relevance_scores(http, new_id("rerank"), [query] * len(texts), texts, body)
+        raw = body.bool("raw_scores")
+        if raw:  # the logit the probability came from
+            relevance = [math.log(max(p, 1e-45) / max(1 - p, 1e-45)) for p in relevance]
+        return_text = body.bool("return_text")
+        results = []
+        for i in sorted(range(len(texts)), key=lambda i: -relevance[i]):
+            item: dict = {"index": i, "score": relevance[i]}
+            if return_text:
+                item["text"] = texts[i]
+            results.append(item)
+        return json_response(results)
+
+    async def tei_predict(self, http: HTTPRequest) -> Response:
+        """TEI /predict: `inputs` as a string, a [text, text_pair], or a batch of either; each
+        answer is every label with its score, best first (`raw_scores`: logits)."""
+        body = await self.body(http)
+        self._require_classifier()
+        value = body.require("inputs")
+        single = isinstance(value, str) or (isinstance(value, list) and len(value) == 2
+                                            and all(isinstance(v, str) for v in value)
+                                            and not body.bool("batch"))
+        batch = [value] if single else value
+        if not isinstance(batch, list) or not batch:
+            raise bad_request("'inputs' must be a text, a [text, pair], or an array of those", "inputs")
+        check_count("inputs", len(batch), MAX_ITEMS)
+        prompts = []
+        for entry in batch:
+            if isinstance(entry, str) and entry:
+                (ids,) = await self.encode_items([entry], "inputs")
+            elif isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t for t in entry):
+                (first,) = await self.encode_items([entry[0]], "inputs")
+                ids = first + await self.admission.encode(entry[1], add_special_tokens=False)
+            else:
+                raise bad_request("'inputs' must be a text, a [text, pair], or an array of those", "inputs")
+            prompts.append(ids)
+        logits = await self._classify_rows(http, new_id("predict"), prompts, self.scheduling(http, body))
+        labels = self.served.config.id2label
+        raw = body.bool("raw_scores")
+        answers = []
+        for row in logits:
+            scores = row if raw else ([_sigmoid(row[0])] if len(row) == 1 else _softmax(row))
+            ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
+            answers.append([{"label": labels.get(i, f"LABEL_{i}"), "score": scores[i]} for i in ranked])
+        return json_response(answers[0] if single else answers)
+
+    # -- Cohere v2 --------------------------------------------------------------------------
+    async def cohere_embed(self, http: HTTPRequest) -> Response:
+        """Cohere v2 /v2/embed: `texts`, `input_type` (accepted; this server embeds every type
+        the same way), `embedding_types`, `output_dimension`, `max_tokens`, `truncate`
+        (NONE: over-long input is a 400; START / END: drop tokens from that end)."""
+        body = await self.body(http)
+        texts = _texts(body, "texts")
+        kinds = body.list("embedding_types") or ["float"]
+        if not all(k in COHERE_EMBEDDING_TYPES for k in kinds):
+            raise bad_request(f"'embedding_types' must be among {', '.join(COHERE_EMBEDDING_TYPES)}", "embedding_types")
+        dimensions = body.int("output_dimension", None, lo=1, hi=self.served.config.hidden_size)
+        truncate = (body.str("truncate", "END") or "END").upper()
+        if truncate not in ("NONE", "START", "END"):
+            raise bad_request("'truncate' must be NONE, START or END", "truncate")
+        limit = body.int("max_tokens", None, lo=1)
+        if truncate != "NONE":
+            limit = min(limit or self.served.max_model_len, self.served.max_model_len)
+        vectors, prompts = await self._embed_texts(http, body, texts, limit, "left" if truncate == "START" else "right",
+                                                   dimensions is None)
+        vectors = [_matryoshka(v, dimensions, dimensions is not None) for v in vectors]
+        embeddings = {kind: [_cohere_embedding(v, kind) for v in vectors] for kind in kinds}
+        return json_response({
+            "id": new_id("embed"), "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": sum(map(len, prompts))}}})
+
+    async def cohere_rerank(self, http: HTTPRequest) -> Response:
+        """Cohere v2 /v2/rerank: `query`, `documents` (strings), `top_n`, `max_tokens_per_doc`."""
+        body = await self.body(http)
+        query = body.str("query")
+        if not query:
+            raise bad_request("'query' must be a non-empty string", "query")
+        documents = _texts(body, "documents")
+        per_doc = body.int("max_tokens_per_doc", None, lo=1)
+        if per_doc is not None:  # the documents' own tokens, cut at the tokenizer's truncation side
+            encoded = await self.admission.encode_many(documents, add_special_tokens=False)
+            documents = [self.tokenizer.decode(self.truncate(ids, per_doc)) for ids in encoded]
+        top_n = body.int("top_n", len(documents), lo=1)
+        relevance, prompts = await self._relevance_scores(http, new_id("rerank"), [query] * len(documents),
+                                                          documents, body)
+        order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]
+        return json_response({
+            "id": new_id("rerank"), "results": [{"index": i, "relevance_score": relevance[i]} for i in order],
+            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}})

@@ -1,0 +1,73 @@
+"""Other servers' client shapes over real HTTP: Cohere v2 through the real `cohere` SDK's
+ClientV2, TEI's /embed, /rerank (with `texts`) and /predict, and vLLM's truncate_prompt_tokens.
+Each gives the same numbers as the server's own endpoints."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.test_decision_api import LABELS, classifier, lm, post  # noqa: F401  (fixtures)
+
+TEXTS = ["a paged KV cache", "the weather is nice today", "blocks of sixteen tokens"]
+
+
+def test_cohere_v2_client_embeds_and_reranks(lm):
+    cohere = pytest.importorskip("cohere")
+    srv, _ = lm
+    with cohere.ClientV2(api_key="unused", base_url=srv.base_url) as client:
+        out = client.embed(model=srv.served.name, texts=TEXTS, input_type="search_document",
+                           embedding_types=["float", "int8", "ubinary"])
+        ranked = client.rerank(model=srv.served.name, query="what is a KV cache?", documents=TEXTS, top_n=2)
+    ours = post(srv, "/v1/embeddings", input=TEXTS).json()["data"]
+    for got, want in zip(out.embeddings.float_, ours):
+        assert got == pytest.approx(want["embedding"], abs=1e-6)
+    assert len(out.embeddings.int8[0]) == len(ours[0]["embedding"])
+    assert len(out.embeddings.ubinary[0]) == -(-len(ours[0]["embedding"]) // 8)
+    assert out.meta.billed_units.input_tokens > 0
+    reference = post(srv, "/v1/rerank", query="what is a KV cache?", documents=TEXTS, top_n=2).json()["results"]
+    assert [r.index for r in ranked.results] == [r["index"] for r in reference]
+    assert ranked.results[0].relevance_score == pytest.approx(reference[0]["relevance_score"], abs=1e-6)
+
+
+def test_cohere_v2_truncation_and_dimensions(lm):
+    srv, _ = lm
+    long_text = "word " * 600
+    cut = post(srv, "/v2/embed", texts=[long_text], input_type="search_query", max_tokens=16, truncate="END")
+    assert cut.status_code == 200 and cut.json()["meta"]["billed_units"]["input_tokens"] == 16
+    small = post(srv, "/v2/embed", texts=["hi"], input_type="search_query", output_dimension=8).json()
+    vector = small["embeddings"]["float"][0]
+    assert len(vector) == 8 and sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
+    assert post(srv, "/v2/rerank", query="q", documents=["a " * 100], max_tokens_per_doc=4).status_code == 200
+
+
+def test_tei_embed_rerank_and_truncate(lm):
+    srv, _ = lm
+    vectors = httpx.post(srv.base_url + "/embed", json={"inputs": TEXTS}).json()
+    ours = post(srv, "/v1/embeddings", input=TEXTS).json()["data"]
+    assert [v == pytest.approx(o["embedding"], abs=1e-6) for v, o in zip(vectors, ours)] == [True] * 3
+    too_long = {"inputs": "word " * 5000}
+    assert httpx.post(srv.base_url + "/embed", json=too_long).status_code == 400
+    assert httpx.post(srv.base_url + "/embed", json={**too_long, "truncate": True}).status_code == 200
+    ranked = httpx.post(srv.base_url + "/rerank", json={"query": "KV cache?", "texts": TEXTS,
+                                                        "return_text": True}).json()
+    assert [r["text"] for r in ranked] == [TEXTS[r["index"]] for r in ranked]
+    assert ranked == sorted(ranked, key=lambda r: -r["score"])
+
+
+def test_tei_predict_single_pair_and_batch(classifier):
+    srv, _ = classifier
+    single = httpx.post(srv.base_url + "/predict", json={"inputs": "great movie"}).json()
+    assert {a["label"] for a in single} == set(LABELS.values()) and sum(a["score"] for a in single) == pytest.approx(1)
+    ours = post(srv, "/classify", input=["great movie"]).json()["data"][0]
+    assert max(a["score"] for a in single) == pytest.approx(max(ours["probs"]), abs=1e-6)
+    batch = httpx.post(srv.base_url + "/predict", json={"inputs": [["q", "doc"], "text"]}).json()
+    assert len(batch) == 2 and all(len(answer) == len(LABELS) for answer in batch)
+
+
+def test_vllm_truncate_prompt_tokens_keeps_the_last_tokens(lm):
+    srv, _ = lm
+    ids = list(range(10, 60))
+    cut = post(srv, "/v1/embeddings", input=[ids], truncate_prompt_tokens=8).json()
+    tail = post(srv, "/v1/embeddings", input=[ids[-8:]]).json()
+    assert cut["data"][0]["embedding"] == pytest.approx(tail["data"][0]["embedding"], abs=1e-6)
+    assert cut["usage"]["prompt_tokens"] == 8
