@@ -99,7 +99,8 @@ def build(config: Config) -> Built:
                          config.pooling or default_pooling(model_dir),
                          multi_item_scoring=config.multi_item_scoring and runner.attention.supports_items
                          and not config.disable_oneshot,
-                         truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"))
+                         truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
+                         eos_token_ids=eos_ids)
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)

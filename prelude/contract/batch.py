@@ -54,6 +54,7 @@ class PrefillRow:
     # followed the shared part before it (its positions restart there; it attends to the shared
     # part and to itself, never to other items). Label logprobs are read at each item's end.
     item_lengths: tuple[int, ...] = ()
+    history: Sequence[int] = ()  # prompt + generated tokens, for penalties (else empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class DecodeRow:
     block_table: Sequence[int]
     output: OutputSpec
     sample_step: int = 0
+    history: Sequence[int] = ()  # prompt + generated tokens, for penalties (else empty)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,14 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     skip_special_tokens: bool = True
+    # vLLM's penalties: presence / frequency on generated tokens, repetition on prompt and
+    # generated tokens (logit / p where positive, x p where negative).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0  # before this many tokens, the ids in min_tokens_blocked cannot be sampled
+    min_tokens_blocked: tuple[int, ...] = ()  # EOS and stop token ids, filled at admission
+    include_stop_str_in_output: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -27,8 +35,14 @@ class SamplingParams:
         return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
+    def penalizes(self) -> bool:
+        """Sampling depends on the tokens before it (the rows then carry their history)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
     def restricts_logits(self) -> bool:
-        return bool(self.logit_bias) or self.allowed_token_ids is not None
+        return (bool(self.logit_bias) or self.allowed_token_ids is not None or self.penalizes
+                or (self.min_tokens > 0 and bool(self.min_tokens_blocked)))
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -39,7 +39,7 @@ class DecodePlanner:
     @staticmethod
     def decode_row(seq: Sequence) -> DecodeRow:
         return DecodeRow(seq.seq_id, seq.token_ids[-1], seq.num_tokens - 1, seq.blocks, seq.request.output,
-                         seq.num_output_tokens)
+                         seq.num_output_tokens, seq.token_ids if seq.request.sampling.penalizes else ())
 
     def prefill_chunks(self, budget: StepBudget) -> list[tuple[Sequence, PrefillRow]]:
         """The next chunk of each running sequence still prefilling, while the budget lasts."""
@@ -98,7 +98,8 @@ class DecodePlanner:
         seq.blocks.extend(self.pool.allocate(need))
         last = computed + chunk == seq.num_tokens
         return PrefillRow(seq.seq_id, seq.token_ids[computed:computed + chunk], computed, seq.blocks,
-                          request.output if last else None, seq.num_output_tokens)
+                          request.output if last else None, seq.num_output_tokens,
+                          history=seq.token_ids if last and request.sampling.penalizes else ())
 
     # -- preemption ---------------------------------------------------------------------------
     def _make_room(self, need: int, seq: Sequence, keep: list[Sequence]) -> bool:

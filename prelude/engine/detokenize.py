@@ -12,13 +12,14 @@ CONTEXT_TOKENS = 5
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], stop: Sequence[str],
-                 skip_special_tokens: bool):
+                 skip_special_tokens: bool, include_stop: bool = False):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.skip_special_tokens = skip_special_tokens
         self.stop = tuple(s for s in stop if s)
+        self.include_stop = include_stop  # the text keeps the stop string (vLLM's include_stop_str_in_output)
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
 
@@ -36,7 +37,7 @@ class IncrementalDetokenizer:
         for stop in self.stop:
             at = self.text.find(stop, search_from)
             if at >= 0:
-                self.text = self.text[:at]
+                self.text = self.text[:at + len(stop) if self.include_stop else at]
                 return stop
         return None
 

@@ -47,7 +47,8 @@ class OneShotPlanner:
         request = planned.job.request
         start = planned.num_cached_blocks * self.pool.block_size
         return PrefillRow(planned.job.seq_id, request.prompt_ids[start:], start, planned.blocks, request.output,
-                          item_lengths=request.item_lengths)
+                          item_lengths=request.item_lengths,
+                          history=request.prompt_ids if request.sampling.penalizes else ())
 
     def complete(self, planned: PlannedOneShot) -> None:
         """After its step: the full prompt blocks go to the prefix cache, and the row lets go."""

@@ -26,7 +26,8 @@ class Tracked:
         detokenizer = None
         if isinstance(work, Sequence) and request.generates:
             detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids, request.sampling.stop,
-                                                 request.sampling.skip_special_tokens)
+                                                 request.sampling.skip_special_tokens,
+                                                 request.sampling.include_stop_str_in_output)
         return cls(work, RequestStream(request.request_id), detokenizer)
 
 

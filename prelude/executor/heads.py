@@ -42,7 +42,7 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         if sample_at:
             chosen = [wanted[full[j]] for j in sample_at]
             tokens = sample(logits[sample_at], [spec.sample for _, spec, _ in chosen if spec.sample],
-                            [row.sample_step for _, _, row in chosen])
+                            [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen])
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token
     # Label rows read at item ends, or through the compact head (just the labels' K rows).

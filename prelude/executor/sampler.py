@@ -10,18 +10,34 @@ from prelude.contract.batch import TokenLogprob
 from prelude.contract.sampling import SamplingParams
 
 
-def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
-    """Applies allowed_token_ids and logit_bias in place."""
-    for row, p in enumerate(params):
+def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],
+                    histories: Sequence[Sequence[int]]) -> None:
+    """Applies allowed_token_ids, logit_bias, min_tokens and the penalties in place. A row's
+    history is its prompt followed by its `step` generated tokens."""
+    device = logits.device
+    for row, (p, step, history) in enumerate(zip(params, steps, histories)):
         if p.allowed_token_ids is not None:
-            keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=logits.device)
+            keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=device)
             kept = logits[row, keep]
             logits[row].fill_(float("-inf"))
             logits[row, keep] = kept
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=logits.device)
-            bias = torch.tensor([b for _, b in p.logit_bias], device=logits.device, dtype=logits.dtype)
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=device)
+            bias = torch.tensor([b for _, b in p.logit_bias], device=device, dtype=logits.dtype)
             logits[row, ids] += bias
+        if step < p.min_tokens and p.min_tokens_blocked:
+            logits[row, list(p.min_tokens_blocked)] = float("-inf")
+        if p.penalizes and history:
+            tokens = torch.tensor(list(history), dtype=torch.long, device=device)
+            if p.repetition_penalty != 1.0:
+                seen = tokens.unique()
+                values = logits[row, seen]
+                logits[row, seen] = torch.where(values > 0, values / p.repetition_penalty,
+                                                values * p.repetition_penalty)
+            generated = tokens[len(history) - step:]
+            if len(generated):
+                counts = torch.bincount(generated, minlength=logits.shape[-1]).to(logits.dtype)
+                logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
 def _uniforms(params: Sequence[SamplingParams], steps: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -36,16 +52,17 @@ def _uniforms(params: Sequence[SamplingParams], steps: Sequence[int], device: to
     return u
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> list[TokenLogprob]:
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],
+           histories: Sequence[Sequence[int]] | None = None) -> list[TokenLogprob]:
     """logits: [N, vocab] float32, one row per sampled row; steps: the index of the token each
-    row samples."""
+    row samples; histories: each row's prompt + generated tokens (needed for penalties)."""
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         # Reported logprobs are the model's own distribution, before any restriction or
         # temperature (what vLLM reports by default).
         raw_logprobs = torch.log_softmax(logits, dim=-1)
     if any(p.restricts_logits for p in params):
-        restrict_logits(logits, params)
+        restrict_logits(logits, params, steps, histories or [()] * len(params))
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:

@@ -18,13 +18,14 @@ INLINE_CHARS = 2048
 
 class Admission:
     def __init__(self, tokenizer: Tokenizer, workers: int, max_model_len: int, kv_capacity_tokens: int,
-                 max_logprobs: int, disable_oneshot: bool = False):
+                 max_logprobs: int, disable_oneshot: bool = False, eos_token_ids: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
         self.max_logprobs = max_logprobs
         self.disable_oneshot = disable_oneshot
+        self.eos_token_ids = eos_token_ids
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prelude-tokenize")
 
     def close(self) -> None:
@@ -87,11 +88,8 @@ class Admission:
 
     def sampling(self, body: Body, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Sampling fields shared by completions and chat (OpenAI names plus vLLM's extensions)."""
-        for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            if body.float(name, neutral) != neutral:
-                raise bad_request(f"'{name}' is not supported by this server", name)
-        if body.int("min_tokens", 0, lo=0) != 0:
-            raise bad_request("'min_tokens' is not supported by this server", "min_tokens")
+        min_tokens = body.int("min_tokens", 0, lo=0, hi=max_tokens)
+        body.bool("spaces_between_special_tokens", True)  # a slow-tokenizer option: fast decoding has none
         if logprobs is not None and logprobs > self.max_logprobs:
             raise bad_request(f"requested {logprobs} logprobs; this server allows at most "
                               f"{self.max_logprobs} (--max-logprobs)", "logprobs")
@@ -123,7 +121,21 @@ class Admission:
             logit_bias=logit_bias,
             allowed_token_ids=self._allowed_ids(body),
             skip_special_tokens=body.bool("skip_special_tokens", True),
+            presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),
+            frequency_penalty=body.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+            repetition_penalty=body.float("repetition_penalty", 1.0, lo=0.01, hi=10.0),
+            min_tokens=min_tokens,
+            min_tokens_blocked=self._blocked_before_min(body, min_tokens),
+            include_stop_str_in_output=body.bool("include_stop_str_in_output"),
         )
+
+    def _blocked_before_min(self, body: Body, min_tokens: int) -> tuple[int, ...]:
+        """The ids that would end generation (EOS unless ignored, stop token ids) cannot be
+        sampled before min_tokens, as in vLLM."""
+        if not min_tokens:
+            return ()
+        eos = () if body.bool("ignore_eos") else self.eos_token_ids
+        return tuple(dict.fromkeys((*eos, *(body.int_list("stop_token_ids", hi=self.vocab_size - 1) or ()))))
 
     def _allowed_ids(self, body: Body) -> tuple[int, ...] | None:
         allowed = body.int_list("allowed_token_ids", hi=self.vocab_size - 1)

@@ -21,7 +21,8 @@ class ServedModel:
     kv_capacity_tokens: int  # the most tokens one request's KV may take
     pooling: str  # default embedding pooling: last | mean | cls
     multi_item_scoring: bool = False  # /v1/score may pack items into one masked row
-    truncation_side: str = "right"  # tokenizer_config.json's: which end truncation drops
+    truncation_side: str = "right"
+    eos_token_ids: tuple[int, ...] = ()  # tokenizer_config.json's: which end truncation drops
 
     @property
     def has_lm_head(self) -> bool:

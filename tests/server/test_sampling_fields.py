@@ -1,0 +1,66 @@
+"""vLLM's generation fields, tested for their effect: penalties (against the same penalties
+applied by hand to transformers' logits), min_tokens, include_stop_str_in_output."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.server.test_decision_api import ids_of, lm, post  # noqa: F401  (fixture)
+
+
+def greedy_with_penalties(reference, prompt: list[int], n: int, presence: float, frequency: float,
+                          repetition: float) -> list[int]:
+    """vLLM's semantics: repetition on prompt + generated tokens, presence / frequency on generated."""
+    ids, out = list(prompt), []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids])).logits[0, -1].float()
+        seen = torch.tensor(sorted(set(ids)))
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / repetition, values * repetition)
+        if out:
+            counts = torch.bincount(torch.tensor(out), minlength=logits.shape[0]).float()
+            logits -= frequency * counts + presence * (counts > 0).float()
+        token = int(logits.argmax())
+        out.append(token)
+        ids.append(token)
+    return out
+
+
+@pytest.mark.parametrize("presence,frequency,repetition", [(0.0, 0.0, 1.8), (1.5, 0.0, 1.0), (0.0, 1.2, 1.0),
+                                                          (0.5, 0.5, 1.3)])
+def test_penalties_match_a_hand_computed_greedy_decode(lm, presence, frequency, repetition):
+    srv, reference = lm
+    prompt = ids_of(srv, "the the the cache cache holds blocks blocks")
+    body = dict(prompt=prompt, max_tokens=6, temperature=0, ignore_eos=True, presence_penalty=presence,
+                frequency_penalty=frequency, repetition_penalty=repetition)
+    out = post(srv, "/v1/completions", **body).json()["choices"][0]
+    want = greedy_with_penalties(reference, prompt, 6, presence, frequency, repetition)
+    plain = post(srv, "/v1/completions", prompt=prompt, max_tokens=6, temperature=0, ignore_eos=True).json()
+    assert out["text"] == srv.served.tokenizer.decode(want)
+    assert out["text"] != plain["choices"][0]["text"]  # the penalty changed the answer
+
+
+def test_min_tokens_blocks_the_stop_token_until_reached(lm):
+    srv, _ = lm
+    prompt = ids_of(srv, "Short")
+    first = post(srv, "/v1/completions", prompt=prompt, max_tokens=1, temperature=0).json()
+    stop_id = srv.served.tokenizer.encode(first["choices"][0]["text"], False)[0]
+    stopped = post(srv, "/v1/completions", prompt=prompt, max_tokens=8, temperature=0, stop_token_ids=[stop_id])
+    assert stopped.json()["usage"]["completion_tokens"] == 1
+    held = post(srv, "/v1/completions", prompt=prompt, max_tokens=8, temperature=0, stop_token_ids=[stop_id],
+                min_tokens=5).json()
+    assert held["usage"]["completion_tokens"] >= 5
+
+
+def test_include_stop_str_in_output(lm):
+    srv, _ = lm
+    prompt = ids_of(srv, "Judge: is this answer relevant?")
+    text = post(srv, "/v1/completions", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True).json()
+    full = text["choices"][0]["text"]
+    stop = full[3:5]
+    cut = post(srv, "/v1/completions", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
+               stop=[stop]).json()["choices"][0]
+    kept = post(srv, "/v1/completions", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
+                stop=[stop], include_stop_str_in_output=True).json()["choices"][0]
+    assert kept["text"] == cut["text"] + stop and kept["finish_reason"] == "stop"
