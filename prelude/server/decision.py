@@ -24,13 +24,12 @@ MAX_ITEMS = 1024
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 
 # Generative reranking (Qwen3-Reranker style): the model answers "yes" or "no" to whether the
-# document meets the query; the score is P(yes) / (P(yes) + P(no)) at the answer position.
+# document meets the query; the score is P(yes) / (P(yes) + P(no)) at the answer position. The
+# judge prompt goes through the model's own chat template.
 RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-RERANK_PREFIX = (
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
-    'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-)
-RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+JUDGE_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
+                'provided. Note that the answer can only be "yes" or "no".')
+_QUERY, _DOCUMENT = "\ue000query\ue000", "\ue000document\ue000"  # private-use code points: never in input
 
 
 def _required(value: T | None) -> T:
@@ -271,12 +270,22 @@ class DecisionAPI(Serving):
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
         if yes is None or no is None:
             raise bad_request("generative scoring needs single tokens 'yes' and 'no' in the vocabulary")
-        instruction = body.str("instruction", RERANK_INSTRUCTION)
-        texts = [f"{RERANK_PREFIX}<Instruct>: {instruction}\n<Query>: {q}\n<Document>: {d}{RERANK_SUFFIX}"
-                 for q, d in zip(queries, documents)]
-        prompts = await self.encode_items(texts, "documents")
+        template, special = self.judge_prompt(body.str("instruction", RERANK_INSTRUCTION))
+        texts = [template.replace(_QUERY, q).replace(_DOCUMENT, d) for q, d in zip(queries, documents)]
+        prompts = await self.admission.encode_many(texts, add_special_tokens=special)
         scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body))
         return [s[1] for s in scores], prompts
+
+    def judge_prompt(self, instruction: str) -> tuple[str, bool]:
+        """The yes/no judge prompt with query and document placeholders, rendered once through
+        the model's chat template (thinking off, for templates that have it); and whether
+        encoding must add special tokens (only without a template, which would place them)."""
+        user = f"<Instruct>: {instruction}\n<Query>: {_QUERY}\n<Document>: {_DOCUMENT}"
+        template = self.served.chat_template
+        if template is None:
+            return f"{JUDGE_SYSTEM}\n{user}\nAnswer (yes or no): ", True
+        messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+        return template.render(messages, add_generation_prompt=True, enable_thinking=False), False
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------
     async def rerank(self, http: HTTPRequest) -> Response:

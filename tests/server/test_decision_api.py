@@ -209,14 +209,16 @@ def test_generative_rerank_uses_yes_no_probability(lm):
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
     if yes is None or no is None:
         pytest.skip("demo vocabulary lacks single-token yes/no")
-    from prelude.server.decision import RERANK_INSTRUCTION, RERANK_PREFIX, RERANK_SUFFIX
+    from prelude.server.decision import JUDGE_SYSTEM, RERANK_INSTRUCTION
 
     docs = ["blocks and caches", "a recipe for soup"]
     out = post(srv, "/rerank", query="what is a KV cache?", documents=docs, return_documents=False).json()
     for result in out["results"]:
-        text = (f"{RERANK_PREFIX}<Instruct>: {RERANK_INSTRUCTION}\n<Query>: what is a KV cache?\n"
-                f"<Document>: {docs[result['index']]}{RERANK_SUFFIX}")
-        lp = lm_logprobs(reference, tok.encode(text))[-1, [no, yes]]
+        # Through the model's own chat template (the demo's is plain ChatML without thinking).
+        user = f"<Instruct>: {RERANK_INSTRUCTION}\n<Query>: what is a KV cache?\n<Document>: {docs[result['index']]}"
+        text = (f"<|im_start|>system\n{JUDGE_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+                "<|im_start|>assistant\n")
+        lp = lm_logprobs(reference, tok.encode(text, False))[-1, [no, yes]]
         assert result["relevance_score"] == pytest.approx(float(torch.softmax(lp, 0)[1]), abs=1e-5)
         assert "document" not in result
 

@@ -42,3 +42,25 @@ def test_streamed_text_equals_full_text_and_decode(qwen3):
     assert streamed == full.choices[0].message.content
     assert len(full.choices[0].logprobs.content) == full.usage.completion_tokens
     assert full.usage.completion_tokens == 24 or full.choices[0].finish_reason == "stop"
+
+
+def test_generative_rerank_renders_the_qwen3_reranker_prompt(qwen3):
+    """Through Qwen3's own chat template (thinking off), the judge prompt is exactly the
+    Qwen3-Reranker format."""
+    from prelude.server.decision import JUDGE_SYSTEM, RERANK_INSTRUCTION
+
+    docs = ["blocks and caches", "soup"]
+    before = qwen3.on_loop(lambda: qwen3.engine.scheduler.stats.prefill_tokens)
+    response = httpx.post(qwen3.base_url + "/v1/rerank", json={"query": "what is a KV cache?", "documents": docs})
+    assert response.status_code == 200
+    user = f"<Instruct>: {RERANK_INSTRUCTION}\n<Query>: what is a KV cache?\n<Document>: "
+    expected = [f"<|im_start|>system\n{JUDGE_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}{doc}<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n" for doc in docs]
+    from types import SimpleNamespace
+
+    from prelude.server.decision import _DOCUMENT, _QUERY, DecisionAPI
+
+    template, special = DecisionAPI.judge_prompt(SimpleNamespace(served=qwen3.served), RERANK_INSTRUCTION)
+    rendered = [template.replace(_QUERY, "what is a KV cache?").replace(_DOCUMENT, doc) for doc in docs]
+    assert rendered == expected and not special
+    assert qwen3.on_loop(lambda: qwen3.engine.scheduler.stats.prefill_tokens) > before
