@@ -94,6 +94,20 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             "root": str(served.path), "max_model_len": served.max_model_len,
             "capabilities": served.capabilities}]})
 
+    # SGLang's worker discovery (sglang-router asks for it): the model's id, and where its
+    # tokenizer lives, so a cache-aware router tokenizes as the worker does.
+    info = {"model_path": str(served.path), "served_model_name": served.name, "tokenizer_path": str(served.path),
+            "is_generation": served.has_lm_head, "architectures": [served.config.architecture],
+            "max_model_len": served.max_model_len, "capabilities": served.capabilities}
+
+    async def model_info(_: HTTPRequest) -> Response:
+        return json_response(info)
+
+    async def server_info(_: HTTPRequest) -> Response:
+        return json_response({**info, "version": __version__, "context_length": served.max_model_len,
+                              "max_total_num_tokens": served.kv_capacity_tokens,
+                              "scheduling_policy": config.scheduling_policy})
+
     async def version(_: HTTPRequest) -> Response:
         return json_response({"version": __version__})
 
@@ -148,6 +162,10 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/ping", ping, methods=["GET", "POST"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
+            Route("/model_info", model_info, methods=["GET"]),
+            Route("/get_model_info", model_info, methods=["GET"]),
+            Route("/server_info", server_info, methods=["GET"]),
+            Route("/get_server_info", server_info, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", openai.completions, methods=["POST"]),

@@ -1,4 +1,7 @@
-"""GET /metrics: Prometheus text exposition, vLLM's metric names under a `prelude:` prefix."""
+"""GET /metrics: Prometheus text exposition. Everything under a `prelude:` prefix (vLLM's names
+where vLLM has the metric), and the load and cache signals routers and dashboards read under
+vLLM's own `vllm:` names and `model_name` label, so llm-d's endpoint picker, vllm-router and
+existing Grafana dashboards work unchanged."""
 from __future__ import annotations
 
 from prelude.engine.snapshot import EngineSnapshot
@@ -10,7 +13,8 @@ def _escape(value: str) -> str:
 
 
 class _Writer:
-    def __init__(self, model: str):
+    def __init__(self, model: str, prefix: str = "prelude"):
+        self.prefix = prefix
         self.lines: list[str] = []
         self.label = f'model_name="{_escape(model)}"'
 
@@ -19,12 +23,12 @@ class _Writer:
         self.sample(name, value, **labels)
 
     def header(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP prelude:{name} {help_text}")
-        self.lines.append(f"# TYPE prelude:{name} {kind}")
+        self.lines.append(f"# HELP {self.prefix}:{name} {help_text}")
+        self.lines.append(f"# TYPE {self.prefix}:{name} {kind}")
 
     def sample(self, name: str, value: float, **labels: str) -> None:
         extra = "".join(f',{k}="{_escape(v)}"' for k, v in labels.items())
-        self.lines.append(f"prelude:{name}{{{self.label}{extra}}} {value}")
+        self.lines.append(f"{self.prefix}:{name}{{{self.label}{extra}}} {value}")
 
     def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
         self.header(name, "histogram", help_text)
@@ -77,4 +81,22 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.histogram("request_queue_time_seconds", "Arrival to first scheduled.", stats.queue_time)
     w.histogram("request_prefill_time_seconds", "First scheduled to first token.", stats.prefill_time)
     w.histogram("step_duration_seconds", "Forward step wall time.", stats.step_time)
-    return "\n".join(w.lines) + "\n"
+    return "\n".join(w.lines + _vllm_names(snap, model)) + "\n"
+
+
+def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
+    """The signals routers read, as vLLM v1 names them."""
+    w, stats = _Writer(model, "vllm"), snap.stats
+    w.metric("num_requests_running", "gauge", "Requests running on the engine.", snap.num_running)
+    w.metric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", snap.num_waiting)
+    w.metric("kv_cache_usage_perc", "gauge", "KV-cache usage; 1 means 100 percent.", snap.kv_usage)
+    w.metric("prefix_cache_queries_total", "counter", "Prefix-cache queries, in tokens.", snap.prefix_query_tokens)
+    w.metric("prefix_cache_hits_total", "counter", "Prefix-cache hits, in tokens.", snap.prefix_hit_tokens)
+    w.metric("prompt_tokens_total", "counter", "Prefill tokens processed.", stats.prompt_tokens)
+    w.metric("generation_tokens_total", "counter", "Generation tokens processed.", stats.generation_tokens)
+    w.header("request_success_total", "counter", "Successfully processed requests.")
+    for reason, count in sorted(stats.finished.items()):
+        w.sample("request_success_total", count, finished_reason=reason)
+    w.histogram("time_to_first_token_seconds", "Time to first token.", stats.ttft)
+    w.histogram("e2e_request_latency_seconds", "End-to-end request latency.", stats.e2e)
+    return w.lines

@@ -59,12 +59,15 @@ class Serving:
         self.model_name = served.name
         self.max_request_bytes = max_request_bytes
         self._token_texts: dict[int, str] = {}
+        # The served name, its path (what /model_info reports as model_path), and "unknown":
+        # sglang-router's placeholder when a request named no model.
+        self.model_names = frozenset((served.name, str(served.path), "unknown"))
         self.default_deadline_ms = default_deadline_ms
 
     async def body(self, http: HTTPRequest) -> Body:
         body = await read_json(http, self.max_request_bytes)
         model = body.str("model")
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
         return body
 

@@ -1,0 +1,76 @@
+"""Two Prelude replicas behind the real sglang-router (cache_aware): the router discovers the
+model through /model_info and /server_info, loads the tokenizer from the path they report, and
+the endpoints it routes work through it, streaming included: completions, chat, embeddings,
+classify, and its own /v1/tokenize from the tokenizer path Prelude reports. (sglang-router has no
+/v1/score route, and its /v1/rerank rebuilds SGLang's worker response shape, not the vLLM/Cohere
+one Prelude answers: score and rerank go to a replica directly.)"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from bench.serving.server import ServerProcess, free_port, prelude_env
+
+pytest.importorskip("sglang_router", reason="the sglang-router wheel is not installed (pip install sglang-router)")
+
+
+@pytest.fixture(scope="module")
+def router(demo_model, tmp_path_factory):
+    args = ["--model", str(demo_model), "--num-kv-blocks", "256"]
+    with ServerProcess(args, env=prelude_env(), label="replica-a") as a, \
+            ServerProcess(args, env=prelude_env(), label="replica-b") as b:
+        port = free_port()
+        log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", a.base_url,
+                                 b.base_url, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200 and \
+                            httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "the router did not come up"
+                time.sleep(0.2)
+            yield url, a, b
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            log.close()
+
+
+def test_discovery_endpoints(router):
+    _, a, _ = router
+    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+        info = httpx.get(a.base_url + path).json()
+        assert info["served_model_name"] and info["tokenizer_path"]
+
+
+def test_every_endpoint_through_the_router(router, demo_model):
+    url, _, _ = router
+    name = str(demo_model).rstrip("/")  # the demo server's served model name is its --model
+    with httpx.Client(base_url=url, timeout=60) as client:
+        done = client.post("/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 3})
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": True}) as stream:
+            lines = [line for line in stream.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+        embedded = client.post("/v1/embeddings", json={"model": name, "input": ["a", "b"]}).json()
+        assert len(embedded["data"]) == 2
+        classified = client.post("/v1/classify", json={"model": name, "input": "hi"})
+        assert classified.status_code == 400  # proxied: the demo model has no classifier head
+        tokens = client.post("/v1/tokenize", json={"model": name, "prompt": "hello"})
+        assert tokens.status_code == 200 and tokens.json()["count"] > 0  # the router's own, from our tokenizer
+
