@@ -18,6 +18,7 @@ from prelude.contract.config import Config
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.executor.executors import Executors
+from prelude.host_tuning import keep_freed_memory
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig, UnsupportedModel
 from prelude.server.app import create_app, serve_app
@@ -79,6 +80,7 @@ class Built:
 def build(config: Config) -> Built:
     """The engine and what the server knows about the model, ready to serve."""
     start = time.perf_counter()
+    keep_freed_memory()
     model_dir = resolve_model_dir(config)
     model_config = ModelConfig.from_dir(model_dir)
     tokenizer = tokenizers.load(model_dir, config.tokenizer_backend)
