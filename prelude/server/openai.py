@@ -11,6 +11,8 @@ from starlette.responses import Response
 from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
+from prelude.server import access_log
+from prelude.server.access_log import AccessEntry
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import Serving, json_response, new_id
@@ -90,7 +92,8 @@ class CompletionsAPI(Serving):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage),
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage,
+                                                       access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
         choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs)
@@ -140,7 +143,8 @@ class CompletionsAPI(Serving):
             choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
-    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage):
+    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage,
+                                 logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         offsets = [0] * len(streams)
@@ -161,12 +165,16 @@ class CompletionsAPI(Serving):
                            "model": self.model_name, "choices": [choice]})
                 if out.finished:
                     finals[index] = out
+            if logged is not None:
+                logged.record(rid, finals.values())
             if include_usage:
                 usage = self.usage([finals[i] for i in sorted(finals)], [len(p) for p in prompts])
                 yield sse({"id": rid, "object": "text_completion", "created": created,
                            "model": self.model_name, "choices": [], "usage": usage})
             yield SSE_DONE
         except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
             yield sse(stream_error(exc))
             yield SSE_DONE
 
@@ -193,7 +201,8 @@ class CompletionsAPI(Serving):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage),
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage,
+                                                 access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
         choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
@@ -253,7 +262,7 @@ class CompletionsAPI(Serving):
             content.append(row)
         return {"content": content}
 
-    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage):
+    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
@@ -272,10 +281,14 @@ class CompletionsAPI(Serving):
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out
                 yield chunk([choice])
+            if logged is not None:
+                logged.record(rid, finals.values())
             if include_usage:
                 yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
             yield SSE_DONE
         except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
             yield sse(stream_error(exc))
             yield SSE_DONE
 
