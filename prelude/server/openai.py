@@ -80,8 +80,11 @@ class CompletionsAPI(Serving):
         if prompt_logprobs is not None and prompt_logprobs > self.admission.max_logprobs:
             raise bad_request(f"requested {prompt_logprobs} prompt logprobs; at most "
                               f"{self.admission.max_logprobs} are allowed", "prompt_logprobs")
+        # prompt_logprobs appears in the answer only when asked for; echo + logprobs computes
+        # them too, for the echoed tokens' entries in `logprobs`.
+        show_prompt_logprobs = prompt_logprobs is not None
         if echo and logprobs is not None and prompt_logprobs is None:
-            prompt_logprobs = logprobs  # echoed prompt tokens carry their logprobs too
+            prompt_logprobs = logprobs
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
@@ -96,7 +99,7 @@ class CompletionsAPI(Serving):
                                                        access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
-        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs)
+        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs, show_prompt_logprobs)
                    for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
@@ -131,7 +134,7 @@ class CompletionsAPI(Serving):
         return out
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt: list[int], echo: bool,
-                           logprobs: int | None) -> dict:
+                           logprobs: int | None, show_prompt_logprobs: bool) -> dict:
         prompt_text = self.tokenizer.decode(prompt) if echo else ""
         logprobs_field = None
         if logprobs is not None:
@@ -139,7 +142,7 @@ class CompletionsAPI(Serving):
             logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
         choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-        if out.prompt_logprobs is not None:
+        if show_prompt_logprobs and out.prompt_logprobs is not None:
             choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
