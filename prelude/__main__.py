@@ -1,13 +1,19 @@
-"""`python -m prelude --port 8000`: serve a model (the embedded demo model by default)."""
+"""`python -m prelude --port 8000` (or `prelude ...`): serve a model (the embedded demo model by
+default). Startup problems an operator can fix end the process with one line on stderr naming
+the problem and the fix, and exit code 2; the traceback only with --log-level debug."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import sys
+import time
 
 from typing import Any, Callable, Coroutine
 
 from prelude.cli import parse_args
+from prelude.logs import configure
+
+EXIT_STARTUP_ERROR = 2  # as argparse's for a bad flag: the command line or its inputs need fixing
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -21,16 +27,19 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     config = parse_args(argv)
-    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from prelude.model.config import UnsupportedModel
+    configure(config.log_level, config.log_format)
     from prelude.assembly import serve
+    from prelude.preflight import StartupError
 
     try:
-        _event_loop_runner()(serve(config))
-    except UnsupportedModel as exc:
-        logging.getLogger("prelude").error("%s", exc)
-        return 2
+        _event_loop_runner()(serve(config, started))
+    except StartupError as exc:
+        if config.log_level == "debug":
+            logging.getLogger("prelude").exception("startup failed")
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_STARTUP_ERROR
     except KeyboardInterrupt:
         pass
     return 0

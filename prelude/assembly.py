@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prelude import tokenizer as tokenizers
+from prelude import __version__, tokenizer as tokenizers
+from prelude.banner import Banner, tokenizer_text
 from prelude.cache.block_pool import BlockPool
 from prelude.contract.config import Config
 from prelude.engine.engine import Engine
@@ -21,7 +22,9 @@ from prelude.executor.executors import Executors
 from prelude.host_tuning import keep_freed_memory
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.preflight import StartupError, check_model_dir, listen_error
 from prelude.server.app import create_app, serve_app
+from prelude.server.listen import bind
 from prelude.server.served_model import ServedModel
 from prelude.tokenizer.chat import ChatTemplate, special_token_text, tokenizer_config
 
@@ -57,8 +60,7 @@ def resolve_model_dir(config: Config) -> Path:
 
         return ensure_demo_model()
     path = Path(config.model).expanduser()
-    if not path.is_dir():
-        raise UnsupportedModel(f"--model {config.model!r} is not a local directory (nothing is downloaded)")
+    check_model_dir(path)
     return path
 
 
@@ -72,48 +74,101 @@ def _eos_ids(model_dir: Path, model_config: ModelConfig, tokenizer) -> tuple[int
 
 
 @dataclass(frozen=True, slots=True)
+class RunnerSetup:
+    """A model runner and what sizing it decided."""
+
+    runner: ModelRunner
+    num_blocks: int  # KV blocks the pool may hand out
+    temp_bytes_per_token: int
+    temp_budget: int
+    device: str
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class Built:
     engine: Engine
     served: ServedModel
+    device: str
+    dtype: str
+    num_blocks: int
+
+    def banner(self, config: Config, listen_url: str, seconds_to_ready: float) -> Banner:
+        served = self.served
+        return Banner(__version__, str(served.path), served.name, served.config.architecture, self.dtype,
+                      self.device, tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason,
+                                                  config.tokenizer_backend),
+                      served.kv_capacity_tokens, self.num_blocks, config.block_size, config.enable_prefix_caching,
+                      listen_url, seconds_to_ready)
 
 
 def build(config: Config) -> Built:
-    """The engine and what the server knows about the model, ready to serve."""
+    """The engine and what the server knows about the model, ready to serve (the engine warms
+    the runner up when it starts). Problems an operator can fix raise StartupError."""
     start = time.perf_counter()
     keep_freed_memory()
     model_dir = resolve_model_dir(config)
-    model_config = ModelConfig.from_dir(model_dir)
-    tokenizer = tokenizers.load(model_dir, config.tokenizer_backend)
-    eos_ids = _eos_ids(model_dir, model_config, tokenizer)
-    max_model_len = config.max_model_len or model_config.max_position_embeddings
-    if config.executor == "null":
-        runner, num_blocks, temp_per_token, temp_budget = _null_runner(config, model_config, eos_ids)
-    else:
-        runner, num_blocks, temp_per_token, temp_budget = _model_runner(config, model_dir, model_config, max_model_len)
-    runner.warmup()
+    try:
+        model_config = ModelConfig.from_dir(model_dir)
+        tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend)
+        eos_ids = _eos_ids(model_dir, model_config, tokenizer)
+        max_model_len = config.max_model_len or model_config.max_position_embeddings
+        if config.executor == "null":
+            setup = _null_runner(config, model_config, eos_ids)
+        else:
+            setup = _model_runner(config, model_dir, model_config, max_model_len)
+    except UnsupportedModel as exc:
+        raise StartupError(str(exc)) from exc
+    num_blocks = setup.num_blocks
     pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(SchedulerConfig.from_config(
-        config, temp_bytes_per_token=temp_per_token, temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
-        temp_memory_budget=temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
-    engine = Engine(scheduler, Executors.over(runner), tokenizer, eos_ids)
+        config, temp_bytes_per_token=setup.temp_bytes_per_token,
+        temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
+        temp_memory_budget=setup.temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
+    engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),
-                         multi_item_scoring=config.multi_item_scoring and runner.attention.supports_items
+                         multi_item_scoring=config.multi_item_scoring and setup.runner.attention.supports_items
                          and not config.disable_oneshot,
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
                          eos_token_ids=eos_ids)
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
-    return Built(engine, served)
+    return Built(engine, served, setup.device, setup.dtype, num_blocks)
 
 
-async def serve(config: Config) -> None:
-    """Serves until SIGTERM or SIGINT, then drains: new requests get 503 (Connection: close),
+def _load_tokenizer(model_dir: Path, backend: str):
+    """The tokenizer, or a StartupError saying how to get one that loads."""
+    from prelude.tokenizer.fast import UnsupportedTokenizer
+
+    try:
+        return tokenizers.load(model_dir, backend)
+    except UnsupportedTokenizer as exc:
+        raise StartupError(f"fasttoken does not support {model_dir / 'tokenizer.json'} ({exc}); use "
+                           "--tokenizer-backend auto, which falls back to HF tokenizers") from exc
+    except ImportError as exc:
+        raise StartupError(f"fasttoken's extension is not built ({exc}); run `pip install -e .` to build it, "
+                           "or use --tokenizer-backend auto") from exc
+
+
+async def serve(config: Config, started: float | None = None) -> None:
+    """Binds the listening address first (a port in use fails in a second), builds the engine,
+    and serves until SIGTERM or SIGINT, then drains: new requests get 503 (Connection: close),
     in-flight ones get up to --shutdown-timeout to finish, and the server exits 0. A second
-    signal exits at once."""
-    built = build(config)
+    signal exits at once. The banner is logged once the engine is warm; `started` is when the
+    process began (perf_counter), for its "ready in"."""
+    started = time.perf_counter() if started is None else started
+    try:
+        listener = bind(config)
+    except OSError as exc:
+        raise listen_error(config, exc) from exc
+    try:
+        built = build(config)
+    except BaseException:
+        listener.close()
+        raise
     engine = built.engine
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -138,20 +193,25 @@ async def serve(config: Config) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    logger.info("serving %s on http://%s:%d", built.served.name, config.host, config.port)
-    await serve_app(create_app(engine, built.served, config), config, shutdown_trigger=stop.wait)
+    server = asyncio.create_task(serve_app(create_app(engine, built.served, config), config,
+                                           shutdown_trigger=stop.wait, listener=listener))
+    ready = asyncio.create_task(engine.wait_ready())
+    await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
+    if ready.done() and ready.result():
+        logger.info(built.banner(config, listener.url, time.perf_counter() - started))
+    else:
+        ready.cancel()
+    await server
 
 
-def _null_runner(config: Config, model_config: ModelConfig, eos_ids) -> tuple[ModelRunner, int, int, int]:
+def _null_runner(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
     from prelude.executor.null_model import null_runner
 
     runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
-    return runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES
+    return RunnerSetup(runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none")
 
 
-def _model_runner(config: Config, model_dir: Path, model_config: ModelConfig,
-                  max_model_len: int) -> tuple[ModelRunner, int, int, int]:
-    """(runner, KV blocks the pool may hand out, temp bytes per token, temp budget)."""
+def _model_runner(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int) -> RunnerSetup:
     import torch
 
     from prelude.executor.attention import get_backend
@@ -159,6 +219,9 @@ def _model_runner(config: Config, model_dir: Path, model_config: ModelConfig,
     from prelude.model.loader import load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise StartupError(f"--device cuda, but torch {torch.__version__} sees no CUDA device; use --device cpu "
+                           "(or auto), or install a CUDA build of torch")
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
     dtype = resolve_dtype(config.dtype, device)
@@ -171,16 +234,20 @@ def _model_runner(config: Config, model_dir: Path, model_config: ModelConfig,
     temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
                                  + 3 * c.intermediate_size)
     per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
     if device.type == "cuda":
-        return _cuda_runner(config, model, device, dtype, max_model_len, temp_per_token, per_block)
+        runner, num_blocks, temp_budget = _cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
+                                                       per_block)
+        return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
+                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
     runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size)
-    return runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES
+    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name)
 
 
 def _cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
-                 per_block: int) -> tuple[ModelRunner, int, int, int]:
+                 per_block: int) -> tuple[ModelRunner, int, int]:
     """KV cache sized from --gpu-memory-utilization after the weights are loaded, leaving room
     for one full step's activations; one extra block at the end belongs to nobody (CUDA-graph
     padding rows write and read it)."""
@@ -200,8 +267,8 @@ def _cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_
         kv_bytes = config.kv_cache_memory or int(total * config.gpu_memory_utilization) - (total - free) - temp_budget
         num_blocks = kv_bytes // per_block
         if num_blocks < 1:
-            raise RuntimeError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free of "
-                               f"{total / 2**30:.1f}); raise --gpu-memory-utilization")
+            raise StartupError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free of "
+                               f"{total / 2**30:.1f}); raise --gpu-memory-utilization or free the GPU")
     shape = KVCacheShape.for_model(c, num_blocks + 1, config.block_size, dtype)
     kv_cache = KVCache(shape, device)
     attention = pick_backend(kv_cache, num_q_heads=c.num_heads, dummy_page=num_blocks,
@@ -211,4 +278,4 @@ def _cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_
                              pad_slot=num_blocks * config.block_size, enforce_eager=config.enforce_eager)
     logger.info("KV cache: %d blocks (%.2f GiB) on %s; attention %s", num_blocks,
                 num_blocks * per_block / 2**30, torch.cuda.get_device_name(device), type(attention).__name__)
-    return runner, num_blocks, temp_per_token, temp_budget
+    return runner, num_blocks, temp_budget

@@ -1,69 +1,125 @@
-"""The command line: vLLM's flag names where they exist, every default read from Config."""
+"""The command line: vLLM's flag names where vLLM has the flag (uvicorn's `--uds`), every
+default read from Config, every flag with a help line that states its default, in groups."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
-from prelude.contract.config import Config, ConfigError, parse_bytes
+from prelude import __version__
+from prelude.contract.config import CHOICES, Config, ConfigError, parse_bytes
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends '(default: X)' to a help line that does not already say its default; flags whose
+    default is computed (None in Config) say in their own words what it is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        shown = "on" if action.default is True else "off" if action.default is False else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+def _choices(name: str) -> list[str]:
+    return [c for c in CHOICES[name] if c is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m prelude", description="Prelude inference server")
+    p = argparse.ArgumentParser(prog="prelude", formatter_class=_HelpFormatter,
+                                description="Prelude: an OpenAI-compatible LLM inference server for "
+                                            "decision-style traffic. `python -m prelude` runs the same.")
+    p.add_argument("--version", action="version", version=f"prelude {__version__}",
+                   help="print the version and exit")
     d = Config()
-    p.add_argument("--model", default=None,
-                   help="local HF-format model directory (default: the embedded demo model)")
-    p.add_argument("--served-model-name", default=None, help="model name clients use (default: --model)")
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every route except /health, /ping, "
-                        "/ready, /version and /metrics, which stay open as in vLLM")
-    p.add_argument("--backlog", type=int, default=d.backlog,
-                   help="pending connections the listening socket queues (default %(default)s)")
-    p.add_argument("--log-level", default=d.log_level)
-    p.add_argument("--dtype", default=d.dtype, help="auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float16 | float32")
-    p.add_argument("--device", default=d.device, help="auto | cpu | cuda")
-    p.add_argument("--max-model-len", type=int, default=None, help="prompt + output token limit")
-    p.add_argument("--tokenizer-backend", default=d.tokenizer_backend, help="auto (fasttoken) | fasttoken | hf")
-    p.add_argument("--tokenizer-workers", type=int, default=d.tokenizer_workers,
-                   help="threads tokenizing long prompts off the event loop")
-    p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks (overrides the memory budget)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
-                   help="KV cache bytes on CPU (default 512MiB), e.g. 2GiB")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running Decode sequences")
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                   help="tokens per step")
-    p.add_argument("--scheduling-policy", default=d.scheduling_policy,
-                   help="waiting-queue order: fcfs | priority (the request's `priority`, lower first) | "
-                        "sjf (shortest uncached prompt first, with aging) | edf (earliest deadline "
-                        "first by slack; sjf for requests without one)")
-    p.add_argument("--max-queued-requests", type=int, default=None,
-                   help="waiting requests beyond which new ones get 503 + Retry-After (default 4 x --max-num-seqs)")
-    p.add_argument("--max-queued-tokens", type=int, default=None,
-                   help="waiting prompt tokens beyond which new requests get 503 (default 4 x the KV pool)")
-    p.add_argument("--default-deadline-ms", type=int, default=None,
-                   help="deadline for the first token / OneShot result of requests that set none "
-                        "(X-Deadline-Ms header or deadline_ms field); default none")
-    p.add_argument("--shed-late-requests", action="store_true",
-                   help="answer a waiting request that can no longer meet its deadline with 503 "
-                        "deadline_exceeded at once instead of running it")
-    p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
-                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
-    p.add_argument("--multi-item-scoring", action=argparse.BooleanOptionalAction, default=d.multi_item_scoring,
-                   help="/v1/score with several short items runs them in one masked forward "
-                        "(per request: \"multi_item\": true/false)")
-    p.add_argument("--disable-oneshot", action="store_true",
-                   help="ablation: run OneShot work through the Decode lifecycle")
-    p.add_argument("--executor", default=d.executor, help="model | null (no model work; for benchmarks)")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--max-logprobs", type=int, default=d.max_logprobs)
-    p.add_argument("--max-request-bytes", type=parse_bytes, default=d.max_request_bytes,
-                   help="largest accepted request body")
-    p.add_argument("--pooling", default=None, help="embedding pooling: last | mean | cls (default: per model)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
+
+    model = p.add_argument_group("model")
+    model.add_argument("--model", metavar="DIR",
+                       help="local Hugging Face-format model directory (default: the embedded demo model)")
+    model.add_argument("--served-model-name", metavar="NAME",
+                       help="the model name clients send (default: the --model path, or prelude-demo)")
+    model.add_argument("--dtype", default=d.dtype, choices=_choices("dtype"),
+                       help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU")
+    model.add_argument("--device", default=d.device, choices=_choices("device"),
+                       help="auto picks CUDA when available")
+    model.add_argument("--max-model-len", type=int, metavar="N",
+                       help="prompt + output token limit (default: the model's max positions)")
+    model.add_argument("--tokenizer-backend", default=d.tokenizer_backend, choices=_choices("tokenizer_backend"),
+                       help="auto: fasttoken, or HF tokenizers where fasttoken does not support the file")
+    model.add_argument("--tokenizer-workers", type=int, default=d.tokenizer_workers, metavar="N",
+                       help="threads tokenizing long prompts off the event loop")
+    model.add_argument("--pooling", choices=_choices("pooling"),
+                       help="embedding pooling (default: the checkpoint's modules.json, else last)")
+    model.add_argument("--executor", default=d.executor, choices=_choices("executor"),
+                       help="null: fixed logits, no model work (CPU-cost benchmarks)")
+    model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    model.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
+
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")
+    server.add_argument("--port", type=int, default=d.port, help="TCP port to listen on")
+    server.add_argument("--uds", metavar="PATH",
+                        help="serve on this Unix domain socket instead of --host/--port (default: none)")
+    server.add_argument("--api-key", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every route except /health, /ping, "
+                             "/ready, /version and /metrics (default: none)")
+    server.add_argument("--backlog", type=int, default=d.backlog, metavar="N",
+                        help="pending connections the listening socket queues")
+    server.add_argument("--max-request-bytes", type=parse_bytes, default=d.max_request_bytes, metavar="BYTES",
+                        help="largest request body, e.g. 32MiB; larger ones get 413 (default: 32MiB)")
+    server.add_argument("--max-logprobs", type=int, default=d.max_logprobs, metavar="N",
+                        help="largest logprobs / top_logprobs / prompt_logprobs a request may ask for")
+    server.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="S",
+                        help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+
+    cache = p.add_argument_group("cache")
+    cache.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block")
+    cache.add_argument("--num-gpu-blocks-override", "--num-kv-blocks", dest="num_kv_blocks", type=int,
+                       metavar="N", help="KV blocks, overriding the memory budget (default: from memory)")
+    cache.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, metavar="F",
+                       help="fraction of GPU memory for weights, activations and the KV cache")
+    cache.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv_cache_memory",
+                       type=parse_bytes, metavar="BYTES",
+                       help="KV cache size, e.g. 2GiB (default: 512MiB on CPU; on CUDA what "
+                            "--gpu-memory-utilization leaves)")
+    cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=d.enable_prefix_caching, help="block-level prefix cache")
+
+    sched = p.add_argument_group("scheduler")
+    sched.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, metavar="N",
+                       help="running Decode sequences")
+    sched.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, metavar="N",
+                       help="tokens per step (prefill chunks + decodes)")
+    sched.add_argument("--scheduling-policy", default=d.scheduling_policy,
+                       choices=_choices("scheduling_policy"),
+                       help="waiting-queue order: fcfs; priority (the request's `priority`, lower first); "
+                            "sjf (shortest uncached prompt first, with aging); edf (earliest deadline by "
+                            "slack, sjf for requests without one)")
+    sched.add_argument("--max-queued-requests", type=int, metavar="N",
+                       help="waiting requests beyond which new ones get 503 + Retry-After "
+                            "(default: 4 x --max-num-seqs)")
+    sched.add_argument("--max-queued-tokens", type=int, metavar="N",
+                       help="waiting prompt tokens beyond which new requests get 503 (default: 4 x the KV pool)")
+    sched.add_argument("--default-deadline-ms", type=int, metavar="MS",
+                       help="deadline for the first token / OneShot result of requests that set none "
+                            "(X-Deadline-Ms header or deadline_ms field) (default: none)")
+    sched.add_argument("--shed-late-requests", action="store_true",
+                       help="answer a waiting request that can no longer meet its deadline with 503 "
+                            "deadline_exceeded at once")
+    sched.add_argument("--multi-item-scoring", action=argparse.BooleanOptionalAction,
+                       default=d.multi_item_scoring,
+                       help="/v1/score with several short items runs them in one masked forward "
+                            "(per request: \"multi_item\": true/false)")
+    sched.add_argument("--disable-oneshot", action="store_true",
+                       help="ablation: run OneShot work through the Decode lifecycle")
+
+    logs = p.add_argument_group("logging")
+    logs.add_argument("--log-level", default=d.log_level, choices=_choices("log_level"),
+                      help="debug also prints tracebacks of startup errors")
+    logs.add_argument("--log-format", default=d.log_format, choices=_choices("log_format"),
+                      help="json: one JSON object per line (access-log fields as keys)")
+    logs.add_argument("--disable-log-requests", action="store_true",
+                      help="no access-log line per request")
     return p
 
 

@@ -160,17 +160,40 @@ def build_demo_model(target: Path) -> None:
     _write_weights(target / "model.safetensors", config)
 
 
-def ensure_demo_model() -> Path:
-    """The demo model's directory, building it on first use (atomically: a concurrent first
-    start either builds its own copy or sees a complete one)."""
-    target = cache_root() / f"demo-v{VERSION}"
+CLASSIFIER_LABELS = {"0": "negative", "1": "positive"}
+
+
+def build_demo_classifier(lm_dir: Path, target: Path, seed: int = 1) -> None:
+    """The demo model's classifier variant: the same decoder and tokenizer with a two-label
+    sequence-classification head (random, like the rest), for /classify and cross-encoder
+    /score and /rerank."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(lm_dir / name, target / name)
+    config = json.loads((lm_dir / "config.json").read_text())
+    config.update(architectures=["Qwen3ForSequenceClassification"], id2label=CLASSIFIER_LABELS,
+                  label2id={v: int(k) for k, v in CLASSIFIER_LABELS.items()})
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(lm_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    tensors["score.weight"] = (torch.randn((len(CLASSIFIER_LABELS), config["hidden_size"]), generator=gen)
+                               * 0.05).to(torch.bfloat16)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _ensure(target: Path, build) -> Path:
+    """`target`, built by `build(dir)` on first use (atomically: a concurrent first start either
+    builds its own copy or sees a complete one)."""
     if (target / "model.safetensors").is_file():
         return target
-    logger.info("building the demo model into %s (first use)", target)
+    logger.info("building %s (first use)", target)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".demo-", dir=target.parent))
     try:
-        build_demo_model(scratch)
+        build(scratch)
         try:
             scratch.rename(target)
         except OSError:  # another process won the race
@@ -178,3 +201,24 @@ def ensure_demo_model() -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def ensure_demo_model() -> Path:
+    """The demo model's directory, built on first use."""
+    return _ensure(cache_root() / f"demo-v{VERSION}", build_demo_model)
+
+
+def ensure_demo_classifier() -> Path:
+    """The classifier variant's directory, built on first use (with the demo model)."""
+    lm_dir = ensure_demo_model()
+    return _ensure(cache_root() / f"demo-v{VERSION}-classifier", lambda path: build_demo_classifier(lm_dir, path))
+
+
+if __name__ == "__main__":
+    # `python -m prelude.demo [classifier]`: builds if needed and prints the directory, to pass
+    # as --model (`python -m prelude` serves the language-model demo without it).
+    import sys
+
+    if sys.argv[1:] not in ([], ["classifier"]):
+        sys.exit("usage: python -m prelude.demo [classifier]")
+    print(ensure_demo_classifier() if sys.argv[1:] else ensure_demo_model())

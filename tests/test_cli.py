@@ -1,22 +1,111 @@
 """`python -m prelude` as users run it: a separate process, the embedded demo model, real HTTP."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+from importlib.metadata import entry_points
 
 import httpx
+import pytest
 
 from bench.serving.server import ServerProcess, free_port, log_tail, prelude_env
+from prelude import __version__
+from prelude.cli import build_parser
 from prelude.demo import VERSION
 
 
-def run_to_exit(args: list[str]) -> tuple[int, str]:
-    """Runs `python -m prelude args` to its exit; returns the exit code and stdout + stderr."""
-    done = subprocess.run([sys.executable, "-m", "prelude", *args], env=dict(os.environ),
+def run_to_exit(args: list[str], command: list[str] | None = None) -> tuple[int, str, str]:
+    """Runs `python -m prelude args` to its exit; returns the exit code, stdout and stderr. This
+    checkout comes first on the path (an installed `prelude` script may belong to another)."""
+    done = subprocess.run([*(command or [sys.executable, "-m", "prelude"]), *args], env=prelude_env(),
                           capture_output=True, text=True, timeout=60, check=False)
-    return done.returncode, done.stdout + done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+def one_error_line(code: int, stderr: str) -> str:
+    """A startup error as operators must see it: exit code 2 and one stderr line, no traceback."""
+    lines = stderr.strip().splitlines()
+    assert code == 2, stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def test_version_from_module_and_console_script():
+    code, out, _ = run_to_exit(["--version"])
+    assert code == 0 and out.strip() == f"prelude {__version__}"
+    # The `prelude` command pip installs runs the same entry point.
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "prelude"]
+    assert script.value == "prelude.__main__:main"
+    if shutil.which("prelude"):
+        code, out, _ = run_to_exit(["--version"], command=[shutil.which("prelude")])
+        assert code == 0 and out.strip() == f"prelude {__version__}"
+
+
+def test_help_gives_every_flag_a_help_line_and_its_default_in_groups():
+    parser = build_parser()
+    text = parser.format_help()
+    groups = {g.title: g for g in parser._action_groups}
+    assert {"model", "server", "cache", "scheduler", "logging"} <= set(groups)
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            continue
+        shown = formatter._expand_help(action) if action.help else ""
+        assert shown.strip(), f"{action.option_strings} has no help"
+        assert "default" in shown, f"{action.option_strings} does not state its default: {shown!r}"
+        assert action.option_strings[0] in text
+    # vLLM's spelling wherever vLLM has the flag (the older Prelude names still parse).
+    for flag in ("--model", "--served-model-name", "--host", "--port", "--uds", "--api-key", "--dtype",
+                 "--max-model-len", "--block-size", "--num-gpu-blocks-override", "--gpu-memory-utilization",
+                 "--kv-cache-memory-bytes", "--enable-prefix-caching", "--max-num-seqs",
+                 "--max-num-batched-tokens", "--scheduling-policy", "--enforce-eager", "--max-logprobs",
+                 "--seed", "--disable-log-requests"):
+        assert flag in text, flag
+    assert build_parser().parse_args(["--num-kv-blocks", "8", "--kv-cache-memory", "1MiB"]).num_kv_blocks == 8
+
+
+def test_port_in_use_is_one_line_and_exit_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = run_to_exit(["--port", str(port)])
+        line = one_error_line(code, err)
+        assert f"port {port}" in line and "already in use" in line and "--port" in line
+        # With --log-level debug the traceback comes too, for whoever needs to see where.
+        code, _, err = run_to_exit(["--port", str(port), "--log-level", "debug"])
+        assert code == 2 and "Traceback" in err and "already in use" in err
+
+
+def test_model_directory_without_tokenizer_is_one_line(tmp_path, demo_model):
+    shutil.copy(demo_model / "config.json", tmp_path / "config.json")
+    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    line = one_error_line(code, err)
+    assert "no tokenizer.json" in line and "save_pretrained" in line
+
+
+def test_unreadable_model_files_are_one_line(tmp_path):
+    (tmp_path / "config.json").mkdir()  # unreadable as a file, whoever runs the test (root included)
+    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    assert "cannot read" in one_error_line(code, err)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_unreadable_model_directory_is_one_line(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    model.chmod(0)
+    try:
+        code, _, err = run_to_exit(["--model", str(model), "--port", str(free_port())])
+    finally:
+        model.chmod(0o755)
+    line = one_error_line(code, err)
+    assert "permission denied" in line and "chmod" in line
 
 
 def test_demo_model_serves_cold_then_warm(tmp_path):
@@ -31,21 +120,37 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         finally:
             exit_code = server.stop(timeout=20)  # SIGINT: the server's own clean shutdown
         assert exit_code == 0, log_tail(server.log_path)
+        banner = banner_lines(server.log_path.read_text())
+        assert banner[0].startswith(f"Prelude {__version__} ready in ") and banner[0].endswith("s")
+        fields = dict(line.split(None, 1) for line in banner[1:])
+        assert fields["model"] == f"{tmp_path / 'cache' / f'demo-v{VERSION}'} (Qwen3ForCausalLM), served as prelude-demo"
+        assert fields["dtype"] == "float32 on cpu" and fields["tokenizer"] == "fasttoken"
+        assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]
+        assert fields["listening"] == server.base_url
     assert (tmp_path / "cache" / f"demo-v{VERSION}" / "model.safetensors").is_file()
 
 
-def test_unsupported_architecture_is_a_clear_startup_error(tmp_path):
+def banner_lines(log: str) -> list[str]:
+    """The startup banner's block: its head line and the indented lines after it."""
+    lines = log.splitlines()
+    start = next(i for i, line in enumerate(lines) if " ready in " in line and "Prelude " in line)
+    head = lines[start][lines[start].index("Prelude "):]
+    return [head] + [line.strip() for line in lines[start + 1:start + 6]]
+
+
+def test_unsupported_architecture_is_a_clear_startup_error(tmp_path, demo_model):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    code, output = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
-    assert code == 2
-    assert "GPT2LMHeadModel" in output and "Qwen3ForCausalLM" in output
+    shutil.copy(demo_model / "tokenizer.json", tmp_path / "tokenizer.json")
+    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    line = one_error_line(code, err)
+    assert "GPT2LMHeadModel" in line and "Qwen3ForCausalLM" in line
 
 
 def test_missing_model_directory_is_a_clear_startup_error(tmp_path):
-    code, output = run_to_exit(["--model", str(tmp_path / "nope"), "--port", str(free_port())])
-    assert code == 2 and "not a local directory" in output
+    code, _, err = run_to_exit(["--model", str(tmp_path / "nope"), "--port", str(free_port())])
+    assert "not a local directory" in one_error_line(code, err)
 
 
 def test_bad_flag_value_names_the_flag():
-    code, output = run_to_exit(["--max-num-seqs", "0"])
-    assert code == 2 and "--max-num-seqs" in output
+    code, _, err = run_to_exit(["--max-num-seqs", "0"])
+    assert code == 2 and "--max-num-seqs" in err

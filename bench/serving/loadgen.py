@@ -16,6 +16,7 @@ from typing import Iterator, Sequence
 
 import httpx
 
+from bench.charts import write_chart
 from bench.serving import report
 from bench.serving.client import make_client, send
 from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
@@ -111,9 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--seed", type=int, default=0)
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, help="results file (default bench-results/serving-<time>.json)")
-    out.add_argument("--plot", type=Path, help="PNG prefix: writes PREFIX-throughput.png, PREFIX-latency.png")
+    out.add_argument("--plot", type=Path, help="latency-vs-throughput chart (default: the JSON's path, .png)")
     out.add_argument("--save-requests", action="store_true", help="per-request records in the JSON")
-    out.add_argument("--no-progress", action="store_true")
+    out.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return p
 
 
@@ -273,7 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tool": "bench.serving", "argv": list(sys.argv if argv is None else argv), "started": started,
         "targets": info, "results": [report.result_json(r) for r in results]})
     print(f"\nresults: {path}")
-    if args.plot:
-        for png in report.plot(results, args.plot):
-            print(f"plot: {png}")
+    if results:
+        write_chart(lambda png: report.plot(results, png), args.plot or path.with_suffix(".png"))
     return 0 if all(r.summary.completed for r in results) else 1

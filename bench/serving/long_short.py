@@ -21,6 +21,7 @@ from typing import Sequence
 
 import httpx
 
+from bench import progress
 from bench.serving import report
 from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.stats import percentile, poisson_arrivals
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "long_short.json")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
 
@@ -200,13 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{1000 * p99_unloaded:.1f} ms; offered {short_rate:.1f} short/s + {long_rate:.2f} long/s; "
           f"short deadline {1000 * deadline_s:.1f} ms", flush=True)
     results: list[PolicyResult] = []
-    for policy in args.policies.split(","):
-        for deadlines in (False, True):
-            with ServerProcess(server_args(args, policy), env=env, label=f"{policy}") as server:
-                outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
-                                                 1000 * deadline_s if deadlines else None, args.seed))
-            results.append(summarize(policy, deadlines, outcomes, deadline_s, args.seconds))
-            print(f"  {policy} deadlines={deadlines}: done", flush=True)
+    runs = [(policy, deadlines) for policy in args.policies.split(",") for deadlines in (False, True)]
+    for policy, deadlines in progress.each(runs, "policy runs", not args.no_progress, unit="run"):
+        with ServerProcess(server_args(args, policy), env=env, label=f"{policy}") as server:
+            outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
+                                             1000 * deadline_s if deadlines else None, args.seed))
+        results.append(summarize(policy, deadlines, outcomes, deadline_s, args.seconds))
     rows = [[r.policy, "yes" if r.deadlines else "no", r.short_p50_ms, r.short_p99_ms,
              None if r.slo_attainment is None else 100 * r.slo_attainment, r.long_per_s, r.longs_completed,
              r.long_max_wait_s, r.rejected, r.errors] for r in results]

@@ -135,50 +135,49 @@ def write_json(path: Path, payload: dict) -> Path:
     return path
 
 
-def plot(results: Sequence[RunResult], prefix: Path) -> list[Path]:
-    """Two PNGs: throughput and latency against the load level, one line per server and
-    workload. matplotlib is imported only here: plotting is optional."""
+def plot(results: Sequence[RunResult], path: Path) -> Path:
+    """Latency against throughput, one panel per workload and one curve per server: each point
+    is a load level (labelled), E2E P50 solid, E2E P99 dashed, TTFT P50 dotted where streamed.
+    A curve bending up marks the throughput a server sustains before latency gives way."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib import ticker
 
-    prefix = prefix.with_suffix("") if prefix.suffix == ".png" else prefix
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    series: dict[tuple[str, str, str], list[RunResult]] = {}
-    for r in results:
-        series.setdefault((r.server, r.workload, r.level.mode), []).append(r)
-    panels = {
-        "throughput": [("requests / s", lambda r: r.summary.request_rate),
-                       ("output tokens / s", lambda r: r.summary.output_tok_per_s)],
-        "latency": [("TTFT p50 (ms)", lambda r: _scaled(r.summary.ttft.p50)),
-                    ("E2E p50 (ms)", lambda r: _scaled(r.summary.e2e.p50)),
-                    ("E2E p99 (ms)", lambda r: _scaled(r.summary.e2e.p99))],
-    }
-    written = []
-    for name, metrics in panels.items():
-        fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
-        for ax, (title, value) in zip(axes[0], metrics):
-            for (server, workload, mode), runs in series.items():
-                runs = sorted(runs, key=lambda r: r.level.value)
-                ys = [value(r) for r in runs]
-                ax.plot([r.level.value for r in runs], [math.nan if y is None else y for y in ys], marker="o",
-                        label=f"{server} {workload}")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(sorted({r.level.value for r in results}))
-            ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-            ax.set_xlabel("concurrency" if all(m == "concurrency" for *_, m in series) else "load (c or qps)")
-            ax.set_title(title)
-            ax.grid(True, alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        path = prefix.parent / f"{prefix.name}-{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written
+    workloads = list(dict.fromkeys(r.workload for r in results))
+    servers = list(dict.fromkeys(r.server for r in results))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.2), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, workload in zip(axes[0], workloads):
+        for i, server in enumerate(servers):
+            runs = sorted((r for r in results if r.workload == workload and r.server == server),
+                          key=lambda r: r.level.value)
+            if not runs:
+                continue
+            xs = [r.summary.request_rate for r in runs]
+            colour = colours[i % len(colours)]
+            curves = [("E2E p50", "-", lambda r: r.summary.e2e.p50), ("E2E p99", "--", lambda r: r.summary.e2e.p99)]
+            if any(r.summary.streamed for r in runs):
+                curves.append(("TTFT p50", ":", lambda r: r.summary.ttft.p50))
+            for name, style, value in curves:
+                ys = [_scaled(value(r)) for r in runs]
+                ax.plot(xs, [math.nan if y is None else y for y in ys], style, marker="o", color=colour,
+                        label=f"{server} {name}")
+            for r, x in zip(runs, xs):
+                y = _scaled(r.summary.e2e.p50)
+                if y is not None:
+                    ax.annotate(r.level.label, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        ax.set_xlabel("throughput (requests / s)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(workload)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _scaled(seconds: float | None) -> float | None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from bench import progress
 from bench.serving import proc
 from bench.serving.client import ClientPool
 from bench.serving.stats import RequestRecord, RunSummary, poisson_arrivals, summarize
@@ -66,40 +66,20 @@ class RunResult:
 
 
 class Progress:
-    """One stderr line, rewritten in place on a terminal; elsewhere (logs, CI) a line every few
-    seconds so the output stays readable."""
+    """A level's progress bar (bench.progress), with the error count beside it."""
 
     def __init__(self, label: str, total: int, enabled: bool = True):
-        self.label, self.total = label, total
-        self.stream = sys.stderr
-        self.enabled = enabled
-        self.tty = self.stream.isatty()
-        self.done = self.errors = 0
-        self.started = time.perf_counter()
-        self._shown = self.started
+        self.bar = progress.bar(total, label, enabled, unit="req")
+        self.errors = 0
 
     def update(self, record: RequestRecord) -> None:
-        self.done += 1
-        self.errors += not record.ok
-        now = time.perf_counter()
-        if self.enabled and now - self._shown >= (0.2 if self.tty else 5.0):
-            self._shown = now
-            self._write(now, final=False)
+        if not record.ok:
+            self.errors += 1
+            self.bar.set_postfix(err=self.errors, refresh=False)
+        self.bar.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            self._write(time.perf_counter(), final=True)
-
-    def _write(self, now: float, final: bool) -> None:
-        elapsed = now - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        width = 24
-        filled = int(width * self.done / self.total) if self.total else width
-        line = (f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"err={self.errors} {rate:.1f} req/s {elapsed:.1f}s")
-        end = "\n" if final or not self.tty else ""
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
+        self.bar.close()
 
 
 async def closed_loop(client: ClientPool, jobs: Sequence[Job], concurrency: int,

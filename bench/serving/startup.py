@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from bench import progress
 from bench.serving import report
 from bench.serving.loadgen import split_server_args
 from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
     p.add_argument("--log-dir", type=Path, help="servers' logs (default bench-results/logs/<time>-startup)")
     p.add_argument("--json", type=Path, help="results file (default bench-results/startup-<time>.json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
 
@@ -60,11 +62,14 @@ def run_mode(mode: str, args: argparse.Namespace, server_args: list[str], work: 
     warm_cache = work / "warm-cache"
     if mode == "warm":
         timed_start(args, server_args, warm_cache, log_dir, "warm-prime")  # builds the cache; untimed
+    starts = progress.bar(args.repeats, f"{mode} starts", not args.no_progress, unit="start")
     for i in range(args.repeats):
         cache = work / f"cold-cache-{i}" if mode == "cold" else warm_cache
         sample = timed_start(args, server_args, cache, log_dir, f"{mode}-{i}")
-        print(f"{mode} {i + 1}/{args.repeats}: {sample['seconds']:.2f}s", file=sys.stderr)
+        starts.set_postfix_str(f"last {sample['seconds']:.2f}s", refresh=False)
+        starts.update(1)
         samples.append(sample)
+    starts.close()
     return samples
 
 

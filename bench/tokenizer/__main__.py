@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench import progress
+from bench.charts import write_chart
 from bench.tokenizer import gate, libraries, report, textgen
 from bench.tokenizer.measure import ENCODE_ROWS, ROWS, run_rows
 from bench.shared_data import shared_dir
@@ -24,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated names under shared/tokenizers (default {DEFAULT_TOKENIZERS})")
     parser.add_argument("--json", type=Path, default=Path("bench-results/tokenizer.json"),
                         help="where to write the results (default bench-results/tokenizer.json)")
-    parser.add_argument("--plot", type=Path, default=None, help="also write a PNG bar chart here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="speedup chart (default: beside the JSON, .png)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--budget", type=float, default=0.4, help="seconds of timing per cell (default 0.4)")
     parser.add_argument("--random", type=int, default=300, help="random strings per tokenizer in the gate")
     args = parser.parse_args(argv)
@@ -38,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print("== equality gate (fasttoken vs HF tokenizers) ==", flush=True)
     failed = False
-    for name, path in paths.items():
+    for name, path in progress.each(paths.items(), "equality gate", not args.no_progress, total=len(paths),
+                                    unit="tokenizer"):
         start = time.perf_counter()
         checked, problems = gate.equality_problems(path, args.random)
         status = "ok" if not problems else f"{len(problems)} DIFFERENCES"
-        print(f"{name:<16} {checked} texts: {status} ({time.perf_counter() - start:.1f}s)", flush=True)
+        progress.say(f"{name:<16} {checked} texts: {status} ({time.perf_counter() - start:.1f}s)")
         for line in problems[:10]:
-            print("   ", line)
+            progress.say(f"    {line}")
         failed = failed or bool(problems)
     if failed:
         print("equality gate failed: refusing to report speed", file=sys.stderr)
@@ -55,18 +60,23 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n== timing (median µs; lower is better) ==", flush=True)
     results: dict[str, dict[str, dict[str, float]]] = {}
+    timing = progress.bar(len(paths) * 3, "timing", not args.no_progress, unit="library")
     for name, path in paths.items():
         libs = [libraries.fasttoken(path), libraries.hf(path)]
         tiktoken_lib = libraries.tiktoken(path)
         if tiktoken_lib is not None:
             libs.append(tiktoken_lib)
+        else:
+            timing.total -= 1
         decode_ids = libs[1].encode(textgen.text(20_000, seed=99))[:1245]
         rows: dict[str, dict[str, float]] = {row: {} for row, _ in ROWS}
         for lib in libs:
+            timing.set_postfix_str(f"{name} {lib.name}")
             for row, value in run_rows(lib, decode_ids, args.budget).items():
                 rows[row][lib.name] = value
-            print(f"  {name}: {lib.name} done", flush=True)
+            timing.update(1)
         results[name] = rows
+    timing.close()
 
     print()
     print(report.table(results))
@@ -85,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report.write_json(args.json, payload)
     print(f"JSON: {args.json}")
-    if args.plot:
-        report.plot(args.plot, results)
-        print(f"plot: {args.plot}")
+    write_chart(lambda png: report.plot(png, results), args.plot or args.json.with_suffix(".png"))
     return 0
 
 

@@ -20,6 +20,19 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+# The values each enumerated flag takes (the command line offers the same lists).
+CHOICES: dict[str, tuple[str | None, ...]] = {
+    "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "device": ("auto", "cpu", "cuda"),
+    "tokenizer_backend": ("auto", "fasttoken", "hf"),
+    "executor": ("model", "null"),
+    "scheduling_policy": ("fcfs", "priority", "sjf", "edf"),
+    "log_level": ("debug", "info", "warning", "error", "critical"),
+    "log_format": ("text", "json"),
+    "pooling": (None, "last", "mean", "cls"),
+}
+
+
 class ConfigError(ValueError):
     """A flag has an invalid value; the message names the flag."""
 
@@ -30,9 +43,12 @@ class Config:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    uds: str | None = None  # a Unix domain socket path, served instead of host:port
     api_key: str | None = None
     backlog: int = 2048
     log_level: str = "info"
+    log_format: str = "text"
+    disable_log_requests: bool = False
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -74,16 +90,7 @@ class Config:
             raise ConfigError("--shutdown-timeout must be >= 0")
         if self.max_logprobs < 0:
             raise ConfigError("--max-logprobs must be >= 0")
-        choices = {
-            "dtype": ("auto", "bfloat16", "float16", "float32"),
-            "device": ("auto", "cpu", "cuda"),
-            "tokenizer_backend": ("auto", "fasttoken", "hf"),
-            "executor": ("model", "null"),
-            "scheduling_policy": ("fcfs", "priority", "sjf", "edf"),
-            "log_level": ("debug", "info", "warning", "error", "critical"),
-            "pooling": (None, "last", "mean", "cls"),
-        }
-        for name, allowed in choices.items():
+        for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 shown = ", ".join(str(a) for a in allowed if a is not None)
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of: {shown}")

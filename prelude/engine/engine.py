@@ -10,14 +10,16 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
-from prelude.contract.batch import decode_rows, prefill_rows
+from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.output import (
     DeadlineExceeded,
     EngineError,
     FinishReason,
     Overloaded,
+    RequestMetrics,
     RequestOutput,
     RequestStream,
 )
@@ -36,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
-                 eos_token_ids: tuple[int, ...]):
+                 eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None):
         self.scheduler = scheduler
         self.executors = executors
         self.tokenizer = tokenizer
@@ -48,6 +50,10 @@ class Engine:
         self._loop_task: asyncio.Task | None = None
         self._in_flight = False
         self._draining = False
+        # Kernel compilation and the like, run in the step thread before the first step; until it
+        # is done the engine is not ready (/ready answers 503), though requests may queue.
+        self._warmup = warmup
+        self._ready = False
 
     @property
     def idle(self) -> bool:
@@ -67,6 +73,19 @@ class Engine:
     def healthy(self) -> bool:
         """The step loop is running (it only stops on shutdown or an engine bug)."""
         return self._loop_task is not None and not self._loop_task.done()
+
+    @property
+    def ready(self) -> bool:
+        """Warmed up and running: new requests are served at full speed."""
+        return self._ready and self.healthy
+
+    async def wait_ready(self) -> bool:
+        """Waits for the warm-up (polled: it happens once, at startup); False if the loop died."""
+        while not self._ready:
+            if self._loop_task is not None and self._loop_task.done():
+                return False
+            await asyncio.sleep(0.01)
+        return self.healthy
 
     async def stop(self) -> None:
         if self._loop_task is not None:
@@ -140,6 +159,11 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        if self._warmup is not None and not self._ready:
+            started = time.perf_counter()
+            await loop.run_in_executor(self._worker, self._warmup)
+            logger.debug("warm-up in %.2fs", time.perf_counter() - started)
+        self._ready = True
         while True:
             for work in self.scheduler.late(time.monotonic()):
                 self._finish(self._tracked[work.request.request_id], FinishReason.ERROR,
@@ -161,7 +185,8 @@ class Engine:
             self.scheduler.observe_step(step, seconds)
             if outcome.first_error is not None:
                 step = self._fail_rows(step, outcome)
-            self._process(self.scheduler.update(step, outcome.result))
+            beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
+            self._process(self.scheduler.update(step, outcome.result), beside_decodes)
 
     def _on_loop_exit(self, task: asyncio.Task) -> None:
         """An engine bug must not leave requests hanging: fail them all, loudly."""
@@ -188,7 +213,8 @@ class Engine:
                              EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
         return step
 
-    def _process(self, events: list[StepEvent]) -> None:
+    def _process(self, events: list[StepEvent], beside_decodes: bool = False) -> None:
+        """`beside_decodes`: the step ran prompts beside other requests' decodes (a Mixed step)."""
         now = time.monotonic()
         for work, result in events:
             tracked = self._tracked.get(work.request.request_id)
@@ -196,12 +222,24 @@ class Engine:
                 continue
             if tracked.first_token_time is None:
                 tracked.first_token_time = now
+                tracked.mixed = beside_decodes
                 self.stats.on_first_token(work, now)
             out, reason = advance(tracked, result, self.tokenizer, self.eos_token_ids)
+            if reason is not None:
+                out.metrics = self._metrics(tracked, now)
             if out.token_ids or out.text or reason is not None:
                 tracked.stream.put(out)
             if reason is not None:
                 self._finish(tracked, reason, now=now, num_output_tokens=out.num_output_tokens)
+
+    @staticmethod
+    def _metrics(tracked: Tracked, now: float) -> RequestMetrics:
+        work = tracked.work
+        arrival = work.request.arrival_time
+        first = tracked.first_token_time
+        kind = "Mixed" if tracked.mixed else "OneShot" if isinstance(work, OneShotJob) else "Decode"
+        return RequestMetrics(kind,
+                              (work.first_scheduled or now) - arrival, None if first is None else first - arrival)
 
     def _finish(self, tracked: Tracked, reason: FinishReason, error: EngineError | None = None,
                 now: float | None = None, num_output_tokens: int = 0) -> None:
@@ -217,14 +255,3 @@ class Engine:
             tracked.stream.put(error)
         elif reason is FinishReason.ABORT:
             tracked.stream.put(RequestOutput(work.request.request_id, finished=True, finish_reason=reason))
-        if logger.isEnabledFor(logging.DEBUG):
-            self._log_finished(tracked, reason, num_output_tokens, now)
-
-    def _log_finished(self, tracked: Tracked, reason: FinishReason, num_output_tokens: int, now: float) -> None:
-        work = tracked.work
-        arrival, scheduled = work.request.arrival_time, work.first_scheduled or now
-        logger.debug("finished %s (%s): prompt %d, cached %d, output %d, queue %.1f ms, prefill %.1f ms, "
-                     "total %.1f ms, %s", work.request.request_id,
-                     "oneshot" if isinstance(work, OneShotJob) else "decode", work.request.num_prompt_tokens,
-                     work.num_cached_tokens, num_output_tokens, 1e3 * (scheduled - arrival),
-                     1e3 * ((tracked.first_token_time or now) - scheduled), 1e3 * (now - arrival), reason.value)

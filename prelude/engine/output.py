@@ -16,6 +16,15 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the request's own row made a step raise
 
 
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """How one request went through the engine, on its last output (the access log reads it)."""
+
+    execution_class: str  # OneShot | Decode | Mixed (its prompt ran beside other requests' decodes)
+    queue_s: float  # arrival to its first scheduled step
+    ttft_s: float | None  # arrival to its first output (a OneShot request's result); None: never ran
+
+
 @dataclass(slots=True)
 class RequestOutput:
     """An increment of a request's result. Streams carry the new tokens and text of each step;
@@ -36,6 +45,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None  # on the last output of a request that ended normally
 
 
 class EngineError(RuntimeError):
@@ -101,7 +111,8 @@ class RequestStream:
             if out.logprobs is not None:
                 merged.logprobs = (merged.logprobs or []) + out.logprobs
             for name in ("finished", "finish_reason", "stop_reason", "num_output_tokens",
-                         "prompt_logprobs", "pooled", "scores", "label_logprobs", "item_label_logprobs"):
+                         "prompt_logprobs", "pooled", "scores", "label_logprobs", "item_label_logprobs",
+                         "metrics"):
                 value = getattr(out, name)
                 if value is not None:
                     setattr(merged, name, value)

@@ -19,6 +19,7 @@ class Tracked:
     stream: RequestStream
     detokenizer: IncrementalDetokenizer | None = None  # requests that generate several tokens
     first_token_time: float | None = None
+    mixed: bool = False  # its prompt finished in a step beside other requests' decodes
 
     @classmethod
     def admit(cls, work: Work, tokenizer: Tokenizer) -> Tracked:

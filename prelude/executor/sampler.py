@@ -73,7 +73,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
     if raw_logprobs is not None:
         for i, p in enumerate(params):
             if p.logprobs is not None:
-                results[i] = token_logprob(raw_logprobs[i], token_list[i], p.logprobs)
+                results[i] = token_logprob(raw_logprobs[i], token_list[i], p.logprobs, p.allowed_token_ids)
     return results
 
 
@@ -109,10 +109,17 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     return chosen.clamp_(max=logits.shape[-1] - 1)
 
 
-def token_logprob(logprobs: torch.Tensor, token_id: int, top: int) -> TokenLogprob:
-    """Logprob of `token_id` and the `top` best alternatives from one row of log-softmax."""
+def token_logprob(logprobs: torch.Tensor, token_id: int, top: int,
+                  allowed: Sequence[int] | None = None) -> TokenLogprob:
+    """Logprob of `token_id` and the `top` best alternatives from one row of log-softmax. With
+    `allowed` (allowed_token_ids, a structured choice) the alternatives are the best of the
+    tokens the request could produce: a token it may not answer is no alternative."""
     alternatives = []
-    if top > 0:
+    if top > 0 and allowed is not None:
+        candidates = torch.tensor(allowed, dtype=torch.long, device=logprobs.device)
+        values, order = logprobs[candidates].topk(min(top, len(allowed)))
+        alternatives = list(zip(candidates[order].tolist(), values.tolist()))
+    elif top > 0:
         values, ids = logprobs.topk(top)
         alternatives = list(zip(ids.tolist(), values.tolist()))
     chosen = logprobs[token_id]

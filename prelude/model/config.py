@@ -61,7 +61,7 @@ class ModelConfig:
         family_head = _split_architecture(architecture)
         if architecture is None or family_head is None:
             raise UnsupportedModel(
-                f"architecture {architecture!r} is not supported; supported: "
+                f"architecture {architecture!r} is not supported; serve a checkpoint of one of: "
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             )
         family, head = family_head

@@ -38,7 +38,8 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
         return [model_dir / shard for shard in shards]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise UnsupportedModel(f"no *.safetensors weights in {model_dir}")
+        raise UnsupportedModel(f"no *.safetensors weights in {model_dir}; save the checkpoint as safetensors "
+                              "(save_pretrained(..., safe_serialization=True))")
     return files
 
 

@@ -74,13 +74,20 @@ class Admission:
                 raise bad_request(
                     f"the prompt's {num_prompt_tokens} tokens leave no room to generate: the server's KV "
                     f"cache holds {self.kv_capacity_tokens} tokens per request", prompt_param)
+        # The prompt alone leaves no room for any completion: shortening it is the fix, whatever
+        # max_tokens says (a smaller max_tokens cannot help), so the error names the prompt.
         if num_prompt_tokens + max_tokens > self.max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
                 f"{max_tokens} in the completion). Please reduce the length of the prompt or completion.",
-                param)
+                prompt_param if num_prompt_tokens >= self.max_model_len else param)
         if not oneshot and num_prompt_tokens + max_tokens > self.kv_capacity_tokens:
+            if num_prompt_tokens >= self.kv_capacity_tokens:
+                raise bad_request(
+                    f"the prompt's {num_prompt_tokens} tokens fill the server's KV cache of "
+                    f"{self.kv_capacity_tokens} tokens per request, leaving no room to generate; "
+                    "shorten the prompt", prompt_param)
             raise bad_request(
                 f"the request needs {num_prompt_tokens + max_tokens} tokens of KV cache but the server "
                 f"holds {self.kv_capacity_tokens}; reduce the prompt or max_tokens", param)

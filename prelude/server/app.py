@@ -15,10 +15,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from prelude import __version__
 from prelude.contract.config import Config
 from prelude.engine.engine import Engine
-from prelude.server import metrics
+from prelude.server import access_log, metrics
+from prelude.server.access_log import AccessLog
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.compat import CompatAPI
+from prelude.server.listen import Listener, bind
 from prelude.server.openai import CompletionsAPI
 from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response
@@ -80,10 +82,13 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         return Response(status_code=200 if engine.healthy else 503)
 
     async def ready(_: HTTPRequest) -> Response:
-        """Readiness, for routers and load balancers: 503 while the waiting queue is full or the
-        server drains (liveness stays on /health)."""
+        """Readiness, for routers, load balancers and Kubernetes readiness probes: 503 until the
+        engine has warmed up, while the waiting queue is full, and while the server drains
+        (liveness stays on /health)."""
         if not engine.healthy:
             return json_response({"status": "unhealthy"}, status=503)
+        if not engine.ready:
+            return json_response({"status": "warming_up"}, status=503)
         if engine.overloaded:
             return json_response({"status": "draining" if engine.draining else "overloaded"}, status=503)
         return json_response({"status": "ready"})
@@ -141,7 +146,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
 
     async def on_disconnect(http: HTTPRequest, _: ClientDisconnect) -> Response:
         # Nobody reads this response; the request's engine work was already aborted.
-        logger.info("client went away: %s %s", http.method, http.url.path)
+        logged = access_log.entry(http)
+        if logged is not None:
+            logged.error = "client went away"
+        else:
+            logger.info("client went away: %s %s", http.method, http.url.path)
         return Response(status_code=499)
 
     async def on_error(_: HTTPRequest, exc: Exception) -> Response:
@@ -191,15 +200,18 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
                             ClientDisconnect: on_disconnect, Exception: on_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
-    return HealthFirst(BearerAuth(app, config.api_key) if config.api_key else app, engine)
+    outer: ASGIApp = BearerAuth(app, config.api_key) if config.api_key else app
+    if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
+        outer = AccessLog(outer)  # outside auth: refused keys are logged too
+    return HealthFirst(outer, engine)
 
 
-def hypercorn_config(config: Config):
+def hypercorn_config(config: Config, listener: Listener):
     from hypercorn.config import Config as HypercornConfig
 
     hc = HypercornConfig()
-    hc.bind = [f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"]
-    hc.accesslog = None  # per-request log lines cost CPU on the hot path
+    hc.bind = [listener.bind]
+    hc.accesslog = None  # Prelude writes its own access log (server/access_log.py), or none
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.loglevel = config.log_level.upper()
     hc.graceful_timeout = 3.0
@@ -207,10 +219,15 @@ def hypercorn_config(config: Config):
     return hc
 
 
-async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None) -> None:
+async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None, listener: Listener | None = None) -> None:
+    """Serves `app` on `listener` (bound from the config when not given) until the trigger."""
     from hypercorn.asyncio import serve as hypercorn_serve
 
+    listener = listener or bind(config)
     kwargs = {"shutdown_trigger": shutdown_trigger} if shutdown_trigger is not None else {}
-    # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
-    # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
-    await hypercorn_serve(app, hypercorn_config(config), **kwargs)  # type: ignore[arg-type]
+    try:
+        # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
+        # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
+        await hypercorn_serve(app, hypercorn_config(config, listener), **kwargs)  # type: ignore[arg-type]
+    finally:
+        listener.cleanup()

@@ -11,6 +11,8 @@ from starlette.responses import Response
 from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
+from prelude.server import access_log
+from prelude.server.access_log import AccessEntry
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import Serving, json_response, new_id
@@ -79,8 +81,11 @@ class CompletionsAPI(Serving):
         if prompt_logprobs is not None and prompt_logprobs > self.admission.max_logprobs:
             raise bad_request(f"requested {prompt_logprobs} prompt logprobs; at most "
                               f"{self.admission.max_logprobs} are allowed", "prompt_logprobs")
+        # prompt_logprobs appears in the answer only when asked for; echo + logprobs computes
+        # them too, for the echoed tokens' entries in `logprobs`.
+        show_prompt_logprobs = prompt_logprobs is not None
         if echo and logprobs is not None and prompt_logprobs is None:
-            prompt_logprobs = logprobs  # echoed prompt tokens carry their logprobs too
+            prompt_logprobs = logprobs
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
@@ -91,10 +96,11 @@ class CompletionsAPI(Serving):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage),
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage,
+                                                       access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
-        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs)
+        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs, show_prompt_logprobs)
                    for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
@@ -129,7 +135,7 @@ class CompletionsAPI(Serving):
         return out
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt: list[int], echo: bool,
-                           logprobs: int | None) -> dict:
+                           logprobs: int | None, show_prompt_logprobs: bool) -> dict:
         prompt_text = self.tokenizer.decode(prompt) if echo else ""
         logprobs_field = None
         if logprobs is not None:
@@ -137,11 +143,12 @@ class CompletionsAPI(Serving):
             logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
         choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-        if out.prompt_logprobs is not None:
+        if show_prompt_logprobs and out.prompt_logprobs is not None:
             choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
-    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage):
+    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage,
+                                 logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         offsets = [0] * len(streams)
@@ -162,12 +169,16 @@ class CompletionsAPI(Serving):
                            "model": self.model_name, "choices": [choice]})
                 if out.finished:
                     finals[index] = out
+            if logged is not None:
+                logged.record(rid, finals.values())
             if include_usage:
                 usage = self.usage([finals[i] for i in sorted(finals)], [len(p) for p in prompts])
                 yield sse({"id": rid, "object": "text_completion", "created": created,
                            "model": self.model_name, "choices": [], "usage": usage})
             yield SSE_DONE
         except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
             yield sse(stream_error(exc))
             yield SSE_DONE
 
@@ -195,7 +206,8 @@ class CompletionsAPI(Serving):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage),
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage,
+                                                 access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
         choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
@@ -255,7 +267,7 @@ class CompletionsAPI(Serving):
             content.append(row)
         return {"content": content}
 
-    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage):
+    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
@@ -274,10 +286,14 @@ class CompletionsAPI(Serving):
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out
                 yield chunk([choice])
+            if logged is not None:
+                logged.record(rid, finals.values())
             if include_usage:
                 yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
             yield SSE_DONE
         except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
             yield sse(stream_error(exc))
             yield SSE_DONE
 

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from prelude.engine.engine import Engine
 from prelude.engine.output import DeadlineExceeded, EngineError, Overloaded, RequestOutput, RequestStream
 from prelude.engine.request import Request, Task
+from prelude.server import access_log
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
@@ -171,6 +172,9 @@ class Serving:
     async def collect(self, http: HTTPRequest, requests: list[Request]) -> list[RequestOutput]:
         """Submits the rows and waits for their results. If the client goes away first, its rows
         are aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised."""
+        logged = access_log.entry(http)
+        if logged is not None:  # row ids are "<request id>-<row>" (fan_out, DecisionAPI._rows)
+            logged.request_id = requests[0].request_id.rpartition("-")[0]
         streams = self.submit_all(requests)
         watcher = asyncio.create_task(self._abort_when_gone(http, streams))
         try:
@@ -184,6 +188,8 @@ class Serving:
             self.abort_unfinished(streams)
         if watcher.done() and not watcher.cancelled():
             raise ClientDisconnect()
+        if logged is not None:
+            logged.record(logged.request_id or "", outputs)
         return outputs
 
     async def _abort_when_gone(self, http: HTTPRequest, streams: list[RequestStream]) -> None:

@@ -24,6 +24,7 @@ def load(path: str | Path, backend: str = "auto") -> Tokenizer:
         path = path / "tokenizer.json"
     if backend not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {backend!r}; choose one of {BACKENDS}")
+    reason = None
     if backend != "hf":
         from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
 
@@ -32,12 +33,15 @@ def load(path: str | Path, backend: str = "auto") -> Tokenizer:
         except UnsupportedTokenizer as exc:
             if backend == "fasttoken":
                 raise
-            logger.info("fasttoken does not support %s (%s); using HF tokenizers", path, exc)
+            reason = f"fasttoken does not support this tokenizer.json: {exc}"
+            logger.info("%s; using HF tokenizers", reason)
         except ImportError as exc:  # the Cython extension was not compiled for this interpreter
             if backend == "fasttoken":
                 raise
-            logger.warning("fasttoken's extension is not built (%s; `pip install -e .` builds it); "
-                           "using HF tokenizers", exc)
+            reason = f"fasttoken's extension is not built ({exc}; `pip install -e .` builds it)"
+            logger.warning("%s; using HF tokenizers", reason)
     from prelude.tokenizer.hf import HFTokenizer
 
-    return HFTokenizer(path)
+    tokenizer = HFTokenizer(path)
+    tokenizer.fallback_reason = reason
+    return tokenizer

@@ -18,6 +18,8 @@ class Tokenizer(ABC):
     any number of threads may call any method at once."""
 
     backend: str
+    # Why this backend serves when fasttoken was asked for (auto) and could not: the banner shows it.
+    fallback_reason: str | None = None
     # Set by each backend at load time.
     _vocab_size: int
     _special_ids: frozenset[int]

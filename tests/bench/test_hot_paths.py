@@ -1,6 +1,9 @@
-"""pytest-benchmark timings of the CPU paths every request crosses. CI runs them once as plain
-tests (pyproject passes --benchmark-disable); `pytest tests/bench --benchmark-enable` times them.
-Each also asserts what it computed, so a broken path fails rather than getting faster."""
+"""pytest-benchmark timings of the CPU paths every request crosses: normalization, a scheduling
+step, streaming detokenization, prefix matching, block allocation, JSON encoding. CI runs them
+once as plain tests (pyproject passes --benchmark-disable). As guards they are compared with the
+committed baseline in tests/bench/baseline/ and fail when a median is 25% slower (README,
+"Hot-path guards"). Each also asserts what it computed, so a broken path fails rather than
+getting faster."""
 from __future__ import annotations
 
 import json
@@ -9,6 +12,7 @@ import random
 import pytest
 
 from prelude.cache.block_pool import BlockPool
+from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.engine.output import RequestOutput
 from prelude.engine.request import Request
 from prelude.contract.sampling import SamplingParams
@@ -77,6 +81,27 @@ def test_scheduler_tick_with_256_waiting(benchmark):
 
     events = benchmark.pedantic(tick, setup=lambda: ((_waiting_scheduler(),), {}), rounds=20)
     assert len(events) == 256
+
+
+def test_streaming_detokenize_of_256_tokens(benchmark, demo_model):
+    """A streamed Decode request's detokenization: one decode step and stop-string check per
+    token (the demo model's byte-level BPE, through fasttoken)."""
+    from prelude import tokenizer as tokenizers
+
+    tok = tokenizers.load(demo_model)
+    text = "The model answers the question: yes, the request is good. " * 8
+    ids = tok.encode(text, False)[:256]
+
+    def stream() -> str:
+        detok = IncrementalDetokenizer(tok, ids[:8], ("\n\n", "</answer>"), True)
+        out = []
+        for token in ids:
+            detok.add(token)
+            out.append(detok.emit(final=False))
+        out.append(detok.emit(final=True))
+        return "".join(out)
+
+    assert benchmark(stream) == tok.decode(ids)
 
 
 def _warm_pool(tokens: list[int]) -> BlockPool:

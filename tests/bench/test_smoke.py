@@ -34,8 +34,23 @@ def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
     assert not one["streamed"] and one["ttft"] == one["e2e"] and one["tpot"]["count"] == 0
     assert four["streamed"] and four["output_tok_per_s"] * four["duration_s"] == pytest.approx(40)
     assert four["ttft"]["p50"] < four["e2e"]["p50"] and four["tpot"]["count"] == 10
-    printed = capsys.readouterr().out
-    assert "fixed 32/4" in printed and "TTFT equals E2E" in printed
+    captured = capsys.readouterr()
+    assert "fixed 32/4" in captured.out and "TTFT equals E2E" in captured.out
+    assert "req/s" in captured.out.split("Throughput", 1)[1]  # the table comes last, after the bars
+    assert "10/10" not in captured.err  # --no-progress: no bar
+    # The chart sits beside the JSON: latency against throughput, one panel per workload.
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    server.wait_idle()
+
+
+def test_load_generator_shows_a_progress_bar_per_level(server, tmp_path, capsys):
+    out = tmp_path / "bar.json"
+    code = loadgen.main(["--base-url", server.base_url, "--shapes", "16/1", "--concurrency", "2",
+                         "--num-requests", "6", "--warmup", "0", "--json", str(out), "--plot", str(tmp_path / "c.png")])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "target fixed 16/1 c=2" in err and "6/6" in err  # tqdm's bar for the level, finished
+    assert (tmp_path / "c.png").is_file() and not out.with_suffix(".png").exists()
     server.wait_idle()
 
 

@@ -1,0 +1,46 @@
+"""The startup banner: one short block saying what was loaded and where it listens, logged once
+the engine is warm (so "ready in" is the time a client can be served)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Banner:
+    version: str
+    model_path: str
+    model_name: str  # what clients send as `model`
+    architecture: str
+    dtype: str
+    device: str
+    tokenizer: str  # fasttoken, or hf with the reason it serves
+    kv_capacity_tokens: int
+    kv_blocks: int
+    block_size: int
+    prefix_caching: bool
+    listen_url: str
+    seconds_to_ready: float
+
+    def fields(self) -> dict:
+        """The JSON log line's keys (--log-format json)."""
+        return {"event": "ready", **asdict(self)}
+
+    def __str__(self) -> str:
+        return "\n".join([
+            f"Prelude {self.version} ready in {self.seconds_to_ready:.2f}s",
+            f"  model      {self.model_path} ({self.architecture}), served as {self.model_name}",
+            f"  dtype      {self.dtype} on {self.device}",
+            f"  tokenizer  {self.tokenizer}",
+            f"  KV cache   {self.kv_capacity_tokens:,} tokens ({self.kv_blocks:,} blocks of {self.block_size}), "
+            f"prefix caching {'on' if self.prefix_caching else 'off'}",
+            f"  listening  {self.listen_url}",
+        ])
+
+
+def tokenizer_text(backend: str, fallback_reason: str | None, requested: str) -> str:
+    """fasttoken; hf (--tokenizer-backend hf); or hf with the reason fasttoken could not serve."""
+    if backend != "hf":
+        return backend
+    if requested == "hf":
+        return "hf (--tokenizer-backend hf)"
+    return f"hf (fallback: {fallback_reason})" if fallback_reason else "hf"

@@ -1,0 +1,72 @@
+"""The listening socket, bound before the model loads: a port already in use is reported in a
+second, not after the weights are read. Hypercorn gets the bound socket as `fd://N`."""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from dataclasses import dataclass
+
+from prelude.contract.config import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    fd: int  # bound, not yet listening: connections are refused until hypercorn listens
+    url: str  # what the banner shows: http://host:port, or unix:PATH
+    uds: str | None = None  # the socket file to remove on exit
+
+    @property
+    def bind(self) -> str:
+        return f"fd://{self.fd}"
+
+    def close(self) -> None:
+        """Gives the socket up before hypercorn took it (startup failed after binding)."""
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """Removes the Unix socket file (hypercorn closes the socket itself)."""
+        if self.uds is not None:
+            try:
+                os.unlink(self.uds)
+            except OSError:
+                pass
+
+
+def bind(config: Config) -> Listener:
+    """A socket bound to --uds or --host/--port. Raises OSError (EADDRINUSE, EACCES, ...)."""
+    if config.uds is not None:
+        return _bind_unix(config.uds)
+    infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # restarts do not wait out TIME_WAIT
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return Listener(sock.detach(), f"http://{host}:{config.port}")
+
+
+def _bind_unix(path: str) -> Listener:
+    # A socket file left by a previous run is stale once nothing listens on it; any other file
+    # at that path is not ours to remove.
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+    except OSError:
+        sock.close()
+        raise
+    return Listener(sock.detach(), f"unix:{path}", path)

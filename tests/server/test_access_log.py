@@ -1,0 +1,117 @@
+"""The access log: one line per finished request with what the engine did for it, as text and as
+JSON (--log-format json); errors carry their message; --disable-log-requests turns it off."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from bench.serving.server import free_port, prelude_env
+from prelude.contract.config import Config
+from prelude.logs import JsonFormatter
+from tests.server.harness import ServerThread
+
+TEXT = re.compile(r"(?P<request_id>\S+) (?P<method>[A-Z]+) (?P<route>\S+) (?P<status>\d{3}) (?P<cls>\S+) "
+                  r"prompt=(?P<prompt>\d+) completion=(?P<completion>\d+) cached=(?P<cached>\d+) "
+                  r"queue=(?P<queue>\S+) ttft=(?P<ttft>\S+) total=(?P<total>[0-9.]+ms)(?: error=(?P<error>.*))?$")
+
+
+@pytest.fixture
+def logged_server(demo_model, caplog):
+    caplog.set_level(logging.INFO, logger="prelude.access")  # before the app is built: it checks the level
+    with ServerThread(Config(model=str(demo_model), block_size=4, num_kv_blocks=512, max_model_len=256,
+                             api_key="k")) as srv:
+        yield srv
+
+
+def access_records(caplog, count: int, timeout: float = 10) -> list[logging.LogRecord]:
+    """The access records, once `count` of them arrived (a line is logged after the response)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = [r for r in caplog.records if r.name == "prelude.access"]
+        if len(records) >= count or time.monotonic() > deadline:
+            return records
+        time.sleep(0.02)
+
+
+def test_one_line_per_request_with_engine_fields(logged_server, caplog):
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    prompt = "the model token request server prompt judge score"
+    httpx.post(url + "/v1/completions", headers=auth, json={"prompt": prompt, "max_tokens": 1}).raise_for_status()
+    httpx.post(url + "/v1/completions", headers=auth,
+               json={"prompt": prompt, "max_tokens": 4, "ignore_eos": True, "stream": True}).raise_for_status()
+    httpx.post(url + "/v1/embeddings", headers=auth, json={"input": ["a b", "c d"]}).raise_for_status()
+    bad = httpx.post(url + "/v1/completions", headers=auth, json={"prompt": prompt, "max_tokens": -1})
+    unauthorized = httpx.post(url + "/v1/completions", json={"prompt": prompt})
+    httpx.get(url + "/health"), httpx.get(url + "/ready"), httpx.get(url + "/metrics")  # probes: not logged
+    assert bad.status_code == 400 and unauthorized.status_code == 401
+    records = access_records(caplog, 5)
+    lines = [TEXT.match(str(r.msg)) for r in records]
+    assert all(lines), [str(r.msg) for r in records]
+    oneshot, decode, embed, error, refused = (m.groupdict() for m in lines)
+
+    assert oneshot["request_id"].startswith("cmpl-") and oneshot["route"] == "/v1/completions"
+    assert (oneshot["status"], oneshot["cls"], oneshot["completion"]) == ("200", "OneShot", "1")
+    assert int(oneshot["prompt"]) > 5 and oneshot["queue"].endswith("ms") and oneshot["ttft"].endswith("ms")
+    # The second request shares the first one's prompt: its full blocks come from the prefix cache.
+    assert decode["cls"] in ("Decode", "Mixed") and decode["completion"] == "4" and int(decode["cached"]) > 0
+    assert embed["request_id"].startswith("embd-") and embed["cls"] == "OneShot" and embed["prompt"] == "4"
+    assert error["status"] == "400" and "max_tokens" in json.loads(error["error"])
+    assert error["request_id"] == "-" and error["queue"] == "-"
+    assert refused["status"] == "401" and "API key" in json.loads(refused["error"])
+
+    # The same record as JSON: every field a key, numbers as numbers.
+    as_json = json.loads(JsonFormatter().format(records[1]))
+    assert as_json["event"] == "request" and as_json["level"] == "INFO" and as_json["logger"] == "prelude.access"
+    assert as_json["request_id"] == decode["request_id"] and as_json["route"] == "/v1/completions"
+    assert as_json["status"] == 200 and as_json["class"] == decode["cls"]
+    assert as_json["prompt_tokens"] == int(decode["prompt"]) and as_json["completion_tokens"] == 4
+    assert as_json["cached_tokens"] == int(decode["cached"])
+    assert as_json["queue_ms"] >= 0 and as_json["ttft_ms"] > 0 and as_json["total_ms"] >= as_json["ttft_ms"]
+    assert as_json["error"] is None
+
+
+def test_json_log_format_and_disable_log_requests_end_to_end(demo_model):
+    """`python -m prelude --log-format json`: every stderr line is a JSON object, the banner and
+    the access lines among them; with --disable-log-requests no access line at all."""
+    for disabled in (False, True):
+        port = free_port()
+        args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--port", str(port),
+                "--log-format", "json", *(["--disable-log-requests"] if disabled else [])]
+        proc = subprocess.Popen(args, env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            out = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+            assert out.status_code == 200
+            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": ""})
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        lines = [json.loads(line) for line in err.splitlines()]  # each line parses, or this raises
+        (banner,) = [line for line in lines if line.get("event") == "ready"]
+        assert banner["version"] and banner["architecture"] == "Qwen3ForCausalLM" and banner["dtype"] == "float32"
+        assert banner["device"] == "cpu" and banner["tokenizer"] == "fasttoken" and banner["prefix_caching"] is True
+        assert banner["kv_capacity_tokens"] > 0 and banner["listen_url"] == f"http://127.0.0.1:{port}"
+        assert banner["seconds_to_ready"] > 0
+        requests = [line for line in lines if line.get("event") == "request"]
+        if disabled:
+            assert requests == []
+        else:
+            ok, bad = requests
+            assert ok["status"] == 200 and ok["completion_tokens"] == 2 and ok["class"] in ("Decode", "Mixed")
+            assert bad["status"] == 400 and "prompt" in bad["error"]
