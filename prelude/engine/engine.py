@@ -16,6 +16,7 @@ from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.output import (
     DeadlineExceeded,
+    DuplicateRequest,
     EngineError,
     FinishReason,
     Overloaded,
@@ -123,10 +124,11 @@ class Engine:
         if not self.scheduler.has_room(requests):
             self.stats.on_rejected("queue_full")
             raise Overloaded(f"the server is overloaded ({self.scheduler.num_waiting} requests waiting); retry shortly")
+        duplicate = next((r.request_id for r in requests if r.request_id in self._tracked), None)
+        if duplicate is not None or len({r.request_id for r in requests}) < len(requests):
+            raise DuplicateRequest(f"request id {duplicate!r} is already in flight")
         streams = []
         for request in requests:
-            if request.request_id in self._tracked:
-                raise ValueError(f"duplicate request id {request.request_id!r}")
             tracked = Tracked.admit(self.scheduler.add(request), self.tokenizer)
             self._tracked[request.request_id] = tracked
             self.stats.on_arrival()

@@ -52,6 +52,10 @@ class EngineError(RuntimeError):
     """The engine failed this request (the step it was in raised); other requests go on."""
 
 
+class DuplicateRequest(ValueError):
+    """A request id that is already in flight."""
+
+
 class Overloaded(EngineError):
     """The request was not admitted: the waiting queue is full, or the server is draining.
     Nothing was queued; the client may retry."""

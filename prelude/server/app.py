@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prelude import __version__
 from prelude.contract.config import Config
@@ -52,6 +52,28 @@ class BearerAuth:
             await error.response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+class EchoRequestId:
+    """Echoes a client's X-Request-Id on the response, as vLLM and most proxies do; the
+    endpoints build their response ids on it (serving.new_id)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = next((v for k, v in scope.get("headers", ()) if k == b"x-request-id"), None) \
+            if scope["type"] == "http" else None
+        if given is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", given)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class HealthFirst:
@@ -203,7 +225,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     outer: ASGIApp = BearerAuth(app, config.api_key) if config.api_key else app
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
         outer = AccessLog(outer)  # outside auth: refused keys are logged too
-    return HealthFirst(outer, engine)
+    return HealthFirst(EchoRequestId(outer), engine)
 
 
 def hypercorn_config(config: Config, listener: Listener):

@@ -63,7 +63,7 @@ class CompatAPI(DecisionAPI):
     async def _embed_texts(self, http: HTTPRequest, body: Body, texts: list[str], limit: int | None,
                            side: str | None, normalize: bool) -> tuple[list[list[float]], list[list[int]]]:
         prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
-        rows = self._rows(new_id("embd"), prompts, task=Task.EMBED, pooling=self.served.pooling,
+        rows = self._rows(new_id("embd", http), prompts, task=Task.EMBED, pooling=self.served.pooling,
                           normalize=normalize, **self.scheduling(http, body))
         return [_required(out.pooled) for out in await self.collect(http, rows)], prompts
 
@@ -94,7 +94,7 @@ class CompatAPI(DecisionAPI):
         if not query:
             raise bad_request("'query' must be a non-empty string", "query")
         texts = _texts(body, "texts")
-        relevance, _ = await self._relevance_scores(http, new_id("rerank"), [query] * len(texts), texts, body)
+        relevance, _ = await self._relevance_scores(http, new_id("rerank", http), [query] * len(texts), texts, body)
         raw = body.bool("raw_scores")
         if raw:  # the logit the probability came from
             relevance = [math.log(max(p, 1e-45) / max(1 - p, 1e-45)) for p in relevance]
@@ -130,7 +130,7 @@ class CompatAPI(DecisionAPI):
             else:
                 raise bad_request("'inputs' must be a text, a [text, pair], or an array of those", "inputs")
             prompts.append(ids)
-        logits = await self._classify_rows(http, new_id("predict"), prompts, self.scheduling(http, body))
+        logits = await self._classify_rows(http, new_id("predict", http), prompts, self.scheduling(http, body))
         labels = self.served.config.id2label
         raw = body.bool("raw_scores")
         answers = []
@@ -162,7 +162,7 @@ class CompatAPI(DecisionAPI):
         vectors = [_matryoshka(v, dimensions, dimensions is not None) for v in vectors]
         embeddings = {kind: [_cohere_embedding(v, kind) for v in vectors] for kind in kinds}
         return json_response({
-            "id": new_id("embed"), "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",
+            "id": new_id("embed", http), "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",
             "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": sum(map(len, prompts))}}})
 
     async def cohere_rerank(self, http: HTTPRequest) -> Response:
@@ -177,9 +177,9 @@ class CompatAPI(DecisionAPI):
             encoded = await self.admission.encode_many(documents, add_special_tokens=False)
             documents = [self.tokenizer.decode(self.truncate(ids, per_doc)) for ids in encoded]
         top_n = body.int("top_n", len(documents), lo=1)
-        relevance, prompts = await self._relevance_scores(http, new_id("rerank"), [query] * len(documents),
+        relevance, prompts = await self._relevance_scores(http, new_id("rerank", http), [query] * len(documents),
                                                           documents, body)
         order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]
         return json_response({
-            "id": new_id("rerank"), "results": [{"index": i, "relevance_score": relevance[i]} for i in order],
+            "id": new_id("rerank", http), "results": [{"index": i, "relevance_score": relevance[i]} for i in order],
             "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}})

@@ -92,7 +92,7 @@ class DecisionAPI(Serving):
             raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
-        rid = new_id("embd")
+        rid = new_id("embd", http)
         rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                           normalize=normalize and dimensions is None, **self.scheduling(http, body))
         data = []
@@ -117,7 +117,7 @@ class DecisionAPI(Serving):
         body = await self.body(http)
         self._require_classifier()
         prompts = await self.inputs(body, "input", MAX_ITEMS)
-        rid = new_id("classify")
+        rid = new_id("classify", http)
         labels = self.served.config.id2label
         data = []
         for i, logits in enumerate(await self._classify_rows(http, rid, prompts, self.scheduling(http, body))):
@@ -138,7 +138,7 @@ class DecisionAPI(Serving):
         the pooled final hidden state (not normalized unless asked)."""
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS)
-        rid = new_id("pool")
+        rid = new_id("pool", http)
         sched = self.scheduling(http, body)
         if self.served.has_classifier:
             outputs = await self._classify_rows(http, rid, prompts, sched)
@@ -219,7 +219,7 @@ class DecisionAPI(Serving):
     # -- /score, /v1/score ------------------------------------------------------------------
     async def score(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
-        rid = new_id("score")
+        rid = new_id("score", http)
         if body.has("label_token_ids"):
             self.require_lm_head("label-token scoring")
             label_ids = self._label_ids(body)
@@ -306,7 +306,7 @@ class DecisionAPI(Serving):
         check_count("documents", len(texts), MAX_ITEMS)
         top_n = body.int("top_n", len(texts), lo=1)
         return_documents = body.bool("return_documents", True)
-        rid = new_id("rerank")
+        rid = new_id("rerank", http)
         relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body)
         order = sorted(range(len(texts)), key=lambda i: -relevance[i])[:top_n]
         results = []

@@ -90,7 +90,7 @@ class CompletionsAPI(Serving):
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
-        rid = new_id("cmpl")
+        rid = new_id("cmpl", http)
         requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
                                 prompt_logprobs=prompt_logprobs, **self.scheduling(http, body))
         created = int(time.time())
@@ -201,7 +201,7 @@ class CompletionsAPI(Serving):
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
-        rid = new_id("chatcmpl")
+        rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
         created = int(time.time())
         if stream:

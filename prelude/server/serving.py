@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import time
 from typing import Any
 
@@ -12,7 +13,14 @@ from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.engine import Engine
-from prelude.engine.output import DeadlineExceeded, EngineError, Overloaded, RequestOutput, RequestStream
+from prelude.engine.output import (
+    DeadlineExceeded,
+    DuplicateRequest,
+    EngineError,
+    Overloaded,
+    RequestOutput,
+    RequestStream,
+)
 from prelude.engine.request import Request, Task
 from prelude.server import access_log
 from prelude.server.admission import Admission
@@ -25,7 +33,15 @@ _ids = itertools.count()
 _ID_PREFIX = os.urandom(4).hex()
 
 
-def new_id(kind: str) -> str:
+_CLIENT_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces
+
+
+def new_id(kind: str, http: HTTPRequest | None = None) -> str:
+    """A response id: built on the client's X-Request-Id when it sent a usable one (as vLLM
+    does), else unique to this server."""
+    client = http.headers.get("x-request-id") if http is not None else None
+    if client is not None and _CLIENT_ID.fullmatch(client):
+        return f"{kind}-{client}"
     return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
 
 
@@ -156,6 +172,8 @@ class Serving:
         Retry-After when the queue is full or the server is draining)."""
         try:
             return self.engine.submit_all(requests)
+        except DuplicateRequest as exc:
+            raise bad_request(f"{exc}: an X-Request-Id may be in flight only once") from None
         except Overloaded as exc:
             headers = {"Retry-After": "1"}
             if self.engine.draining:  # this server is going away: clients should reconnect elsewhere

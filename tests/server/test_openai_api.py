@@ -153,3 +153,17 @@ def test_tokenize_and_detokenize(server):
     assert ids == server.served.tokenizer.encode("Hello world")
     text = httpx.post(server.base_url + "/detokenize", json={"tokens": ids}).json()["prompt"]
     assert text == "Hello world"
+
+
+def test_x_request_id_is_echoed_and_names_the_response(server):
+    import httpx
+
+    headers = {"X-Request-Id": "trace-42"}
+    body = {"prompt": "hi", "max_tokens": 2}
+    response = httpx.post(server.base_url + "/v1/completions", json=body, headers=headers)
+    assert response.headers["x-request-id"] == "trace-42" and response.json()["id"] == "cmpl-trace-42"
+    embedded = httpx.post(server.base_url + "/v1/score", headers=headers,
+                          json={"query": "q", "items": ["a"], "label_token_ids": [5]})
+    assert embedded.status_code == 200 and embedded.headers["x-request-id"] == "trace-42"
+    unnamed = httpx.post(server.base_url + "/v1/completions", json=body)
+    assert "x-request-id" not in unnamed.headers and unnamed.json()["id"].startswith("cmpl-")
