@@ -125,7 +125,8 @@ def build(config: Config) -> Built:
         config, temp_bytes_per_token=setup.temp_bytes_per_token,
         temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
         temp_memory_budget=setup.temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
-    engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup)
+    engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup,
+                    layer_preemption=config.layer_preemption)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),

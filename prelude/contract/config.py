@@ -69,6 +69,7 @@ class Config:
     shutdown_timeout: float = 30.0
     disable_oneshot: bool = False
     multi_item_scoring: bool = True
+    layer_preemption: bool = True
     executor: str = "model"
     enforce_eager: bool = False
     max_logprobs: int = 20

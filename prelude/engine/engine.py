@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
+from prelude.engine.step_runner import StepRunner
 from prelude.engine.output import (
     DeadlineExceeded,
     DuplicateRequest,
@@ -39,17 +39,17 @@ logger = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
-                 eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None):
+                 eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
+                 layer_preemption: bool = True):
         self.scheduler = scheduler
-        self.executors = executors
+        self.steps = StepRunner(executors, scheduler.costs, layer_preemption)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stats = EngineStats()
         self._tracked: dict[str, Tracked] = {}
         self._wakeup = asyncio.Event()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
         self._loop_task: asyncio.Task | None = None
-        self._in_flight = False
+        self._in_flight = 0  # steps running (a short one may run while a long one is parked)
         self._draining = False
         # Kernel compilation and the like, run in the step thread before the first step; until it
         # is done the engine is not ready (/ready answers 503), though requests may queue.
@@ -57,12 +57,20 @@ class Engine:
         self._ready = False
 
     @property
+    def executors(self) -> Executors:
+        return self.steps.executors
+
+    @executors.setter
+    def executors(self, executors: Executors) -> None:  # tests inject faults through this
+        self.steps.executors = executors
+
+    @property
     def idle(self) -> bool:
         """No request admitted and unfinished, and no step in flight."""
         return not self._tracked and not self._in_flight
 
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self.scheduler, self.stats)
+        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,7 +102,7 @@ class Engine:
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
         self.end_all()
-        self._worker.shutdown(wait=True)
+        self.steps.shutdown()
 
     def end_all(self) -> None:
         """Ends every request in flight with an error (shutdown): their clients get it now."""
@@ -133,6 +141,7 @@ class Engine:
             self._tracked[request.request_id] = tracked
             self.stats.on_arrival()
             streams.append(tracked.stream)
+        self.steps.note_arrivals(requests)
         self._wakeup.set()
         return streams
 
@@ -160,10 +169,9 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         if self._warmup is not None and not self._ready:
             started = time.perf_counter()
-            await loop.run_in_executor(self._worker, self._warmup)
+            await self.steps.in_worker(self._warmup)
             logger.debug("warm-up in %.2fs", time.perf_counter() - started)
         self._ready = True
         while True:
@@ -175,20 +183,33 @@ class Engine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            started = time.perf_counter()
-            self._in_flight = True
-            try:
-                outcome = await loop.run_in_executor(self._worker, execute_isolating, self.executors.execute,
-                                                     step.batch)
-            finally:
-                self._in_flight = False
-            seconds = time.perf_counter() - started
-            self.stats.on_step(seconds)
+            await self._run_step(step, preemptible=True)
+
+    async def _run_step(self, step: ScheduledStep, preemptible: bool) -> None:
+        """Executes a step and folds its results back; a preemptible one may let short work run
+        while it is parked."""
+        started = time.perf_counter()
+        self._in_flight += 1
+        try:
+            if preemptible:
+                outcome = await self.steps.run(step, self._run_short_step)
+            else:
+                outcome = await self.steps.in_worker(execute_isolating, self.executors.execute, step.batch)
+        finally:
+            self._in_flight -= 1
+        seconds = time.perf_counter() - started
+        self.stats.on_step(seconds)
+        if not (preemptible and self.steps.last_parked):
             self.scheduler.observe_step(step, seconds)
-            if outcome.first_error is not None:
-                step = self._fail_rows(step, outcome)
-            beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
-            self._process(self.scheduler.update(step, outcome.result), beside_decodes)
+        if outcome.first_error is not None:
+            step = self._fail_rows(step, outcome)
+        beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
+        self._process(self.scheduler.update(step, outcome.result), beside_decodes)
+
+    async def _run_short_step(self) -> None:
+        step = self.scheduler.schedule(max_tokens=self.steps.short_tokens)
+        if step is not None:
+            await self._run_step(step, preemptible=False)
 
     def _on_loop_exit(self, task: asyncio.Task) -> None:
         """An engine bug must not leave requests hanging: fail them all, loudly."""

@@ -138,9 +138,13 @@ class Scheduler:
         return late
 
     # -- one tick -------------------------------------------------------------------------
-    def schedule(self) -> ScheduledStep | None:
+    def schedule(self, max_tokens: int | None = None) -> ScheduledStep | None:
+        """The next step; `max_tokens` caps it below the configured budget (a step that runs
+        while a long one is parked stays short)."""
         now = time.monotonic()
-        budget = StepBudget(self.config.max_num_batched_tokens, self.config.temp_memory_budget,
+        tokens = self.config.max_num_batched_tokens if max_tokens is None else min(
+            max_tokens, self.config.max_num_batched_tokens)
+        budget = StepBudget(tokens, self.config.temp_memory_budget,
                             self.costs if self.config.policy == "edf" else None, now)
         decodes = self.decode.decodes(budget)
         chunks = self.decode.prefill_chunks(budget)

@@ -23,9 +23,10 @@ class EngineSnapshot:
     prefix_hit_tokens: int
     scheduler: SchedulerStats
     stats: EngineStats
+    layer_preemptions: int = 0  # times a long OneShot step stepped aside between layers
 
 
-def take_snapshot(scheduler: Scheduler, stats: EngineStats) -> EngineSnapshot:
+def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: int = 0) -> EngineSnapshot:
     pool = scheduler.pool
     return EngineSnapshot(
         num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
@@ -33,4 +34,4 @@ def take_snapshot(scheduler: Scheduler, stats: EngineStats) -> EngineSnapshot:
         kv_blocks_total=pool.num_blocks, kv_blocks_in_use=pool.num_used_blocks,
         kv_blocks_cached=pool.num_cached_blocks, kv_usage=pool.usage,
         prefix_query_tokens=pool.queries_tokens, prefix_hit_tokens=pool.hit_tokens,
-        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats))
+        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats), layer_preemptions=layer_preemptions)

@@ -9,10 +9,10 @@ runner. Each decides how its kind of step is launched; the runner does the work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch
-from prelude.executor.runner import ModelRunner
+from prelude.executor.runner import ModelRunner, Progress
 
 
 class Executor(Protocol):
@@ -25,6 +25,13 @@ class Executor(Protocol):
 class OneShotExecutor:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+
+    def start(self, batch: OneShotBatch) -> Progress:
+        """A long step that can step aside between layers (see ModelRunner.advance)."""
+        return self.runner.start(batch.rows)
+
+    def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
+        return self.runner.advance(progress, should_stop)
 
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
@@ -56,7 +63,7 @@ class Executors:
     """One executor per batch kind. `execute` dispatches on the batch's type, the only place
     that decides which executor runs a step."""
 
-    oneshot: Executor
+    oneshot: OneShotExecutor
     decode: Executor
     mixed: Executor
 

@@ -4,7 +4,8 @@ heads. This class runs every step eagerly; CudaModelRunner adds staging and grap
 from __future__ import annotations
 
 from array import array
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -12,7 +13,17 @@ from prelude.contract.batch import BatchResult, DecodeRow, PrefillRow
 from prelude.executor.heads import row_results
 from prelude.executor.host_step import HostStep, host_step
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
-from prelude.model.decoder import DecoderLM
+from prelude.model.decoder import DecoderLM, LayerState
+
+
+@dataclass(slots=True)
+class Progress:
+    """A prefill step between layers: its rows, its layout, and the model's state."""
+
+    prefills: Sequence[PrefillRow]
+    layout: StepLayout
+    state: LayerState
+    parks: int = 0  # how many times it stepped aside for another step
 
 
 class ModelRunner:
@@ -30,6 +41,25 @@ class ModelRunner:
         step = host_step(prefills, decodes, self.block_size)
         hidden, layout = self.forward(step, graph)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden))
+
+    @torch.inference_mode()
+    def start(self, prefills: Sequence[PrefillRow]) -> Progress:
+        """A prefill-only step run layer by layer (eagerly), to be advanced with `advance`."""
+        step = host_step(prefills, (), self.block_size)
+        input_ids, positions, layout = self.upload(step)
+        return Progress(prefills, layout, self.model.begin(input_ids, positions))
+
+    @torch.inference_mode()
+    def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
+        """Runs the step's remaining layers until `should_stop` says so between two layers (then
+        None: the step is parked, and another step may run), or to its results. Attention is
+        planned again each time: a step that ran meanwhile planned it for itself."""
+        self.attention.plan(progress.layout)
+        if not self.model.run_layers(progress.state, self.attention, should_stop):
+            progress.parks += 1
+            return None
+        hidden = self.model.finish(progress.state)
+        return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden))
 
     def forward(self, step: HostStep, graph: GraphKind | None) -> tuple[torch.Tensor, StepLayout]:
         """Final hidden states of every token of the step, and the layout they were computed in."""

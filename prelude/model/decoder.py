@@ -1,7 +1,8 @@
 """The Qwen3 / Qwen2 / Llama decoder (they differ only in q/k norm and q/k/v bias) and its heads."""
 from __future__ import annotations
 
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -27,6 +28,16 @@ PACKED_WEIGHTS = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+
+@dataclass(slots=True)
+class LayerState:
+    """A forward between layers: the hidden stream, the residual, the step's rotary table."""
+
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    rope: tuple[torch.Tensor, torch.Tensor]
+    next_layer: int = 0
 
 
 class DecoderLayer(nn.Module):
@@ -81,12 +92,29 @@ class DecoderLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
+        state = self.begin(input_ids, positions)
+        self.run_layers(state, attention)
+        return self.finish(state)
+
+    # A forward in pieces, for cooperative preemption between layers (FlowPrefill): begin, run
+    # layers until asked to stop, and later run the rest (after re-planning attention).
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor) -> LayerState:
         x = self.model.embed_tokens(input_ids)
-        rope = self.rotary.lookup(positions, x.dtype)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, rope, attention)
-        x, _ = self.model.norm(x, residual)
+        return LayerState(x, None, self.rotary.lookup(positions, x.dtype))
+
+    def run_layers(self, state: LayerState, attention: AttentionBackend,
+                   should_stop: Callable[[], bool] | None = None) -> bool:
+        """Runs the remaining layers, checking `should_stop` between them; whether all ran."""
+        layers = self.model.layers
+        while state.next_layer < len(layers):
+            if should_stop is not None and state.next_layer > 0 and should_stop():
+                return False
+            state.x, state.residual = layers[state.next_layer](state.x, state.residual, state.rope, attention)
+            state.next_layer += 1
+        return True
+
+    def finish(self, state: LayerState) -> torch.Tensor:
+        x, _ = self.model.norm(state.x, state.residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

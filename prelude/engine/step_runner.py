@@ -1,0 +1,80 @@
+"""Runs scheduled steps in the engine's one worker thread, so the event loop keeps serving HTTP
+while a forward runs.
+
+A long OneShot step runs layer by layer and steps aside between two layers while a short request
+waits (FlowPrefill's cooperative preemption): the engine runs that request's step, then the long
+one resumes where it stopped, with the same results as an uninterrupted run. Every other step
+runs whole, with failures isolated row by row (engine.isolation)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Awaitable, Callable, TypeVar
+
+from prelude.contract.batch import OneShotBatch
+from prelude.engine.cost_model import StepCostModel
+from prelude.engine.isolation import StepOutcome, execute_isolating
+from prelude.engine.plan import ScheduledStep
+from prelude.engine.request import Request
+from prelude.executor.executors import Executors
+
+T = TypeVar("T")
+# A OneShot step predicted to take at least this long may step aside for short requests...
+PREEMPTIBLE_S = 0.05
+# ...that are at most this fraction of its length.
+SHORT_SHARE = 1 / 8
+
+
+class StepRunner:
+    def __init__(self, executors: Executors, costs: StepCostModel, layer_preemption: bool):
+        self.executors = executors
+        self.costs = costs
+        self.layer_preemption = layer_preemption
+        self.urgent = threading.Event()  # read by the worker thread between layers
+        self.preemptions = 0
+        self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
+        self._long_tokens = 0  # tokens of the preemptible step in flight; 0 when none runs
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
+
+    async def in_worker(self, fn: Callable[..., T], *args) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True)
+
+    def note_arrivals(self, requests: list[Request]) -> None:
+        """A request short beside the long step in flight asks it to step aside."""
+        long_tokens = self._long_tokens
+        if long_tokens and any(r.num_prompt_tokens <= SHORT_SHARE * long_tokens for r in requests):
+            self.urgent.set()
+
+    @property
+    def short_tokens(self) -> int:
+        """The most tokens a step that runs while the long one is parked may take."""
+        return max(1, int(SHORT_SHARE * self._long_tokens))
+
+    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[None]]) -> StepOutcome:
+        """The step's results. `run_urgent` runs (schedules, executes, folds back) a step of the
+        short waiting work while this one is parked."""
+        batch = step.batch
+        self.last_parked = False
+        tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
+        if not (self.layer_preemption and tokens and self.costs.estimate(tokens) >= PREEMPTIBLE_S):
+            return await self.in_worker(execute_isolating, self.executors.execute, batch)
+        assert isinstance(batch, OneShotBatch)
+        self.urgent.clear()
+        self._long_tokens = tokens
+        try:
+            oneshot = self.executors.oneshot
+            progress = await self.in_worker(oneshot.start, batch)
+            while (result := await self.in_worker(oneshot.advance, progress, self.urgent.is_set)) is None:
+                self.preemptions += 1
+                self.last_parked = True
+                self.urgent.clear()
+                await run_urgent()
+            return StepOutcome(result)
+        except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)
+            return await self.in_worker(execute_isolating, self.executors.execute, batch)
+        finally:
+            self._long_tokens = 0
