@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ public:
             }
             // Several patterns with one content: the first one wins, as in aho-corasick.
             if (nodes_[node].token < 0) nodes_[node].token = int32_t(t);
+        }
+        only_first_ = -1;
+        for (int b = 0; b < 256; ++b) {
+            if (!first_byte_[b]) continue;
+            only_first_ = only_first_ == -1 ? b : -2;
         }
     }
     bool empty() const { return nodes_.size() <= 1; }
@@ -107,7 +113,13 @@ private:
     // Leftmost match at or after pos; the longest among those starting there.
     bool find(const uint8_t* s, size_t n, size_t pos, size_t& begin, size_t& end, int32_t& tok) const {
         for (size_t i = pos; i < n; ++i) {
-            if (!first_byte_[s[i]]) continue;
+            if (only_first_ >= 0) {  // usually '<': memchr scans for it many bytes at a time
+                const void* hit = std::memchr(s + i, only_first_, n - i);
+                if (!hit) return false;
+                i = size_t(static_cast<const uint8_t*>(hit) - s);
+            } else if (!first_byte_[s[i]]) {
+                continue;
+            }
             int32_t node = 0, best = -1;
             size_t best_end = 0;
             for (size_t j = i; j < n; ++j) {
@@ -136,6 +148,7 @@ private:
     std::vector<AddedToken> tokens_;
     std::vector<Node> nodes_;
     bool first_byte_[256] = {};
+    int only_first_ = -1;  // the one byte every token starts with; -1 none or several
 };
 
 }  // namespace ft

@@ -159,6 +159,7 @@ public:
         std::copy(flat, flat + 128, ascii_);
     }
     uint8_t get(uint32_t cp) const { return cp < 128 ? ascii_[cp] : table_.get(cp); }
+    uint8_t ascii(uint8_t b) const { return ascii_[b]; }  // b < 128
 
 private:
     uint8_t ascii_[128] = {};
@@ -237,7 +238,11 @@ inline void Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& c
     uint8_t last = 0;
     bool quick = true;
     for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { ++i; last = 0; continue; }
+        if (s[i] < 0x80) {  // ASCII is always NFC and a starter: skip it a word at a time
+            i += 1 + ascii_prefix(s + i + 1, n - i - 1);
+            last = 0;
+            continue;
+        }
         const uint16_t w = words_.get(next_cp(s, i));
         const uint8_t c = uint8_t(w & 0xFF);
         if ((w & kNfcSlow) || (c && last > c)) { quick = false; break; }
