@@ -93,6 +93,19 @@ public:
             bpe_word(sc, bytes, 1, ids);
             if (ids.size() == 1) single_ids[b] = ids[0];
         }
+        // Most new words of real text are vocabulary entries that BPE merges back into
+        // themselves; knowing which ones lets a new piece skip BPE with one lookup.
+        std::vector<int32_t> ids;
+        std::string padded;
+        vocab.mark_whole([&](const uint8_t* p, size_t n, int32_t id) {
+            padded.assign(reinterpret_cast<const char*>(p), n);
+            padded.append(4, '\0');  // the readers may look a few bytes ahead
+            ids.clear();
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(padded.data());
+            if (!byte_level && !valid_utf8(q, n)) return false;
+            bpe_word(sc, q, n, ids);
+            return ids.size() == 1 && ids[0] == id;
+        });
     }
 
     // ---- encode ----
@@ -324,7 +337,9 @@ private:
             return;
         }
         const size_t first = out.size();
-        bpe_word(sc, p, n, out);
+        const int32_t whole = vocab.find_whole(p, n, h);
+        if (whole >= 0) out.push_back(whole);
+        else bpe_word(sc, p, n, out);
         const size_t produced = out.size() - first;
         if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, out.data() + first, produced);
         else if (produced >= 1) sc.long_cache.insert(p, n, h, out.data() + first, produced);
