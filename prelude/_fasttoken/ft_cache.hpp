@@ -65,6 +65,8 @@ public:
         return nullptr;
     }
 
+    void prefetch(const PieceKey& k) const { __builtin_prefetch(&buckets_[bucket(k)]); }
+
     // The newest piece takes way 0; the one there moves to way 1 (least recently inserted out).
     void insert(const PieceKey& k, const int32_t* ids, size_t n_ids) {
         Entry* e = buckets_[bucket(k)].way;
