@@ -9,7 +9,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.long cimport PyLong_FromLong
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int32_t, uint8_t, uint32_t
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -85,6 +85,11 @@ cdef extern from "ft_build.hpp" namespace "ft":
     void encode_many(const Engine& e, const vector[const uint8_t*]& texts,
                      const vector[size_t]& lengths, bint add_special,
                      vector[vector[int32_t]]& out, vector[int]& status) except + nogil
+
+cdef extern from "ft_store.hpp" namespace "ft":
+    string save_engine(Engine& e) except +
+    void load_engine(Engine& e, const uint8_t* p, size_t n) except +
+    uint64_t checksum(const uint8_t* p, size_t n) nogil
 
 cdef enum:
     SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
@@ -174,8 +179,15 @@ cdef class Core:
     def __dealloc__(self):
         del self.engine
 
-    def __init__(self, plan, reference):
+    def __init__(self, plan, reference, const uint8_t[::1] tables=None):
+        """From a Plan, or (plan None) from bytes `save` wrote; `tables` must then be checked
+        against checksum first. Loading re-checks every length and offset, and raises
+        RuntimeError on anything malformed."""
         self.reference = reference
+        if plan is None:
+            load_engine(self.engine[0], &tables[0] if tables.shape[0] else NULL, tables.shape[0])
+            self.regexes = None
+            return
         self.regexes = plan.regexes
         cdef Engine* e = self.engine
         cdef int32_t[::1] ids_view
@@ -223,6 +235,12 @@ cdef class Core:
             e.metaspace = True
             e.ms_replacement, e.ms_prepend, e.ms_split = plan.metaspace
         e.finalize()
+
+    def save(self):
+        """The built tables as bytes (see ft_store.hpp); only for scanner-split tokenizers."""
+        if self.regexes is not None:
+            raise ValueError("tokenizers split by the regex module are not cached")
+        return <bytes>save_engine(self.engine[0])
 
     def encode(self, str text, bint add_special_tokens=True):
         if self.regexes is not None:
@@ -333,3 +351,11 @@ cdef class Core:
             return _step(PyUnicode_DecodeUTF8(text.data(), <Py_ssize_t>text.size(), NULL),
                          read_offset, n)
         return _step("", prefix_offset, read_offset)
+
+
+def payload_checksum(const uint8_t[::1] data):
+    """The checksum the table cache stores beside the tables (ft_store.hpp)."""
+    cdef uint64_t h
+    with nogil:
+        h = checksum(&data[0] if data.shape[0] else NULL, data.shape[0])
+    return h

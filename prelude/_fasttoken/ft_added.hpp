@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,28 @@ public:
         }
     }
     bool empty() const { return nodes_.size() <= 1; }
+
+    // The tokens go to disk; the trie is rebuilt from them on load (a few hundred at most).
+    template <class IO>
+    void visit(IO& io) {
+        uint64_t n = tokens_.size();
+        io.pod(n);
+        std::vector<AddedToken> tokens(IO::kLoading ? 0 : n);
+        if (IO::kLoading) {
+            if (n > (uint64_t(1) << 24)) throw std::runtime_error("fasttoken cache: added tokens");
+            tokens.resize(n);
+        } else {
+            tokens = tokens_;
+        }
+        for (AddedToken& t : tokens) {
+            io.str(t.content);
+            io.pod(t.id);
+            io.pod(t.lstrip);
+            io.pod(t.rstrip);
+            io.pod(t.single_word);
+        }
+        if (IO::kLoading) build(tokens);
+    }
 
     // Appends the segments of s[0, n) to out. Returns false when a single_word check needed
     // the class of a version-dependent code point.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <queue>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,44 +39,40 @@ inline uint64_t hash_bytes(const uint8_t* s, size_t n) {
     return h;
 }
 
-// Immutable map from byte strings to ids (open addressing over a byte arena).
+// Immutable map from byte strings to ids (open addressing over a byte arena). A slot keeps
+// 32 bits of the hash to skip most byte compares and is 16 bytes, so the table stays small.
 class StrMap {
 public:
     void reserve(size_t n) {
         size_t cap = 16;
-        while (cap < n * 2) cap <<= 1;
-        slots_.assign(cap, Slot{0, 0, 0, -1, false});
+        while (cap * 3 < n * 4) cap <<= 1;
+        slots_.assign(cap, Slot{0, 0, -1, 0, 0, 0});
         mask_ = cap - 1;
     }
     // Later inserts of an equal key overwrite, as a Rust HashMap built from an iterator does.
     void insert(const uint8_t* s, size_t n, int32_t id) {
+        if (n > 0xFFFF) return;  // never a BPE result: pieces that long are not tokens
         const uint64_t h = hash_bytes(s, n);
         for (size_t i = h & mask_;; i = (i + 1) & mask_) {
             Slot& slot = slots_[i];
             if (slot.id < 0) {
-                slot = Slot{h, uint32_t(arena_.size()), uint32_t(n), id, false};
+                slot = Slot{tag(h), uint32_t(arena_.size()), id, uint16_t(n), 0, 0};
                 arena_.append(reinterpret_cast<const char*>(s), n);
                 return;
             }
-            if (slot.hash == h && same(slot, s, n)) { slot.id = id; return; }
+            if (slot.tag == tag(h) && same(slot, s, n)) { slot.id = id; return; }
         }
     }
     int32_t find(const uint8_t* s, size_t n, uint64_t h) const {
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            const Slot& slot = slots_[i];
-            if (slot.id < 0) return -1;
-            if (slot.hash == h && same(slot, s, n)) return slot.id;
-        }
+        const Slot* slot = lookup(s, n, h);
+        return slot ? slot->id : -1;
     }
     int32_t find(const uint8_t* s, size_t n) const { return find(s, n, hash_bytes(s, n)); }
 
     // The id of piece s when BPE over it yields exactly that token (see mark_whole), else -1.
     int32_t find_whole(const uint8_t* s, size_t n, uint64_t h) const {
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            const Slot& slot = slots_[i];
-            if (slot.id < 0) return -1;
-            if (slot.hash == h && same(slot, s, n)) return slot.whole ? slot.id : -1;
-        }
+        const Slot* slot = lookup(s, n, h);
+        return slot && slot->whole ? slot->id : -1;
     }
     // Sets the flag find_whole reads: whole(bytes, length, id) says whether BPE over the bytes
     // of a vocabulary entry merges them back into that entry.
@@ -86,8 +83,35 @@ public:
                 slot.whole = whole(reinterpret_cast<const uint8_t*>(arena_.data()) + slot.off, slot.len, slot.id);
     }
 
+    template <class IO>
+    void visit(IO& io) {
+        io.vec(slots_);
+        io.str(arena_);
+        io.pod(mask_);
+        if (IO::kLoading) {
+            if (slots_.size() < 2 || (slots_.size() & (slots_.size() - 1)) || mask_ != slots_.size() - 1)
+                throw std::runtime_error("fasttoken cache: vocab table shape");
+            for (const Slot& slot : slots_)
+                if (slot.id >= 0 && size_t(slot.off) + slot.len > arena_.size())
+                    throw std::runtime_error("fasttoken cache: vocab slot");
+        }
+    }
+
 private:
-    struct Slot { uint64_t hash; uint32_t off, len; int32_t id; bool whole; };
+    struct Slot {
+        uint32_t tag, off;
+        int32_t id;  // -1: empty
+        uint16_t len;
+        uint8_t whole, pad;
+    };
+    static uint32_t tag(uint64_t h) { return uint32_t(h >> 32); }
+    const Slot* lookup(const uint8_t* s, size_t n, uint64_t h) const {
+        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+            const Slot& slot = slots_[i];
+            if (slot.id < 0) return nullptr;
+            if (slot.tag == tag(h) && same(slot, s, n)) return &slot;
+        }
+    }
     bool same(const Slot& slot, const uint8_t* s, size_t n) const {
         return slot.len == n && std::memcmp(arena_.data() + slot.off, s, n) == 0;
     }
@@ -134,6 +158,22 @@ public:
                 return Merge{rank, merged_[rank]};
             }
             if (slot == kEmpty) return Merge{-1, -1};
+        }
+    }
+
+    template <class IO>
+    void visit(IO& io) {
+        io.vec(slots_);
+        io.vec(merged_);
+        io.pod(mask_);
+        io.pod(shift_);
+        if (IO::kLoading) {
+            if (slots_.size() < 2 || (slots_.size() & (slots_.size() - 1)) || mask_ != slots_.size() - 1 ||
+                shift_ != 64 - __builtin_ctzll(slots_.size()))
+                throw std::runtime_error("fasttoken cache: merge table shape");
+            for (uint64_t slot : slots_)
+                if (slot != kEmpty && (slot & 0xFFFFFF) >= merged_.size())
+                    throw std::runtime_error("fasttoken cache: merge slot");
         }
     }
 

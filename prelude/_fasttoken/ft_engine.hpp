@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,28 @@ public:
     const uint64_t uid = next_engine_id();
     // What a one-byte pre-token encodes to when that is exactly one id, else -1 (set by finalize).
     int32_t single_ids[256];
+
+    // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
+    void check_loaded() const {
+        const Decoder& d = decoder;
+        if (d.token_offsets.empty() || d.token_offsets.back() != d.token_bytes.size() ||
+            d.token_flags.size() + 1 != d.token_offsets.size() || d.token_byte.size() != d.token_flags.size())
+            throw std::runtime_error("fasttoken cache: decode table");
+        for (size_t k = 1; k < d.token_offsets.size(); ++k)
+            if (d.token_offsets[k] < d.token_offsets[k - 1]) throw std::runtime_error("fasttoken cache: decode offsets");
+        if (!d.first_token_offsets.empty() &&
+            (d.first_token_offsets.size() != d.token_offsets.size() ||
+             d.first_token_offsets.back() != d.first_token_bytes.size()))
+            throw std::runtime_error("fasttoken cache: first-token table");
+        for (size_t k = 1; k < d.first_token_offsets.size(); ++k)
+            if (d.first_token_offsets[k] < d.first_token_offsets[k - 1])
+                throw std::runtime_error("fasttoken cache: first-token offsets");
+        if (pattern < -1 || pattern > 2 || ms_prepend < 0 || ms_prepend > 2 || !classes.built())
+            throw std::runtime_error("fasttoken cache: options");
+        for (const NormStep& step : normalizers)
+            if (int(step.kind) < 0 || int(step.kind) > 2 || (step.kind == NormKind::kNfc && !nfc.built()))
+                throw std::runtime_error("fasttoken cache: normalizers");
+    }
 
     // Called once after the tables above are filled.
     void finalize() {
