@@ -12,7 +12,9 @@ extensions = [
         language="c++",
         include_dirs=["prelude/_fasttoken"],
         depends=sorted(glob("prelude/_fasttoken/*.hpp")),
-        extra_compile_args=["-O3", "-std=c++17"],
+        # -pthread: batch encode runs on a pool of std::threads (ft_pool.hpp)
+        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+        extra_link_args=["-pthread"],
     )
     for source in sorted(glob("prelude/_fasttoken/*.pyx"))
 ]

@@ -1,4 +1,5 @@
-"""`python -m bench.tokenizer`: equality gate first, then fasttoken vs HF tokenizers vs tiktoken.
+"""`python -m bench.tokenizer`: equality gate first, then fasttoken vs HF tokenizers, tiktoken,
+fastokens and kitoken (the last two when installed).
 
 See bench/tokenizer/README.md for what each row measures.
 """
@@ -8,13 +9,14 @@ import argparse
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from bench import progress
 from bench.charts import write_chart
 from bench.tokenizer import gate, libraries, report, textgen
-from bench.tokenizer.measure import ENCODE_ROWS, ROWS, run_rows
+from bench.tokenizer.measure import ROWS, load_ms, run_rows
 from bench.shared_data import shared_dir
 
 DEFAULT_TOKENIZERS = "qwen3,llama3,gpt2"
@@ -57,40 +59,59 @@ def main(argv: list[str] | None = None) -> int:
     notes = {name: gate.tiktoken_agreement(path) for name, path in paths.items()}
     for name, note in notes.items():
         print(f"{name:<16} {note}")
+    for extra in ("fastokens", "kitoken"):
+        if getattr(libraries, extra)(paths[names[0]]) is None:
+            print(f"{extra}: not installed (pip install {extra}); left out")
 
-    print("\n== timing (median µs; lower is better) ==", flush=True)
+    print("\n== timing (median µs; lower is better; * marks the fastest) ==", flush=True)
     results: dict[str, dict[str, dict[str, float]]] = {}
-    timing = progress.bar(len(paths) * 3, "timing", not args.no_progress, unit="library")
+    agreement: dict[str, dict[str, str]] = {}
+    timing = progress.bar(len(paths), "timing", not args.no_progress, unit="tokenizer")
     for name, path in paths.items():
         libs = [libraries.fasttoken(path), libraries.hf(path)]
-        tiktoken_lib = libraries.tiktoken(path)
-        if tiktoken_lib is not None:
-            libs.append(tiktoken_lib)
-        else:
-            timing.total -= 1
+        for make in (libraries.tiktoken, libraries.fastokens, libraries.kitoken):
+            lib = make(path)
+            if lib is not None:
+                libs.append(lib)
+        # Each contender's equality with HF comes before its speed.
+        agreement[name] = {}
+        for lib in libs[2:]:
+            equal, total = gate.contender_agreement(path, lib.encode)
+            agreement[name][lib.name] = f"{equal}/{total}"
+            print(f"  {name}: {lib.name} ids == HF ids on {equal}/{total} texts", flush=True)
         decode_ids = libs[1].encode(textgen.text(20_000, seed=99))[:1245]
         rows: dict[str, dict[str, float]] = {row: {} for row, _ in ROWS}
         for lib in libs:
             timing.set_postfix_str(f"{name} {lib.name}")
             for row, value in run_rows(lib, decode_ids, args.budget).items():
                 rows[row][lib.name] = value
-            timing.update(1)
+        for lib_name, load in libraries.loaders().items():
+            if lib_name == "fasttoken":
+                with tempfile.TemporaryDirectory() as tmp:
+                    cold = []
+                    for k in range(3):  # an empty cache directory each time: a first-ever load
+                        os.environ["PRELUDE_CACHE"] = os.path.join(tmp, str(k))
+                        cold.append(load_ms(load, path, reps=1))
+                    rows["load cold"][lib_name] = sorted(cold)[1]
+                    rows["load warm"][lib_name] = load_ms(load, path)
+                    os.environ.pop("PRELUDE_CACHE", None)
+            else:  # no cache of their own: every load is the same
+                rows["load cold"][lib_name] = rows["load warm"][lib_name] = load_ms(load, path)
         results[name] = rows
+        timing.update(1)
     timing.close()
 
     print()
     print(report.table(results))
-    losses = [f"{name} {row} vs {other}" for name, rows in results.items() for row, cells in rows.items()
-              for other in ("hf", "tiktoken")
-              if other in cells and (other == "hf" or row in ENCODE_ROWS) and cells[other] <= cells["fasttoken"]]
-    print("\nfasttoken is faster than HF on every row and than tiktoken on every encode row"
-          if not losses else "\nNOT faster: " + "; ".join(losses))
+    won, total = report.wins(results)
+    print(f"\nfasttoken fastest on {won} of {total} rows")
 
     payload = {
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "cpus": os.cpu_count()},
         "unit": {row: unit for row, unit in ROWS},
         "tiktoken_agreement": notes,
+        "hf_agreement": agreement,
         "results": results,
     }
     report.write_json(args.json, payload)

@@ -1,6 +1,8 @@
-"""The three contenders behind one interface: fasttoken, HF `tokenizers` and tiktoken."""
+"""The contenders behind one interface: fasttoken, HF `tokenizers`, tiktoken, and (when pip has
+them; bench-only, never required) the Rust tokenizers fastokens and kitoken."""
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 from tokenizers import Tokenizer as HFRaw
@@ -65,3 +67,41 @@ def tiktoken(path: str) -> Library | None:
 
     return Library("tiktoken", lambda t: enc.encode(t, allowed_special="all"), decode,
                    lambda texts: enc.encode_batch(texts, allowed_special="all"), stream)
+
+
+def fastokens(path: str) -> Library | None:
+    if importlib.util.find_spec("fastokens") is None:
+        return None
+    import fastokens as fk
+
+    tok = fk.Tokenizer.from_file(path)
+    tok.no_truncation()  # HF equality: some files (GPT-2) ship a truncation setting
+    tok.no_padding()
+    encode = tok.encode
+    batch = tok.encode_batch
+    return Library("fastokens", lambda t: encode(t).ids, lambda ids: tok.decode(ids, skip_special_tokens=False),
+                   lambda texts: [e.ids for e in batch(texts)], None)
+
+
+def kitoken(path: str) -> Library | None:
+    if importlib.util.find_spec("kitoken") is None:
+        return None
+    import kitoken as kt
+
+    tok = kt.Kitoken.from_file(path)
+    return Library("kitoken", lambda t: tok.encode(t, True), lambda ids: tok.decode(ids).decode("utf-8", "replace"),
+                   lambda texts: tok.encode_all(texts, True), None)
+
+
+def loaders() -> dict[str, Callable[[str], object]]:
+    """name -> load(path) for the load-time rows (libraries that are not installed are left out)."""
+    out: dict[str, Callable[[str], object]] = {"fasttoken": FastTokenizer, "hf": HFRaw.from_file}
+    if importlib.util.find_spec("fastokens") is not None:
+        import fastokens as fk
+
+        out["fastokens"] = fk.Tokenizer.from_file
+    if importlib.util.find_spec("kitoken") is not None:
+        import kitoken as kt
+
+        out["kitoken"] = kt.Kitoken.from_file
+    return out

@@ -18,7 +18,11 @@ ROWS = [
     ("decode 1,245 tokens", "µs/call"),
     ("stream decode", "µs/token"),
     ("batch encode b=64 x 500", "µs/batch"),
+    ("batch encode b=1024 x 500", "µs/batch"),
     ("4 threads encode 500", "µs/text"),
+    ("4 threads batch 64 x 500", "µs/text"),
+    ("load cold", "ms"),
+    ("load warm", "ms"),
 ]
 ENCODE_ROWS = {r for r, _ in ROWS if r.startswith("encode")}
 
@@ -50,27 +54,48 @@ def _rotating(encode: Callable[[str], object], inputs: list[str]) -> Callable[[]
     return lambda: encode(following())
 
 
+# Unique texts per encode row: enough that no timing call sees a text twice.
+ENCODE_INPUTS = {50: 3000, 500: 1500, 8000: 250, 200_000: 12}
+
+
 def run_rows(lib: Library, decode_ids: list[int], budget_s: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for chars, row in ((50, "encode 50 chars"), (500, "encode 500 chars"), (8000, "encode 8K chars"),
                        (200_000, "encode 200K chars")):
-        inputs = textgen.texts(16, chars, seed=chars) if chars <= 8000 else [textgen.text(chars, seed=1)]
-        # Rotating through several inputs keeps a word cache from seeing one text over and over.
-        out[row] = median_us(_rotating(lib.encode, inputs), budget_s)
+        # Words from real papers, a new text on every call (paper_texts): a word cache sees real
+        # English, never the same text twice; every library gets the same texts as new objects.
+        inputs = textgen.paper_texts(ENCODE_INPUTS[chars] + 1, chars, seed=chars)
+        out[row] = median_us(_rotating(lib.encode, inputs), budget_s, max_reps=len(inputs) - 1)
     out["decode 1,245 tokens"] = median_us(lambda: lib.decode(decode_ids), budget_s)
     if lib.stream is not None:
         out["stream decode"] = median_us(lambda: lib.stream(decode_ids), budget_s) / len(decode_ids)
-    batch = textgen.texts(64, 500, seed=64)
-    out["batch encode b=64 x 500"] = median_us(lambda: lib.batch(batch), budget_s)
+    for size, row in ((64, "batch encode b=64 x 500"), (1024, "batch encode b=1024 x 500")):
+        batches = [textgen.paper_texts(size, 500, seed=size * 1000 + k) for k in range(6)]
+        out[row] = median_us(_rotating(lib.batch, batches), budget_s, min_reps=5, max_reps=5)
     out["4 threads encode 500"] = concurrent_us_per_text(lib.encode, budget_s)
+    out["4 threads batch 64 x 500"] = concurrent_us_per_text(lib.batch, budget_s, batched=True)
     return out
 
 
-def concurrent_us_per_text(encode: Callable[[str], object], budget_s: float, threads: int = 4,
-                           per_thread: int = 64) -> float:
-    work = [textgen.texts(per_thread, 500, seed=1000 + t) for t in range(threads)]
+def load_ms(load: Callable[[str], object], path: str, reps: int = 3) -> float:
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        load(path)
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def concurrent_us_per_text(encode: Callable, budget_s: float, threads: int = 4,
+                           per_thread: int = 64, batched: bool = False) -> float:
+    """Wall time per text with `threads` Python threads each encoding `per_thread` texts, one
+    call per text or (batched) one batch call per thread."""
+    work = [textgen.paper_texts(per_thread, 500, seed=1000 + t) for t in range(threads)]
 
     def one(texts: list[str]) -> None:
+        if batched:
+            encode(texts)
+            return
         for text in texts:
             encode(text)
 

@@ -67,3 +67,40 @@ def text(chars: int, seed: int) -> str:
 
 def texts(count: int, chars: int, seed: int) -> list[str]:
     return [text(chars, seed * 100_003 + i) for i in range(count)]
+
+
+def _paper_words() -> list[str]:
+    """Words of the papers in shared/papers (real English with its long tail of rare words,
+    numbers, URLs and symbols); the generated English above when they are absent."""
+    from bench.shared_data import shared_dir
+
+    words: list[str] = []
+    for path in sorted((shared_dir() / "papers").glob("*.txt")):
+        words += path.read_text(encoding="utf-8").split()
+    return words
+
+
+_PAPER_WORDS: list[str] | None = None
+
+
+def paper_texts(count: int, chars: int, seed: int) -> list[str]:
+    """`count` different texts of exactly `chars` characters: words drawn at random from real
+    papers, so every text is new to a tokenizer's word cache while the vocabulary stays real.
+    Each call returns new string objects (no library finds another's UTF-8 conversion cached)."""
+    global _PAPER_WORDS
+    if _PAPER_WORDS is None:
+        _PAPER_WORDS = _paper_words()
+    words = _PAPER_WORDS
+    if not words:
+        return texts(count, chars, seed)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        parts: list[str] = []
+        size = 0
+        while size < chars:
+            word = words[rng.randrange(len(words))]
+            parts.append(word)
+            size += len(word) + 1
+        out.append(" ".join(parts)[:chars])
+    return out

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -44,8 +46,35 @@ public:
             // Several patterns with one content: the first one wins, as in aho-corasick.
             if (nodes_[node].token < 0) nodes_[node].token = int32_t(t);
         }
+        only_first_ = -1;
+        for (int b = 0; b < 256; ++b) {
+            if (!first_byte_[b]) continue;
+            only_first_ = only_first_ == -1 ? b : -2;
+        }
     }
     bool empty() const { return nodes_.size() <= 1; }
+
+    // The tokens go to disk; the trie is rebuilt from them on load (a few hundred at most).
+    template <class IO>
+    void visit(IO& io) {
+        uint64_t n = tokens_.size();
+        io.pod(n);
+        std::vector<AddedToken> tokens(IO::kLoading ? 0 : n);
+        if (IO::kLoading) {
+            if (n > (uint64_t(1) << 24)) throw std::runtime_error("fasttoken cache: added tokens");
+            tokens.resize(n);
+        } else {
+            tokens = tokens_;
+        }
+        for (AddedToken& t : tokens) {
+            io.str(t.content);
+            io.pod(t.id);
+            io.pod(t.lstrip);
+            io.pod(t.rstrip);
+            io.pod(t.single_word);
+        }
+        if (IO::kLoading) build(tokens);
+    }
 
     // Appends the segments of s[0, n) to out. Returns false when a single_word check needed
     // the class of a version-dependent code point.
@@ -107,7 +136,13 @@ private:
     // Leftmost match at or after pos; the longest among those starting there.
     bool find(const uint8_t* s, size_t n, size_t pos, size_t& begin, size_t& end, int32_t& tok) const {
         for (size_t i = pos; i < n; ++i) {
-            if (!first_byte_[s[i]]) continue;
+            if (only_first_ >= 0) {  // usually '<': memchr scans for it many bytes at a time
+                const void* hit = std::memchr(s + i, only_first_, n - i);
+                if (!hit) return false;
+                i = size_t(static_cast<const uint8_t*>(hit) - s);
+            } else if (!first_byte_[s[i]]) {
+                continue;
+            }
             int32_t node = 0, best = -1;
             size_t best_end = 0;
             for (size_t j = i; j < n; ++j) {
@@ -136,6 +171,7 @@ private:
     std::vector<AddedToken> tokens_;
     std::vector<Node> nodes_;
     bool first_byte_[256] = {};
+    int only_first_ = -1;  // the one byte every token starts with; -1 none or several
 };
 
 }  // namespace ft

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ft_engine.hpp"
+#include "ft_pool.hpp"
 
 namespace ft {
 
@@ -61,12 +63,26 @@ inline void build_added(Engine& e, bool normalized, const std::vector<std::strin
     (normalized ? e.normalized_added : e.raw_added).build(tokens);
 }
 
+// Batch encode: texts are shared out to the worker pool one at a time (they differ in length),
+// each thread encoding with its own Scratch. Batches under kParallelBytes stay on the calling
+// thread, where waking the workers would cost more than it saves.
+constexpr size_t kParallelBytes = 16 * 1024;
+
 inline void encode_many(const Engine& e, const std::vector<const uint8_t*>& texts,
                         const std::vector<size_t>& lengths, bool add_special,
                         std::vector<std::vector<int32_t>>& out, std::vector<int>& status) {
     out.resize(texts.size());
     status.resize(texts.size());
-    for (size_t i = 0; i < texts.size(); ++i) status[i] = e.encode(texts[i], lengths[i], add_special, out[i]);
+    size_t total = 0;
+    for (size_t n : lengths) total += n;
+    const std::function<void(size_t)> one = [&](size_t i) {
+        status[i] = e.encode(texts[i], lengths[i], add_special, out[i]);
+    };
+    if (total < kParallelBytes) {
+        for (size_t i = 0; i < texts.size(); ++i) one(i);
+        return;
+    }
+    Pool::get().run(texts.size(), one);
 }
 
 }  // namespace ft

@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ft_added.hpp"
 #include "ft_bpe.hpp"
+#include "ft_cache.hpp"
 #include "ft_decode.hpp"
 #include "ft_pretok.hpp"
 #include "ft_unicode.hpp"
@@ -26,25 +28,15 @@ struct NormStep {
     std::string a, b;
 };
 
-// A bounded, direct-mapped cache of pieces to ids, one per thread and engine, so it needs no lock.
-struct CacheEntry {
-    uint64_t hash;
-    uint8_t key_len, n_ids;
-    uint8_t key[22];
-    int32_t ids[8];
-};
-constexpr size_t kCacheSlots = 8192, kCacheKeyMax = 22, kCacheIdsMax = 8;
-
 struct Scratch {
-    explicit Scratch(uint64_t owner_) : owner(owner_), cache(kCacheSlots) {
-        for (auto& e : cache) e.key_len = 0xFF;
-    }
+    explicit Scratch(uint64_t owner_) : owner(owner_) {}
     uint64_t owner;
     std::vector<Segment> segs, sub_segs;
     std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
-    std::vector<int32_t> syms;
+    std::vector<int32_t> syms, out;
     Merger merger;
-    std::vector<CacheEntry> cache;
+    PieceCache cache;
+    LongCache long_cache;
 };
 
 inline Scratch& scratch_for(uint64_t owner) {
@@ -88,11 +80,74 @@ public:
     enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
     Decoder decoder;
     const uint64_t uid = next_engine_id();
+    // What a one-byte pre-token encodes to when that is exactly one id, else -1 (set by finalize).
+    int32_t single_ids[256];
+
+    // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
+    void check_loaded() const {
+        const Decoder& d = decoder;
+        if (d.token_offsets.empty() || d.token_offsets.back() != d.token_bytes.size() ||
+            d.token_flags.size() + 1 != d.token_offsets.size() || d.token_byte.size() != d.token_flags.size())
+            throw std::runtime_error("fasttoken cache: decode table");
+        for (size_t k = 1; k < d.token_offsets.size(); ++k)
+            if (d.token_offsets[k] < d.token_offsets[k - 1]) throw std::runtime_error("fasttoken cache: decode offsets");
+        if (!d.first_token_offsets.empty() &&
+            (d.first_token_offsets.size() != d.token_offsets.size() ||
+             d.first_token_offsets.back() != d.first_token_bytes.size()))
+            throw std::runtime_error("fasttoken cache: first-token table");
+        for (size_t k = 1; k < d.first_token_offsets.size(); ++k)
+            if (d.first_token_offsets[k] < d.first_token_offsets[k - 1])
+                throw std::runtime_error("fasttoken cache: first-token offsets");
+        if (pattern < -1 || pattern > 2 || ms_prepend < 0 || ms_prepend > 2 || !classes.built())
+            throw std::runtime_error("fasttoken cache: options");
+        for (const NormStep& step : normalizers)
+            if (int(step.kind) < 0 || int(step.kind) > 2 || (step.kind == NormKind::kNfc && !nfc.built()))
+                throw std::runtime_error("fasttoken cache: normalizers");
+    }
+
+    // Called once after the tables above are filled.
+    void finalize() {
+        Scratch& sc = scratch_for(uid);
+        for (int b = 0; b < 256; ++b) {
+            single_ids[b] = -1;
+            if (!byte_level && b >= 0x80) continue;  // not a whole character
+            const uint8_t bytes[4] = {uint8_t(b), 0, 0, 0};  // padded: the readers are generic
+            std::vector<int32_t> ids;
+            bpe_word(sc, bytes, 1, ids);
+            if (ids.size() == 1) single_ids[b] = ids[0];
+        }
+        // Most new words of real text are vocabulary entries that BPE merges back into
+        // themselves; knowing which ones lets a new piece skip BPE with one lookup.
+        std::vector<int32_t> ids;
+        std::string padded;
+        vocab.mark_whole([&](const uint8_t* p, size_t n, int32_t id) {
+            padded.assign(reinterpret_cast<const char*>(p), n);
+            padded.append(4, '\0');  // the readers may look a few bytes ahead
+            ids.clear();
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(padded.data());
+            if (!byte_level && !valid_utf8(q, n)) return false;
+            bpe_word(sc, q, n, ids);
+            return ids.size() == 1 && ids[0] == id;
+        });
+    }
 
     // ---- encode ----
-    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
+    // Encodes into this thread's scratch vector, valid until the thread's next call.
+    const std::vector<int32_t>* encode_scratch(const uint8_t* s, size_t n, bool add_special, int* status) const {
         Scratch& sc = scratch_for(uid);
+        *status = encode_into(sc, s, n, add_special, sc.out);
+        return &sc.out;
+    }
+
+    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
+        return encode_into(scratch_for(uid), s, n, add_special, out);
+    }
+
+private:
+    int encode_into(Scratch& sc, const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
         out.clear();
+        // English runs about 4 bytes per id; reserving that avoids most regrowth.
+        out.reserve(n / 3 + prefix_ids.size() + suffix_ids.size() + 8);
         if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
         const int status = walk(sc, s, n, [&](int32_t id) { out.push_back(id); },
                                 [&](const uint8_t* p, size_t len, bool at_start) {
@@ -102,6 +157,7 @@ public:
         return status;
     }
 
+public:
     // For Split regexes no scanner reproduces, the `regex` module splits (core.pyx); this does
     // everything before that: added tokens come back as Segment{0, 0, id}, text as its
     // normalized bytes appended to `arena`.
@@ -215,10 +271,46 @@ private:
             else encode_words_at_boundaries(sc, p, len, out);
             return true;
         }
+        // Software pipelining: a piece's cache line is prefetched when the scanner finds it and
+        // read kLag pieces later, so the scanner's work hides the wait for it (profiling showed
+        // that wait as the largest single cost of a cache hit).
+        constexpr size_t kLag = 8;
+        Pending ring[kLag];
+        size_t pushed = 0, done = 0;
         Scanner scanner(classes, p);
-        scanner.split(PatternKind(pattern), max_digits, len,
-                      [&](size_t b, size_t e) { encode_word(sc, p + b, e - b, out); });
+        scanner.split(PatternKind(pattern), max_digits, len, [&](size_t b, size_t e) FT_INLINE_LAMBDA {
+            if (pushed - done == kLag) finish_piece(sc, ring[done++ % kLag], out);
+            Pending& q = ring[pushed++ % kLag];
+            q.p = p + b;
+            q.n = e - b;
+            if (q.n <= kCacheKeyMax && !(q.n == 1 && single_ids[q.p[0]] >= 0)) {
+                q.key = make_key(q.p, q.n);
+                sc.cache.prefetch(q.key);
+            }
+        });
+        while (done < pushed) finish_piece(sc, ring[done++ % kLag], out);
         return !(scanner.seen() & kUnsure);
+    }
+
+    struct Pending {
+        const uint8_t* p;
+        size_t n;
+        PieceKey key;  // set when n <= kCacheKeyMax and the piece is not a single-id byte
+    };
+    FT_INLINE void finish_piece(Scratch& sc, const Pending& q, std::vector<int32_t>& out) const {
+        if (q.n == 1 && single_ids[q.p[0]] >= 0) {
+            out.push_back(single_ids[q.p[0]]);
+        } else if (q.n <= kCacheKeyMax) {
+            size_t n_ids;
+            if (const int32_t* ids = sc.cache.find(q.key, n_ids)) {
+                out.push_back(ids[0]);
+                for (size_t k = 1; k < n_ids; ++k) out.push_back(ids[k]);
+            } else {
+                encode_new_word(sc, &q.key, q.p, q.n, out);
+            }
+        } else {
+            encode_new_word(sc, nullptr, q.p, q.n, out);
+        }
     }
 
     // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
@@ -273,37 +365,59 @@ private:
         encode_word(sc, b + piece, buf.size() - piece, out);
     }
 
-    void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
+    // Inlined into the scanners' loops: the common outcomes (one byte, a cached piece) cost no
+    // call; the rest goes to encode_new_word.
+    FT_INLINE void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
+        if (n == 1 && single_ids[p[0]] >= 0) {  // a third of English pre-tokens: spaces, punctuation
+            out.push_back(single_ids[p[0]]);
+            return;
+        }
+        if (n <= kCacheKeyMax) {
+            const PieceKey key = make_key(p, n);
+            size_t n_ids;
+            if (const int32_t* ids = sc.cache.find(key, n_ids)) {
+                out.push_back(ids[0]);  // n_ids >= 1: empty results are never cached
+                for (size_t k = 1; k < n_ids; ++k) out.push_back(ids[k]);
+                return;
+            }
+            encode_new_word(sc, &key, p, n, out);
+            return;
+        }
+        encode_new_word(sc, nullptr, p, n, out);
+    }
+
+    // A piece the PieceCache did not have (key set) or cannot hold (key null).
+    __attribute__((noinline)) void encode_new_word(Scratch& sc, const PieceKey* key, const uint8_t* p,
+                                                   size_t n, std::vector<int32_t>& out) const {
+        const uint64_t h = hash_bytes(p, n);
+        size_t n_ids;
+        if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
+            out.insert(out.end(), ids, ids + n_ids);
+            return;
+        }
+        const size_t first = out.size();
+        const int32_t whole = vocab.find_whole(p, n, h);
+        if (whole >= 0) out.push_back(whole);
+        else bpe_word(sc, p, n, out);
+        const size_t produced = out.size() - first;
+        if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, out.data() + first, produced);
+        else if (produced >= 1) sc.long_cache.insert(p, n, h, out.data() + first, produced);
+    }
+
+    // The model on one pre-token, uncached.
+    void bpe_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
         if (!n) return;
-        // The hash serves the cache (short pieces) and the whole-piece vocab lookup.
-        const bool cacheable = n <= kCacheKeyMax;
-        const uint64_t h = (cacheable || ignore_merges) ? hash_bytes(p, n) : 0;
-        CacheEntry* slot = nullptr;
-        if (cacheable) {
-            slot = &sc.cache[h & (kCacheSlots - 1)];
-            if (slot->hash == h && slot->key_len == n && std::memcmp(slot->key, p, n) == 0) {
-                out.insert(out.end(), slot->ids, slot->ids + slot->n_ids);
+        if (ignore_merges) {  // HF looks the whole pre-token up before merging
+            const int32_t whole = vocab.find(p, n);
+            if (whole >= 0) {
+                out.push_back(whole);
                 return;
             }
         }
-        const size_t first = out.size();
-        int32_t whole = ignore_merges ? vocab.find(p, n, h) : -1;
-        if (whole >= 0) {
-            out.push_back(whole);
-        } else {
-            std::vector<int32_t>& syms = sc.syms;
-            initial_symbols(p, n, syms);
-            sc.merger.run(merges, syms);
-            out.insert(out.end(), syms.begin(), syms.end());
-        }
-        const size_t produced = out.size() - first;
-        if (slot && produced <= kCacheIdsMax) {
-            slot->hash = h;
-            slot->key_len = uint8_t(n);
-            slot->n_ids = uint8_t(produced);
-            std::memcpy(slot->key, p, n);
-            std::memcpy(slot->ids, out.data() + first, produced * sizeof(int32_t));
-        }
+        std::vector<int32_t>& syms = sc.syms;
+        initial_symbols(p, n, syms);
+        sc.merger.run(merges, syms);
+        out.insert(out.end(), syms.begin(), syms.end());
     }
 
     // The word before merges, as HF's BPE::merge_word builds it: one symbol per character

@@ -2,16 +2,43 @@
 // Oniguruma's leftmost-first backtracking (the engine HF runs them with). Each scanner answers
 // "where does the match starting at byte i end" (0: no match there); `isolated` turns that into
 // HF's Split(behavior=Isolated) pieces: every match, and every unmatched gap, is one piece.
+//
+// Speed: most input is ASCII, so every step tests the byte first and reads the class of an ASCII
+// byte from a 128-entry table; only other bytes decode a code point. Letter runs (most of the
+// text) and DeepSeek's search for digits/CJK go eight bytes at a time (SWAR on a 64-bit word).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "ft_unicode.hpp"
+
+#define FT_INLINE inline __attribute__((always_inline))
+#define FT_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace ft {
 
 enum class PatternKind : int { kGpt2 = 0, kLlama3 = 1, kDeepSeek = 2 };
+
+namespace swar {
+constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+// Bit 7 of each byte of the result is set where that byte of w is an ASCII letter.
+FT_INLINE uint64_t letters(uint64_t w) {
+    const uint64_t x = (w | 0x20 * kOnes) & ~kHigh;  // folds case; no byte exceeds 0x7F
+    return (x + 0x1F * kOnes) & ~(x + 0x05 * kOnes) & ~w & kHigh;  // >= 'a' and < '{', ASCII
+}
+// ... where that byte is an ASCII digit or not ASCII at all.
+FT_INLINE uint64_t digits_or_high(uint64_t w) {
+    const uint64_t x = w & ~kHigh;
+    return (((x + 0x50 * kOnes) & ~(x + 0x46 * kOnes)) | w) & kHigh;  // >= '0' and < ':'
+}
+FT_INLINE uint64_t load(const uint8_t* p) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    return w;
+}
+}  // namespace swar
 
 class Scanner {
 public:
@@ -37,11 +64,11 @@ public:
 
 private:
     // Class bits of the code point at byte i; cp and the next byte offset come back too.
-    uint8_t at(size_t i, uint32_t& cp, size_t& next) {
+    FT_INLINE uint8_t at(size_t i, uint32_t& cp, size_t& next) {
         if (s_[i] < 0x80) {
             cp = s_[i];
             next = i + 1;
-            return t_.get(cp);
+            return t_.ascii(uint8_t(cp));
         }
         next = i;
         cp = next_cp(s_, next);
@@ -49,13 +76,42 @@ private:
         seen_ |= c;
         return c;
     }
-    uint8_t cls(size_t i) {
+    FT_INLINE uint8_t cls(size_t i) {
         uint32_t cp;
         size_t next;
         return at(i, cp, next);
     }
-    // End of the run of code points whose class has any of `bits`, at most `limit` of them.
-    size_t run(size_t i, size_t e, uint8_t bits, size_t limit = ~size_t(0)) {
+    // End of the run of code points whose class has any of `Bits`. When the ASCII members of
+    // Bits are exactly the letters, eight bytes are tested per step.
+    template <uint8_t Bits>
+    FT_INLINE size_t run(size_t i, size_t e) {
+        constexpr bool kSwar = (Bits & kLetter) && !(Bits & (kNumber | kSpace | kPunct | kSymbol | kWord));
+        for (;;) {
+            if (kSwar) {
+                while (i + 8 <= e) {
+                    const uint64_t non = ~swar::letters(swar::load(s_ + i)) & swar::kHigh;
+                    if (non) {
+                        i += size_t(__builtin_ctzll(non)) >> 3;
+                        break;
+                    }
+                    i += 8;
+                }
+            }
+            if (i >= e) return e;
+            const uint8_t b = s_[i];
+            if (b < 0x80) {
+                if (!(t_.ascii(b) & Bits)) return i;
+                ++i;
+                continue;
+            }
+            uint32_t cp;
+            size_t next;
+            if (!(at(i, cp, next) & Bits)) return i;
+            i = next;
+        }
+    }
+    // At most `limit` code points of the run.
+    size_t run_limited(size_t i, size_t e, uint8_t bits, size_t limit) {
         while (i < e && limit) {
             uint32_t cp;
             size_t next;
@@ -65,11 +121,18 @@ private:
         }
         return i;
     }
-    size_t run_other(size_t i, size_t e, uint8_t excluded) {  // run of classes outside `excluded`
+    template <uint8_t Excluded>
+    FT_INLINE size_t run_other(size_t i, size_t e) {  // run of classes outside `Excluded`
         while (i < e) {
+            const uint8_t b = s_[i];
+            if (b < 0x80) {
+                if (t_.ascii(b) & Excluded) break;
+                ++i;
+                continue;
+            }
             uint32_t cp;
             size_t next;
-            if (at(i, cp, next) & excluded) break;
+            if (at(i, cp, next) & Excluded) break;
             i = next;
         }
         return i;
@@ -97,10 +160,11 @@ private:
     }
 
     // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-    size_t gpt2(size_t i, size_t e) {
+    FT_INLINE size_t gpt2(size_t i, size_t e) {
         uint32_t cp;
         size_t next;
         const uint8_t c = at(i, cp, next);
+        if (c & kLetter) return run<kLetter>(next, e);
         if (cp == '\'' && next < e) {
             const uint8_t b = s_[next];
             if (b == 's' || b == 't' || b == 'm' || b == 'd') return next + 1;
@@ -112,35 +176,42 @@ private:
         }
         size_t k = i;
         uint8_t ck = c;
-        if (cp == ' ' && next < e) { k = next; ck = cls(next); }
-        if (ck & kLetter) return run(k, e, kLetter);
-        if (ck & kNumber) return run(k, e, kNumber);
-        if (!(ck & (kSpace | kLetter | kNumber))) return run_other(k, e, kSpace | kLetter | kNumber);
+        if (cp == ' ' && next < e) {
+            uint32_t cp2;
+            ck = at(next, cp2, k);
+            if (ck & kLetter) return run<kLetter>(k, e);
+            k = next;
+        }
+        if (ck & kNumber) return run<kNumber>(k, e);
+        if (!(ck & (kSpace | kLetter | kNumber))) return run_other<kSpace | kLetter | kNumber>(k, e);
         return spaces(i, e, false);
     }
 
     // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}|
     //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-    size_t llama3(size_t i, size_t e, int max_digits) {
+    FT_INLINE size_t llama3(size_t i, size_t e, int max_digits) {
         uint32_t cp;
         size_t next;
         const uint8_t c = at(i, cp, next);
+        if (c & kLetter) return run<kLetter>(next, e);
         if (cp == '\'' && next < e) {
             const size_t m = contraction(next, e);
             if (m) return m;
         }
-        if (c & kLetter) return run(i, e, kLetter);
-        if (cp != '\r' && cp != '\n' && !(c & kNumber) && next < e && (cls(next) & kLetter))
-            return run(next, e, kLetter);
-        if (c & kNumber) return run(i, e, kNumber, size_t(max_digits));
+        if (c & kNumber) return run_limited(i, e, kNumber, size_t(max_digits));
+        if (next >= e) {  // one character left: it is the whole piece
+            return next;
+        }
+        uint32_t cp2;
+        size_t next2;
+        const uint8_t c2 = at(next, cp2, next2);
+        // [^\r\n\p{L}\p{N}]?\p{L}+ (c is neither L nor N here)
+        if ((c2 & kLetter) && cp != '\r' && cp != '\n') return run<kLetter>(next2, e);
         size_t k = i;
         uint8_t ck = c;
-        if (cp == ' ' && next < e) {
-            const uint8_t c2 = cls(next);
-            if (!(c2 & (kSpace | kLetter | kNumber))) { k = next; ck = c2; }
-        }
+        if (cp == ' ' && !(c2 & (kSpace | kLetter | kNumber))) { k = next; ck = c2; }
         if (!(ck & (kSpace | kLetter | kNumber)))
-            return newlines(run_other(k, e, kSpace | kLetter | kNumber), e);
+            return newlines(run_other<kSpace | kLetter | kNumber>(k, e), e);
         return spaces(i, e, true);
     }
 
@@ -162,34 +233,35 @@ private:
     }
 
     // DeepSeek-V3: Split(\p{N}{1,3}), then Split(CJK/kana runs), then the main regex, each
-    // Isolated and each applied to the pieces the previous one produced.
+    // Isolated and each applied to the pieces the previous one produced. No code point is both
+    // a number and CJK, so one pass does all three: runs of numbers (cut every 3), runs of CJK,
+    // and the main regex over each stretch between them.
     template <class Emit>
     void deepseek(size_t begin, size_t end, Emit&& emit) {
         size_t i = begin, gap = begin;
         while (i < end) {
+            while (i + 8 <= end) {  // ASCII other than digits is never a stop
+                const uint64_t stop = swar::digits_or_high(swar::load(s_ + i));
+                if (stop) {
+                    i += size_t(__builtin_ctzll(stop)) >> 3;
+                    break;
+                }
+                i += 8;
+            }
+            if (i >= end) break;
             uint32_t cp;
             size_t next;
-            if (at(i, cp, next) & kNumber) {
-                if (gap < i) deepseek_cjk(gap, i, emit);
-                gap = run(i, end, kNumber, 3);
-                emit(i, gap);
-                i = gap;
-            } else {
-                i = next;
-            }
-        }
-        if (gap < end) deepseek_cjk(gap, end, emit);
-    }
-    static bool cjk(uint32_t cp) {
-        return (cp >= 0x4E00 && cp <= 0x9FA5) || (cp >= 0x3040 && cp <= 0x30FF);
-    }
-    template <class Emit>
-    void deepseek_cjk(size_t begin, size_t end, Emit&& emit) {
-        size_t i = begin, gap = begin;
-        while (i < end) {
-            size_t next = i;
-            if (cjk(next_cp(s_, next))) {
-                if (gap < i) isolated(gap, i, [&](size_t a, size_t b) { return deepseek_main(a, b); }, emit);
+            const uint8_t c = at(i, cp, next);
+            if (c & kNumber) {
+                main_pieces(gap, i, emit);
+                while (i < end && (cls(i) & kNumber)) {
+                    const size_t stop = run_limited(i, end, kNumber, 3);
+                    emit(i, stop);
+                    i = stop;
+                }
+                gap = i;
+            } else if (cjk(cp)) {
+                main_pieces(gap, i, emit);
                 size_t j = next;
                 while (j < end) {
                     size_t k = j;
@@ -202,7 +274,14 @@ private:
                 i = next;
             }
         }
-        if (gap < end) isolated(gap, end, [&](size_t a, size_t b) { return deepseek_main(a, b); }, emit);
+        main_pieces(gap, end, emit);
+    }
+    template <class Emit>
+    FT_INLINE void main_pieces(size_t begin, size_t end, Emit&& emit) {
+        if (begin < end) isolated(begin, end, [&](size_t a, size_t b) { return deepseek_main(a, b); }, emit);
+    }
+    static bool cjk(uint32_t cp) {
+        return (cp >= 0x4E00 && cp <= 0x9FA5) || (cp >= 0x3040 && cp <= 0x30FF);
     }
     static bool ascii_punct(uint32_t cp) {
         return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) ||
@@ -212,32 +291,36 @@ private:
 
     // [!-/:-@[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|
     // \s*[\r\n]+|\s+(?!\S)|\s+
-    size_t deepseek_main(size_t i, size_t e) {
+    FT_INLINE size_t deepseek_main(size_t i, size_t e) {
         uint32_t cp;
         size_t next;
         const uint8_t c = at(i, cp, next);
+        if (c & (kLetter | kMark)) return run<kLetter | kMark>(next, e);
         if (ascii_punct(cp) && next < e && ascii_alpha(s_[next])) {
             size_t j = next;
             while (j < e && ascii_alpha(s_[j])) ++j;
             return j;
         }
-        if (c & (kLetter | kMark)) return run(i, e, kLetter | kMark);
         if (cp != '\r' && cp != '\n' && !(c & (kLetter | kPunct | kSymbol)) && next < e &&
-            (cls(next) & (kLetter | kMark)))
-            return run(next, e, kLetter | kMark);
+            (cls(next) & (kLetter | kMark))) {
+            size_t after;
+            uint32_t cp2;
+            at(next, cp2, after);
+            return run<kLetter | kMark>(after, e);
+        }
         size_t k = i;
         uint8_t ck = c;
         if (cp == ' ' && next < e) {
             const uint8_t c2 = cls(next);
             if (c2 & (kPunct | kSymbol)) { k = next; ck = c2; }
         }
-        if (ck & (kPunct | kSymbol)) return newlines(run(k, e, kPunct | kSymbol), e);
+        if (ck & (kPunct | kSymbol)) return newlines(run<kPunct | kSymbol>(k, e), e);
         if (c & kSpace) return spaces(i, e, true);
         return 0;
     }
 
     template <class Match, class Emit>
-    void isolated(size_t begin, size_t end, Match&& match, Emit&& emit) {
+    FT_INLINE void isolated(size_t begin, size_t end, Match&& match, Emit&& emit) {
         size_t i = begin, gap = begin;
         while (i < end) {
             const size_t m = match(i, end);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -146,6 +147,19 @@ public:
         }
     }
     T get(uint32_t cp) const { return blocks_[(size_t(index_[cp >> 8]) << 8) | (cp & 0xFF)]; }
+    bool built() const { return !index_.empty(); }
+
+    template <class IO>
+    void visit(IO& io) {
+        io.vec(index_);
+        io.vec(blocks_);
+        if (IO::kLoading && !(index_.empty() && blocks_.empty())) {  // empty: never built (unused)
+            if (index_.size() != (kNumCodePoints >> 8) || blocks_.size() % 256)
+                throw std::runtime_error("fasttoken cache: block table shape");
+            for (uint16_t b : index_)
+                if ((size_t(b) << 8) >= blocks_.size()) throw std::runtime_error("fasttoken cache: block index");
+        }
+    }
 
 private:
     std::vector<uint16_t> index_;
@@ -159,6 +173,14 @@ public:
         std::copy(flat, flat + 128, ascii_);
     }
     uint8_t get(uint32_t cp) const { return cp < 128 ? ascii_[cp] : table_.get(cp); }
+    uint8_t ascii(uint8_t b) const { return ascii_[b]; }  // b < 128
+    bool built() const { return table_.built(); }
+
+    template <class IO>
+    void visit(IO& io) {
+        io.pod(ascii_);
+        table_.visit(io);
+    }
 
 private:
     uint8_t ascii_[128] = {};
@@ -171,6 +193,30 @@ class Nfc {
 public:
     void build(const uint16_t* words, const std::vector<std::pair<uint32_t, std::vector<uint32_t>>>& decomp,
                const std::vector<std::array<uint32_t, 3>>& pairs);
+    bool built() const { return words_.built(); }
+    // The maps go to disk as flat lists (they are small) and are rebuilt on load.
+    template <class IO>
+    void visit(IO& io) {
+        words_.visit(io);
+        std::vector<uint32_t> index, compose;
+        for (const auto& kv : decomp_index_) index.insert(index.end(), {kv.first, kv.second.first, kv.second.second});
+        for (const auto& kv : compose_)
+            compose.insert(compose.end(), {uint32_t(kv.first >> 32), uint32_t(kv.first), kv.second});
+        io.vec(index);
+        io.vec(decomp_data_);
+        io.vec(compose);
+        if (!IO::kLoading) return;
+        decomp_index_.clear();
+        compose_.clear();
+        if (index.size() % 3 || compose.size() % 3) throw std::runtime_error("fasttoken cache: nfc tables");
+        for (size_t i = 0; i < index.size(); i += 3) {
+            if (size_t(index[i + 1]) + index[i + 2] > decomp_data_.size())
+                throw std::runtime_error("fasttoken cache: nfc decomposition");
+            decomp_index_[index[i]] = {index[i + 1], index[i + 2]};
+        }
+        for (size_t i = 0; i < compose.size(); i += 3)
+            compose_[(uint64_t(compose[i]) << 32) | compose[i + 1]] = compose[i + 2];
+    }
     // Sets `changed` false (and leaves `out` alone) when the input is already NFC.
     void normalize(const uint8_t* s, size_t n, std::string& out, bool& changed) const;
 
@@ -237,7 +283,11 @@ inline void Nfc::normalize(const uint8_t* s, size_t n, std::string& out, bool& c
     uint8_t last = 0;
     bool quick = true;
     for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { ++i; last = 0; continue; }
+        if (s[i] < 0x80) {  // ASCII is always NFC and a starter: skip it a word at a time
+            i += 1 + ascii_prefix(s + i + 1, n - i - 1);
+            last = 0;
+            continue;
+        }
         const uint16_t w = words_.get(next_cp(s, i));
         const uint8_t c = uint8_t(w & 0xFF);
         if ((w & kNfcSlow) || (c && last > c)) { quick = false; break; }

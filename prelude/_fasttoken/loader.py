@@ -120,6 +120,9 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     require(not model.get("end_of_word_suffix"), "end_of_word_suffix")
     vocab: dict[str, int] = model.get("vocab") or {}
     require(bool(vocab), "empty vocab")
+    # The merge table packs ids in 20 bits and ranks in 24 (ft_bpe.hpp PairMap).
+    require(0 <= min(vocab.values()) and max(vocab.values()) < (1 << 20) - 1, "ids outside [0, 2^20 - 1)")
+    require(len(model.get("merges") or []) < 1 << 24, "more than 2^24 merges")
 
     plan = Plan()
     norm_steps = normalizer_steps(spec.get("normalizer"))

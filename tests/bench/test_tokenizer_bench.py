@@ -15,7 +15,7 @@ def test_tokenizer_bench_writes_table_json_and_chart(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "timing: 100%" in captured.err and "equality gate: 100%" in captured.err
     table = captured.out.split("== timing", 1)[1]
-    assert "gpt2             encode 50 chars" in table and "HF/ft" in table
+    assert "gpt2             encode 50 chars" in table and "best other/ft" in table
     assert set(json.loads(out.read_text())["results"]["gpt2"]["encode 50 chars"]) >= {"fasttoken", "hf"}
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert main(["--tokenizers", "gpt2", "--budget", "0.005", "--random", "5", "--json", str(out),

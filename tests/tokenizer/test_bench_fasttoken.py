@@ -1,7 +1,13 @@
 """pytest-benchmark guards for fasttoken's hot operations (the rows of `python -m bench.tokenizer`).
 
-pyproject passes --benchmark-disable, so in CI each runs once as a plain test; run
-`pytest tests/tokenizer/test_bench_fasttoken.py --benchmark-enable` to time them.
+pyproject passes --benchmark-disable, so in CI each runs once as a plain test. To check for a
+regression against the committed baseline (fails on a median more than 25% slower):
+
+    pytest tests/tokenizer/test_bench_fasttoken.py --benchmark-enable \
+        --benchmark-storage=file://bench/tokenizer/baseline --benchmark-compare=0001 \
+        --benchmark-compare-fail=median:25%
+
+bench/tokenizer/README.md says how to refresh the baseline.
 """
 from __future__ import annotations
 
@@ -30,6 +36,14 @@ def test_encode(benchmark, tok: FastTokenizer, chars: int) -> None:
     assert tok.decode(ids) == text
 
 
+@pytest.mark.parametrize("chars", [500, 8000])
+def test_encode_paper_words(benchmark, tok: FastTokenizer, chars: int) -> None:
+    """Real English vocabulary with a long tail: word-cache misses and the BPE behind them."""
+    texts = textgen.paper_texts(64, chars, seed=chars)
+    out = benchmark(lambda: [tok.encode(t) for t in texts])
+    assert [tok.decode(ids) for ids in out] == texts
+
+
 def test_decode(benchmark, tok: FastTokenizer) -> None:
     source = textgen.text(20_000, seed=99)
     ids = tok.encode(source, add_special_tokens=False)[:1245]
@@ -53,10 +67,18 @@ def test_stream_decode(benchmark, tok: FastTokenizer) -> None:
     assert benchmark(stream) == tok.decode(ids)
 
 
-def test_batch_encode(benchmark, tok: FastTokenizer) -> None:
-    texts = textgen.texts(64, 500, seed=64)
+@pytest.mark.parametrize("size", [64, 1024])
+def test_batch_encode(benchmark, tok: FastTokenizer, size: int) -> None:
+    texts = textgen.paper_texts(size, 500, seed=size)
     out = benchmark(tok.encode_batch, texts)
     assert out == [tok.encode(t) for t in texts]
+
+
+def test_load_warm(benchmark, tok: FastTokenizer) -> None:
+    """A load that finds its tables in the on-disk cache (the fixture's load wrote them)."""
+    loaded = benchmark(FastTokenizer, tok.path)
+    assert loaded._hit is not None
+    assert loaded.encode("Hello world") == tok.encode("Hello world")
 
 
 def test_concurrent_encode(benchmark, tok: FastTokenizer) -> None:
