@@ -206,10 +206,13 @@ class Engine:
         beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
         self._process(self.scheduler.update(step, outcome.result), beside_decodes)
 
-    async def _run_short_step(self) -> None:
+    async def _run_short_step(self) -> bool:
+        """One step of short waiting work while a long step is parked; whether there was any."""
         step = self.scheduler.schedule(max_tokens=self.steps.short_tokens)
-        if step is not None:
-            await self._run_step(step, preemptible=False)
+        if step is None:
+            return False
+        await self._run_step(step, preemptible=False)
+        return True
 
     def _on_loop_exit(self, task: asyncio.Task) -> None:
         """An engine bug must not leave requests hanging: fail them all, loudly."""

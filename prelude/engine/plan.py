@@ -27,10 +27,10 @@ class StepBudget:
     SLO-aware batch sizing)."""
 
     def __init__(self, tokens: int, temp_bytes: int, costs: StepCostModel | None = None,
-                 now: float = 0.0):
+                 now: float = 0.0, strict: bool = False):
         self.tokens_left = tokens
         self.temp_left = temp_bytes
-        self.empty = True
+        self.empty = not strict  # strict: even the first piece must fit (a step of short work only)
         self.costs = costs
         self.now = now
         self.tokens_taken = 0
@@ -43,7 +43,11 @@ class StepBudget:
             return False
         if self.costs is None:
             return True
-        urgent = self.deadline if deadline is None else min(self.deadline, deadline)
+        # The step may grow only while it keeps its most urgent row on time; a row already late
+        # gains nothing from a smaller step, and the rows behind it would lose throughput.
+        urgent = self.deadline
+        if urgent == math.inf or self.now + self.costs.estimate(self.tokens_taken) > urgent:
+            return True
         return self.now + self.costs.estimate(self.tokens_taken + tokens) <= urgent
 
     def take(self, tokens: int, temp_bytes: int = 0, deadline: float | None = None) -> None:

@@ -145,7 +145,7 @@ class Scheduler:
         tokens = self.config.max_num_batched_tokens if max_tokens is None else min(
             max_tokens, self.config.max_num_batched_tokens)
         budget = StepBudget(tokens, self.config.temp_memory_budget,
-                            self.costs if self.config.policy == "edf" else None, now)
+                            self.costs if self.config.policy == "edf" else None, now, strict=max_tokens is not None)
         decodes = self.decode.decodes(budget)
         chunks = self.decode.prefill_chunks(budget)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
@@ -158,6 +158,8 @@ class Scheduler:
             if isinstance(work, OneShotJob):
                 planned = self.oneshot.plan(work, budget, pending)
                 if planned is Skip.NO_ROOM:
+                    if max_tokens is not None:
+                        continue  # a step of short work looks past what does not fit
                     break  # the step's token / temporary-memory budget is spent
                 if planned is Skip.DEFERRED:
                     continue

@@ -24,6 +24,7 @@ T = TypeVar("T")
 PREEMPTIBLE_S = 0.05
 # ...that are at most this fraction of its length.
 SHORT_SHARE = 1 / 8
+MAX_SHORT_STEPS = 16  # steps of short work per park
 
 
 class StepRunner:
@@ -54,7 +55,7 @@ class StepRunner:
         """The most tokens a step that runs while the long one is parked may take."""
         return max(1, int(SHORT_SHARE * self._long_tokens))
 
-    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[None]]) -> StepOutcome:
+    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[bool]]) -> StepOutcome:
         """The step's results. `run_urgent` runs (schedules, executes, folds back) a step of the
         short waiting work while this one is parked."""
         batch = step.batch
@@ -72,7 +73,11 @@ class StepRunner:
                 self.preemptions += 1
                 self.last_parked = True
                 self.urgent.clear()
-                await run_urgent()
+                # Short work runs until none waits (at most MAX_SHORT_STEPS steps, which bounds
+                # how long the parked step waits), then the long step goes on.
+                for _ in range(MAX_SHORT_STEPS):
+                    if not await run_urgent():
+                        break
             return StepOutcome(result)
         except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
