@@ -104,10 +104,13 @@ class DecoderLM(nn.Module):
 
     def run_layers(self, state: LayerState, attention: AttentionBackend,
                    should_stop: Callable[[], bool] | None = None) -> bool:
-        """Runs the remaining layers, checking `should_stop` between them; whether all ran."""
+        """Runs the remaining layers, checking `should_stop` between them; whether all ran.
+        Each call runs at least one layer, so a step that is asked to stop at every chance
+        still finishes."""
         layers = self.model.layers
+        first = state.next_layer
         while state.next_layer < len(layers):
-            if should_stop is not None and state.next_layer > 0 and should_stop():
+            if should_stop is not None and state.next_layer > first and should_stop():
                 return False
             state.x, state.residual = layers[state.next_layer](state.x, state.residual, state.rope, attention)
             state.next_layer += 1
