@@ -1,4 +1,4 @@
-"""Builds the Cython extensions of prelude._fasttoken; all metadata lives in pyproject.toml."""
+"""Builds the Cython extensions (prelude._fasttoken, kernels.cpu); all metadata lives in pyproject.toml."""
 from glob import glob
 from pathlib import Path
 
@@ -17,6 +17,19 @@ extensions = [
         extra_link_args=["-pthread"],
     )
     for source in sorted(glob("prelude/_fasttoken/*.pyx"))
+] + [
+    Extension(
+        "kernels.cpu." + Path(source).stem,
+        [source],
+        language="c++",
+        include_dirs=["kernels/cpu"],
+        depends=sorted(glob("kernels/cpu/*.hpp")),
+        # -pthread: vocabulary ranges run on std::threads. No -march: the kernel carries one
+        # clone per instruction set (target_clones) and picks at load time.
+        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+        extra_link_args=["-pthread"],
+    )
+    for source in sorted(glob("kernels/cpu/*.pyx"))
 ]
 
 setup(

@@ -18,6 +18,7 @@ from prelude.model.layers import (
     RotaryEmbedding,
     UsesOps,
 )
+from prelude.model.lm_head import lm_head_logits
 from prelude.model.ops import Ops
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
@@ -122,7 +123,7 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        return lm_head_logits(hidden, weight)
 
     def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
         """Logits of just these tokens: K rows of the LM head instead of the vocabulary."""

@@ -1,0 +1,91 @@
+"""`python -m bench.serving.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
+native kernel (prelude/model/lm_head.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
+head, beside what reading and copying the weight costs on this machine. Times are the minimum
+of the repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from bench.charts import write_chart
+from bench.serving import report
+from prelude.model.lm_head import MAX_SKINNY_ROWS, lm_head_logits, skinny_matmul
+
+
+def best_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return 1000 * min(times)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.lm_head", description=__doc__)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--hidden", type=int, default=512, help="512: the issue's checkpoint B; 1024: Qwen3-0.6B")
+    p.add_argument("--rows", default="1,2,4,8,16,32")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "lm_head.json")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if skinny_matmul is None:
+        print("kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)")
+        return 1
+    torch.manual_seed(0)
+    weight = torch.randn(args.vocab, args.hidden)
+    gigabytes = weight.numel() * weight.element_size() / 1e9
+    copy_target = torch.empty_like(weight)
+    read_ms = best_ms(lambda: weight.sum(), args.repeats)
+    copy_ms = best_ms(lambda: copy_target.copy_(weight), args.repeats)
+    print(f"weight [{args.vocab}, {args.hidden}] fp32, {gigabytes * 1000:.0f} MB, {torch.get_num_threads()} threads")
+    print(f"read (sum): {read_ms:.1f} ms = {gigabytes / read_ms * 1000:.1f} GB/s; "
+          f"copy: {copy_ms:.1f} ms = {2 * gigabytes / copy_ms * 1000:.1f} GB/s read+written")
+    rows, results = [], []
+    for n in (n for n in map(int, args.rows.split(",")) if n <= MAX_SKINNY_ROWS):
+        hidden = torch.randn(n, args.hidden)
+        plain = best_ms(lambda: hidden @ weight.t(), args.repeats)
+        ours = best_ms(lambda: lm_head_logits(hidden, weight), args.repeats)
+        rows.append([n, plain, ours, plain / ours, gigabytes / ours * 1000, read_ms / ours])
+        results.append({"rows": n, "matmul_ms": plain, "prelude_ms": ours})
+    print(report.table(["rows", "x @ W.t() ms", "prelude ms", "speedup", "prelude GB/s", "of read speed"], rows))
+    path = report.write_json(args.json, {"tool": "bench.serving.lm_head", "vocab": args.vocab, "hidden": args.hidden,
+                                         "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
+                                         "results": results})
+    print(f"results: {path}")
+    write_chart(lambda out: _plot(results, read_ms, out), path.with_suffix(".png"))
+    return 0
+
+
+def _plot(results: list[dict], read_ms: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    n = [r["rows"] for r in results]
+    ax.plot(n, [r["matmul_ms"] for r in results], "o-", label="x @ W.t()")
+    ax.plot(n, [r["prelude_ms"] for r in results], "s-", label="prelude (native kernel)")
+    ax.axhline(read_ms, color="grey", linestyle=":", label="reading the weight once")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows")
+    ax.set_ylabel("ms (best of repeats)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
