@@ -79,3 +79,16 @@ def _vm_rss(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every core has spent busy (not idle or waiting on I/O) since boot, from the
+    first line of /proc/stat; with a server's and the client's own CPU it tells how much other
+    work shared the machine during a run. None without /proc."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal ...: everything but idle and iowait.
+    ticks = [int(v) for v in fields[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS

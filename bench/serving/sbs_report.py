@@ -98,7 +98,7 @@ def render(rows: Sequence[Row], labels: Sequence[str], peer: str | None) -> str:
 
 def side_json(side: "SideResult") -> dict:
     return {"label": side.label, "startup_s": side.startup_s, "rss_bytes": side.rss_bytes,
-            "servers": side.servers, "skipped": side.skipped,
+            "servers": side.servers, "skipped": side.skipped, "foreign_cores": side.foreign_cores,
             "runs": {key: report.result_json(run) for key, run in side.runs.items()}}
 
 

@@ -69,6 +69,9 @@ class SideResult:
     rss_bytes: int | None = None  # after load, before the first measured request
     runs: dict[str, RunResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # spec key -> why
+    # Cores' worth of CPU used by processes other than the server and this client during each
+    # run: on a shared machine, a run with much of it is suspect.
+    foreign_cores: dict[str, float] = field(default_factory=dict)
     servers: list[dict] = field(default_factory=list)
 
 
@@ -173,6 +176,9 @@ class Session:
             run = await run_level(url, work, Level("concurrency", spec.concurrency), limits,
                                   random.Random(self.args.seed + i), result.label, pid,
                                   show_progress=not self.args.no_progress)
+            if run.machine_busy_s is not None and run.server_cpu_s is not None and run.summary.duration_s:
+                others = run.machine_busy_s - run.server_cpu_s - run.client_cpu_s
+                result.foreign_cores[spec.key] = max(0.0, others) / run.summary.duration_s
             run.workload = spec.key
             result.runs[spec.key] = run
 
@@ -249,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for side in sides:
         for key, why in side.skipped.items():
             print(f"note: {side.label} skipped {key}: {why}")
+    for side in sides:
+        if side.foreign_cores:
+            busiest = max(side.foreign_cores, key=side.foreign_cores.__getitem__)
+            print(f"note: other processes used up to {side.foreign_cores[busiest]:.2f} cores during "
+                  f"{side.label}'s runs ({busiest}); figures from a busy machine are suspect")
     if peer is None:
         print("note: no --peer/--peer-cmd given: the peer was skipped, Prelude ran alone")
     path = report.write_json(args.json or report.default_json_path("side_by_side"), {

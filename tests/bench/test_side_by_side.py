@@ -34,6 +34,7 @@ def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tm
     for key, run in side["runs"].items():
         assert run["errors"] == 0 and run["output_len_mismatches"] == 0, key
         assert run["server_cpu_us_per_request"] > 0  # the pid given is this process, which serves
+    assert set(side["foreign_cores"]) == set(side["runs"])
     assert side["runs"]["generation c=4"]["tpot"]["count"] == 4
     assert side["rss_bytes"] > 0 and side["startup_s"] is None  # not launched here: no startup time
     text = capsys.readouterr().out
