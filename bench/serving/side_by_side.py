@@ -41,6 +41,9 @@ from bench.serving.server import ServerError, ServerProcess, prelude_env
 from bench.serving.workloads import Embed, Fixed, Options, Workload
 
 
+FOREIGN_NOTE_CORES = 0.1  # below this, other processes' CPU is background noise
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """One workload of the comparison at one concurrency."""
@@ -256,10 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, why in side.skipped.items():
             print(f"note: {side.label} skipped {key}: {why}")
     for side in sides:
-        if side.foreign_cores:
-            busiest = max(side.foreign_cores, key=side.foreign_cores.__getitem__)
-            print(f"note: other processes used up to {side.foreign_cores[busiest]:.2f} cores during "
-                  f"{side.label}'s runs ({busiest}); figures from a busy machine are suspect")
+        busy = {k: v for k, v in side.foreign_cores.items() if v >= FOREIGN_NOTE_CORES}
+        if busy:
+            runs = ", ".join(f"{k} {v:.2f}" for k, v in busy.items())
+            print(f"note: other processes shared the machine during {side.label}'s runs (cores: {runs}); "
+                  "figures from a busy machine are suspect")
     if peer is None:
         print("note: no --peer/--peer-cmd given: the peer was skipped, Prelude ran alone")
     path = report.write_json(args.json or report.default_json_path("side_by_side"), {
