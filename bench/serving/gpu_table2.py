@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,65 +31,14 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: bench.serving must import from this checkout
     sys.path.insert(0, str(REPO))
 
+from bench.serving.checkpoint import write_checkpoint
 from bench.serving.prompts import Prompt
 from bench.serving.runner import Level, Limits, RunResult, run_level
 from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.workloads import Options, Workload
 
 SERVED_NAME = "bench"
-SIZES = {  # the published Qwen3 configs, less what they share (COMMON)
-    "0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16),
-    "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32),
-    # Not in the table: a smoke test of this script on a CPU machine (--models tiny).
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2),
-}
-COMMON = dict(
-    architectures=["Qwen3ForCausalLM"], model_type="qwen3", num_key_value_heads=8, head_dim=128,
-    vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=40960,
-    rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, torch_dtype="bfloat16",
-    bos_token_id=151643, eos_token_id=151645,
-)
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 96)
-
-
-def write_checkpoint(target: Path, size: str, tokenizer: Path | None, seed: int = 0) -> Path:
-    """Random bf16 weights (std 0.02, norms at 1) under the HF names, config.json, tokenizer."""
-    import torch
-    from safetensors.torch import save_file
-
-    config = dict(COMMON, **SIZES[size])
-    target.mkdir(parents=True, exist_ok=True)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device).manual_seed(seed)
-    h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
-    q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
-    rand = lambda *shape: (torch.randn(*shape, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
-    ones = lambda n: torch.ones(n, dtype=torch.bfloat16)
-    tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], h), "model.norm.weight": ones(h)}
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
-            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
-            p + "mlp.gate_proj.weight": rand(inter, h), p + "mlp.up_proj.weight": rand(inter, h),
-            p + "mlp.down_proj.weight": rand(h, inter),
-        })
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    (target / "config.json").write_text(json.dumps(config, indent=1))
-    source = tokenizer if tokenizer is not None and (tokenizer / "tokenizer.json").is_file() else None
-    if source is None:  # the demo tokenizer: outputs are then not Qwen3 text, timings still are
-        from prelude.demo import build_demo_model
-
-        source = Path(tempfile.mkdtemp()) / "demo"
-        build_demo_model(source)
-        print(f"[{size}] no tokenizer at {tokenizer}: using the demo tokenizer", flush=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (source / name).is_file():
-            shutil.copy(source / name, target / name)
-    return target
 
 
 class RandomIds(Workload):

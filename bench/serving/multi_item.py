@@ -17,7 +17,7 @@ from typing import Sequence
 import httpx
 
 from bench.serving import report
-from bench.serving.gpu_table2 import write_checkpoint
+from bench.serving.checkpoint import write_checkpoint
 from bench.serving.server import ServerProcess, prelude_env
 
 

@@ -39,15 +39,56 @@ def cpu_seconds(pid: int, tree: bool = True) -> float | None:
     total = own[1]
     if not tree:
         return total
+    return total + sum(seconds for _, seconds in _descendants(pid))
+
+
+def _descendants(pid: int) -> list[tuple[int, float]]:
+    """(pid, CPU seconds) of every live descendant of `pid`, from one scan of /proc."""
     children: dict[int, list[tuple[int, float]]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             info = _read(int(entry.name))
             if info is not None:
                 children.setdefault(info[0], []).append((int(entry.name), info[1]))
+    found: list[tuple[int, float]] = []
     stack = [pid]
     while stack:
-        for child, seconds in children.get(stack.pop(), ()):
-            total += seconds
-            stack.append(child)
-    return total
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child[0])
+    return found
+
+
+def rss_bytes(pid: int, tree: bool = True) -> int | None:
+    """Resident memory of `pid` (and, with `tree`, its live descendants: vLLM's engine core is a
+    child process) from VmRSS in /proc/<pid>/status. Pages shared between the processes count
+    once per process, as `ps` shows them. None if pid is gone or /proc is missing."""
+    own = _vm_rss(pid)
+    if own is None:
+        return None
+    if not tree:
+        return own
+    return own + sum(_vm_rss(child) or 0 for child, _ in _descendants(pid))
+
+
+def _vm_rss(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every core has spent busy (not idle or waiting on I/O) since boot, from the
+    first line of /proc/stat; with a server's and the client's own CPU it tells how much other
+    work shared the machine during a run. None without /proc."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal ...: everything but idle and iowait.
+    ticks = [int(v) for v in fields[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICKS

@@ -122,7 +122,8 @@ def default_json_path(tool: str) -> Path:
 def result_json(r: RunResult) -> dict:
     out = {"server": r.server, "workload": r.workload, "mode": r.level.mode, "level": r.level.value,
            **r.summary.to_json(), "client_cpu_s": r.client_cpu_s, "server_cpu_s": r.server_cpu_s,
-           "server_cpu_us_per_request": r.server_cpu_us_per_request, "max_send_lag_s": r.max_send_lag_s}
+           "server_cpu_us_per_request": r.server_cpu_us_per_request, "max_send_lag_s": r.max_send_lag_s,
+           "machine_busy_s": r.machine_busy_s}
     if r.records:
         out["requests"] = [{"start": q.start, "ttft": q.ttft, "e2e": q.e2e, "prompt_tokens": q.prompt_tokens,
                             "output_tokens": q.output_tokens, "ok": q.ok, "error": q.error} for q in r.records]

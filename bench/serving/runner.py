@@ -48,6 +48,7 @@ class RunResult:
     max_send_lag_s: float = 0.0  # open loop: how far sends fell behind their Poisson schedule
     records: list[RequestRecord] = field(default_factory=list)
     rows_per_request: int = 1  # forward rows one request carries (score: its items)
+    machine_busy_s: float | None = None  # every process's CPU in the window (Linux)
 
     @property
     def rows_per_s(self) -> float:
@@ -145,6 +146,7 @@ async def run_level(base_url: str, workload: Workload, level: Level, limits: Lim
             await closed_loop(client, warmup_jobs, min(connections, len(warmup_jobs)))
         progress = Progress(f"{server} {workload.label} {level.label}", count, enabled=show_progress)
         server_cpu0 = proc.cpu_seconds(server_pid) if server_pid else None
+        busy0 = proc.machine_busy_seconds()
         client_cpu0 = time.process_time()
         lag = 0.0
         if level.mode == "concurrency":
@@ -153,7 +155,9 @@ async def run_level(base_url: str, workload: Workload, level: Level, limits: Lim
             records, lag = await open_loop(client, jobs, arrivals, progress)
         client_cpu = time.process_time() - client_cpu0
         server_cpu1 = proc.cpu_seconds(server_pid) if server_pid else None
+        busy1 = proc.machine_busy_seconds()
         progress.close()
     server_cpu = server_cpu1 - server_cpu0 if server_cpu0 is not None and server_cpu1 is not None else None
+    busy = busy1 - busy0 if busy0 is not None and busy1 is not None else None
     return RunResult(server, workload.label, level, summarize(records, workload.streamed), client_cpu,
-                     server_cpu, lag, records if keep_records else [], workload.rows_per_request)
+                     server_cpu, lag, records if keep_records else [], workload.rows_per_request, busy)

@@ -3,6 +3,7 @@ before a run starts, so the client spends its measured time sending, not composi
 
 - fixed: distinct prompts of an exact input length, generating an exact output length (the
   paper's Table 2 shapes: 128/1, 512/1, 128/32).
+- embed: /v1/embeddings of distinct prompts of an exact length.
 - score: the decision endpoint /v1/score in SGLang's label-token shape, one shared query
   against several short items per request.
 - recommend: PrefillOnly's recommendation shape, scaled down: a few users with long shared
@@ -19,6 +20,7 @@ from bench.serving.prompts import Prompt, PromptFactory, Segment
 
 COMPLETIONS = "/v1/completions"
 SCORE = "/v1/score"
+EMBEDDINGS = "/v1/embeddings"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,9 @@ class Options:
     model: str | None
     prompt_format: str = "ids"  # "ids": prompt as token ids (exact); "text": as a string
     ignore_eos: bool = True
+    # None sends no temperature: servers then sample at their default (T=1), as vLLM's own
+    # benchmark client does; 0.0 is greedy, which skips the sampler's work.
+    temperature: float | None = 0.0
 
 
 class Workload:
@@ -69,8 +74,9 @@ class Workload:
         body: dict = {
             "prompt": prompt.ids if self.options.prompt_format == "ids" else prompt.text,
             "max_tokens": self.output_len,
-            "temperature": 0.0,
         }
+        if self.options.temperature is not None:
+            body["temperature"] = self.options.temperature
         if self.options.model:
             body["model"] = self.options.model
         if self.options.ignore_eos:
@@ -94,6 +100,31 @@ class Fixed(Workload):
 
     def make_prompt(self, rng: random.Random) -> Prompt:
         return self.factory.exact(self.input_len, rng)
+
+
+class Embed(Workload):
+    """POST /v1/embeddings of one distinct prompt of exactly `input_len` tokens per request."""
+
+    path = EMBEDDINGS
+    output_len = 0
+
+    def __init__(self, factory: PromptFactory, options: Options, input_len: int):
+        super().__init__(factory, options)
+        factory.body_len(input_len)
+        self.input_len = input_len
+
+    @property
+    def label(self) -> str:
+        return f"embed {self.input_len}"
+
+    def make_prompt(self, rng: random.Random) -> Prompt:
+        return self.factory.exact(self.input_len, rng)
+
+    def completion(self, prompt: Prompt) -> Job:
+        body: dict = {"input": prompt.ids if self.options.prompt_format == "ids" else prompt.text}
+        if self.options.model:
+            body["model"] = self.options.model
+        return Job(self.path, encode(body), False, prompt.num_tokens, 0)
 
 
 class SharedPrefix(Workload):
