@@ -15,7 +15,9 @@ from pathlib import Path
 from prelude import __version__, tokenizer as tokenizers
 from prelude.banner import Banner, tokenizer_text
 from prelude.cache.block_pool import BlockPool
+from prelude.cache.kv_events import KVEventLog
 from prelude.contract.config import Config
+from prelude.contract.kv_events import KVEventsConfig
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.executor.executors import Executors
@@ -120,13 +122,17 @@ def build(config: Config) -> Built:
     except UnsupportedModel as exc:
         raise StartupError(str(exc)) from exc
     num_blocks = setup.num_blocks
-    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+    events = config.kv_events_config
+    publishing = events is not None and events.active and config.enable_prefix_caching
+    pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching,
+                     events=KVEventLog(config.block_size) if publishing else None)
     scheduler = Scheduler(SchedulerConfig.from_config(
         config, temp_bytes_per_token=setup.temp_bytes_per_token,
         temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
         temp_memory_budget=setup.temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
     engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup,
-                    layer_preemption=config.layer_preemption)
+                    layer_preemption=config.layer_preemption,
+                    kv_events=_kv_publisher(events, setup.device) if publishing and events else None)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),
@@ -138,6 +144,22 @@ def build(config: Config) -> Built:
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
     return Built(engine, served, setup.device, setup.dtype, num_blocks)
+
+
+def _kv_publisher(events: KVEventsConfig, device: str):
+    """The ZMQ publisher; StartupError when pyzmq/msgspec are missing or the endpoint is taken."""
+    from prelude.cache.kv_publisher import KVEventPublisher
+
+    try:
+        # vLLM names the tier the blocks live in; routers that track several tiers read it.
+        publisher = KVEventPublisher(events, medium="GPU" if device.startswith("cuda") else "CPU")
+    except ImportError as exc:
+        raise StartupError(f"--kv-events-config needs pyzmq and msgspec ({exc}); "
+                           "pip install 'prelude[kv-events]'") from exc
+    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
+        raise StartupError(f"--kv-events-config: cannot open {events.endpoint}: {exc}") from exc
+    logger.info("KV-cache events on %s (topic %r, %s encoding)", events.endpoint, events.topic, events.encoding)
+    return publisher
 
 
 def _load_tokenizer(model_dir: Path, backend: str):

@@ -7,6 +7,7 @@ from dataclasses import fields
 
 from prelude import __version__
 from prelude.contract.config import CHOICES, Config, ConfigError, parse_bytes
+from prelude.contract.kv_events import KVEventsConfig, KVEventsConfigError
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "--gpu-memory-utilization leaves)")
     cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=d.enable_prefix_caching, help="block-level prefix cache")
+    cache.add_argument("--kv-events-config", type=_kv_events_config, metavar="JSON",
+                       help="publish KV-cache block stored/removed events over ZMQ in vLLM's wire format, "
+                            "for KV-aware routers; vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "
+                            "\"endpoint\": \"tcp://*:5557\", \"topic\": \"kv-events\"}' (default: off)")
 
     sched = p.add_argument_group("scheduler")
     sched.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, metavar="N",
@@ -123,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--disable-log-requests", action="store_true",
                       help="no access-log line per request")
     return p
+
+
+def _kv_events_config(text: str) -> KVEventsConfig:
+    try:
+        return KVEventsConfig.from_json(text)
+    except KVEventsConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-events-config: ")) from exc
 
 
 def parse_args(argv: list[str] | None = None) -> Config:

@@ -10,11 +10,16 @@ The prefix trie is keyed block by block: a full block's key is (parent block id,
 parent being the cached block before it (ROOT for the first). Keys are exact token tuples, so a
 hit never needs a collision check. Evicting a block drops its cached descendants with it, so no
 key ever refers to a reused block id.
+
+With a KVEventLog attached, every publish and eviction is also recorded as a KV-cache event
+(prelude.cache.kv_events), each cached block carrying a content hash of its key's chain.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from typing import NamedTuple, Sequence
+
+from prelude.cache.kv_events import KVEventLog, chain_hash
 
 ROOT = -1
 BlockKey = tuple[int, tuple[int, ...]]
@@ -30,7 +35,8 @@ class PrefixMatch(NamedTuple):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 events: KVEventLog | None = None):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -45,6 +51,10 @@ class BlockPool:
         # Bumped whenever the set of cached blocks changes: cost estimates made from an older
         # version may be stale.
         self.version = 0
+        # KV-cache events: None (the default) costs one test per published or evicted block.
+        self.events = events
+        self._hash: list[int] = [0] * num_blocks if events is not None else []
+        self._clearing = False  # reset_prefix_cache reports one AllBlocksCleared, not each removal
         # Counters for metrics.
         self.queries_tokens = 0
         self.hit_tokens = 0
@@ -173,6 +183,10 @@ class BlockPool:
             self._key[block] = key
             self._lookup[key] = block
             self.version += 1
+            if self.events is not None:
+                parent_hash = None if parent == ROOT else self._hash[parent]
+                self._hash[block] = chain_hash(parent_hash, key[1])
+                self.events.stored(self._hash[block], parent_hash, key[1])
             if parent != ROOT:
                 self._children.setdefault(parent, set()).add(block)
             parent = block
@@ -202,6 +216,8 @@ class BlockPool:
             assert key is not None, f"block {b} evicted but not published"  # idle and children are
             self._key[b] = None
             del self._lookup[key]
+            if self.events is not None and not self._clearing:
+                self.events.removed(self._hash[b])
             parent = key[0]
             if parent != ROOT and parent in self._children:
                 self._children[parent].discard(b)
@@ -214,9 +230,24 @@ class BlockPool:
         """Drops every idle cached block (vLLM's /reset_prefix_cache). False if some are in use."""
         if any(self._refs[b] for b in self._lookup.values()):
             return False
-        while self._idle:
-            self._evict(next(iter(self._idle)))
+        self._clearing = True
+        try:
+            while self._idle:
+                self._evict(next(iter(self._idle)))
+        finally:
+            self._clearing = False
+        if self.events is not None:
+            self.events.cleared()
         return True
+
+    def cached_by_hash(self) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+        """Every cached block as the events describe it: its hash -> (its parent's hash, its
+        tokens). Tests compare a subscriber's replay of the events with this. Empty without an
+        event log."""
+        if self.events is None:
+            return {}
+        return {self._hash[block]: (None if parent == ROOT else self._hash[parent], tokens)
+                for (parent, tokens), block in self._lookup.items()}
 
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self) -> None:

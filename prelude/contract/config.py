@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from prelude.contract.kv_events import KVEventsConfig
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -76,6 +78,7 @@ class Config:
     max_request_bytes: int = 32 * 2**20
     pooling: str | None = None
     seed: int = 0
+    kv_events_config: KVEventsConfig | None = None  # None: no KV-cache events
 
     def __post_init__(self) -> None:
         positive = ("port", "backlog", "tokenizer_workers", "block_size", "max_num_seqs",

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
+from prelude.cache.kv_events import KVEventBatch
 from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.step_runner import StepRunner
@@ -37,10 +38,18 @@ from prelude.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 
+class KVEventSink(Protocol):
+    """Where each step's KV-cache events go (prelude.cache.kv_publisher); publish must not block."""
+
+    def publish(self, batch: KVEventBatch) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
                  eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
-                 layer_preemption: bool = True):
+                 layer_preemption: bool = True, kv_events: KVEventSink | None = None):
         self.scheduler = scheduler
         self.steps = StepRunner(executors, scheduler.costs, layer_preemption)
         self.tokenizer = tokenizer
@@ -55,6 +64,7 @@ class Engine:
         # is done the engine is not ready (/ready answers 503), though requests may queue.
         self._warmup = warmup
         self._ready = False
+        self._kv_events = kv_events
 
     @property
     def executors(self) -> Executors:
@@ -102,7 +112,10 @@ class Engine:
             await asyncio.gather(self._loop_task, return_exceptions=True)
             self._loop_task = None
         self.end_all()
+        self.flush_kv_events()
         self.steps.shutdown()
+        if self._kv_events is not None:
+            self._kv_events.shutdown()
 
     def end_all(self) -> None:
         """Ends every request in flight with an error (shutdown): their clients get it now."""
@@ -205,6 +218,22 @@ class Engine:
             step = self._fail_rows(step, outcome)
         beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
         self._process(self.scheduler.update(step, outcome.result), beside_decodes)
+        self.flush_kv_events()
+
+    def flush_kv_events(self) -> None:
+        """Hands what the pool recorded since the last flush to the publisher as one batch: once
+        per step (evictions made while scheduling it, publishes made by its update) and after a
+        cache reset."""
+        log = self.scheduler.pool.events
+        if self._kv_events is not None and log is not None and len(log):
+            self._kv_events.publish(KVEventBatch(time.time(), log.drain()))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every idle cached block (vLLM's POST /reset_prefix_cache); False while some cached
+        block is in use."""
+        done = self.scheduler.pool.reset_prefix_cache()
+        self.flush_kv_events()
+        return done
 
     async def _run_short_step(self) -> bool:
         """One step of short waiting work while a long step is parked; whether there was any."""

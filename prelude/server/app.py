@@ -115,6 +115,13 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             return json_response({"status": "draining" if engine.draining else "overloaded"}, status=503)
         return json_response({"status": "ready"})
 
+    async def reset_prefix_cache(_: HTTPRequest) -> Response:
+        """vLLM's route: drops the idle cached blocks (publishing AllBlocksCleared when KV events
+        are on); 409 while cached blocks are in use, so the caller retries once idle."""
+        if engine.reset_prefix_cache():
+            return Response(status_code=200)
+        return APIError(409, "cached blocks are in use; retry when the server is idle").response()
+
     async def models(_: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [{
             "id": served.name, "object": "model", "created": 0, "owned_by": "prelude",
@@ -198,6 +205,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/server_info", server_info, methods=["GET"]),
             Route("/get_server_info", server_info, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/completions", openai.completions, methods=["POST"]),
             Route("/v1/chat/completions", openai.chat, methods=["POST"]),
