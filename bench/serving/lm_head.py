@@ -1,5 +1,5 @@
 """`python -m bench.serving.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
-native kernel (prelude/model/lm_head.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
+native kernel (prelude/model/skinny_linear.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
 head, beside what reading and copying the weight costs on this machine. Times are the minimum
 of the repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
 """
@@ -15,7 +15,7 @@ import torch
 
 from bench.charts import write_chart
 from bench.serving import report
-from prelude.model.lm_head import MAX_SKINNY_ROWS, lm_head_logits, skinny_matmul
+from prelude.model.skinny_linear import MAX_SKINNY_ROWS, linear, skinny_matmul
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in (n for n in map(int, args.rows.split(",")) if n <= MAX_SKINNY_ROWS):
         hidden = torch.randn(n, args.hidden)
         plain = best_ms(lambda: hidden @ weight.t(), args.repeats)
-        ours = best_ms(lambda: lm_head_logits(hidden, weight), args.repeats)
+        ours = best_ms(lambda: linear(hidden, weight), args.repeats)
         rows.append([n, plain, ours, plain / ours, gigabytes / ours * 1000, read_ms / ours])
         results.append({"rows": n, "matmul_ms": plain, "prelude_ms": ours})
     print(report.table(["rows", "x @ W.t() ms", "prelude ms", "speedup", "prelude GB/s", "of read speed"], rows))

@@ -18,8 +18,8 @@ from prelude.model.layers import (
     RotaryEmbedding,
     UsesOps,
 )
-from prelude.model.lm_head import lm_head_logits
 from prelude.model.ops import Ops
+from prelude.model.skinny_linear import linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -123,7 +123,7 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return lm_head_logits(hidden, weight)
+        return linear(hidden, weight)
 
     def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
         """Logits of just these tokens: K rows of the LM head instead of the vocabulary."""

@@ -15,6 +15,7 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
+from prelude.model.skinny_linear import linear
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -33,7 +34,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Module):

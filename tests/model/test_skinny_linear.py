@@ -1,11 +1,11 @@
-"""The native CPU LM head gives the logits `hidden @ W.t()` gives, for every row count, vocabulary
-size and thread count it may meet."""
+"""The native CPU linear gives what F.linear gives, for every row count, output size, thread count
+and input shape it may meet."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prelude.model.lm_head import MAX_SKINNY_ROWS, lm_head_logits, skinny_matmul
+from prelude.model.skinny_linear import MAX_SKINNY_ROWS, linear, skinny_matmul
 
 
 def test_the_native_kernel_is_built():
@@ -19,7 +19,7 @@ def test_equals_the_matmul(vocab: int, rows: int):
     gen = torch.Generator().manual_seed(vocab * 100 + rows)
     weight = torch.randn(vocab, 64, generator=gen)
     hidden = torch.randn(rows, 64, generator=gen)
-    out = lm_head_logits(hidden, weight)
+    out = linear(hidden, weight)
     assert out.shape == (rows, vocab) and out.is_contiguous()
     torch.testing.assert_close(out, hidden @ weight.t(), rtol=1e-5, atol=1e-4)
 
@@ -31,7 +31,7 @@ def test_threads_split_the_vocabulary_without_seams(threads: int):
     try:
         weight = torch.randn(4099, 256)  # large enough to be split; not a multiple of 4 rows
         hidden = torch.randn(5, 512)[:, ::2]  # a strided view is accepted
-        torch.testing.assert_close(lm_head_logits(hidden, weight), hidden @ weight.t(), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(linear(hidden, weight), hidden @ weight.t(), rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
 
@@ -39,7 +39,13 @@ def test_threads_split_the_vocabulary_without_seams(threads: int):
 def test_shapes_it_does_not_cover_fall_back():
     weight = torch.randn(100, 12)  # width not a multiple of 8
     hidden = torch.randn(3, 12)
-    torch.testing.assert_close(lm_head_logits(hidden, weight), hidden @ weight.t())
-    assert lm_head_logits(hidden[:0], weight).shape == (0, 100)
+    torch.testing.assert_close(linear(hidden, weight), hidden @ weight.t())
+    assert linear(hidden[:0], weight).shape == (0, 100)
     half = torch.randn(3, 16, dtype=torch.bfloat16)
-    assert lm_head_logits(half, torch.randn(100, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert linear(half, torch.randn(100, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_bias_and_leading_dimensions_follow_f_linear():
+    weight, bias = torch.randn(40, 16), torch.randn(40)
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
