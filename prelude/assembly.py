@@ -21,7 +21,7 @@ from prelude.contract.kv_events import KVEventsConfig
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.executor.executors import Executors
-from prelude.host_tuning import keep_freed_memory
+from prelude.host_tuning import keep_freed_memory, set_compute_threads
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig, UnsupportedModel
 from prelude.preflight import StartupError, check_model_dir, listen_error
@@ -94,11 +94,12 @@ class Built:
     device: str
     dtype: str
     num_blocks: int
+    compute_threads: int
 
     def banner(self, config: Config, listen_url: str, seconds_to_ready: float) -> Banner:
         served = self.served
         return Banner(__version__, str(served.path), served.name, served.config.architecture, self.dtype,
-                      self.device, tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason,
+                      self.device, self.compute_threads, tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason,
                                                   config.tokenizer_backend),
                       served.kv_capacity_tokens, self.num_blocks, config.block_size, config.enable_prefix_caching,
                       listen_url, seconds_to_ready)
@@ -109,6 +110,7 @@ def build(config: Config) -> Built:
     the runner up when it starts). Problems an operator can fix raise StartupError."""
     start = time.perf_counter()
     keep_freed_memory()
+    compute_threads = set_compute_threads(config.cpu_threads)
     model_dir = resolve_model_dir(config)
     try:
         model_config = ModelConfig.from_dir(model_dir)
@@ -143,7 +145,7 @@ def build(config: Config) -> Built:
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
-    return Built(engine, served, setup.device, setup.dtype, num_blocks)
+    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads)
 
 
 def _kv_publisher(events: KVEventsConfig, device: str):

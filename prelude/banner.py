@@ -13,6 +13,7 @@ class Banner:
     architecture: str
     dtype: str
     device: str
+    compute_threads: int  # torch's intra-op threads (--cpu-threads)
     tokenizer: str  # fasttoken, or hf with the reason it serves
     kv_capacity_tokens: int
     kv_blocks: int
@@ -29,7 +30,8 @@ class Banner:
         return "\n".join([
             f"Prelude {self.version} ready in {self.seconds_to_ready:.2f}s",
             f"  model      {self.model_path} ({self.architecture}), served as {self.model_name}",
-            f"  dtype      {self.dtype} on {self.device}",
+            f"  dtype      {self.dtype} on {self.device}, {self.compute_threads} compute thread"
+            f"{'' if self.compute_threads == 1 else 's'}",
             f"  tokenizer  {self.tokenizer}",
             f"  KV cache   {self.kv_capacity_tokens:,} tokens ({self.kv_blocks:,} blocks of {self.block_size}), "
             f"prefix caching {'on' if self.prefix_caching else 'off'}",

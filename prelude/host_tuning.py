@@ -13,6 +13,8 @@ import ctypes.util
 import logging
 import sys
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1
@@ -36,3 +38,12 @@ def keep_freed_memory() -> bool:
     if not ok:
         logger.debug("mallopt refused the settings; glibc's defaults stay")
     return ok
+
+
+def set_compute_threads(threads: int | None) -> int:
+    """Sets torch's intra-op threads (None: its default, one per core) and returns the count.
+    The event loop and the tokenizer pool share the cores with them; README "CPU threads" has
+    the measurements behind the default."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

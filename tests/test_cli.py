@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 
 import httpx
 import pytest
+import torch
 
 from bench.serving.server import ServerProcess, free_port, log_tail, prelude_env
 from prelude import __version__
@@ -109,8 +110,9 @@ def test_unreadable_model_directory_is_one_line(tmp_path):
 
 
 def test_demo_model_serves_cold_then_warm(tmp_path):
-    for run in ("cold", "warm"):
-        server = ServerProcess(env=prelude_env(tmp_path / "cache"), log_path=tmp_path / f"{run}.log", label=run)
+    default_threads = torch.get_num_threads()
+    for run, args, threads in (("cold", [], default_threads), ("warm", ["--cpu-threads", "1"], 1)):
+        server = ServerProcess(args, env=prelude_env(tmp_path / "cache"), log_path=tmp_path / f"{run}.log", label=run)
         try:
             server.start(timeout=60)
             out = httpx.post(server.base_url + "/v1/completions",
@@ -124,7 +126,8 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         assert banner[0].startswith(f"Prelude {__version__} ready in ") and banner[0].endswith("s")
         fields = dict(line.split(None, 1) for line in banner[1:])
         assert fields["model"] == f"{tmp_path / 'cache' / f'demo-v{VERSION}'} (Qwen3ForCausalLM), served as prelude-demo"
-        assert fields["dtype"] == "float32 on cpu" and fields["tokenizer"] == "fasttoken"
+        assert fields["dtype"] == f"float32 on cpu, {threads} compute thread{'' if threads == 1 else 's'}"
+        assert fields["tokenizer"] == "fasttoken"
         assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]
         assert fields["listening"] == server.base_url
     assert (tmp_path / "cache" / f"demo-v{VERSION}" / "model.safetensors").is_file()

@@ -56,6 +56,7 @@ class Config:
     max_model_len: int | None = None
     tokenizer_backend: str = "auto"
     tokenizer_workers: int = 2
+    cpu_threads: int | None = None  # None: torch's default, one per core
     block_size: int = 16
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -81,7 +82,7 @@ class Config:
     kv_events_config: KVEventsConfig | None = None  # None: no KV-cache events
 
     def __post_init__(self) -> None:
-        positive = ("port", "backlog", "tokenizer_workers", "block_size", "max_num_seqs",
+        positive = ("port", "backlog", "tokenizer_workers", "cpu_threads", "block_size", "max_num_seqs",
                     "max_num_batched_tokens", "max_request_bytes", "num_kv_blocks", "max_model_len",
                     "kv_cache_memory", "max_queued_requests", "max_queued_tokens", "default_deadline_ms")
         for name in positive:
