@@ -3,28 +3,13 @@
 // is in L1, four weight rows by two x rows at a time (eight vector accumulators, which fit the
 // sixteen AVX2 registers beside the operands). Vocabulary ranges run on std::threads.
 #pragma once
-#include <cstddef>
-#include <cstring>
 #include <thread>
 #include <vector>
 
+#include "simd.hpp"
+
 namespace prelude_cpu {
 
-typedef float v8f __attribute__((vector_size(32)));
-
-__attribute__((always_inline)) static inline v8f load8(const float* p) {
-    v8f v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-__attribute__((always_inline)) static inline float hsum(v8f v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-// The body is compiled twice, for AVX2 with FMA and for the baseline, and picked at run time, so
-// one build runs on any x86-64. (GCC's target_clones("arch=...") dispatches on the CPU model, not
-// its features, and picked the baseline on AMD machines: five times slower.)
 __attribute__((always_inline)) static inline void dot_rows_body(const float* x, long n, const float* w, long hidden, float* out, long vocab,
                      long v_begin, long v_end) {
     long v = v_begin;
@@ -90,13 +75,14 @@ __attribute__((target("avx2,fma"))) static void dot_rows_avx2(const float* x, lo
     dot_rows_body(x, n, w, hidden, out, vocab, v_begin, v_end);
 }
 
-static DotRows pick_dot_rows() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? dot_rows_avx2 : dot_rows_baseline;
-}
-#else
-static DotRows pick_dot_rows() { return dot_rows_baseline; }
 #endif
+
+static DotRows pick_dot_rows() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (has_avx2_fma()) return dot_rows_avx2;
+#endif
+    return dot_rows_baseline;
+}
 
 // hidden must be a multiple of 8 (the caller checks). Splits the vocabulary into `threads`
 // ranges (multiples of 4 rows) and runs all but the last on new threads.

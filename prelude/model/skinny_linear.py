@@ -18,7 +18,7 @@ import torch.nn.functional as F
 SkinnyMatmul = Callable[[int, int, int, int, int, int, int], None]
 skinny_matmul: SkinnyMatmul | None
 try:
-    from kernels.cpu._gemm import skinny_matmul
+    from kernels.cpu._native import skinny_matmul
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     skinny_matmul = None
 

@@ -1,17 +1,30 @@
 """Reference attention in plain torch: runs anywhere, and is the oracle for the CUDA backends."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
 from prelude.executor.kv_cache import KVCache
 from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
 
+paged_decode: Callable[..., None] | None
+try:
+    from kernels.cpu._native import paged_decode
+except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
+    paged_decode = None
+
+# Below this many K elements per layer a decode step's attention is not worth a second thread.
+_THREADED_KEYS = 1 << 18
+
 
 class TorchAttention(AttentionBackend):
     """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
-    single-token rows that store their K/V are batched into one padded attention over blocks.
-    Multi-item rows attend under an explicit mask (items see the shared part and themselves)."""
+    single-token rows that store their K/V are batched: on the CPU in fp32 a native kernel reads
+    their blocks where they lie (kernels/cpu/paged_attention.hpp), elsewhere one padded attention
+    over gathered blocks. Multi-item rows attend under an explicit mask (items see the shared
+    part and themselves)."""
 
     supports_items = True
 
@@ -49,6 +62,8 @@ class TorchAttention(AttentionBackend):
             tables = [t + [0] * (max_blocks - len(t)) for t in tables]
             self.batched_rows = torch.tensor([layout.query_starts[r] for r in batched], device=device)
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
+            self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
+            self.batched_keys = sum(lengths)
             key_pos = torch.arange(max_blocks * block_size, device=device)
             self.batched_mask = (key_pos[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
 
@@ -74,7 +89,9 @@ class TorchAttention(AttentionBackend):
                 qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
                 o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
                 out[start:end] = o[0].transpose(0, 1)
-        if self.batched_rows is not None:
+        if self.batched_rows is not None and self._native_decode(q, k_cache):
+            out[self.batched_rows] = self._paged_decode(q, k_cache, v_cache)
+        elif self.batched_rows is not None:
             keys = k_cache[self.batched_tables].flatten(1, 2)  # [B, L, Hkv, D]
             values = v_cache[self.batched_tables].flatten(1, 2)
             queries = q[self.batched_rows].unsqueeze(2)  # [B, H, 1, D]
@@ -84,6 +101,25 @@ class TorchAttention(AttentionBackend):
             )
             out[self.batched_rows] = o.squeeze(2)
         return out
+
+    def _native_decode(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        return (paged_decode is not None and q.device.type == "cpu" and q.dtype == torch.float32
+                and k_cache.dtype == torch.float32 and k_cache.is_contiguous() and q.shape[-1] % 8 == 0
+                and q.shape[1] % k_cache.shape[2] == 0)
+
+    def _paged_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """The batched rows' attention, reading K and V from their blocks in place."""
+        assert paged_decode is not None and self.batched_rows is not None
+        queries = q[self.batched_rows].contiguous()  # [B, H, D]
+        result = torch.empty_like(queries)
+        rows, heads, dim = queries.shape
+        _, block_size, kv_heads, _ = k_cache.shape
+        work = self.batched_keys * kv_heads * dim
+        threads = torch.get_num_threads() if work >= _THREADED_KEYS else 1
+        paged_decode(queries.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), self.batched_tables.data_ptr(),
+                     self.batched_lengths.data_ptr(), result.data_ptr(), rows, heads, kv_heads, dim, block_size,
+                     self.batched_tables.shape[1], dim ** -0.5, threads)
+        return result
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:

@@ -1,0 +1,44 @@
+# distutils: language = c++
+"""Native CPU kernels. No torch headers: tensors cross as data pointers, and the Python callers
+(prelude/model/skinny_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
+and shapes first. Both run without the GIL."""
+
+cdef extern from "skinny_gemm.hpp" namespace "prelude_cpu" nogil:
+    void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab, int threads)
+
+cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
+    cdef struct PagedDecode:
+        const float* q
+        const float* k_cache
+        const float* v_cache
+        const long* block_tables
+        const long* context_lens
+        float* out
+        long rows, heads, kv_heads, dim, block_size, table_width
+        float scale
+    void paged_decode_attention(const PagedDecode& a, int threads)
+
+
+def skinny_matmul(size_t x_ptr, long n, size_t w_ptr, long hidden, size_t out_ptr, long vocab, int threads) -> None:
+    """out[n, vocab] = x[n, hidden] @ w[vocab, hidden].T; fp32, contiguous, hidden % 8 == 0."""
+    with nogil:
+        skinny_gemm(<const float*>x_ptr, n, <const float*>w_ptr, hidden, <float*>out_ptr, vocab, threads)
+
+
+def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, size_t lens_ptr, size_t out_ptr,
+                 long rows, long heads, long kv_heads, long dim, long block_size, long table_width,
+                 float scale, int threads) -> None:
+    """out[r, h] = softmax(q[r, h] . K[r]^T * scale) V[r] over the first lens[r] keys of row r's
+    blocks (tables [rows, table_width], int64); q/out [rows, heads, dim] and the caches
+    [blocks, block_size, kv_heads, dim] fp32 contiguous, dim % 8 == 0."""
+    cdef PagedDecode a
+    a.q = <const float*>q_ptr
+    a.k_cache = <const float*>k_ptr
+    a.v_cache = <const float*>v_ptr
+    a.block_tables = <const long*>tables_ptr
+    a.context_lens = <const long*>lens_ptr
+    a.out = <float*>out_ptr
+    a.rows, a.heads, a.kv_heads, a.dim = rows, heads, kv_heads, dim
+    a.block_size, a.table_width, a.scale = block_size, table_width, scale
+    with nogil:
+        paged_decode_attention(a, threads)
