@@ -13,7 +13,6 @@ import asyncio
 import json
 import random
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import httpx
 
 from bench import progress
 from bench.serving import report
+from bench.serving.overload import overload, rss_mb
 from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.stats import percentile, poisson_arrivals
 
@@ -124,48 +124,6 @@ def summarize(policy: str, deadlines: bool, outcomes: list[Outcome], deadline_s:
         outcomes)
 
 
-async def overload(url: str, count: int, seed: int) -> dict:
-    """`count` concurrent short requests at once while /health is probed every 50 ms."""
-    rng = random.Random(seed)
-    stop = threading.Event()
-    health: list[float] = []
-
-    def probe() -> None:
-        with httpx.Client(base_url=url, timeout=10) as c:
-            while not stop.is_set():
-                t = time.perf_counter()
-                try:
-                    ok = c.get("/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                health.append(time.perf_counter() - t if ok else float("inf"))
-                stop.wait(0.05)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
-    out: list[Outcome] = []
-    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        began = time.perf_counter()
-        await asyncio.gather(*(_send(client, "short", _short_body(rng), {}, 0.0, began, out) for _ in range(count)))
-    stop.set()
-    prober.join()
-    accepted = [o.latency for o in out if o.status == 200]
-    refused = [o.latency for o in out if o.status == 503]
-    return {"requests": count, "accepted": len(accepted), "refused": len(refused),
-            "other": count - len(accepted) - len(refused),
-            "accepted_p99_ms": None if not accepted else 1000 * (percentile(accepted, 99) or 0),
-            "refused_p99_ms": None if not refused else 1000 * (percentile(refused, 99) or 0),
-            "health_worst_ms": 1000 * max(health) if health else None}
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.serving.long_short", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short-request deadline as a multiple of the unloaded short P99")
     p.add_argument("--overload", type=int, default=1000, help="concurrent requests of the overload run (0: skip)")
     p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
+    p.add_argument("--overload-only", action="store_true",
+                   help="skip the calibration and the policy runs: only the overload run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "long_short.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -192,6 +152,29 @@ def server_args(args: argparse.Namespace, policy: str, extra: Sequence[str] = ()
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = prelude_env()
+    calibration, results = ({}, []) if args.overload_only else policy_runs(args, env)
+    over = None
+    if args.overload:
+        policy = args.policies.split(",")[0]
+        with ServerProcess(server_args(args, policy, ["--max-queued-requests", str(args.max_queued_requests)]),
+                           env=env, label="overload") as server:
+            rng = random.Random(args.seed)
+            over = asyncio.run(overload(server.base_url, args.overload, lambda: _short_body(rng), server.log_path))
+            over["server_peak_rss_mb"] = rss_mb(server.pid)
+        print(f"\noverload ({policy}, --max-queued-requests {args.max_queued_requests}): {json.dumps(over)}")
+    path = report.write_json(args.json, {
+        "tool": "bench.serving.long_short", "argv": list(sys.argv if argv is None else argv),
+        "calibration": calibration,
+        "results": [{k: v for k, v in asdict(r).items() if k != "outcomes"} for r in results],
+        "overload": over})
+    print(f"results: {path}")
+    if results:
+        _plot(results, args.json.with_suffix(".png"))
+    return 0
+
+
+def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, list[PolicyResult]]:
+    """The calibration, then one mixed run per policy with and without deadlines (printed)."""
     rng = random.Random(args.seed)
     with ServerProcess(server_args(args, "fcfs"), env=env, label="calibration") as server:
         t_short, t_long, p99_unloaded = asyncio.run(calibrate(server.base_url, rng))
@@ -215,23 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["policy", "deadlines", "short P50 ms", "short P99 ms", "SLO %", "long/s", "longs",
                         "long max s", "503", "err"], rows))
     print(f"(unloaded short P99 {1000 * p99_unloaded:.1f} ms; SLO = answered within {1000 * deadline_s:.1f} ms)")
-    over = None
-    if args.overload:
-        policy = args.policies.split(",")[0]
-        with ServerProcess(server_args(args, policy, ["--max-queued-requests", str(args.max_queued_requests)]),
-                           env=env, label="overload") as server:
-            over = asyncio.run(overload(server.base_url, args.overload, args.seed))
-            over["server_peak_rss_mb"] = rss_mb(server.pid)
-        print(f"\noverload ({policy}, --max-queued-requests {args.max_queued_requests}): {json.dumps(over)}")
-    path = report.write_json(args.json, {
-        "tool": "bench.serving.long_short", "argv": list(sys.argv if argv is None else argv),
-        "calibration": {"short_s": t_short, "long_s": t_long, "unloaded_short_p99_s": p99_unloaded,
-                        "short_rate": short_rate, "long_rate": long_rate, "deadline_s": deadline_s},
-        "results": [{k: v for k, v in asdict(r).items() if k != "outcomes"} for r in results],
-        "overload": over})
-    print(f"results: {path}")
-    _plot(results, args.json.with_suffix(".png"))
-    return 0
+    calibration = {"short_s": t_short, "long_s": t_long, "unloaded_short_p99_s": p99_unloaded,
+                   "short_rate": short_rate, "long_rate": long_rate, "deadline_s": deadline_s}
+    return calibration, results
 
 
 def _plot(results: list[PolicyResult], path: Path) -> None:

@@ -2,8 +2,9 @@
 event loop. A step's forward runs in one worker thread so the loop keeps serving HTTP meanwhile;
 scheduling and output processing run on the loop between steps.
 
-Its API is narrow: `submit` (returns the request's output stream), `abort`, `snapshot` (counters
-for /metrics) and `healthy`; nothing above it touches the scheduler, pool or executors."""
+Its API is narrow: `submit` (returns the request's output stream), `refuse_unseen` (whether any
+request would be refused now), `abort`, `snapshot` (counters for /metrics) and `healthy`; nothing
+above it touches the scheduler, pool or executors."""
 from __future__ import annotations
 
 import asyncio
@@ -139,12 +140,8 @@ class Engine:
         the waiting queue has no room for them all (or the server is draining)."""
         if not self.healthy:
             raise EngineError("the engine is not running")
-        if self._draining:
-            self.stats.on_rejected("draining")
-            raise Overloaded("the server is shutting down")
-        if not self.scheduler.has_room(requests):
-            self.stats.on_rejected("queue_full")
-            raise Overloaded(f"the server is overloaded ({self.scheduler.num_waiting} requests waiting); retry shortly")
+        if self._draining or not self.scheduler.has_room(requests):
+            raise self._refuse()
         duplicate = next((r.request_id for r in requests if r.request_id in self._tracked), None)
         if duplicate is not None or len({r.request_id for r in requests}) < len(requests):
             raise DuplicateRequest(f"request id {duplicate!r} is already in flight")
@@ -158,13 +155,24 @@ class Engine:
         self._wakeup.set()
         return streams
 
+    def refuse_unseen(self) -> Overloaded | None:
+        """The refusal (counted) that submit_all would give ANY request now, known before the
+        request is read: the server answers it without reading, parsing or tokenizing a body.
+        None when a request might be admitted: submit_all decides on its rows."""
+        return self._refuse() if self.healthy and self.overloaded else None
+
+    def _refuse(self) -> Overloaded:
+        if self._draining:
+            self.stats.on_rejected("draining")
+            return Overloaded("the server is shutting down")
+        self.stats.on_rejected("queue_full")
+        return Overloaded(f"the server is overloaded ({self.scheduler.num_waiting} requests waiting); retry shortly")
+
     @property
     def overloaded(self) -> bool:
-        """The waiting queue is at its limit (or the server is draining): a router should steer
-        new work elsewhere."""
-        config = self.scheduler.config
-        return self._draining or (self.scheduler.num_waiting >= config.max_queued_requests
-                                  or self.scheduler.num_waiting_tokens >= config.max_queued_tokens)
+        """The waiting queue is at its limit (or the server is draining): no new request is
+        admitted, and a router should steer new work elsewhere."""
+        return self._draining or self.scheduler.full
 
     @property
     def draining(self) -> bool:

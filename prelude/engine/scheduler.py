@@ -127,6 +127,13 @@ class Scheduler:
         return (len(self.waiting) + len(requests) <= self.config.max_queued_requests
                 and self.waiting.num_tokens + tokens <= self.config.max_queued_tokens)
 
+    @property
+    def full(self) -> bool:
+        """The waiting queue is at a limit: has_room refuses any request, however small (every
+        request has at least one row of at least one token), so one may be refused unseen."""
+        return bool(len(self.waiting)) and (len(self.waiting) >= self.config.max_queued_requests
+                                            or self.waiting.num_tokens >= self.config.max_queued_tokens)
+
     def late(self, now: float) -> list[Work]:
         """Waiting work that can no longer meet its deadline, even if it started now (only when
         shedding late requests is on)."""

@@ -45,7 +45,10 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
                             [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen])
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token
-    # Label rows read at item ends, or through the compact head (just the labels' K rows).
+    # Label rows read at item ends, or through the compact head (just the labels' K rows): one
+    # head call per (label ids, normalization) for all their positions in the step. The planner
+    # budgets the step's logits rows together, so the grouped tensor is within its budget.
+    groups: dict[tuple[tuple[int, ...], bool], list[tuple[int, list[int], bool]]] = {}
     for k, (i, spec, row) in enumerate(wanted):
         ids = spec.label_token_ids
         if ids is None or (spec.sample is None and _reads_last_with_vocab(spec, row)):
@@ -53,15 +56,20 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         end = layout.query_starts[i + 1]
         items = row.item_lengths if isinstance(row, PrefillRow) else ()
         ends = [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))] if items else [end - 1]
-        states = hidden[ends]
-        if spec.label_vocab_normalized:
+        groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append((k, ends, bool(items)))
+    for (ids, vocab_normalized), members in groups.items():
+        states = hidden[[e for _, ends, _ in members for e in ends]]
+        if vocab_normalized:
             logprobs = torch.log_softmax(model.compute_logits(states).float(), dim=-1)[:, list(ids)]
         else:
             logprobs = torch.log_softmax(model.compute_label_logits(states, ids).float(), dim=-1)
-        if items:
-            results[k].item_label_logprobs = logprobs.tolist()
-        else:
-            results[k].label_logprobs = logprobs[0].tolist()
+        values, at = logprobs.tolist(), 0
+        for k, ends, per_item in members:
+            if per_item:
+                results[k].item_label_logprobs = values[at:at + len(ends)]
+            else:
+                results[k].label_logprobs = values[at]
+            at += len(ends)
 
     # Heads over the last position run once per step for all their rows (grouped by head).
     classify = [k for k, (_, spec, _) in enumerate(wanted) if spec.classify]

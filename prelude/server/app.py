@@ -20,10 +20,11 @@ from prelude.server.access_log import AccessLog
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.compat import CompatAPI
+from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.listen import Listener, bind
 from prelude.server.openai import CompletionsAPI
 from prelude.server.served_model import ServedModel
-from prelude.server.serving import json_response
+from prelude.server.serving import json_response, log_ignored_fields
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,15 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             await engine.stop()
             admission.close()
 
+    # The routes that queue engine work: refused unread while the engine admits nothing, and
+    # logging (at debug) the fields they ignored.
+    work = [Route(path, log_ignored_fields(endpoint), methods=["POST"]) for path, endpoint in (
+        ("/v1/completions", openai.completions), ("/v1/chat/completions", openai.chat),
+        ("/v1/embeddings", decision.embeddings), ("/classify", decision.classify),
+        ("/v1/classify", decision.classify), ("/pooling", decision.pooling), ("/score", decision.score),
+        ("/v1/score", decision.score), ("/rerank", decision.rerank), ("/v1/rerank", decision.rerank),
+        ("/embed", decision.tei_embed), ("/predict", decision.tei_predict),
+        ("/v2/embed", decision.cohere_embed), ("/v2/rerank", decision.cohere_rerank))]
     app = Starlette(
         routes=[
             Route("/ping", ping, methods=["GET", "POST"]),
@@ -207,20 +217,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/completions", openai.completions, methods=["POST"]),
-            Route("/v1/chat/completions", openai.chat, methods=["POST"]),
-            Route("/v1/embeddings", decision.embeddings, methods=["POST"]),
-            Route("/classify", decision.classify, methods=["POST"]),
-            Route("/v1/classify", decision.classify, methods=["POST"]),
-            Route("/pooling", decision.pooling, methods=["POST"]),
-            Route("/score", decision.score, methods=["POST"]),
-            Route("/v1/score", decision.score, methods=["POST"]),
-            Route("/rerank", decision.rerank, methods=["POST"]),
-            Route("/v1/rerank", decision.rerank, methods=["POST"]),
-            Route("/embed", decision.tei_embed, methods=["POST"]),
-            Route("/predict", decision.tei_predict, methods=["POST"]),
-            Route("/v2/embed", decision.cohere_embed, methods=["POST"]),
-            Route("/v2/rerank", decision.cohere_rerank, methods=["POST"]),
+            *work,
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
         ],
@@ -230,7 +227,9 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
                             ClientDisconnect: on_disconnect, Exception: on_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
-    outer: ASGIApp = BearerAuth(app, config.api_key) if config.api_key else app
+    outer: ASGIApp = RefuseWhenFull(app, engine, [(m, r.path) for r in work for m in r.methods or ()])
+    if config.api_key:
+        outer = BearerAuth(outer, config.api_key)
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
         outer = AccessLog(outer)  # outside auth: refused keys are logged too
     return HealthFirst(EchoRequestId(outer), engine)

@@ -85,10 +85,16 @@ class Body:
     def __init__(self, data: dict, prefix: str = ""):
         self.data = data
         self.prefix = prefix
+        self.asked: set[builtins.str] = set()  # the fields the endpoint looked for
 
     def _raw(self, name: str):
+        self.asked.add(name)
         value = self.data.get(name, _MISSING)
         return _MISSING if value is None else value
+
+    def ignored(self) -> list[builtins.str]:
+        """The fields the endpoint never looked for: unknown to it, so ignored (as vLLM does)."""
+        return [name for name in self.data if name not in self.asked]
 
     def has(self, name: str) -> bool:
         return self._raw(name) is not _MISSING

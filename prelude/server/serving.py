@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import re
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import Response
@@ -24,11 +25,14 @@ from prelude.engine.output import (
 from prelude.engine.request import Request, Task
 from prelude.server import access_log
 from prelude.server.admission import Admission
+from prelude.server.early_refusal import overloaded_error
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
 from prelude.server.served_model import ServedModel
 from prelude.server.streaming import dumps, wait_disconnect
 
+logger = logging.getLogger(__name__)
+BODY_KEY = "prelude.body"  # the request's Body in its ASGI scope
 _ids = itertools.count()
 _ID_PREFIX = os.urandom(4).hex()
 
@@ -66,6 +70,27 @@ def _is_ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], int)
 
 
+Answer = TypeVar("Answer")  # an endpoint's response: a Response, or a stream
+
+
+def log_ignored_fields(
+        endpoint: Callable[[HTTPRequest], Awaitable[Answer]]) -> Callable[[HTTPRequest], Awaitable[Answer]]:
+    """The endpoint, followed by one debug line naming the request's fields it ignored. Checked
+    when it returns, not when it submits: some fields shape only the response. A request it
+    refused (raised) is not logged here; its error says why."""
+    async def endpoint_noting_ignored(http: HTTPRequest) -> Answer:
+        response = await endpoint(http)
+        body = http.scope.get(BODY_KEY)
+        if body is not None and logger.isEnabledFor(logging.DEBUG):
+            ignored = body.ignored()
+            if ignored:
+                logger.debug("%s %s: ignored fields %s (unknown to this endpoint)", http.method, http.url.path,
+                             ", ".join(ignored))
+        return response
+
+    return endpoint_noting_ignored
+
+
 class Serving:
     def __init__(self, engine: Engine, admission: Admission, served: ServedModel, max_request_bytes: int,
                  default_deadline_ms: float | None = None):
@@ -83,6 +108,7 @@ class Serving:
 
     async def body(self, http: HTTPRequest) -> Body:
         body = await read_json(http, self.max_request_bytes)
+        http.scope[BODY_KEY] = body  # for log_ignored_fields, once the endpoint has read it
         model = body.str("model")
         if model is not None and model not in self.model_names:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
@@ -175,10 +201,7 @@ class Serving:
         except DuplicateRequest as exc:
             raise bad_request(f"{exc}: an X-Request-Id may be in flight only once") from None
         except Overloaded as exc:
-            headers = {"Retry-After": "1"}
-            if self.engine.draining:  # this server is going away: clients should reconnect elsewhere
-                headers["Connection"] = "close"
-            raise APIError(503, str(exc), code="overloaded", headers=headers) from None
+            raise overloaded_error(exc, self.engine.draining) from None
         except EngineError as exc:
             raise APIError(503, str(exc)) from None
 

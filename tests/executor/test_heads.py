@@ -1,0 +1,70 @@
+"""Heads grouped per step give each row what it would get alone: a mixed step (last-token and
+mean pooling, compact-head label rows with two different label sets, vocabulary-normalized
+label rows read at the last token and at item ends) run as one step equals each row run by
+itself."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prelude.contract.batch import OutputSpec, PrefillRow
+from prelude.executor.heads import row_results
+from prelude.model.attention import StepLayout
+from prelude.model.config import ModelConfig
+from prelude.model.loader import load_model
+
+SPECS = [
+    OutputSpec(pooling="last"),
+    OutputSpec(label_token_ids=(5, 9), label_vocab_normalized=False),
+    OutputSpec(pooling="mean", normalize=False),
+    OutputSpec(label_token_ids=(3, 4, 7), label_vocab_normalized=False),
+    OutputSpec(label_token_ids=(5, 9), label_vocab_normalized=False),
+    OutputSpec(label_token_ids=(5, 9), label_vocab_normalized=True),
+    OutputSpec(label_token_ids=(5, 9), label_vocab_normalized=False),  # with items, below
+    OutputSpec(label_token_ids=(5, 9), label_vocab_normalized=True),  # with items, below
+    OutputSpec(pooling="last", normalize=False),
+]
+ITEMS = {6: (3, 2), 7: (4, 1, 2)}
+LENGTHS = [9, 12, 7, 10, 8, 11, 13, 9, 6]
+
+
+def _layout(lengths: list[int]) -> StepLayout:
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    return StepLayout(query_starts=starts, context_lens=[0] * len(lengths), block_tables=[() for _ in lengths],
+                      store_kv=[False] * len(lengths), num_prefill_rows=len(lengths),
+                      slot_mapping=torch.full((starts[-1],), -1))
+
+
+def _last_hidden(hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
+    return hidden[torch.tensor([layout.query_starts[i + 1] - 1 for i in rows])]
+
+
+def test_grouped_heads_equal_rows_alone(demo_model):
+    config = ModelConfig.from_dir(demo_model)
+    model = load_model(demo_model, config, torch.float32, torch.device("cpu"), 64)
+    rows = [PrefillRow(i, [7] * n, 0, (), spec, item_lengths=ITEMS.get(i, ()))
+            for i, (spec, n) in enumerate(zip(SPECS, LENGTHS))]
+    hidden = torch.randn(sum(LENGTHS), config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        together = row_results(model, hidden, rows, (), _layout(LENGTHS), _last_hidden)
+        offsets = _layout(LENGTHS).query_starts
+        alone = [row_results(model, hidden[offsets[i]:offsets[i + 1]], [row], (), _layout([LENGTHS[i]]),
+                             _last_hidden)[0] for i, row in enumerate(rows)]
+
+    def close(a, b) -> bool:
+        if a is None or b is None:
+            return a is b
+        if isinstance(a, list) and a and isinstance(a[0], list):
+            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-5) for x, y in zip(a, b))
+
+    for i, (x, y) in enumerate(zip(together, alone)):
+        assert x.seq_id == y.seq_id == i
+        for field in ("pooled", "label_logprobs", "item_label_logprobs"):
+            assert close(getattr(x, field), getattr(y, field)), (i, field)
+    assert together[6].item_label_logprobs is not None and len(together[6].item_label_logprobs) == 2
+    assert together[7].item_label_logprobs is not None and len(together[7].item_label_logprobs) == 3
+    assert together[3].label_logprobs is not None and len(together[3].label_logprobs) == 3
