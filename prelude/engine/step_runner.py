@@ -22,7 +22,9 @@ from prelude.executor.executors import Executors
 T = TypeVar("T")
 # A OneShot step predicted to take at least this long may step aside for short requests...
 PREEMPTIBLE_S = 0.05
-# ...that are at most this fraction of its length.
+# ...that are at most this fraction of its longest row. The longest row, not the step's total:
+# a step of sixteen 128-token rows is a batch of short work, and parking it for the next
+# 128-token arrival broke batching up (embeddings at c=16 ran at half the rate).
 SHORT_SHARE = 1 / 8
 MAX_SHORT_STEPS = 16  # steps of short work per park
 
@@ -35,7 +37,7 @@ class StepRunner:
         self.urgent = threading.Event()  # read by the worker thread between layers
         self.preemptions = 0
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
-        self._long_tokens = 0  # tokens of the preemptible step in flight; 0 when none runs
+        self._long_tokens = 0  # the longest row of the preemptible step in flight; 0 when none runs
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
 
     async def in_worker(self, fn: Callable[..., T], *args) -> T:
@@ -65,7 +67,7 @@ class StepRunner:
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
-        self._long_tokens = tokens
+        self._long_tokens = max(len(row.token_ids) for row in batch.rows)
         try:
             oneshot = self.executors.oneshot
             progress = await self.in_worker(oneshot.start, batch)
