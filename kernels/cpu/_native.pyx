@@ -42,3 +42,42 @@ def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, si
     a.block_size, a.table_width, a.scale = block_size, table_width, scale
     with nogil:
         paged_decode_attention(a, threads)
+
+
+cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
+    cdef struct Strided3:
+        const float* ptr
+        long rows, heads, dim, row_stride, head_stride
+    void rms_norm_rows(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
+                       float* out)
+    void rotate_rows(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out)
+    void silu_and_mul_rows(const float* x, long rows, long width, float* out)
+
+
+cdef Strided3 _strided3(size_t ptr, long rows, long heads, long dim, long row_stride, long head_stride):
+    cdef Strided3 s
+    s.ptr = <const float*>ptr
+    s.rows, s.heads, s.dim, s.row_stride, s.head_stride = rows, heads, dim, row_stride, head_stride
+    return s
+
+
+# The elementwise kernels keep the GIL: on a decode step's few rows they take a microsecond or
+# two, less than handing the GIL to the event loop and waiting to get it back.
+def rms_norm(size_t x_ptr, long rows, long heads, long dim, long row_stride, long head_stride, size_t weight_ptr,
+             float eps, size_t residual_ptr, size_t residual_out_ptr, size_t out_ptr) -> None:
+    """out = weight * v / sqrt(mean(v^2) + eps) per [dim] vector, v = x (+ residual, written to
+    residual_out; 0 pointers when absent). x strided over rows and heads, the rest contiguous."""
+    rms_norm_rows(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>weight_ptr, eps,
+                  <const float*>residual_ptr, <float*>residual_out_ptr, <float*>out_ptr)
+
+
+def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long head_stride, size_t cos_ptr,
+           size_t sin_ptr, long cs_stride, size_t out_ptr) -> None:
+    """Neox rotary embedding of x (strided over rows and heads) into contiguous out."""
+    rotate_rows(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>cos_ptr,
+                <const float*>sin_ptr, cs_stride, <float*>out_ptr)
+
+
+def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr) -> None:
+    """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
+    silu_and_mul_rows(<const float*>x_ptr, rows, width, <float*>out_ptr)

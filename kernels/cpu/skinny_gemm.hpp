@@ -3,9 +3,6 @@
 // is in L1, four weight rows by two x rows at a time (eight vector accumulators, which fit the
 // sixteen AVX2 registers beside the operands). Vocabulary ranges run on std::threads.
 #pragma once
-#include <thread>
-#include <vector>
-
 #include "simd.hpp"
 
 namespace prelude_cpu {
@@ -62,44 +59,15 @@ __attribute__((always_inline)) static inline void dot_rows_body(const float* x, 
     }
 }
 
-typedef void (*DotRows)(const float*, long, const float*, long, float*, long, long, long);
+PRELUDE_CPU_VARIANTS(dot_rows, (const float* x, long n, const float* w, long hidden, float* out, long vocab, long v_begin, long v_end),
+                     (x, n, w, hidden, out, vocab, v_begin, v_end))
 
-static void dot_rows_baseline(const float* x, long n, const float* w, long hidden, float* out, long vocab,
-                              long v_begin, long v_end) {
-    dot_rows_body(x, n, w, hidden, out, vocab, v_begin, v_end);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) static void dot_rows_avx2(const float* x, long n, const float* w, long hidden,
-                                                               float* out, long vocab, long v_begin, long v_end) {
-    dot_rows_body(x, n, w, hidden, out, vocab, v_begin, v_end);
-}
-
-#endif
-
-static DotRows pick_dot_rows() {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (has_avx2_fma()) return dot_rows_avx2;
-#endif
-    return dot_rows_baseline;
-}
-
-// hidden must be a multiple of 8 (the caller checks). Splits the vocabulary into `threads`
-// ranges (multiples of 4 rows) and runs all but the last on new threads.
+// hidden must be a multiple of 8 (the caller checks). The vocabulary is split into `threads`
+// ranges of whole four-row groups.
 static void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab,
                         int threads) {
-    static const DotRows dot_rows = pick_dot_rows();
-    if (threads < 1) threads = 1;
-    long per = ((vocab / threads) + 3) / 4 * 4;
-    std::vector<std::thread> pool;
-    long begin = 0;
-    for (int t = 0; t + 1 < threads && begin < vocab; ++t) {
-        long end = begin + per < vocab ? begin + per : vocab;
-        pool.emplace_back(dot_rows, x, n, w, hidden, out, vocab, begin, end);
-        begin = end;
-    }
-    if (begin < vocab) dot_rows(x, n, w, hidden, out, vocab, begin, vocab);
-    for (auto& t : pool) t.join();
+    static const dot_rows_fn dot_rows = pick_dot_rows();
+    parallel_ranges(vocab, threads, 4, [&](long begin, long end) { dot_rows(x, n, w, hidden, out, vocab, begin, end); });
 }
 
 }  // namespace prelude_cpu

@@ -29,6 +29,14 @@ class Ops:
 TORCH_OPS = Ops("torch", rms_norm, rotate, silu_and_mul)
 
 
+def cpu_native_ops() -> Ops:
+    """The native fp32 kernels (kernels/cpu/ops.py), each falling back to the reference for
+    inputs it does not take."""
+    from kernels.cpu import ops as cpu
+
+    return Ops("cpu-native", cpu.rms_norm, cpu.rotate, cpu.silu_and_mul)
+
+
 def triton_ops() -> Ops:
     """Triton RMSNorm and SiLU-and-mul; rotation stays torch here because the CUDA attention
     backend fuses it with the KV write (kernels.rope) and this one only serves other paths."""
@@ -39,8 +47,15 @@ def triton_ops() -> Ops:
 
 
 def select_ops(device: torch.device, kernels: str = "auto") -> Ops:
-    """`auto`: Triton on CUDA when importable, torch everywhere else; `torch` forces torch."""
-    if kernels == "torch" or device.type != "cuda":
+    """`auto`: Triton on CUDA when importable, the native kernels on the CPU when built, torch
+    everywhere else; `torch` forces torch."""
+    if kernels == "torch":
+        return TORCH_OPS
+    if device.type == "cpu":
+        from kernels.cpu import ops as cpu
+
+        return cpu_native_ops() if cpu.built else TORCH_OPS
+    if device.type != "cuda":
         return TORCH_OPS
     from kernels import available
 

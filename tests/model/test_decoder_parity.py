@@ -12,6 +12,7 @@ from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.executor.host_step import host_step
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
+from prelude.model.ops import select_ops
 from tests.checkpoints import load_reference, make_checkpoint
 
 BLOCK = 4
@@ -38,7 +39,9 @@ def _step(prefills=(), decodes=()):
 def _ours_and_reference(path, num_blocks: int):
     """Our model with a paged torch attention over `num_blocks` blocks, and transformers' model."""
     config = ModelConfig.from_dir(path)
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
+    # The ops the server picks on the CPU (the native kernels where built), as the server runs them.
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512,
+                       ops=select_ops(torch.device("cpu")))
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=num_blocks, block_size=BLOCK, dtype=torch.float32),
                     torch.device("cpu"))
     return config, model, TorchAttention(cache), load_reference(path)

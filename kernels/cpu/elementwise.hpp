@@ -1,0 +1,97 @@
+// The decoder's norms, rotary embedding and SwiGLU activation for fp32 on the CPU, one pass over
+// the data each. In torch each is six to nine ops, and on a decode step's few rows every op
+// costs more in dispatch than in arithmetic: they were a seventh of a small model's step.
+// Inputs may be strided over rows and heads (q and k are views into the fused qkv output); each
+// vector of `dim` floats is contiguous, dim a multiple of 8 (16 for the rotation's halves).
+#pragma once
+#include <cmath>
+
+#include "simd.hpp"
+
+namespace prelude_cpu {
+
+// A [rows, heads, dim] operand: element (t, h, i) at ptr[t * row_stride + h * head_stride + i].
+struct Strided3 {
+    const float* ptr;
+    long rows, heads, dim, row_stride, head_stride;
+};
+
+// out[t, h] = weight * v / sqrt(mean(v^2) + eps) with v = x[t, h] (+ residual[t], when given,
+// with heads == 1; the sum is also written to residual_out). out, residual, residual_out:
+// contiguous. Sums in the same order as the torch reference: v * inv first, then the weight.
+__attribute__((always_inline)) static inline void rms_norm_body(Strided3 x, const float* weight, float eps,
+                                                                 const float* residual, float* residual_out, float* out) {
+    const long d = x.dim;
+    for (long t = 0; t < x.rows; ++t) {
+        for (long h = 0; h < x.heads; ++h) {
+            const float* src = x.ptr + t * x.row_stride + h * x.head_stride;
+            float* dst = out + (t * x.heads + h) * d;
+            if (residual != nullptr) {
+                float* sum = residual_out + t * d;
+                for (long i = 0; i < d; i += 8) store8(sum + i, load8(src + i) + load8(residual + t * d + i));
+                src = sum;
+            }
+            v8f acc = {};
+            for (long i = 0; i < d; i += 8) { v8f v = load8(src + i); acc += v * v; }
+            const float inv = 1.0f / std::sqrt(hsum(acc) / (float)d + eps);
+            for (long i = 0; i < d; i += 8) store8(dst + i, load8(weight + i) * (load8(src + i) * inv));
+        }
+    }
+}
+
+// Neox rotation (halves): out[t, h] = [x1 cos - x2 sin, x2 cos + x1 sin], cos and sin rows of
+// dim / 2 at cos + t * cs_stride and sin + t * cs_stride. out contiguous.
+__attribute__((always_inline)) static inline void rotate_body(Strided3 x, const float* cos, const float* sin, long cs_stride,
+                                                               float* out) {
+    const long half = x.dim / 2;
+    for (long t = 0; t < x.rows; ++t) {
+        const float* c = cos + t * cs_stride;
+        const float* s = sin + t * cs_stride;
+        for (long h = 0; h < x.heads; ++h) {
+            const float* src = x.ptr + t * x.row_stride + h * x.head_stride;
+            float* dst = out + (t * x.heads + h) * x.dim;
+            for (long i = 0; i < half; i += 8) {
+                v8f x1 = load8(src + i), x2 = load8(src + half + i), ci = load8(c + i), si = load8(s + i);
+                store8(dst + i, x1 * ci - x2 * si);
+                store8(dst + half + i, x2 * ci + x1 * si);
+            }
+        }
+    }
+}
+
+// out[t] = silu(x[t, :width]) * x[t, width:], x [rows, 2 * width] and out [rows, width] contiguous.
+__attribute__((always_inline)) static inline void silu_and_mul_body(const float* x, long rows, long width, float* out) {
+    for (long t = 0; t < rows; ++t) {
+        const float* gate = x + t * 2 * width;
+        const float* up = gate + width;
+        float* dst = out + t * width;
+        for (long i = 0; i < width; i += 8) {
+            v8f g = load8(gate + i);
+            store8(dst + i, g / (1.0f + exp8(v8f{} - g)) * load8(up + i));
+        }
+    }
+}
+
+PRELUDE_CPU_VARIANTS(rms_norm, (Strided3 x, const float* weight, float eps, const float* residual, float* residual_out, float* out),
+                     (x, weight, eps, residual, residual_out, out))
+PRELUDE_CPU_VARIANTS(rotate, (Strided3 x, const float* cos, const float* sin, long cs_stride, float* out),
+                     (x, cos, sin, cs_stride, out))
+PRELUDE_CPU_VARIANTS(silu_and_mul, (const float* x, long rows, long width, float* out), (x, rows, width, out))
+
+static void rms_norm_rows(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
+                          float* out) {
+    static const rms_norm_fn run = pick_rms_norm();
+    run(x, weight, eps, residual, residual_out, out);
+}
+
+static void rotate_rows(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out) {
+    static const rotate_fn run = pick_rotate();
+    run(x, cos, sin, cs_stride, out);
+}
+
+static void silu_and_mul_rows(const float* x, long rows, long width, float* out) {
+    static const silu_and_mul_fn run = pick_silu_and_mul();
+    run(x, rows, width, out);
+}
+
+}  // namespace prelude_cpu
