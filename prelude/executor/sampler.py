@@ -63,11 +63,14 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
         raw_logprobs = torch.log_softmax(logits, dim=-1)
     if any(p.restricts_logits for p in params):
         restrict_logits(logits, params, steps, histories or [()] * len(params))
-    tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
-    if sampled:
-        rows = torch.tensor(sampled, device=logits.device)
-        tokens[rows] = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
+    if len(sampled) == len(params):  # the usual batch: every row samples, none needs argmax
+        tokens = _sample_rows(logits, params, steps)
+    else:
+        tokens = logits.argmax(dim=-1)
+        if sampled:
+            rows = torch.tensor(sampled, device=logits.device)
+            tokens[rows] = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
     token_list = tokens.tolist()
     results = [TokenLogprob(t, 0.0, []) for t in token_list]
     if raw_logprobs is not None:
@@ -81,8 +84,9 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     """Exact sampling from each row's tempered, top-k / top-p filtered distribution by inverse
     CDF: one uniform per row and one cumulative sum, instead of one random draw per vocabulary
     entry. The sum runs in float64 so that tail tokens keep their exact share."""
-    temps = torch.tensor([p.temperature for p in params], device=logits.device)
-    logits = logits / temps[:, None]
+    if any(p.temperature != 1.0 for p in params):
+        temps = torch.tensor([p.temperature for p in params], device=logits.device)
+        logits = logits / temps[:, None]
     top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
         # k-th largest logit per row from one topk over the largest k asked (not a full sort);
@@ -93,8 +97,8 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
         kth = top.gather(1, (ks - 1)[:, None])
         kth[torch.tensor([k <= 0 for k in top_ks], device=logits.device)] = float("-inf")
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    top_ps = torch.tensor([p.top_p for p in params], device=logits.device)
-    if bool((top_ps < 1.0).any()):
+    if any(p.top_p < 1.0 for p in params):
+        top_ps = torch.tensor([p.top_p for p in params], device=logits.device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens before it already reach top_p; the best one always stays.

@@ -49,6 +49,18 @@ def _ours_and_reference(path, num_blocks: int):
 
 @pytest.mark.parametrize("family,extra", CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
 def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, extra):
+    _prefill_then_decode(tmp_path, family, extra)
+
+
+def test_padded_decode_path_matches_transformers(tmp_path, monkeypatch):
+    """The gather-and-pad decode attention (other dtypes and devices) without the native kernel."""
+    import prelude.executor.attention.torch_ref as torch_ref
+
+    monkeypatch.setattr(torch_ref, "paged_decode", None)
+    _prefill_then_decode(tmp_path, "qwen3", {})
+
+
+def _prefill_then_decode(tmp_path, family, extra):
     config, model, attention, reference = _ours_and_reference(make_checkpoint(tmp_path / family, family, **extra), 64)
 
     gen = torch.Generator().manual_seed(1)

@@ -64,8 +64,6 @@ class TorchAttention(AttentionBackend):
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
             self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
             self.batched_keys = sum(lengths)
-            key_pos = torch.arange(max_blocks * block_size, device=device)
-            self.batched_mask = (key_pos[None, :] < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -95,9 +93,10 @@ class TorchAttention(AttentionBackend):
             keys = k_cache[self.batched_tables].flatten(1, 2)  # [B, L, Hkv, D]
             values = v_cache[self.batched_tables].flatten(1, 2)
             queries = q[self.batched_rows].unsqueeze(2)  # [B, H, 1, D]
+            key_pos = torch.arange(keys.shape[1], device=q.device)
+            mask = (key_pos[None, :] < self.batched_lengths[:, None])[:, None, None, :]
             o = F.scaled_dot_product_attention(
-                queries, keys.transpose(1, 2), values.transpose(1, 2),
-                attn_mask=self.batched_mask, enable_gqa=True,
+                queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True,
             )
             out[self.batched_rows] = o.squeeze(2)
         return out
