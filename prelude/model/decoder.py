@@ -11,6 +11,7 @@ from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.layers import (
     MLP,
+    MLP_CHUNK_TOKENS,
     Attention,
     Embedding,
     Linear,
@@ -39,6 +40,11 @@ class LayerState:
     residual: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor]
     next_layer: int = 0
+    # Inside layer `next_layer` once its attention has run: the MLP's input, its output so far
+    # and how many tokens that output covers (the MLP runs a chunk of tokens per segment).
+    mlp_input: torch.Tensor | None = None
+    mlp_output: torch.Tensor | None = None
+    mlp_done: int = 0
 
 
 class DecoderLayer(nn.Module):
@@ -50,13 +56,17 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, residual, rope, attention: AttentionBackend):
+        x, residual = self.attend(x, residual, rope, attention)
+        return self.mlp(x), residual
+
+    def attend(self, x, residual, rope, attention: AttentionBackend):
+        """The layer up to its MLP: (the MLP's input, the residual stream)."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, rope, attention)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.post_attention_layernorm(x, residual)
 
 
 class DecoderModel(nn.Module):
@@ -105,17 +115,38 @@ class DecoderLM(nn.Module):
 
     def run_layers(self, state: LayerState, attention: AttentionBackend,
                    should_stop: Callable[[], bool] | None = None) -> bool:
-        """Runs the remaining layers, checking `should_stop` between them; whether all ran.
-        Each call runs at least one layer, so a step that is asked to stop at every chance
-        still finishes."""
+        """Runs the remaining layers; whether all ran. With `should_stop`, a long input runs in
+        segments (a layer's attention, then its MLP a chunk of tokens at a time) and stops
+        between two segments when asked: at 8K tokens a whole layer of the demo model is ~0.4 s
+        that a short request would wait, a segment a fraction of it. Each call runs at least one
+        segment, so a step that is asked to stop at every chance still finishes."""
         layers = self.model.layers
-        first = state.next_layer
+        ran = False
         while state.next_layer < len(layers):
-            if should_stop is not None and state.next_layer > first and should_stop():
+            if should_stop is not None and ran and should_stop():
                 return False
-            state.x, state.residual = layers[state.next_layer](state.x, state.residual, state.rope, attention)
-            state.next_layer += 1
+            layer = layers[state.next_layer]
+            if should_stop is None or state.x.shape[0] <= MLP_CHUNK_TOKENS:
+                state.x, state.residual = layer(state.x, state.residual, state.rope, attention)
+                state.next_layer += 1
+            elif state.mlp_input is None:
+                state.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention)
+                state.mlp_output, state.mlp_done = torch.empty_like(state.mlp_input), 0
+            else:
+                self._mlp_segment(layer, state)
+            ran = True
         return True
+
+    @staticmethod
+    def _mlp_segment(layer: DecoderLayer, state: LayerState) -> None:
+        """One chunk of the MLP, at MLP.forward's own chunk boundaries (the same results)."""
+        assert state.mlp_input is not None and state.mlp_output is not None
+        start, end = state.mlp_done, state.mlp_done + MLP_CHUNK_TOKENS
+        state.mlp_output[start:end] = layer.mlp(state.mlp_input[start:end])
+        state.mlp_done = min(end, state.mlp_input.shape[0])
+        if state.mlp_done == state.mlp_input.shape[0]:
+            state.x, state.mlp_input, state.mlp_output = state.mlp_output, None, None
+            state.next_layer += 1
 
     def finish(self, state: LayerState) -> torch.Tensor:
         x, _ = self.model.norm(state.x, state.residual)
