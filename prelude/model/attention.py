@@ -62,6 +62,7 @@ class AttentionBackend(ABC):
     fuses_rope: bool = False
     graph_kinds: frozenset[GraphKind] = frozenset()
     supports_items: bool = False  # can mask multi-item rows (StepLayout.item_lengths)
+    supports_head_ranges: bool = False  # implements attend_heads
 
     @abstractmethod
     def plan(self, layout: StepLayout) -> None: ...
@@ -70,6 +71,13 @@ class AttentionBackend(ABC):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
+
+    def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     kv_heads: tuple[int, int]) -> torch.Tensor:
+        """As a call, for KV heads [first, last) and the query heads they serve only (q, k and v
+        hold just those heads), on a step of prefill rows: a long prefill's attention in
+        pieces that a short request can run between (prelude.model.segments)."""
+        raise NotImplementedError(f"{type(self).__name__} attends all heads at once")
 
     def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
         """Plans a step padded to `bucket` (rows for decode, tokens for prefill) on that

@@ -1,8 +1,8 @@
 """The Qwen3 / Qwen2 / Llama decoder (they differ only in q/k norm and q/k/v bias) and its heads."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, cast
 
 import torch
 from torch import nn
@@ -11,7 +11,6 @@ from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.layers import (
     MLP,
-    MLP_CHUNK_TOKENS,
     Attention,
     Embedding,
     Linear,
@@ -20,6 +19,7 @@ from prelude.model.layers import (
     UsesOps,
 )
 from prelude.model.ops import Ops
+from prelude.model.segments import LayerProgress, run_segment, worth_segmenting
 from prelude.model.skinny_linear import linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
@@ -40,11 +40,7 @@ class LayerState:
     residual: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor]
     next_layer: int = 0
-    # Inside layer `next_layer` once its attention has run: the MLP's input, its output so far
-    # and how many tokens that output covers (the MLP runs a chunk of tokens per segment).
-    mlp_input: torch.Tensor | None = None
-    mlp_output: torch.Tensor | None = None
-    mlp_done: int = 0
+    progress: LayerProgress = field(default_factory=LayerProgress)  # inside layer next_layer
 
 
 class DecoderLayer(nn.Module):
@@ -116,37 +112,22 @@ class DecoderLM(nn.Module):
     def run_layers(self, state: LayerState, attention: AttentionBackend,
                    should_stop: Callable[[], bool] | None = None) -> bool:
         """Runs the remaining layers; whether all ran. With `should_stop`, a long input runs in
-        segments (a layer's attention, then its MLP a chunk of tokens at a time) and stops
-        between two segments when asked: at 8K tokens a whole layer of the demo model is ~0.4 s
-        that a short request would wait, a segment a fraction of it. Each call runs at least one
-        segment, so a step that is asked to stop at every chance still finishes."""
+        segments (prelude.model.segments) and stops between two when asked. Each call runs at
+        least one segment, so a step that is asked to stop at every chance still finishes."""
         layers = self.model.layers
+        segmented = should_stop is not None and worth_segmenting(state.x.shape[0])
         ran = False
         while state.next_layer < len(layers):
             if should_stop is not None and ran and should_stop():
                 return False
-            layer = layers[state.next_layer]
-            if should_stop is None or state.x.shape[0] <= MLP_CHUNK_TOKENS:
+            layer = cast(DecoderLayer, layers[state.next_layer])
+            if segmented:
+                run_segment(layer, state, attention)
+            else:
                 state.x, state.residual = layer(state.x, state.residual, state.rope, attention)
                 state.next_layer += 1
-            elif state.mlp_input is None:
-                state.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention)
-                state.mlp_output, state.mlp_done = torch.empty_like(state.mlp_input), 0
-            else:
-                self._mlp_segment(layer, state)
             ran = True
         return True
-
-    @staticmethod
-    def _mlp_segment(layer: DecoderLayer, state: LayerState) -> None:
-        """One chunk of the MLP, at MLP.forward's own chunk boundaries (the same results)."""
-        assert state.mlp_input is not None and state.mlp_output is not None
-        start, end = state.mlp_done, state.mlp_done + MLP_CHUNK_TOKENS
-        state.mlp_output[start:end] = layer.mlp(state.mlp_input[start:end])
-        state.mlp_done = min(end, state.mlp_input.shape[0])
-        if state.mlp_done == state.mlp_input.shape[0]:
-            state.x, state.mlp_input, state.mlp_output = state.mlp_output, None, None
-            state.next_layer += 1
 
     def finish(self, state: LayerState) -> torch.Tensor:
         x, _ = self.model.norm(state.x, state.residual)

@@ -149,19 +149,27 @@ class Attention(UsesOps, nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionBackend):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self._heads(x)
         if attention.fuses_rope:
             qk_norm = None
             if self.q_norm is not None and self.k_norm is not None:
                 qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             out = attention(self.layer, q, k, v, rope=rope, qk_norm=qk_norm)
             return self.o_proj(out.reshape(-1, self.q_size))
+        out = attention(self.layer, *self.normed_rotated(q, k, v, rope))
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """q, k, v [T, heads, head_dim] as a backend that does not fuse the rotation takes them."""
+        return self.normed_rotated(*self._heads(x), rope)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return (q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim))
+
+    def normed_rotated(self, q, k, v, rope: tuple[torch.Tensor, torch.Tensor]):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin)
-        out = attention(self.layer, q, k, v)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin), v

@@ -27,6 +27,7 @@ class TorchAttention(AttentionBackend):
     part and themselves)."""
 
     supports_items = True
+    supports_head_ranges = True
 
     def __init__(self, kv_cache: KVCache):
         self.kv_cache = kv_cache
@@ -69,24 +70,7 @@ class TorchAttention(AttentionBackend):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache.layer(layer)
-        if len(self.stored_slots):
-            new_k, new_v = k, v
-            if self.stored_tokens is not None:
-                new_k, new_v = k.index_select(0, self.stored_tokens), v.index_select(0, self.stored_tokens)
-            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, self.stored_slots, new_k)
-            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, self.stored_slots, new_v)
-        out = torch.empty_like(q)
-        for start, end, ctx, prefix, mask in self.prefills:
-            keys, values = k[start:end], v[start:end]
-            if prefix is not None:
-                keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
-                values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
-            if mask is None:
-                out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
-            else:
-                qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
-                o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
-                out[start:end] = o[0].transpose(0, 1)
+        out = self._prefill_rows(k_cache, v_cache, q, k, v)
         if self.batched_rows is not None and self._native_decode(q, k_cache):
             out[self.batched_rows] = self._paged_decode(q, k_cache, v_cache)
         elif self.batched_rows is not None:
@@ -99,6 +83,36 @@ class TorchAttention(AttentionBackend):
                 queries, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, enable_gqa=True,
             )
             out[self.batched_rows] = o.squeeze(2)
+        return out
+
+    def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     kv_heads: tuple[int, int]) -> torch.Tensor:
+        assert self.batched_rows is None, "head ranges are for steps of prefill rows"
+        k_cache, v_cache = self.kv_cache.layer(layer)
+        first, last = kv_heads
+        return self._prefill_rows(k_cache[:, :, first:last], v_cache[:, :, first:last], q, k, v)
+
+    def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+        """Stores the step's K/V, and attends its prefill rows (the caches may be head slices)."""
+        if len(self.stored_slots):
+            new_k, new_v = k, v
+            if self.stored_tokens is not None:
+                new_k, new_v = k.index_select(0, self.stored_tokens), v.index_select(0, self.stored_tokens)
+            k_cache.flatten(0, 1).index_copy_(0, self.stored_slots, new_k)
+            v_cache.flatten(0, 1).index_copy_(0, self.stored_slots, new_v)
+        out = torch.empty_like(q)
+        for start, end, ctx, prefix, mask in self.prefills:
+            keys, values = k[start:end], v[start:end]
+            if prefix is not None:
+                keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
+                values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
+            if mask is None:
+                out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
+            else:
+                qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
+                o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+                out[start:end] = o[0].transpose(0, 1)
         return out
 
     def _native_decode(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
