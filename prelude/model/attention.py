@@ -72,11 +72,16 @@ class AttentionBackend(ABC):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
 
+    def head_chunks(self) -> int:
+        """How many pieces attend_heads splits each KV head's queries of the planned step into."""
+        raise NotImplementedError(f"{type(self).__name__} attends all heads at once")
+
     def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     kv_heads: tuple[int, int]) -> torch.Tensor:
-        """As a call, for KV heads [first, last) and the query heads they serve only (q, k and v
-        hold just those heads), on a step of prefill rows: a long prefill's attention in
-        pieces that a short request can run between (prelude.model.segments)."""
+                     kv_heads: tuple[int, int], chunk: int) -> tuple[int, int, torch.Tensor]:
+        """Piece `chunk` of a call, for KV heads [first, last) and the query heads they serve only
+        (q, k and v hold just those heads), on a step of prefill rows: (first token, end token,
+        their output). Chunk 0 stores those heads' K/V. A long prefill's attention in pieces
+        that a short request can run between (prelude.model.segments)."""
         raise NotImplementedError(f"{type(self).__name__} attends all heads at once")
 
     def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:

@@ -4,9 +4,10 @@ Stopping only between layers left a short request waiting for a whole layer: at 
 the demo model that is ~0.4 s, most of it attention. A segment is one of: the input norm and
 the q/k/v projection; the attention of one KV head and the query heads it serves (when the
 backend can attend head ranges); the output projection with the post-attention norm; one
-2,048-token chunk of the MLP. Each computes exactly what the whole layer computes, in the same
-pieces (heads are independent in attention, and MLP.forward chunks at the same boundaries), so
-a segmented forward equals an uninterrupted one."""
+2,048-token chunk of the MLP. Attention is split by KV head and, within one, by chunks of
+queries (the backend merges a chunk's causal part and its earlier keys by their log-sum-exps),
+so a segmented forward equals an uninterrupted one within float32 rounding; the projections,
+norms and MLP chunks are computed in the same pieces as in a whole layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ class LayerProgress:
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     attended: torch.Tensor | None = None
     kv_heads_done: int = 0
+    chunks_done: int = 0  # of the current KV head's query chunks
     mlp_input: torch.Tensor | None = None
     mlp_output: torch.Tensor | None = None
     tokens_done: int = 0
@@ -66,14 +68,19 @@ def _project(layer: DecoderLayer, state: LayerState, progress: LayerProgress) ->
 
 def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgress,
                     attention: AttentionBackend) -> None:
+    """One chunk of queries of the current KV head (and the query heads it serves)."""
     assert progress.qkv is not None and progress.attended is not None
     q, k, v = progress.qkv
     group = q.shape[1] // k.shape[1]
     h = progress.kv_heads_done
     heads = slice(h * group, (h + 1) * group)
-    progress.attended[:, heads] = attention.attend_heads(layer.self_attn.layer, q[:, heads], k[:, h:h + 1],
-                                                         v[:, h:h + 1], (h, h + 1))
-    progress.kv_heads_done += 1
+    start, end, out = attention.attend_heads(layer.self_attn.layer, q[:, heads], k[:, h:h + 1], v[:, h:h + 1],
+                                             (h, h + 1), progress.chunks_done)
+    progress.attended[start:end, heads] = out
+    progress.chunks_done += 1
+    if progress.chunks_done < attention.head_chunks():
+        return
+    progress.kv_heads_done, progress.chunks_done = h + 1, 0
     if progress.kv_heads_done == k.shape[1]:
         out = layer.self_attn.o_proj(progress.attended.reshape(q.shape[0], -1))
         progress.mlp_input, state.residual = layer.post_attention_layernorm(out, state.residual)

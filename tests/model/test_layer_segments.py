@@ -1,6 +1,7 @@
-"""A long input run in preemptible segments (each layer's projection, its attention one KV head
-at a time, then its MLP a chunk of tokens at a time) gives exactly the uninterrupted forward and
-stores the same K/V, however often it is stopped."""
+"""A long input run in preemptible segments (each layer's projection, its attention a chunk of
+queries of one KV head at a time, then its MLP a chunk of tokens at a time) gives the
+uninterrupted forward within float32 rounding and stores the same K/V, however often it is
+stopped: fresh rows, rows that keep their K/V, and rows over a cached prefix."""
 from __future__ import annotations
 
 import pytest
@@ -16,40 +17,46 @@ from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
 from tests.checkpoints import make_checkpoint
 
-TOKENS = 2 * MLP_CHUNK_TOKENS + 5  # three MLP chunks per layer
+TOKENS = 2 * MLP_CHUNK_TOKENS + 5  # three MLP chunks and three query chunks per KV head
+PREFIX = 37
 BLOCK = 16
 
 
-@pytest.mark.parametrize("stores_kv", [False, True])
-def test_stopping_at_every_segment_changes_nothing(tmp_path, stores_kv):
+@pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix"])
+def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     config = ModelConfig.from_dir(path)
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=TOKENS,
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=PREFIX + TOKENS,
                        ops=select_ops(torch.device("cpu")))
-    blocks = -(-TOKENS // BLOCK)
-    ids = torch.randint(0, config.vocab_size, (TOKENS,), generator=torch.Generator().manual_seed(0))
-    table = list(range(blocks)) if stores_kv else []  # no table: a OneShot row that keeps no KV
-    step = host_step([PrefillRow(0, ids.tolist(), 0, table, None)], (), BLOCK)
+    blocks = -(-(PREFIX + TOKENS) // BLOCK)
+    ids = torch.randint(0, config.vocab_size, (PREFIX + TOKENS,), generator=torch.Generator().manual_seed(0))
+    table = list(range(blocks)) if case != "fresh" else []  # no table: a OneShot row that keeps no KV
+    start = PREFIX if case == "cached_prefix" else 0
+    step = host_step([PrefillRow(0, ids[start:start + TOKENS].tolist(), start, table, None)], (), BLOCK)
     positions = torch.tensor(step.positions)
 
-    def fresh_attention() -> TorchAttention:
+    def attention_with_prefix() -> TorchAttention:
         shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
         attention = TorchAttention(KVCache(shape, torch.device("cpu")))
+        if start:
+            first = host_step([PrefillRow(0, ids[:start].tolist(), 0, table, None)], (), BLOCK)
+            attention.plan(first.layout(torch.tensor(first.slots)))
+            model(ids[:start], torch.tensor(first.positions), attention)
         attention.plan(step.layout(torch.tensor(step.slots)))
         return attention
 
     with torch.inference_mode():
-        whole_attention = fresh_attention()
-        whole = model(ids, positions, whole_attention)
-        attention = fresh_attention()
-        state = model.begin(ids, positions)
+        whole_attention = attention_with_prefix()
+        whole = model(ids[start:start + TOKENS], positions, whole_attention)
+        attention = attention_with_prefix()
+        state = model.begin(ids[start:start + TOKENS], positions)
         resumes = 1
         while not model.run_layers(state, attention, should_stop=lambda: True):
             resumes += 1
         segmented = model.finish(state)
-    # per layer: the projection, one segment per KV head (the last with o_proj and the norm),
-    # three MLP chunks
-    assert resumes == config.num_layers * (1 + config.num_kv_heads + 3)
-    assert torch.equal(segmented, whole)
-    assert torch.equal(attention.kv_cache.k, whole_attention.kv_cache.k)
-    assert torch.equal(attention.kv_cache.v, whole_attention.kv_cache.v)
+    # per layer: the projection, three query chunks per KV head (the last with o_proj and the
+    # norm), three MLP chunks
+    assert resumes == config.num_layers * (1 + 3 * config.num_kv_heads + 3)
+    torch.testing.assert_close(segmented, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)

@@ -17,6 +17,8 @@ except ImportError:  # the extension is not built (a source checkout before `pip
 
 # Below this many K elements per layer a decode step's attention is not worth a second thread.
 _THREADED_KEYS = 1 << 18
+# Queries per piece of a segmented forward's attention (prelude.model.segments).
+QUERY_CHUNK = 2048
 
 
 class TorchAttention(AttentionBackend):
@@ -55,6 +57,10 @@ class TorchAttention(AttentionBackend):
             end = layout.query_starts[row + 1]
             mask = _item_mask(end - start, ctx, items, device) if items else None
             self.prefills.append((start, end, ctx, prefix, mask))
+        # A segmented forward attends a KV head's queries a chunk at a time (multi-item rows whole).
+        self.query_chunks = [(i, a, min(a + QUERY_CHUNK, end - start) if mask is None else end - start)
+                             for i, (start, end, _, _, mask) in enumerate(self.prefills)
+                             for a in (range(0, end - start, QUERY_CHUNK) if mask is None else (0,))]
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
@@ -85,35 +91,60 @@ class TorchAttention(AttentionBackend):
             out[self.batched_rows] = o.squeeze(2)
         return out
 
+    def head_chunks(self) -> int:
+        return len(self.query_chunks)
+
     def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     kv_heads: tuple[int, int]) -> torch.Tensor:
+                     kv_heads: tuple[int, int], chunk: int) -> tuple[int, int, torch.Tensor]:
         assert self.batched_rows is None, "head ranges are for steps of prefill rows"
         k_cache, v_cache = self.kv_cache.layer(layer)
         first, last = kv_heads
-        return self._prefill_rows(k_cache[:, :, first:last], v_cache[:, :, first:last], q, k, v)
+        k_cache, v_cache = k_cache[:, :, first:last], v_cache[:, :, first:last]
+        if chunk == 0:
+            self._store(k_cache, v_cache, k, v)
+        row, a, b = self.query_chunks[chunk]
+        start, end, ctx, prefix, mask = self.prefills[row]
+        if mask is not None:
+            return start, end, self._attend_row(k_cache, v_cache, q, k, v, start, end, ctx, prefix, mask)
+        past_k = past_v = None
+        if prefix is not None or a:
+            prefix_k = k_cache[prefix].flatten(0, 1)[:ctx] if prefix is not None else k[:0]
+            prefix_v = v_cache[prefix].flatten(0, 1)[:ctx] if prefix is not None else v[:0]
+            past_k, past_v = torch.cat([prefix_k, k[start:start + a]]), torch.cat([prefix_v, v[start:start + a]])
+        own = slice(start + a, start + b)
+        return start + a, start + b, _chunk_attention(q[own], k[own], v[own], past_k, past_v)
 
     def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:
-        """Stores the step's K/V, and attends its prefill rows (the caches may be head slices)."""
+        """Stores the step's K/V, and attends its prefill rows."""
+        self._store(k_cache, v_cache, k, v)
+        out = torch.empty_like(q)
+        for start, end, ctx, prefix, mask in self.prefills:
+            out[start:end] = self._attend_row(k_cache, v_cache, q, k, v, start, end, ctx, prefix, mask)
+        return out
+
+    def _store(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The step's K/V into the cache (which may be a slice of the KV heads)."""
         if len(self.stored_slots):
             new_k, new_v = k, v
             if self.stored_tokens is not None:
                 new_k, new_v = k.index_select(0, self.stored_tokens), v.index_select(0, self.stored_tokens)
             k_cache.flatten(0, 1).index_copy_(0, self.stored_slots, new_k)
             v_cache.flatten(0, 1).index_copy_(0, self.stored_slots, new_v)
-        out = torch.empty_like(q)
-        for start, end, ctx, prefix, mask in self.prefills:
-            keys, values = k[start:end], v[start:end]
-            if prefix is not None:
-                keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
-                values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
-            if mask is None:
-                out[start:end] = _causal_attention(q[start:end], keys, values, ctx)
-            else:
-                qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
-                o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
-                out[start:end] = o[0].transpose(0, 1)
-        return out
+
+    @staticmethod
+    def _attend_row(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, start: int, end: int, ctx: int, prefix: torch.Tensor | None,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+        keys, values = k[start:end], v[start:end]
+        if prefix is not None:
+            keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
+            values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
+        if mask is None:
+            return _causal_attention(q[start:end], keys, values, ctx)
+        qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
+        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+        return o[0].transpose(0, 1)
 
     def _native_decode(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         return (paged_decode is not None and q.device.type == "cpu" and q.dtype == torch.float32
@@ -133,6 +164,41 @@ class TorchAttention(AttentionBackend):
                      self.batched_lengths.data_ptr(), result.data_ptr(), rows, heads, kv_heads, dim, block_size,
                      self.batched_tables.shape[1], dim ** -0.5, threads)
         return result
+
+
+def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
+                     past_v: torch.Tensor | None) -> torch.Tensor:
+    """Causal attention of a chunk of queries over its own keys and all the keys before it
+    (past_k/v, seen whole), as two flash attentions merged by their log-sum-exps: the same work
+    as the chunk's rows of one causal attention, where a mask over all keys cost twice that."""
+    n, heads = q.shape[0], q.shape[1]
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    group = heads // k.shape[1]
+    if group > 1:
+        kt, vt = kt.repeat_interleave(group, dim=1), vt.repeat_interleave(group, dim=1)
+    out, lse = _flash_with_lse(qt, kt, vt, True)
+    if past_k is not None and past_v is not None and len(past_k):
+        pk, pv = (x.transpose(0, 1).unsqueeze(0) for x in (past_k, past_v))
+        if group > 1:
+            pk, pv = pk.repeat_interleave(group, dim=1), pv.repeat_interleave(group, dim=1)
+        past_out, past_lse = _flash_with_lse(qt, pk, pv, False)
+        top = torch.maximum(lse, past_lse)
+        w, past_w = (lse - top).exp().unsqueeze(-1), (past_lse - top).exp().unsqueeze(-1)
+        out = (out * w + past_out * past_w) / (w + past_w)
+    return out[0].transpose(0, 1).reshape(n, heads, -1)
+
+
+def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with its log-sum-exp ([1, H, n, D] and [1, H, n]): torch's CPU flash kernel, or
+    the explicit softmax elsewhere."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.contiguous(), k.contiguous(),
+                                                                              v.contiguous(), 0.0, causal)
+        return out, lse
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1) @ v, scores.logsumexp(-1)
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
