@@ -13,99 +13,49 @@ Model (assumptions):
 - Scheduling: continuous batching, one step at a time. A step takes every decoding row plus the
   FIFO-waiting requests that fit (--max-num-batched-tokens of uncached prompt, free KV blocks; no
   chunked prefill). The first token comes at the end of the request's prefill step (TTFT), then
-  one token per step. Router and network time are taken as zero.
+  one token per step.
 - Step time (seconds) = A + sum over prefill rows (RP + B*new + Q*new*(new + 2*hit) + H*hit)
-  + RD * decode rows, `new`/`hit` the row's uncached/cached prompt tokens (see STEP below).
+  + RD * decode rows, `new`/`hit` the row's uncached/cached prompt tokens (sim_model.STEP).
+- Outside the engine (sim_model.OVERHEAD): client, router and HTTP. A request reaches its replica
+  `cycle` seconds after its client got the previous answer, and its first token costs `ttft` on
+  top of the engine's. They matter most for short cache hits (a ~20 ms prefill, 5 ms decode steps),
+  so without them cache_aware ran 40% too fast against the bench.
+- Sharing the host (sim_model.SHARE): replicas 2j and 2j+1 are one machine's two cores (with the
+  clients and the router); while both run a step, each step progresses SHARE times slower.
 - cache_aware: sglang-router 0.3's logic: if loads (requests in flight per worker) are imbalanced
   (max-min > 64 and max > 1.5*min) the least loaded; else the worker whose router-side tree has the
   request's prefix (match > 0.3; the tree is what the router sent there, never evicted); else the
   worker with the smallest tree. E2 (Preble): minimum of the replica's queued work (estimated step
   seconds of its requests in flight) + this request's prefill seconds given that replica's actual
   cache (the router sees the caches, as with KV events), over the replicas caching more than half
-  of the prompt if any (Preble's exploit case), else over all (explore)."""
+  of the prompt if any (Preble's exploit case), else over all (explore). Hot prompts replicate
+  (Preble's prefix autoscaling): when the best holder's queued work exceeds REPLICATE x the cost
+  (queue + full prefill) on the cheapest replica not holding the prompt, the request goes there,
+  which then caches the prompt too; so a hot prompt spreads over as many replicas as its load needs.
+
+Every figure of the model is measured (sim_model says where from; `python -m
+bench.serving.sim_costs` re-measures the overhead, the sharing and the step curve's scale)."""
 from __future__ import annotations
 
 import argparse
 import heapq
-import json
-import random
 import sys
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from bench.serving import report
 from bench.serving.shared_prefix import plan_requests
+from bench.serving.sim_model import MEASURED, OVERHEAD, SHARE, STEP, Replica, Req, step_seconds
 from bench.serving.stats import percentile
 
-# Step-time curve of the demo model, one replica, OMP_NUM_THREADS=1, measured on the 2-core box the
-# bench ran on (2026-11-23): POST /v1/completions (max_tokens 1, not streamed, so HTTP included) on
-# `python -m prelude --num-kv-blocks 2000`, 3 fresh prompts each of 40/85/262/1036/2062/4116 tokens
-# (medians 15/19/55/227/517/1448 ms), a cached 2048-token prefix + 16 new tokens (21 ms), the same
-# with max_tokens 4 (40 ms: 6.3 ms per decode step), 2 and 4 such requests at once (38, 54 ms).
-# A+RP, B, Q: least squares (relative) over the fresh prompts; H: the cached request's remainder;
-# RD: the decode step; A/RP split from the 4-at-once figure. Under `flock /work/timing.lock`.
-STEP = {"A": 0.005, "RP": 0.0026, "B": 1.58e-4, "Q": 4.62e-8, "H": 3.8e-6, "RD": 0.0013}
-# bench.serving.shared_prefix on that box, two runs (NOTES: /work/notes/scale): (mean TTFT ms, req/s).
-MEASURED = {"cache_aware": [(190.1, 21.6), (129.5, 31.5)], "round_robin": [(610.7, 8.24), (413.9, 12.0)]}
 POLICIES = ("round_robin", "cache_aware", "e2")
-
-
-@dataclass(slots=True)
-class Req:
-    id: int
-    client: int
-    prompt: int
-    sent: float
-    replica: int = -1
-    hit: int = 0
-    left: int = 0
-    ttft: float | None = None
-    est: float = 0.0  # E2's estimated seconds of this request still to run on its replica
-
-
-@dataclass(slots=True)
-class Replica:
-    capacity: int
-    cached: OrderedDict = field(default_factory=OrderedDict)  # prompt -> cached blocks, LRU first
-    pins: dict = field(default_factory=dict)  # prompt -> running requests that hold it
-    private: int = 0
-    waiting: deque = field(default_factory=deque)
-    decoding: list = field(default_factory=list)
-    busy: bool = False
-    load: int = 0  # requests in flight (the router's view)
-    work: float = 0.0  # E2: estimated seconds queued
-    tree: set = field(default_factory=set)  # cache_aware: prompts the router sent here
-    tree_size: int = 0
-
-    def reserve(self, prompt: int, shared: int, private: int) -> int | None:
-        """Admits a request: returns its cached blocks, or None if the pool cannot hold it."""
-        hit = self.cached.get(prompt, 0)
-        need = shared - hit + private
-        used = sum(self.cached.values()) + self.private
-        for victim in list(self.cached):
-            if used + need <= self.capacity:
-                break
-            if victim != prompt and not self.pins.get(victim):
-                used -= self.cached.pop(victim)
-        if used + need > self.capacity:
-            return None
-        self.cached[prompt] = shared
-        self.cached.move_to_end(prompt)
-        self.pins[prompt] = self.pins.get(prompt, 0) + 1
-        self.private += private
-        return hit
-
-
-def step_seconds(new: int, hit: int, k: dict = STEP) -> float:
-    """One prefill row's share of a step."""
-    return k["RP"] + k["B"] * new + k["Q"] * new * (new + 2 * hit) + k["H"] * hit
+REPLICATE = 2.0  # E2 copies a hot prompt when its holder's queue is this many times the cheapest other
 
 
 def simulate(policy: str, replicas: int, *, prompts: int, requests: int, clients: int, zipf: float = 1.0,
-             seed: int = 0, system_tokens: int = 2062, question_tokens: int = 16, max_tokens: int = 4,
-             kv_blocks: int = 692, block: int = 16, budget: int = 8192, k: dict = STEP) -> dict:
+             seed: int = 0, system_tokens: int = 2070, question_tokens: int = 28, max_tokens: int = 4,
+             kv_blocks: int = 692, block: int = 16, budget: int = 8192, k: dict = STEP,
+             overhead: dict = OVERHEAD, share: float = SHARE, replicate: float = REPLICATE) -> dict:
     plan = [p for p, _ in plan_requests(requests, prompts, zipf, seed)]
     shared = system_tokens // block
     tokens = system_tokens + question_tokens
@@ -133,7 +83,13 @@ def simulate(policy: str, replicas: int, *, prompts: int, requests: int, clients
             costs = [x.work + k["A"] + step_seconds(tokens - block * x.cached.get(r.prompt, 0),
                                                      block * x.cached.get(r.prompt, 0), k) for x in reps]
             exploit = [i for i, x in enumerate(reps) if 2 * block * x.cached.get(r.prompt, 0) > tokens]
-            return min(exploit or range(replicas), key=costs.__getitem__)
+            best = min(exploit or range(replicas), key=costs.__getitem__)
+            others = [i for i in range(replicas) if i not in exploit]
+            if exploit and others:  # replicate a hot prompt: its holders are queued far deeper than another
+                lo = min(others, key=costs.__getitem__)
+                if reps[best].work > replicate * costs[lo]:
+                    return lo
+            return best
         loads = [x.load for x in reps]
         lo, hi = min(loads), max(loads)
         if hi - lo > 64 and hi > 1.5 * lo:
@@ -146,20 +102,22 @@ def simulate(policy: str, replicas: int, *, prompts: int, requests: int, clients
     def send(client: int, now: float) -> None:
         if plan_iter:
             rid, prompt = plan_iter.pop()
-            r = Req(rid, client, prompt, now)
-            i = r.replica = route(r)
-            x = reps[i]
-            x.load += 1
-            if r.prompt not in x.tree:
-                x.tree.add(r.prompt)
-                x.tree_size += system_tokens
-            x.tree_size += question_tokens
-            cached = x.cached.get(r.prompt, 0) * block
-            r.est = k["A"] + step_seconds(tokens - cached, cached, k) + decode_cost
-            x.work += r.est
-            x.waiting.append(r)
-            if not x.busy:
-                start(i, now)
+            push(now + overhead["cycle"], "arrive", Req(rid, client, prompt, now))
+
+    def arrive(r: Req, now: float) -> None:
+        i = r.replica = route(r)
+        x = reps[i]
+        x.load += 1
+        if r.prompt not in x.tree:
+            x.tree.add(r.prompt)
+            x.tree_size += system_tokens
+        x.tree_size += question_tokens
+        cached = x.cached.get(r.prompt, 0) * block
+        r.est = k["A"] + step_seconds(tokens - cached, cached, k) + decode_cost
+        x.work += r.est
+        x.waiting.append(r)
+        if not x.busy:
+            start(i, now)
 
     def start(i: int, now: float) -> None:
         nonlocal queries, hits
@@ -187,17 +145,45 @@ def simulate(policy: str, replicas: int, *, prompts: int, requests: int, clients
             x.busy = False  # only when the pool cannot take the head request and nothing runs
             return
         x.busy = True
-        push(now + seconds, "step", (i, prefill, rows))
+        advance(i ^ 1, now)
+        x.step = [seconds, now, prefill, rows]
+        schedule(i, now)
+        schedule(i ^ 1, now)
+
+    def rate(i: int) -> float:
+        """A step's progress per second: slower while the other replica of its host runs one too."""
+        return 1 / share if i ^ 1 < replicas and reps[i ^ 1].step else 1.0
+
+    def advance(i: int, now: float) -> None:
+        if i < replicas and reps[i].step:
+            s = reps[i].step
+            s[0] -= (now - s[1]) * rate(i)
+            s[1] = now
+
+    def schedule(i: int, now: float) -> None:
+        if i < replicas and reps[i].step:
+            reps[i].version += 1
+            push(now + reps[i].step[0] / rate(i), "step", (i, reps[i].version))
 
     plan_iter = list(reversed(list(enumerate(plan))))
     for c in range(clients):
         send(c, 0.0)
     while events:
-        now, _, kind, (i, prefill, rows) = heapq.heappop(events)
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "arrive":
+            arrive(payload, now)
+            continue
+        i, version = payload
         x = reps[i]
+        if version != x.version:
+            continue
+        advance(i ^ 1, now)
+        _, _, prefill, rows = x.step
+        x.step = None
+        schedule(i ^ 1, now)
         x.decoding = []
         for r in prefill:
-            r.ttft = now - r.sent
+            r.ttft = now - r.sent + overhead["ttft"] - overhead["cycle"]
             r.left = max_tokens - 1
             x.work -= r.est - decode_cost
         for r in rows:
@@ -238,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", default="2,8,32,64", help="replica counts (comma-separated)")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--prompts", type=int, default=8, help="system prompts per 2 replicas")
-    p.add_argument("--system-tokens", type=int, default=2062,
-                   help="tokens per system prompt (the bench's 2,048-token prompts overshoot by a few words)")
-    p.add_argument("--question-tokens", type=int, default=16)
+    p.add_argument("--system-tokens", type=int, default=2070,
+                   help="tokens per system prompt (the bench's 2,048-token prompts overshoot by a few words; "
+                        "its replicas log 2,064 cached tokens per hit)")
+    p.add_argument("--question-tokens", type=int, default=28,
+                   help="question tokens (the bench's prompts average 2,098 tokens in the replica logs)")
     p.add_argument("--zipf", type=float, default=1.0)
     p.add_argument("--kv-blocks", type=int, default=692, help="KV blocks of 16 per replica (the bench's 5 prompts)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -265,13 +253,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, i, value in (("mean TTFT ms", 0, sim["ttft_mean_ms"]), ("req/s", 1, sim["req_per_s"])):
             measured = sum(run[i] for run in runs) / len(runs)
             check.append([policy, name, value, measured, " / ".join(f"{run[i]:g}" for run in runs),
-                          f"{100 * (value - measured) / measured:+.0f}%"])
-    print("\nCheck against the 2-replica bench (measured: mean of two runs):")
-    print(report.table(["policy", "figure", "simulated", "measured", "runs", "error"], check))
+                          f"{100 * (value - measured) / measured:+.0f}%",
+                          " / ".join(f"{100 * (value - run[i]) / run[i]:+.0f}%" for run in runs)])
+    print("\nCheck against the 2-replica bench (measured: mean of the runs; error vs each run):")
+    print(report.table(["policy", "figure", "simulated", "measured", "runs", "error", "per run"], check))
     for r in results:
         del r["ids"]
     path = report.write_json(args.json, {"tool": "bench.serving.simulate", "settings": {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "step": STEP,
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "step": STEP, "overhead": OVERHEAD, "share": SHARE, "replicate": REPLICATE,
         "results": results, "check": check})
     print(f"results: {path}")
     return 0

@@ -35,3 +35,20 @@ def test_the_cli_prints_the_table_and_the_check(tmp_path, capsys):
     assert "Check against the 2-replica bench" in out and "round_robin" in out
     data = json.loads((tmp_path / "s.json").read_text())
     assert len(data["results"]) == 6 and len(data["check"]) == 4
+
+
+def test_e2_replicates_a_hot_prompt_over_several_replicas():
+    hot = dict(prompts=1, requests=400, clients=32)  # every request shares one system prompt
+    spread = simulate("e2", 16, **hot)
+    assert sum(n > 0 for n in spread["per_replica"]) > 1
+    pinned = simulate("e2", 16, replicate=float("inf"), **hot)  # no replication: one replica serves all
+    assert sum(n > 0 for n in pinned["per_replica"]) == 1
+    assert spread["req_per_s"] > 2 * pinned["req_per_s"]
+
+
+def test_e2_is_at_least_as_good_as_round_robin_at_scale():
+    for replicas in (8, 32):
+        f = replicas // 2
+        runs = {p: simulate(p, replicas, prompts=8 * f, requests=300 * f, clients=8 * f) for p in ("round_robin", "e2")}
+        assert runs["e2"]["ttft_mean_ms"] < runs["round_robin"]["ttft_mean_ms"]
+        assert runs["e2"]["req_per_s"] > runs["round_robin"]["req_per_s"]
