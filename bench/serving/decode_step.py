@@ -1,0 +1,98 @@
+"""`python -m bench.serving.decode_step`: one CPU decode step of a checkpoint without the server
+(ModelRunner.run: flattening, attention plan, forward, LM head, sampling at T=1) for a few rows
+at a given context, with the model's ops in torch (`kernels/reference.py`) and with the native
+kernels the server picks (`kernels/cpu/ops.py`). Alternates the two so a shared machine's
+disturbances fall on both; reports the best and the median of the rounds."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from bench.charts import write_chart
+from bench.serving import report
+from prelude.contract.batch import DecodeRow, OutputSpec
+from prelude.contract.sampling import SamplingParams
+from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.executor.runner import ModelRunner
+from prelude.model.config import ModelConfig
+from prelude.model.loader import load_model
+from prelude.model.ops import TORCH_OPS, select_ops
+
+BLOCK = 16
+
+
+def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:
+    config = ModelConfig.from_dir(path)
+    ops = TORCH_OPS if ops_name == "torch" else select_ops(torch.device("cpu"))
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=context + 2, ops=ops)
+    blocks = rows * -(-(context + 1) // BLOCK)
+    shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
+    return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
+
+
+def step_ms(runner: ModelRunner, context: int, rows: int, steps: int) -> float:
+    per_row = -(-(context + 1) // BLOCK)
+    spec = OutputSpec(sample=SamplingParams())
+    batch = [DecodeRow(i, 5, context, list(range(i * per_row, (i + 1) * per_row)), spec) for i in range(rows)]
+    runner.run((), batch, "decode")
+    began = time.perf_counter()
+    for _ in range(steps):
+        runner.run((), batch, "decode")
+    return 1000 * (time.perf_counter() - began) / steps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.decode_step", description=__doc__)
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--context", type=int, default=150)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=100, help="steps timed per round")
+    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "decode_step.json")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        from prelude.demo import ensure_demo_model
+
+        args.model = str(ensure_demo_model())
+    runners = {name: runner_for(args.model, name, args.context, args.rows) for name in ("torch", "native")}
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(args.rounds):
+        for name, runner in runners.items():
+            times[name].append(step_ms(runner, args.context, args.rows, args.steps))
+    print(f"{args.model}: {args.rows} rows at {args.context} tokens of context, {torch.get_num_threads()} threads")
+    print(report.table(["ops", "best ms", "median ms"],
+                       [[name, min(t), statistics.median(t)] for name, t in times.items()]))
+    path = report.write_json(args.json, {"tool": "bench.serving.decode_step", "model": args.model, "rows": args.rows,
+                                         "context": args.context, "threads": torch.get_num_threads(),
+                                         "rounds_ms": times})
+    print(f"results: {path}")
+    write_chart(lambda out: _plot(times, out), path.with_suffix(".png"))
+    return 0
+
+
+def _plot(times: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.boxplot(list(times.values()), tick_labels=list(times))
+    ax.set_ylabel("ms per decode step (rounds)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
