@@ -22,7 +22,7 @@ PREFIX = 37
 BLOCK = 16
 
 
-@pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix"])
+@pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix", "multi_item"])
 def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     config = ModelConfig.from_dir(path)
@@ -32,7 +32,9 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     ids = torch.randint(0, config.vocab_size, (PREFIX + TOKENS,), generator=torch.Generator().manual_seed(0))
     table = list(range(blocks)) if case != "fresh" else []  # no table: a OneShot row that keeps no KV
     start = PREFIX if case == "cached_prefix" else 0
-    step = host_step([PrefillRow(0, ids[start:start + TOKENS].tolist(), start, table, None)], (), BLOCK)
+    items = (20, 30) if case == "multi_item" else ()  # the last 50 tokens: two items after the query
+    step = host_step([PrefillRow(0, ids[start:start + TOKENS].tolist(), start, table, None, item_lengths=items)],
+                     (), BLOCK)
     positions = torch.tensor(step.positions)
 
     def attention_with_prefix() -> TorchAttention:
@@ -54,9 +56,10 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
         while not model.run_layers(state, attention, should_stop=lambda: True):
             resumes += 1
         segmented = model.finish(state)
-    # per layer: the projection, three query chunks per KV head (the last with o_proj and the
-    # norm), three MLP chunks
-    assert resumes == config.num_layers * (1 + 3 * config.num_kv_heads + 3)
+    # per layer: the projection, three query chunks per KV head (one for a multi-item row, which
+    # attends under its mask whole; the last with o_proj and the norm), three MLP chunks
+    chunks = 1 if items else 3
+    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + 3)
     torch.testing.assert_close(segmented, whole, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)
