@@ -62,8 +62,8 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         int ms_prepend
         bint ms_split
         int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
-        const vector[int32_t]* encode_scratch(const uint8_t* s, size_t n, bint add_special,
-                                              int* status) except +
+        const int32_t* encode_scratch(const uint8_t* s, size_t n, bint add_special, int* status,
+                                      size_t* count) except +
         void finalize() except +
         int segment(const uint8_t* s, size_t n, vector[Segment]& segs, string& arena) except +
         void encode_items(const uint8_t* buf, const vector[Segment]& items, bint add_special,
@@ -103,11 +103,15 @@ cdef list _INTS = list(range(SHARED_INTS))
 
 
 cdef inline list _to_list(const vector[int32_t]& ids):
+    return _ids_list(ids.data(), ids.size())
+
+
+cdef list _ids_list(const int32_t* ids, size_t count):
     """The ids as a list. Ints are immutable, so frequent ids (BPE gives low ids to frequent
     merges) share one prebuilt object each: an increment instead of an allocation, and no free
     when the list dies; callgrind counts ~100 fewer instructions per id. Rare ids get new ints,
     keeping the shared objects few enough (1 MiB) to stay in the CPU caches."""
-    cdef Py_ssize_t n = <Py_ssize_t>ids.size()
+    cdef Py_ssize_t n = <Py_ssize_t>count
     cdef list out = PyList_New(n)
     cdef list ints = _INTS
     cdef Py_ssize_t i
@@ -247,13 +251,14 @@ cdef class Core:
             return self._encode_with_regex(text, add_special_tokens)
         cdef Py_ssize_t n
         cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
-        cdef const vector[int32_t]* out
+        cdef const int32_t* out
+        cdef size_t count
         cdef int status
         with nogil:
-            out = self.engine.encode_scratch(s, <size_t>n, add_special_tokens, &status)
+            out = self.engine.encode_scratch(s, <size_t>n, add_special_tokens, &status, &count)
         if status == kNeedReference:
             return self.reference(text, add_special_tokens)
-        return _to_list(out[0])
+        return _ids_list(out, count)
 
     cdef object _encode_with_regex(self, str text, bint add_special_tokens):
         """The path for unrecognized Split regexes: C++ up to the pre-tokenizer, the `regex`

@@ -16,6 +16,10 @@
 #include <cstring>
 #include <vector>
 
+#ifndef FT_INLINE
+#define FT_INLINE inline __attribute__((always_inline))
+#endif
+
 namespace ft {
 
 constexpr size_t kCacheKeyMax = 15, kCacheIdsMax = 4;
@@ -53,23 +57,29 @@ public:
 
     PieceCache() : buckets_(size_t(1) << kBucketBits) {}
 
-    // The cached ids of `k` (n_ids set), or nullptr.
-    const int32_t* find(const PieceKey& k, size_t& n_ids) const {
-        const Entry* e = buckets_[bucket(k)].way;
-        for (int way = 0; way < 2; ++way, ++e) {
-            if (e->lo == k.lo && ((e->hi ^ k.hi) & kKeyMask) == 0) {
-                n_ids = size_t(e->hi >> 60);
-                return e->ids;
-            }
-        }
-        return nullptr;
+    // The line a key lives in; computed once per piece and used for the prefetch and the probe.
+    static size_t line(const PieceKey& k) {
+        const uint64_t h = (k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL)) * 0xD6E8FEB86659FD93ULL;
+        return size_t(h >> (64 - kBucketBits));
     }
+    void prefetch(size_t line) const { __builtin_prefetch(&buckets_[line]); }
 
-    void prefetch(const PieceKey& k) const { __builtin_prefetch(&buckets_[bucket(k)]); }
+    // On a hit, stores the piece's ids at w (always 16 bytes: the caller leaves room for
+    // kCacheIdsMax ids) and advances w past them.
+    FT_INLINE bool copy_ids(const PieceKey& k, size_t line, int32_t*& w) const {
+        const Entry* e = buckets_[line].way;
+        if (!(e->lo == k.lo && ((e->hi ^ k.hi) & kKeyMask) == 0)) {
+            ++e;
+            if (!(e->lo == k.lo && ((e->hi ^ k.hi) & kKeyMask) == 0)) return false;
+        }
+        std::memcpy(w, e->ids, sizeof(e->ids));
+        w += e->hi >> 60;
+        return true;
+    }
 
     // The newest piece takes way 0; the one there moves to way 1 (least recently inserted out).
     void insert(const PieceKey& k, const int32_t* ids, size_t n_ids) {
-        Entry* e = buckets_[bucket(k)].way;
+        Entry* e = buckets_[line(k)].way;
         e[1] = e[0];
         e[0].lo = k.lo;
         e[0].hi = k.hi | (uint64_t(n_ids) << 60);
@@ -86,10 +96,6 @@ private:
     struct alignas(64) Bucket {
         Entry way[2];
     };
-    static size_t bucket(const PieceKey& k) {
-        uint64_t h = (k.lo ^ (k.hi * 0x9E3779B97F4A7C15ULL)) * 0xD6E8FEB86659FD93ULL;
-        return size_t(h >> (64 - kBucketBits));
-    }
     std::vector<Bucket> buckets_;
 };
 

@@ -14,7 +14,9 @@
 
 #include "ft_unicode.hpp"
 
+#ifndef FT_INLINE
 #define FT_INLINE inline __attribute__((always_inline))
+#endif
 #define FT_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace ft {
