@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ft_added.hpp"
+#include "ft_bits.hpp"
 #include "ft_bpe.hpp"
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
@@ -109,6 +110,10 @@ public:
     const uint64_t uid = next_engine_id();
     // What a one-byte pre-token encodes to when that is exactly one id, else -1 (set by finalize).
     int32_t single_ids[256];
+    // Derived on build and on load (derive()), never stored.
+    bool bits_ok = false;  // the ASCII classes are those ft_bits.hpp assumes
+
+    void derive() { bits_ok = ascii_classes_match(classes); }
 
     // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
     void check_loaded() const {
@@ -134,6 +139,7 @@ public:
 
     // Called once after the tables above are filled.
     void finalize() {
+        derive();
         Scratch& sc = scratch_for(uid);
         for (int b = 0; b < 256; ++b) {
             single_ids[b] = -1;
@@ -313,15 +319,45 @@ private:
         Piece block[kBlock];
         size_t n_block = 0;
         Scanner scanner(classes, p);
-        scanner.split(PatternKind(pattern), max_digits, len, [&](size_t b, size_t e) FT_INLINE_LAMBDA {
+        auto emit = [&](size_t b, size_t e) FT_INLINE_LAMBDA {
             block[n_block++] = Piece{p + b, e - b};
             if (n_block == kBlock) {
                 resolve(sc, block, kBlock, o);
                 n_block = 0;
             }
-        });
+        };
+        if (PatternKind(pattern) == PatternKind::kLlama3 && bits_ok) split_llama3(scanner, p, len, emit);
+        else scanner.split(PatternKind(pattern), max_digits, len, emit);
         resolve(sc, block, n_block, o);
         return !(scanner.seen() & kUnsure);
+    }
+
+    // 64 bytes at a time through llama3_starts (ft_bits.hpp); windows it refuses go to the
+    // scanner, as does a piece longer than a window.
+    template <class Emit>
+    FT_INLINE void split_llama3(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
+        size_t pos = 0;
+        while (pos < len) {
+            const size_t n = std::min<size_t>(64, len - pos);
+            const uint64_t starts = llama3_starts(p + pos, n, max_digits);
+            if (starts) {
+                size_t prev = pos;
+                for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
+                    const size_t b = pos + size_t(__builtin_ctzll(m));
+                    emit(prev, b);
+                    prev = b;
+                }
+                if (pos + n == len) {  // the window ends the text: its last piece is complete
+                    emit(prev, len);
+                    return;
+                }
+                if (prev > pos) {  // the last piece may go on past the window
+                    pos = prev;
+                    continue;
+                }
+            }
+            pos = scanner.llama3_until(pos, len, pos + 64, max_digits, emit);
+        }
     }
 
     static constexpr size_t kBlock = 32;

@@ -64,6 +64,26 @@ public:
         }
     }
 
+    // The Llama-3 pattern from `begin` (a piece start) until a piece ends at or after `stop`;
+    // returns that end (or `end`).
+    template <class Emit>
+    size_t llama3_until(size_t begin, size_t end, size_t stop, int max_digits, Emit&& emit) {
+        size_t i = begin, gap = begin;
+        while (i < end) {
+            const size_t m = llama3(i, end, max_digits);
+            if (m) {
+                if (gap < i) emit(gap, i);
+                emit(i, m);
+                i = gap = m;
+                if (i >= stop) return i;
+            } else {
+                next_cp(s_, i);
+            }
+        }
+        if (gap < end) emit(gap, end);
+        return end;
+    }
+
 private:
     // Class bits of the code point at byte i; cp and the next byte offset come back too.
     FT_INLINE uint8_t at(size_t i, uint32_t& cp, size_t& next) {

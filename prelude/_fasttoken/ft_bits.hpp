@@ -1,0 +1,132 @@
+// Bit-parallel splitting for the Llama-3 / Qwen2 pattern over plain ASCII.
+//
+// The scanner of ft_pretok.hpp decides each piece with a chain of branches on its first bytes;
+// on English (about four bytes a piece) those branches, unpredictable from one piece to the
+// next, were most of its cost. Here 64 bytes are classified at once (SSE2) into one bit per
+// byte per class, and the set of piece starts is computed with shifts and masks; pieces are
+// then read off the start mask with count-trailing-zeros.
+//
+// The masks reproduce the regex exactly only for "simple" windows: ASCII, no apostrophe
+// (contractions), no run of two or more whitespace characters, no run of digits longer than
+// the pattern takes at once. Any other window is split by the scanner (the caller's fallback);
+// tests/tokenizer compare both on random text. Matching from a piece start never looks back,
+// so a window starting at a known start behaves as if the text began there.
+//
+// Starts, for a character c at j with p = class of j-1 and pp = class of j-2 (O: ASCII
+// other than letters, digits and whitespace; Ws: whitespace other than \r \n):
+//   letter: p is not a letter, not Ws (" word"), and not an O that starts its own piece,
+//           which an O does unless pp is O (a run of them) or a space (" ?[^\s\p{L}\p{N}]+");
+//   digit:  p is not a digit (with max_digits 1: always);
+//   O:      p is neither O nor a space;
+//   Ws:     always (every whitespace run here is one character);
+//   \r \n:  p is not O (O runs take the newlines after them: "[\r\n]*").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "ft_unicode.hpp"
+
+namespace ft {
+
+struct Classes64 {
+    uint64_t alpha = 0, digit = 0, space = 0, newline = 0, blank = 0, other = 0;
+    uint64_t bad = 0;  // non-ASCII bytes and apostrophes
+};
+
+// Class bits of the 64 bytes at p (all readable).
+inline Classes64 classify64(const uint8_t* p) {
+    Classes64 c;
+#if defined(__SSE2__)
+    // Signed byte compares: bytes >= 0x80 are negative, so they fail every range test below.
+    const __m128i k20 = _mm_set1_epi8(0x20);
+    for (int k = 0; k < 4; ++k) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+        const __m128i lower = _mm_or_si128(v, k20);
+        const __m128i a = _mm_and_si128(_mm_cmpgt_epi8(lower, _mm_set1_epi8(0x60)),
+                                        _mm_cmplt_epi8(lower, _mm_set1_epi8(0x7B)));
+        const __m128i d = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x2F)),
+                                        _mm_cmplt_epi8(v, _mm_set1_epi8(0x3A)));
+        const __m128i blank = _mm_cmpeq_epi8(v, k20);
+        const __m128i ctl = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)),
+                                          _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
+        const __m128i nl = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x0A)),
+                                        _mm_cmpeq_epi8(v, _mm_set1_epi8(0x0D)));
+        const __m128i ap = _mm_cmpeq_epi8(v, _mm_set1_epi8(0x27));
+        const int s = 16 * k;
+        c.alpha |= uint64_t(uint16_t(_mm_movemask_epi8(a))) << s;
+        c.digit |= uint64_t(uint16_t(_mm_movemask_epi8(d))) << s;
+        c.space |= uint64_t(uint16_t(_mm_movemask_epi8(_mm_or_si128(blank, ctl)))) << s;
+        c.newline |= uint64_t(uint16_t(_mm_movemask_epi8(nl))) << s;
+        c.blank |= uint64_t(uint16_t(_mm_movemask_epi8(blank))) << s;
+        c.bad |= uint64_t(uint16_t(_mm_movemask_epi8(_mm_or_si128(v, ap)))) << s;
+    }
+#else
+    for (int j = 0; j < 64; ++j) {
+        const uint8_t b = p[j];
+        const uint64_t bit = uint64_t(1) << j;
+        const uint8_t l = b | 0x20;
+        if (b >= 0x80 || b == '\'') c.bad |= bit;
+        else if (l >= 'a' && l <= 'z') c.alpha |= bit;
+        else if (b >= '0' && b <= '9') c.digit |= bit;
+        else if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
+            c.space |= bit;
+            if (b == ' ') c.blank |= bit;
+            if (b == '\n' || b == '\r') c.newline |= bit;
+        }
+    }
+#endif
+    c.other = ~(c.alpha | c.digit | c.space | c.bad);
+    return c;
+}
+
+// Whether the ASCII classes of `t` are the ones classify64 assumes (letters, digits, and
+// \t \n \v \f \r space as the only whitespace); checked once per tokenizer.
+inline bool ascii_classes_match(const ClassTable& t) {
+    for (int b = 0; b < 128; ++b) {
+        const uint8_t l = uint8_t(b | 0x20);
+        const uint8_t want = (l >= 'a' && l <= 'z') ? kLetter
+                             : (b >= '0' && b <= '9') ? kNumber
+                             : (b == ' ' || (b >= 0x09 && b <= 0x0D)) ? kSpace
+                                                                      : 0;
+        if ((t.ascii(uint8_t(b)) & (kLetter | kNumber | kSpace)) != want) return false;
+    }
+    return true;
+}
+
+// Piece starts of the Llama-3 pattern in the n <= 64 bytes at p (bit j: byte j starts a
+// piece; bit 0 always), or 0 when the window is not simple (see the top of the file).
+inline uint64_t llama3_starts(const uint8_t* p, size_t n, int max_digits) {
+    Classes64 c;
+    if (n == 64) {
+        c = classify64(p);
+    } else {
+        uint8_t buf[64] = {};
+        std::memcpy(buf, p, n);
+        c = classify64(buf);
+    }
+    const uint64_t valid = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
+    const uint64_t a = c.alpha & valid, d = c.digit & valid, w = c.space & valid;
+    const uint64_t o = c.other & valid, nl = c.newline & valid, blank = c.blank & valid;
+    if ((c.bad & valid) | (w & (w << 1))) return 0;
+    uint64_t digit_starts = d;
+    if (max_digits != 1) {
+        uint64_t run = d;  // bit j: digits at j - max_digits .. j, one too many for a piece
+        for (int k = 1; k <= max_digits && run; ++k) run &= d << k;
+        if (run) return 0;
+        digit_starts = d & ~(d << 1);
+    }
+    const uint64_t ws = w & ~nl;
+    const uint64_t o_alone = (o << 1) & ~(o << 2) & ~(blank << 2);  // j-1 is an O starting a piece
+    const uint64_t letter_starts = a & ~(a << 1) & ~(ws << 1) & ~o_alone;
+    const uint64_t other_starts = o & ~(o << 1) & ~(blank << 1);
+    const uint64_t newline_starts = nl & ~(o << 1);
+    return (letter_starts | digit_starts | other_starts | ws | newline_starts | 1) & valid;
+}
+
+}  // namespace ft
