@@ -19,11 +19,12 @@
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
 #include "ft_pretok.hpp"
+#include "ft_text.hpp"
 #include "ft_unicode.hpp"
 
 namespace ft {
 
-enum Status : int { kOk = 0, kNeedReference = 1 };
+enum Status : int { kOk = 0, kNeedReference = 1, kNotUtf8 = 2 /* a lone surrogate */ };
 // Room the hot loops may write past the last id: a cached piece's ids are copied as one
 // 16-byte block whatever their number.
 constexpr size_t kSlack = kCacheIdsMax;
@@ -62,6 +63,7 @@ struct Scratch {
     std::vector<Segment> segs, sub_segs;
     std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
     std::vector<int32_t> syms, out;
+    std::vector<uint8_t> utf8;  // the text being encoded, when it was not UTF-8 already
     Merger merger;
     PieceCache cache;
     LongCache long_cache;
@@ -163,21 +165,29 @@ public:
 
     // ---- encode ----
     // Encodes into this thread's scratch buffer: *count ids, valid until the thread's next call.
-    const int32_t* encode_scratch(const uint8_t* s, size_t n, bool add_special, int* status,
-                                  size_t* count) const {
+    const int32_t* encode_scratch(const TextRef& t, bool add_special, int* status, size_t* count) const {
         Scratch& sc = scratch_for(uid);
         Out o(sc.out);
-        *status = encode_into(sc, s, n, add_special, o);
+        const uint8_t* s;
+        size_t n;
+        *status = to_utf8(t, sc.utf8, s, n) ? encode_into(sc, s, n, add_special, o) : kNotUtf8;
         *count = o.size();
         return o.begin();
     }
+    const int32_t* encode_scratch(const uint8_t* s, size_t n, bool add_special, int* status,
+                                  size_t* count) const {
+        return encode_scratch(TextRef{s, n, 0}, add_special, status, count);
+    }
 
-    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
-        Scratch& sc = scratch_for(uid);
-        Out o(sc.out);
-        const int status = encode_into(sc, s, n, add_special, o);
-        out.assign(o.begin(), o.w);
+    int encode(const TextRef& t, bool add_special, std::vector<int32_t>& out) const {
+        size_t count;
+        int status;
+        const int32_t* ids = encode_scratch(t, add_special, &status, &count);
+        out.assign(ids, ids + count);
         return status;
+    }
+    int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
+        return encode(TextRef{s, n, 0}, add_special, out);
     }
 
 private:

@@ -41,3 +41,23 @@ def test_bit_parallel_split(name: str) -> None:
     bad = [t for t in texts if fast.encode(t, False) != hf.encode(t, False)]
     assert not bad, [repr(t) for t in bad[:5]]
     assert fast.encode_batch(texts[:200]) == hf.encode_batch(texts[:200])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt2"])
+def test_str_kinds(name: str) -> None:
+    """Every PEP 393 kind is transcoded by the engine (ft_text.hpp), ASCII stretches in bulk;
+    a lone surrogate raises as CPython's own UTF-8 conversion does."""
+    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir(name)))
+    ascii_run = "plain words, 42 of them. " * 3
+    texts = ["", "a", ascii_run, "caf\u00e9 \u00ff\u00e0" + ascii_run, ascii_run + "\u00e9",
+             "a\u2014b \u4e2d\u6587 " + ascii_run + "\u2603", ascii_run + "\U0001F600 x \u00e9",
+             "\U0001F600" * 3 + ascii_run]
+    texts += [t[:k] for t in texts for k in (7, 8, 9, 15, 16, 17)]
+    for text in texts:
+        assert fast.encode(text) == hf.encode(text), repr(text)
+    assert fast.encode_batch(texts) == hf.encode_batch(texts)
+    for bad in ["a\ud800b", ascii_run + "\udfff", "\U0001F600\udc00"]:
+        with pytest.raises(UnicodeEncodeError):
+            fast.encode(bad)
+        with pytest.raises(UnicodeEncodeError):
+            fast.encode_batch(["fine", bad])
