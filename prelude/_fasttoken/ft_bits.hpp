@@ -1,4 +1,4 @@
-// Bit-parallel splitting for the Llama-3 / Qwen2 pattern over plain ASCII.
+// Bit-parallel splitting for the Llama-3 / Qwen2, GPT-2 and DeepSeek-V3 patterns over ASCII.
 //
 // The scanner of ft_pretok.hpp decides each piece with a chain of branches on its first bytes;
 // on English (about four bytes a piece) those branches, unpredictable from one piece to the
@@ -6,13 +6,15 @@
 // byte per class, and the set of piece starts is computed with shifts and masks; pieces are
 // then read off the start mask with count-trailing-zeros.
 //
-// The masks reproduce the regex exactly only for "simple" windows: ASCII, no apostrophe
-// (contractions), no run of two or more whitespace characters, no run of digits longer than
-// the pattern takes at once. Any other window is split by the scanner (the caller's fallback);
-// tests/tokenizer compare both on random text. Matching from a piece start never looks back,
-// so a window starting at a known start behaves as if the text began there.
+// The masks reproduce the regex exactly only for "simple" windows: ASCII, no run of two or
+// more whitespace characters, and per pattern: no apostrophe (Llama-3, GPT-2: contractions),
+// no run of digits longer than a piece takes (Llama-3, DeepSeek), no control character
+// (DeepSeek: neither punctuation nor a letter prefix there). Any other window is split by the
+// scanner (the caller's fallback); tests/tokenizer compare both on random text. Matching from
+// a piece start never looks back, so a window starting at a known start behaves as if the
+// text began there.
 //
-// Starts, for a character c at j with p = class of j-1 and pp = class of j-2 (O: ASCII
+// Llama-3 starts, for a character at j with p = class of j-1 and pp = class of j-2 (O: ASCII
 // other than letters, digits and whitespace; Ws: whitespace other than \r \n):
 //   letter: p is not a letter, not Ws (" word"), and not an O that starts its own piece,
 //           which an O does unless pp is O (a run of them) or a space (" ?[^\s\p{L}\p{N}]+");
@@ -20,6 +22,11 @@
 //   O:      p is neither O nor a space;
 //   Ws:     always (every whitespace run here is one character);
 //   \r \n:  p is not O (O runs take the newlines after them: "[\r\n]*").
+// DeepSeek-V3's main regex gives the same starts on these windows: its "[!-/:-@[-`{-~][A-Za-z]+"
+// and "[^\r\n\p{L}\p{P}\p{S}]?\p{L}+" together are Llama-3's letter prefix once control
+// characters are refused, its digits are split off first in threes, and it has no contractions.
+// GPT-2 (" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"): a letter, digit or O starts a piece unless
+// p is of its class or a space; whitespace always does.
 #pragma once
 
 #include <cstddef>
@@ -30,13 +37,14 @@
 #include <emmintrin.h>
 #endif
 
+#include "ft_pretok.hpp"
 #include "ft_unicode.hpp"
 
 namespace ft {
 
 struct Classes64 {
     uint64_t alpha = 0, digit = 0, space = 0, newline = 0, blank = 0, other = 0;
-    uint64_t bad = 0;  // non-ASCII bytes and apostrophes
+    uint64_t high = 0, apostrophe = 0, control = 0;  // non-ASCII; '; ASCII controls but \t-\r
 };
 
 // Class bits of the 64 bytes at p (all readable).
@@ -53,55 +61,65 @@ inline Classes64 classify64(const uint8_t* p) {
         const __m128i d = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x2F)),
                                         _mm_cmplt_epi8(v, _mm_set1_epi8(0x3A)));
         const __m128i blank = _mm_cmpeq_epi8(v, k20);
-        const __m128i ctl = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)),
-                                          _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
+        const __m128i tab_to_cr = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)),
+                                                _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
         const __m128i nl = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x0A)),
                                         _mm_cmpeq_epi8(v, _mm_set1_epi8(0x0D)));
-        const __m128i ap = _mm_cmpeq_epi8(v, _mm_set1_epi8(0x27));
+        const __m128i below_blank = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(-1)), _mm_cmplt_epi8(v, k20));
+        const __m128i control = _mm_or_si128(_mm_andnot_si128(tab_to_cr, below_blank),
+                                             _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
         const int s = 16 * k;
-        c.alpha |= uint64_t(uint16_t(_mm_movemask_epi8(a))) << s;
-        c.digit |= uint64_t(uint16_t(_mm_movemask_epi8(d))) << s;
-        c.space |= uint64_t(uint16_t(_mm_movemask_epi8(_mm_or_si128(blank, ctl)))) << s;
-        c.newline |= uint64_t(uint16_t(_mm_movemask_epi8(nl))) << s;
-        c.blank |= uint64_t(uint16_t(_mm_movemask_epi8(blank))) << s;
-        c.bad |= uint64_t(uint16_t(_mm_movemask_epi8(_mm_or_si128(v, ap)))) << s;
+        auto bits = [s](__m128i m) { return uint64_t(uint16_t(_mm_movemask_epi8(m))) << s; };
+        c.alpha |= bits(a);
+        c.digit |= bits(d);
+        c.space |= bits(_mm_or_si128(blank, tab_to_cr));
+        c.newline |= bits(nl);
+        c.blank |= bits(blank);
+        c.high |= bits(v);
+        c.apostrophe |= bits(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x27)));
+        c.control |= bits(control);
     }
 #else
     for (int j = 0; j < 64; ++j) {
         const uint8_t b = p[j];
         const uint64_t bit = uint64_t(1) << j;
         const uint8_t l = b | 0x20;
-        if (b >= 0x80 || b == '\'') c.bad |= bit;
+        if (b >= 0x80) c.high |= bit;
         else if (l >= 'a' && l <= 'z') c.alpha |= bit;
         else if (b >= '0' && b <= '9') c.digit |= bit;
         else if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
             c.space |= bit;
             if (b == ' ') c.blank |= bit;
             if (b == '\n' || b == '\r') c.newline |= bit;
-        }
+        } else if (b < 0x20 || b == 0x7F) c.control |= bit;
+        if (b == '\'') c.apostrophe |= bit;
     }
 #endif
-    c.other = ~(c.alpha | c.digit | c.space | c.bad);
+    c.other = ~(c.alpha | c.digit | c.space | c.high);
     return c;
 }
 
-// Whether the ASCII classes of `t` are the ones classify64 assumes (letters, digits, and
-// \t \n \v \f \r space as the only whitespace); checked once per tokenizer.
-inline bool ascii_classes_match(const ClassTable& t) {
+// Whether the ASCII classes of `t` are the ones bit_starts assumes (letters, digits, and
+// \t \n \v \f \r space as the only whitespace; for DeepSeek, every other printable byte
+// punctuation or a symbol); checked once per tokenizer.
+inline bool ascii_classes_match(const ClassTable& t, PatternKind kind) {
     for (int b = 0; b < 128; ++b) {
         const uint8_t l = uint8_t(b | 0x20);
         const uint8_t want = (l >= 'a' && l <= 'z') ? kLetter
                              : (b >= '0' && b <= '9') ? kNumber
                              : (b == ' ' || (b >= 0x09 && b <= 0x0D)) ? kSpace
                                                                       : 0;
-        if ((t.ascii(uint8_t(b)) & (kLetter | kNumber | kSpace)) != want) return false;
+        const uint8_t got = t.ascii(uint8_t(b));
+        if ((got & (kLetter | kNumber | kSpace)) != want) return false;
+        const bool printable_other = !want && b > 0x20 && b < 0x7F;
+        if (kind == PatternKind::kDeepSeek && printable_other && !(got & (kPunct | kSymbol))) return false;
     }
     return true;
 }
 
-// Piece starts of the Llama-3 pattern in the n <= 64 bytes at p (bit j: byte j starts a
-// piece; bit 0 always), or 0 when the window is not simple (see the top of the file).
-inline uint64_t llama3_starts(const uint8_t* p, size_t n, int max_digits) {
+// Piece starts of `kind` in the n <= 64 bytes at p (bit j: byte j starts a piece; bit 0
+// always), or 0 when the window is not simple (see the top of the file).
+inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max_digits) {
     Classes64 c;
     if (n == 64) {
         c = classify64(p);
@@ -113,7 +131,18 @@ inline uint64_t llama3_starts(const uint8_t* p, size_t n, int max_digits) {
     const uint64_t valid = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     const uint64_t a = c.alpha & valid, d = c.digit & valid, w = c.space & valid;
     const uint64_t o = c.other & valid, nl = c.newline & valid, blank = c.blank & valid;
-    if ((c.bad & valid) | (w & (w << 1))) return 0;
+    uint64_t refused = c.high | (w & (w << 1));
+    if (kind == PatternKind::kDeepSeek) {
+        refused |= c.control;
+        max_digits = 3;
+    } else {
+        refused |= c.apostrophe;
+    }
+    if (refused & valid) return 0;
+    if (kind == PatternKind::kGpt2) {
+        const uint64_t after_blank = blank << 1;
+        return ((a & ~(a << 1)) | (d & ~(d << 1)) | (o & ~(o << 1))) & ~after_blank & valid | w | 1;
+    }
     uint64_t digit_starts = d;
     if (max_digits != 1) {
         uint64_t run = d;  // bit j: digits at j - max_digits .. j, one too many for a piece

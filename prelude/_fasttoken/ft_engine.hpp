@@ -115,7 +115,7 @@ public:
     // Derived on build and on load (derive()), never stored.
     bool bits_ok = false;  // the ASCII classes are those ft_bits.hpp assumes
 
-    void derive() { bits_ok = ascii_classes_match(classes); }
+    void derive() { bits_ok = pattern >= 0 && ascii_classes_match(classes, PatternKind(pattern)); }
 
     // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
     void check_loaded() const {
@@ -336,20 +336,21 @@ private:
                 n_block = 0;
             }
         };
-        if (PatternKind(pattern) == PatternKind::kLlama3 && bits_ok) split_llama3(scanner, p, len, emit);
+        if (bits_ok) split_bits(scanner, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
         resolve(sc, block, n_block, o);
         return !(scanner.seen() & kUnsure);
     }
 
-    // 64 bytes at a time through llama3_starts (ft_bits.hpp); windows it refuses go to the
+    // 64 bytes at a time through bit_starts (ft_bits.hpp); windows it refuses go to the
     // scanner, as does a piece longer than a window.
     template <class Emit>
-    FT_INLINE void split_llama3(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
+    FT_INLINE void split_bits(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
+        const PatternKind kind = PatternKind(pattern);
         size_t pos = 0;
         while (pos < len) {
             const size_t n = std::min<size_t>(64, len - pos);
-            const uint64_t starts = llama3_starts(p + pos, n, max_digits);
+            const uint64_t starts = bit_starts(kind, p + pos, n, max_digits);
             if (starts) {
                 size_t prev = pos;
                 for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
@@ -366,7 +367,7 @@ private:
                     continue;
                 }
             }
-            pos = scanner.llama3_until(pos, len, pos + 64, max_digits, emit);
+            pos = scanner.split_until(kind, max_digits, pos, len, pos + 64, emit);
         }
     }
 

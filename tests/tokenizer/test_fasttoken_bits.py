@@ -1,8 +1,9 @@
-"""The bit-parallel Llama-3/Qwen2 splitter (prelude/_fasttoken/ft_bits.hpp) against HF on text
+"""The bit-parallel splitter (prelude/_fasttoken/ft_bits.hpp) against HF on text
 made of the cases its masks decide: letter runs with one-character prefixes, digit runs around
 the pattern's limit, one-character whitespace runs including \\r \\n \\t \\v \\f, punctuation runs
 that take the newlines after them, control characters; mixed with what sends a 64-byte window
-back to the scanner (apostrophes, non-ASCII, doubled whitespace) so both paths meet mid-text."""
+back to the scanner (apostrophes, non-ASCII, doubled whitespace) so both paths meet mid-text.
+GPT-2 and DeepSeek-V3 also take apostrophes and control characters on the same texts."""
 from __future__ import annotations
 
 import random
@@ -34,7 +35,7 @@ def _texts(seed: int, count: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gpt2", "deepseek-v3"])
 def test_bit_parallel_split(name: str) -> None:
     fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir(name)))
     texts = _texts(5, 3000)
