@@ -158,4 +158,15 @@ inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max
     return (letter_starts | digit_starts | other_starts | ws | newline_starts | 1) & valid;
 }
 
+// The first j >= at where an ASCII letter, a space and an ASCII letter meet at j - 1, j, j + 1,
+// or n. Such a j starts a piece in all three patterns whatever came before: no alternative
+// matches a letter followed by a space (letter runs stop at the space; the other alternatives
+// take no letters). Long texts are cut there for parallel encoding.
+inline size_t next_sure_start(const uint8_t* p, size_t n, size_t at) {
+    auto letter = [](uint8_t b) { return uint8_t((b | 0x20) - 'a') < 26; };
+    for (size_t j = at < 1 ? 1 : at; j + 1 < n; ++j)
+        if (p[j] == ' ' && letter(p[j - 1]) && letter(p[j + 1])) return j;
+    return n;
+}
+
 }  // namespace ft

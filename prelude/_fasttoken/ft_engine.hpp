@@ -18,6 +18,7 @@
 #include "ft_bpe.hpp"
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
+#include "ft_pool.hpp"
 #include "ft_pretok.hpp"
 #include "ft_text.hpp"
 #include "ft_unicode.hpp"
@@ -322,6 +323,40 @@ private:
             else encode_words_at_boundaries(sc, p, len, o);
             return true;
         }
+        if (len >= kParallelText && bits_ok) return split_parallel(p, len, o);
+        return split_and_encode(sc, p, len, o);
+    }
+
+    // A text this long is cut at piece starts into kChunk-byte chunks that the worker pool
+    // encodes side by side (each thread with its own Scratch); the ids are joined in order.
+    static constexpr size_t kParallelText = 64 * 1024, kChunk = 24 * 1024;
+    bool split_parallel(const uint8_t* p, size_t len, Out& o) const {
+        std::vector<size_t> cuts{0};
+        for (size_t at = kChunk; at < len;) {
+            const size_t cut = next_sure_start(p, len, at);
+            if (cut >= len) break;
+            cuts.push_back(cut);
+            at = cut + kChunk;
+        }
+        cuts.push_back(len);
+        const size_t n = cuts.size() - 1;
+        std::vector<std::vector<int32_t>> parts(n);
+        std::vector<uint8_t> sure(n);
+        Pool::get().run(n, [&](size_t k) {
+            Out part(parts[k]);
+            part.ensure(cuts[k + 1] - cuts[k] + kSlack);
+            sure[k] = split_and_encode(scratch_for(uid), p + cuts[k], cuts[k + 1] - cuts[k], part);
+            parts[k].resize(part.size());
+        });
+        bool all_sure = true;
+        for (size_t k = 0; k < n; ++k) {
+            o.put(parts[k].data(), parts[k].size());  // fits: pretokenize ensured len ids
+            all_sure = all_sure && sure[k];
+        }
+        return all_sure;
+    }
+
+    bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
         // The scanner fills a block of pieces; resolve() then hashes the whole block and
         // prefetches its cache lines before reading any of them, so the waits for those lines
         // overlap instead of following one another (profiling showed that wait, and the
