@@ -103,6 +103,7 @@ cdef extern from "ft_store.hpp" namespace "ft":
 
 cdef enum:
     SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
+    SMALL_TEXT = 128  # characters of an encode below which the GIL is kept
 
 
 cdef enum:
@@ -275,8 +276,12 @@ cdef class Core:
         cdef size_t count
         cdef int status
         cdef Py_ssize_t n
-        with nogil:
+        if t.length < SMALL_TEXT:
+            # As for decode steps: a short text is less work than handing the GIL over and back.
             out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
+        else:
+            with nogil:
+                out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
         if status == kNeedReference:
             return self.reference(text, add_special_tokens)
         if status == kNotUtf8:
