@@ -69,6 +69,12 @@ public:
 
     // On a hit, stores the piece's ids at w (always 16 bytes: the caller leaves room for
     // kCacheIdsMax ids) and advances w past them.
+    bool contains(const PieceKey& k, size_t line) const {
+        const Entry* e = buckets_[line].way;
+        return (e[0].lo == k.lo && ((e[0].hi ^ k.hi) & kKeyMask) == 0) ||
+               (e[1].lo == k.lo && ((e[1].hi ^ k.hi) & kKeyMask) == 0);
+    }
+
     // A hit in way 1 swaps the two ways, so the way insert() evicts is the one used less
     // recently: a frequent piece is not pushed out by two rare ones landing on its line.
     FT_INLINE bool copy_ids(const PieceKey& k, size_t line, int32_t*& w) {

@@ -420,11 +420,26 @@ private:
             lines[k] = PieceCache::line(keys[k]);
             sc.cache.prefetch(lines[k]);
         }
+        // At the block's first miss, the later misses of the block start their vocabulary
+        // lookups (a miss in a table of megabytes each), so those waits overlap too: new words
+        // come in bunches in text the cache has not seen.
+        uint64_t hashes[kBlock];
+        uint64_t hashed = 0;  // bit k: hashes[k] is set
+        bool looked_ahead = false;
         for (size_t k = 0; k < count; ++k) {
             const Piece q = block[k];
             if (q.n <= kCacheKeyMax) {
                 if (sc.cache.copy_ids(keys[k], lines[k], o.w)) continue;
-                encode_new_word(sc, &keys[k], q.p, q.n, o);
+                if (!looked_ahead) {
+                    looked_ahead = true;
+                    for (size_t j = k + 1; j < count; ++j) {
+                        if (block[j].n > kCacheKeyMax || sc.cache.contains(keys[j], lines[j])) continue;
+                        hashes[j] = hash_bytes(block[j].p, block[j].n);
+                        vocab.prefetch(hashes[j]);
+                        hashed |= uint64_t(1) << j;
+                    }
+                }
+                encode_new_word(sc, &keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
             } else {
                 encode_new_word(sc, nullptr, q.p, q.n, o);
             }
@@ -496,14 +511,14 @@ private:
 
     // A piece the PieceCache did not have (key set) or cannot hold (key null).
     __attribute__((noinline)) void encode_new_word(Scratch& sc, const PieceKey* key, const uint8_t* p,
-                                                   size_t n, Out& o) const {
+                                                   size_t n, Out& o, const uint64_t* hash = nullptr) const {
         if (!n) return;
         if (n == 1 && single_ids[p[0]] >= 0) {  // spaces, punctuation: no hash, no BPE
             o.put(single_ids[p[0]]);
             if (key) sc.cache.insert(*key, o.w - 1, 1);
             return;
         }
-        const uint64_t h = hash_bytes(p, n);
+        const uint64_t h = hash ? *hash : hash_bytes(p, n);
         size_t n_ids;
         if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
             o.put(ids, n_ids);
