@@ -8,8 +8,7 @@
 //
 // The masks reproduce the regex exactly only for "simple" windows: ASCII, no run of two or
 // more whitespace characters, and per pattern: no apostrophe (Llama-3, GPT-2: contractions),
-// no run of digits longer than a piece takes (Llama-3, DeepSeek), no control character
-// (DeepSeek: neither punctuation nor a letter prefix there). Any other window is split by the
+// no control character (DeepSeek: neither punctuation nor a letter prefix there). Any other window is split by the
 // scanner (the caller's fallback); tests/tokenizer compare both on random text. Matching from
 // a piece start never looks back, so a window starting at a known start behaves as if the
 // text began there.
@@ -18,7 +17,7 @@
 // other than letters, digits and whitespace; Ws: whitespace other than \r \n):
 //   letter: p is not a letter, not Ws (" word"), and not an O that starts its own piece,
 //           which an O does unless pp is O (a run of them) or a space (" ?[^\s\p{L}\p{N}]+");
-//   digit:  p is not a digit (with max_digits 1: always);
+//   digit:  p is not a digit, or it is the max_digits-th digit after a start;
 //   O:      p is neither O nor a space;
 //   Ws:     always (every whitespace run here is one character);
 //   \r \n:  p is not O (O runs take the newlines after them: "[\r\n]*").
@@ -143,12 +142,16 @@ inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max
         const uint64_t after_blank = blank << 1;
         return ((a & ~(a << 1)) | (d & ~(d << 1)) | (o & ~(o << 1))) & ~after_blank & valid | w | 1;
     }
+    // \p{N}{1,max}: a digit run starts a piece every max digits from its first one.
     uint64_t digit_starts = d;
-    if (max_digits != 1) {
-        uint64_t run = d;  // bit j: digits at j - max_digits .. j, one too many for a piece
-        for (int k = 1; k <= max_digits && run; ++k) run &= d << k;
-        if (run) return 0;
+    if (max_digits > 1 && max_digits < 64) {
+        uint64_t whole = d;  // bit j: j and the max - 1 bytes before it are digits
+        for (int k = 1; k < max_digits; ++k) whole &= d << k;
         digit_starts = d & ~(d << 1);
+        for (uint64_t at = digit_starts; at;) {
+            at = (at << max_digits) & whole;
+            digit_starts |= at;
+        }
     }
     const uint64_t ws = w & ~nl;
     const uint64_t o_alone = (o << 1) & ~(o << 2) & ~(blank << 2);  // j-1 is an O starting a piece
