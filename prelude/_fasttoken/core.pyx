@@ -22,10 +22,21 @@ cdef extern from "Python.h":
     void PyTuple_SET_ITEM(object tup, Py_ssize_t i, object item)
     void _incref "Py_INCREF"(PyObject* o)
     void _list_set "PyList_SET_ITEM"(object lst, Py_ssize_t i, PyObject* item)
+    int PyUnicode_READY(object text) except -1
+    bint PyUnicode_IS_ASCII(object text)
+    int PyUnicode_KIND(object text)
+    void* PyUnicode_DATA(object text)
+    Py_ssize_t PyUnicode_GET_LENGTH(object text)
 
 cdef extern from "ft_engine.hpp" namespace "ft" nogil:
     enum Status:
         kNeedReference  # the input needs the reference (HF) encoder
+        kNotUtf8  # a lone surrogate: CPython's UTF-8 conversion raises the error
+
+    cdef struct TextRef:
+        const void* data
+        size_t length
+        int kind
 
     cdef cppclass Segment:
         size_t begin
@@ -62,8 +73,8 @@ cdef extern from "ft_engine.hpp" namespace "ft" nogil:
         int ms_prepend
         bint ms_split
         int encode(const uint8_t* s, size_t n, bint add_special, vector[int32_t]& out) except +
-        const vector[int32_t]* encode_scratch(const uint8_t* s, size_t n, bint add_special,
-                                              int* status) except +
+        const int32_t* encode_scratch(const TextRef& t, bint add_special, int* status,
+                                      size_t* count) except +
         void finalize() except +
         int segment(const uint8_t* s, size_t n, vector[Segment]& segs, string& arena) except +
         void encode_items(const uint8_t* buf, const vector[Segment]& items, bint add_special,
@@ -82,8 +93,7 @@ cdef extern from "ft_build.hpp" namespace "ft":
     void build_classes(Engine& e, const string& table) except +
     void build_added(Engine& e, bint normalized, const vector[string]& contents,
                      const vector[int32_t]& ids, const vector[uint8_t]& flags) except +
-    void encode_many(const Engine& e, const vector[const uint8_t*]& texts,
-                     const vector[size_t]& lengths, bint add_special,
+    void encode_many(const Engine& e, const vector[TextRef]& texts, bint add_special,
                      vector[vector[int32_t]]& out, vector[int]& status) except + nogil
 
 cdef extern from "ft_store.hpp" namespace "ft":
@@ -93,6 +103,7 @@ cdef extern from "ft_store.hpp" namespace "ft":
 
 cdef enum:
     SMALL_STEP = 16  # ids in a decode_step window below which the GIL is kept
+    SMALL_TEXT = 128  # characters of an encode below which the GIL is kept
 
 
 cdef enum:
@@ -103,11 +114,15 @@ cdef list _INTS = list(range(SHARED_INTS))
 
 
 cdef inline list _to_list(const vector[int32_t]& ids):
+    return _ids_list(ids.data(), ids.size())
+
+
+cdef list _ids_list(const int32_t* ids, size_t count):
     """The ids as a list. Ints are immutable, so frequent ids (BPE gives low ids to frequent
     merges) share one prebuilt object each: an increment instead of an allocation, and no free
     when the list dies; callgrind counts ~100 fewer instructions per id. Rare ids get new ints,
     keeping the shared objects few enough (1 MiB) to stay in the CPU caches."""
-    cdef Py_ssize_t n = <Py_ssize_t>ids.size()
+    cdef Py_ssize_t n = <Py_ssize_t>count
     cdef list out = PyList_New(n)
     cdef list ints = _INTS
     cdef Py_ssize_t i
@@ -124,6 +139,17 @@ cdef inline list _to_list(const vector[int32_t]& ids):
             Py_INCREF(obj)
             PyList_SET_ITEM(out, i, obj)
     return out
+
+
+cdef inline TextRef _text_ref(str text) except *:
+    """The str's own buffer for the engine to read without the GIL (ft_text.hpp): ASCII is
+    UTF-8 already (kind 0); other kinds are transcoded by the encoding thread."""
+    cdef TextRef t
+    PyUnicode_READY(text)
+    t.data = PyUnicode_DATA(text)
+    t.length = <size_t>PyUnicode_GET_LENGTH(text)
+    t.kind = 0 if PyUnicode_IS_ASCII(text) else PyUnicode_KIND(text)
+    return t
 
 
 cdef object _DecodeStep = DecodeStep
@@ -245,15 +271,22 @@ cdef class Core:
     def encode(self, str text, bint add_special_tokens=True):
         if self.regexes is not None:
             return self._encode_with_regex(text, add_special_tokens)
-        cdef Py_ssize_t n
-        cdef const uint8_t* s = <const uint8_t*>PyUnicode_AsUTF8AndSize(text, &n)
-        cdef const vector[int32_t]* out
+        cdef TextRef t = _text_ref(text)
+        cdef const int32_t* out
+        cdef size_t count
         cdef int status
-        with nogil:
-            out = self.engine.encode_scratch(s, <size_t>n, add_special_tokens, &status)
+        cdef Py_ssize_t n
+        if t.length < SMALL_TEXT:
+            # As for decode steps: a short text is less work than handing the GIL over and back.
+            out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
+        else:
+            with nogil:
+                out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
         if status == kNeedReference:
             return self.reference(text, add_special_tokens)
-        return _to_list(out[0])
+        if status == kNotUtf8:
+            PyUnicode_AsUTF8AndSize(text, &n)  # raises UnicodeEncodeError
+        return _ids_list(out, count)
 
     cdef object _encode_with_regex(self, str text, bint add_special_tokens):
         """The path for unrecognized Split regexes: C++ up to the pre-tokenizer, the `regex`
@@ -294,21 +327,20 @@ cdef class Core:
             return [self._encode_with_regex(t, add_special_tokens) for t in texts]
         cdef list items = list(texts)
         cdef Py_ssize_t count = len(items), i, n
-        cdef vector[const uint8_t*] ptrs
-        cdef vector[size_t] lengths
+        cdef vector[TextRef] refs
         cdef vector[vector[int32_t]] outs
         cdef vector[int] status
-        ptrs.resize(count)
-        lengths.resize(count)
+        refs.resize(count)
         for i in range(count):
             if type(items[i]) is not str:
                 raise TypeError(f"encode_batch expects str items, got {type(items[i]).__name__}")
-            ptrs[i] = <const uint8_t*>PyUnicode_AsUTF8AndSize(items[i], &n)
-            lengths[i] = <size_t>n
+            refs[i] = _text_ref(items[i])
         with nogil:
-            encode_many(self.engine[0], ptrs, lengths, add_special_tokens, outs, status)
+            encode_many(self.engine[0], refs, add_special_tokens, outs, status)
         cdef list result = PyList_New(count)
         for i in range(count):
+            if status[i] == kNotUtf8:
+                PyUnicode_AsUTF8AndSize(items[i], &n)  # raises UnicodeEncodeError
             if status[i] == kNeedReference:
                 item = self.reference(items[i], add_special_tokens)
             else:

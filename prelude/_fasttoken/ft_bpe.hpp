@@ -69,6 +69,8 @@ public:
     }
     int32_t find(const uint8_t* s, size_t n) const { return find(s, n, hash_bytes(s, n)); }
 
+    void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+
     // The id of piece s when BPE over it yields exactly that token (see mark_whole), else -1.
     int32_t find_whole(const uint8_t* s, size_t n, uint64_t h) const {
         const Slot* slot = lookup(s, n, h);
@@ -150,16 +152,20 @@ public:
         }
     }
     Merge find(int32_t a, int32_t b) const {
+        const int32_t r = rank(a, b);
+        return Merge{r, r < 0 ? -1 : merged_[r]};
+    }
+    // The rank alone: the merge loops read the merged id (another cache miss) only for the
+    // pair they merge.
+    int32_t rank(int32_t a, int32_t b) const {
         const uint64_t key = pack(a, b);
         for (size_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
             const uint64_t slot = slots_[i];
-            if ((slot >> 24) == key) {
-                const int32_t rank = int32_t(slot & 0xFFFFFF);
-                return Merge{rank, merged_[rank]};
-            }
-            if (slot == kEmpty) return Merge{-1, -1};
+            if ((slot >> 24) == key) return int32_t(slot & 0xFFFFFF);
+            if (slot == kEmpty) return -1;
         }
     }
+    int32_t merged(int32_t rank) const { return merged_[rank]; }
 
     template <class IO>
     void visit(IO& io) {
@@ -204,7 +210,6 @@ private:
     void linear(const PairMap& merges, std::vector<int32_t>& syms) {
         size_t n = syms.size();
         ranks_.resize(n);
-        merged_.resize(n);
         for (size_t k = 0; k + 1 < n; ++k) set_pair(merges, syms, k);
         while (n > 1) {
             size_t best = 0;
@@ -213,11 +218,10 @@ private:
                 if (ranks_[k] < best_rank) { best_rank = ranks_[k]; best = k; }
             }
             if (best_rank == kNoRank) break;
-            syms[best] = merged_[best];
+            syms[best] = merges.merged(best_rank);
             const size_t tail = n - best - 2;
             std::memmove(&syms[best + 1], &syms[best + 2], tail * sizeof(int32_t));
             std::memmove(&ranks_[best + 1], &ranks_[best + 2], tail * sizeof(int32_t));
-            std::memmove(&merged_[best + 1], &merged_[best + 2], tail * sizeof(int32_t));
             --n;
             if (best > 0) set_pair(merges, syms, best - 1);
             if (best + 1 < n) set_pair(merges, syms, best);
@@ -225,9 +229,8 @@ private:
         syms.resize(n);
     }
     void set_pair(const PairMap& merges, const std::vector<int32_t>& syms, size_t k) {
-        const PairMap::Merge m = merges.find(syms[k], syms[k + 1]);
-        ranks_[k] = m.rank < 0 ? kNoRank : m.rank;
-        merged_[k] = m.id;
+        const int32_t rank = merges.rank(syms[k], syms[k + 1]);
+        ranks_[k] = rank < 0 ? kNoRank : rank;
     }
 
     void heap(const PairMap& merges, std::vector<int32_t>& syms) {
@@ -242,8 +245,8 @@ private:
         auto push = [&](int32_t pos) {
             const int32_t nx = next_[pos];
             if (nx < 0) return;
-            const PairMap::Merge m = merges.find(syms[pos], syms[nx]);
-            if (m.rank >= 0) queue.push((uint64_t(uint32_t(m.rank)) << 32) | uint32_t(pos));
+            const int32_t rank = merges.rank(syms[pos], syms[nx]);
+            if (rank >= 0) queue.push((uint64_t(uint32_t(rank)) << 32) | uint32_t(pos));
         };
         for (size_t k = 0; k + 1 < n; ++k) push(int32_t(k));
         while (!queue.empty()) {
@@ -254,9 +257,8 @@ private:
             if (!alive_[pos]) continue;
             const int32_t nx = next_[pos];
             if (nx < 0) continue;
-            const PairMap::Merge m = merges.find(syms[pos], syms[nx]);
-            if (m.rank != rank) continue;  // stale: the pair at pos changed since the push
-            syms[pos] = m.id;
+            if (merges.rank(syms[pos], syms[nx]) != rank) continue;  // stale: the pair changed
+            syms[pos] = merges.merged(rank);
             alive_[nx] = 0;
             next_[pos] = next_[nx];
             if (next_[nx] >= 0) prev_[next_[nx]] = pos;
@@ -270,7 +272,7 @@ private:
         syms.resize(out);
     }
 
-    std::vector<int32_t> ranks_, merged_, prev_, next_;
+    std::vector<int32_t> ranks_, prev_, next_;
     std::vector<uint8_t> alive_;
 };
 

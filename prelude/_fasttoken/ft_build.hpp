@@ -68,15 +68,14 @@ inline void build_added(Engine& e, bool normalized, const std::vector<std::strin
 // thread, where waking the workers would cost more than it saves.
 constexpr size_t kParallelBytes = 16 * 1024;
 
-inline void encode_many(const Engine& e, const std::vector<const uint8_t*>& texts,
-                        const std::vector<size_t>& lengths, bool add_special,
+inline void encode_many(const Engine& e, const std::vector<TextRef>& texts, bool add_special,
                         std::vector<std::vector<int32_t>>& out, std::vector<int>& status) {
     out.resize(texts.size());
     status.resize(texts.size());
     size_t total = 0;
-    for (size_t n : lengths) total += n;
+    for (const TextRef& t : texts) total += t.length;
     const std::function<void(size_t)> one = [&](size_t i) {
-        status[i] = e.encode(texts[i], lengths[i], add_special, out[i]);
+        status[i] = e.encode(texts[i], add_special, out[i]);
     };
     if (total < kParallelBytes) {
         for (size_t i = 0; i < texts.size(); ++i) one(i);

@@ -4,6 +4,7 @@
 // may encode and decode at once; per-call state lives in a per-thread Scratch.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -13,19 +14,48 @@
 #include <vector>
 
 #include "ft_added.hpp"
+#include "ft_bits.hpp"
 #include "ft_bpe.hpp"
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
+#include "ft_pool.hpp"
 #include "ft_pretok.hpp"
+#include "ft_text.hpp"
 #include "ft_unicode.hpp"
 
 namespace ft {
 
-enum Status : int { kOk = 0, kNeedReference = 1 };
+enum Status : int { kOk = 0, kNeedReference = 1, kNotUtf8 = 2 /* a lone surrogate */ };
+// Room the hot loops may write past the last id: a cached piece's ids are copied as one
+// 16-byte block whatever their number.
+constexpr size_t kSlack = kCacheIdsMax;
 enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
 struct NormStep {
     NormKind kind;
     std::string a, b;
+};
+
+// Where encode writes ids: a cursor into a vector that only grows. Writers call ensure(k)
+// before storing up to k ids, so the hot loops store without a capacity check; a text of n
+// bytes never gives more than n ids (every id covers at least one byte), which bounds k.
+struct Out {
+    explicit Out(std::vector<int32_t>& vec) : v(&vec), w(vec.data()) {}
+    std::vector<int32_t>* v;
+    int32_t* w;
+    size_t size() const { return size_t(w - v->data()); }
+    int32_t* begin() const { return v->data(); }
+    void ensure(size_t k) {
+        const size_t pos = size();
+        if (pos + k > v->size()) {
+            v->resize(std::max(pos + k, 2 * v->size()));
+            w = v->data() + pos;
+        }
+    }
+    void put(int32_t id) { *w++ = id; }
+    void put(const int32_t* p, size_t n) {
+        std::memcpy(w, p, n * sizeof(int32_t));
+        w += n;
+    }
 };
 
 struct Scratch {
@@ -34,6 +64,7 @@ struct Scratch {
     std::vector<Segment> segs, sub_segs;
     std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
     std::vector<int32_t> syms, out;
+    std::vector<uint8_t> utf8;  // the text being encoded, when it was not UTF-8 already
     Merger merger;
     PieceCache cache;
     LongCache long_cache;
@@ -82,6 +113,10 @@ public:
     const uint64_t uid = next_engine_id();
     // What a one-byte pre-token encodes to when that is exactly one id, else -1 (set by finalize).
     int32_t single_ids[256];
+    // Derived on build and on load (derive()), never stored.
+    bool bits_ok = false;  // the ASCII classes are those ft_bits.hpp assumes
+
+    void derive() { bits_ok = pattern >= 0 && ascii_classes_match(classes, PatternKind(pattern)); }
 
     // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
     void check_loaded() const {
@@ -107,54 +142,68 @@ public:
 
     // Called once after the tables above are filled.
     void finalize() {
+        derive();
         Scratch& sc = scratch_for(uid);
         for (int b = 0; b < 256; ++b) {
             single_ids[b] = -1;
             if (!byte_level && b >= 0x80) continue;  // not a whole character
             const uint8_t bytes[4] = {uint8_t(b), 0, 0, 0};  // padded: the readers are generic
-            std::vector<int32_t> ids;
-            bpe_word(sc, bytes, 1, ids);
+            const std::vector<int32_t>& ids = bpe_word(sc, bytes, 1);
             if (ids.size() == 1) single_ids[b] = ids[0];
         }
         // Most new words of real text are vocabulary entries that BPE merges back into
         // themselves; knowing which ones lets a new piece skip BPE with one lookup.
-        std::vector<int32_t> ids;
         std::string padded;
         vocab.mark_whole([&](const uint8_t* p, size_t n, int32_t id) {
             padded.assign(reinterpret_cast<const char*>(p), n);
             padded.append(4, '\0');  // the readers may look a few bytes ahead
-            ids.clear();
             const uint8_t* q = reinterpret_cast<const uint8_t*>(padded.data());
             if (!byte_level && !valid_utf8(q, n)) return false;
-            bpe_word(sc, q, n, ids);
+            const std::vector<int32_t>& ids = bpe_word(sc, q, n);
             return ids.size() == 1 && ids[0] == id;
         });
     }
 
     // ---- encode ----
-    // Encodes into this thread's scratch vector, valid until the thread's next call.
-    const std::vector<int32_t>* encode_scratch(const uint8_t* s, size_t n, bool add_special, int* status) const {
+    // Encodes into this thread's scratch buffer: *count ids, valid until the thread's next call.
+    const int32_t* encode_scratch(const TextRef& t, bool add_special, int* status, size_t* count) const {
         Scratch& sc = scratch_for(uid);
-        *status = encode_into(sc, s, n, add_special, sc.out);
-        return &sc.out;
+        Out o(sc.out);
+        const uint8_t* s;
+        size_t n;
+        *status = to_utf8(t, sc.utf8, s, n) ? encode_into(sc, s, n, add_special, o) : kNotUtf8;
+        *count = o.size();
+        return o.begin();
+    }
+    const int32_t* encode_scratch(const uint8_t* s, size_t n, bool add_special, int* status,
+                                  size_t* count) const {
+        return encode_scratch(TextRef{s, n, 0}, add_special, status, count);
     }
 
+    int encode(const TextRef& t, bool add_special, std::vector<int32_t>& out) const {
+        size_t count;
+        int status;
+        const int32_t* ids = encode_scratch(t, add_special, &status, &count);
+        out.assign(ids, ids + count);
+        return status;
+    }
     int encode(const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
-        return encode_into(scratch_for(uid), s, n, add_special, out);
+        return encode(TextRef{s, n, 0}, add_special, out);
     }
 
 private:
-    int encode_into(Scratch& sc, const uint8_t* s, size_t n, bool add_special, std::vector<int32_t>& out) const {
-        out.clear();
-        // English runs about 4 bytes per id; reserving that avoids most regrowth.
-        out.reserve(n / 3 + prefix_ids.size() + suffix_ids.size() + 8);
-        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
-        const int status = walk(sc, s, n, [&](int32_t id) { out.push_back(id); },
+    int encode_into(Scratch& sc, const uint8_t* s, size_t n, bool add_special, Out& o) const {
+        if (add_special) put_all(o, prefix_ids);
+        const int status = walk(sc, s, n, [&](int32_t id) { o.ensure(1); o.put(id); },
                                 [&](const uint8_t* p, size_t len, bool at_start) {
-                                    return pretokenize(sc, p, len, at_start, out);
+                                    return pretokenize(sc, p, len, at_start, o);
                                 });
-        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+        if (add_special) put_all(o, suffix_ids);
         return status;
+    }
+    static void put_all(Out& o, const std::vector<int32_t>& ids) {
+        o.ensure(ids.size());
+        o.put(ids.data(), ids.size());
     }
 
 public:
@@ -178,13 +227,15 @@ public:
     void encode_items(const uint8_t* buf, const std::vector<Segment>& items, bool add_special,
                       std::vector<int32_t>& out) const {
         Scratch& sc = scratch_for(uid);
-        out.clear();
-        if (add_special) out.insert(out.end(), prefix_ids.begin(), prefix_ids.end());
+        Out o(sc.out);
+        if (add_special) put_all(o, prefix_ids);
         for (const Segment& item : items) {
-            if (item.id >= 0) out.push_back(item.id);
-            else encode_word(sc, buf + item.begin, item.end - item.begin, out);
+            o.ensure(item.id >= 0 ? 1 : item.end - item.begin + kSlack);
+            if (item.id >= 0) o.put(item.id);
+            else encode_word(sc, buf + item.begin, item.end - item.begin, o);
         }
-        if (add_special) out.insert(out.end(), suffix_ids.begin(), suffix_ids.end());
+        if (add_special) put_all(o, suffix_ids);
+        out.assign(o.begin(), o.w);
     }
 
     // ---- decode ----
@@ -261,66 +312,147 @@ private:
     }
 
     // at_start: the text begins at offset 0 of the input (Metaspace's prepend_scheme "first").
-    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, bool at_start, std::vector<int32_t>& out) const {
+    bool pretokenize(Scratch& sc, const uint8_t* p, size_t len, bool at_start, Out& o) const {
         if (metaspace) {
-            metaspace_split(sc, p, len, at_start, out);
+            metaspace_split(sc, p, len, at_start, o);
             return true;
         }
+        o.ensure(len + kSlack);
         if (pattern < 0) {
-            if (word_boundary.empty()) encode_word(sc, p, len, out);
-            else encode_words_at_boundaries(sc, p, len, out);
+            if (word_boundary.empty()) encode_word(sc, p, len, o);
+            else encode_words_at_boundaries(sc, p, len, o);
             return true;
         }
-        // Software pipelining: a piece's cache line is prefetched when the scanner finds it and
-        // read kLag pieces later, so the scanner's work hides the wait for it (profiling showed
-        // that wait as the largest single cost of a cache hit).
-        constexpr size_t kLag = 8;
-        Pending ring[kLag];
-        size_t pushed = 0, done = 0;
-        Scanner scanner(classes, p);
-        scanner.split(PatternKind(pattern), max_digits, len, [&](size_t b, size_t e) FT_INLINE_LAMBDA {
-            if (pushed - done == kLag) finish_piece(sc, ring[done++ % kLag], out);
-            Pending& q = ring[pushed++ % kLag];
-            q.p = p + b;
-            q.n = e - b;
-            if (q.n <= kCacheKeyMax && !(q.n == 1 && single_ids[q.p[0]] >= 0)) {
-                q.key = make_key(q.p, q.n);
-                sc.cache.prefetch(q.key);
-            }
+        if (len >= kParallelText && bits_ok) return split_parallel(p, len, o);
+        return split_and_encode(sc, p, len, o);
+    }
+
+    // A text this long is cut at piece starts into kChunk-byte chunks that the worker pool
+    // encodes side by side (each thread with its own Scratch); the ids are joined in order.
+    static constexpr size_t kParallelText = 64 * 1024, kChunk = 24 * 1024;
+    bool split_parallel(const uint8_t* p, size_t len, Out& o) const {
+        std::vector<size_t> cuts{0};
+        for (size_t at = kChunk; at < len;) {
+            const size_t cut = next_sure_start(p, len, at);
+            if (cut >= len) break;
+            cuts.push_back(cut);
+            at = cut + kChunk;
+        }
+        cuts.push_back(len);
+        const size_t n = cuts.size() - 1;
+        std::vector<std::vector<int32_t>> parts(n);
+        std::vector<uint8_t> sure(n);
+        Pool::get().run(n, [&](size_t k) {
+            Out part(parts[k]);
+            part.ensure(cuts[k + 1] - cuts[k] + kSlack);
+            sure[k] = split_and_encode(scratch_for(uid), p + cuts[k], cuts[k + 1] - cuts[k], part);
+            parts[k].resize(part.size());
         });
-        while (done < pushed) finish_piece(sc, ring[done++ % kLag], out);
+        bool all_sure = true;
+        for (size_t k = 0; k < n; ++k) {
+            o.put(parts[k].data(), parts[k].size());  // fits: pretokenize ensured len ids
+            all_sure = all_sure && sure[k];
+        }
+        return all_sure;
+    }
+
+    bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
+        // The scanner fills a block of pieces; resolve() then hashes the whole block and
+        // prefetches its cache lines before reading any of them, so the waits for those lines
+        // overlap instead of following one another (profiling showed that wait, and the
+        // branches of interleaving scan and lookup piece by piece, as the main costs).
+        Piece block[kBlock];
+        size_t n_block = 0;
+        Scanner scanner(classes, p);
+        auto emit = [&](size_t b, size_t e) FT_INLINE_LAMBDA {
+            block[n_block++] = Piece{p + b, e - b};
+            if (n_block == kBlock) {
+                resolve(sc, block, kBlock, o);
+                n_block = 0;
+            }
+        };
+        if (bits_ok) split_bits(scanner, p, len, emit);
+        else scanner.split(PatternKind(pattern), max_digits, len, emit);
+        resolve(sc, block, n_block, o);
         return !(scanner.seen() & kUnsure);
     }
 
-    struct Pending {
+    // 64 bytes at a time through bit_starts (ft_bits.hpp); windows it refuses go to the
+    // scanner, as does a piece longer than a window.
+    template <class Emit>
+    FT_INLINE void split_bits(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
+        const PatternKind kind = PatternKind(pattern);
+        size_t pos = 0;
+        while (pos < len) {
+            const size_t n = std::min<size_t>(64, len - pos);
+            const uint64_t starts = bit_starts(kind, p + pos, n, max_digits);
+            if (starts) {
+                size_t prev = pos;
+                for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
+                    const size_t b = pos + size_t(__builtin_ctzll(m));
+                    emit(prev, b);
+                    prev = b;
+                }
+                if (pos + n == len) {  // the window ends the text: its last piece is complete
+                    emit(prev, len);
+                    return;
+                }
+                if (prev > pos) {  // the last piece may go on past the window
+                    pos = prev;
+                    continue;
+                }
+            }
+            pos = scanner.split_until(kind, max_digits, pos, len, pos + 64, emit);
+        }
+    }
+
+    static constexpr size_t kBlock = 32;
+    struct Piece {
         const uint8_t* p;
         size_t n;
-        PieceKey key;  // set when n <= kCacheKeyMax and the piece is not a single-id byte
     };
-    FT_INLINE void finish_piece(Scratch& sc, const Pending& q, std::vector<int32_t>& out) const {
-        if (q.n == 1 && single_ids[q.p[0]] >= 0) {
-            out.push_back(single_ids[q.p[0]]);
-        } else if (q.n <= kCacheKeyMax) {
-            size_t n_ids;
-            if (const int32_t* ids = sc.cache.find(q.key, n_ids)) {
-                out.push_back(ids[0]);
-                for (size_t k = 1; k < n_ids; ++k) out.push_back(ids[k]);
+    void resolve(Scratch& sc, const Piece* block, size_t count, Out& o) const {
+        PieceKey keys[kBlock];
+        size_t lines[kBlock];
+        for (size_t k = 0; k < count; ++k) {
+            if (block[k].n > kCacheKeyMax) continue;
+            keys[k] = make_key(block[k].p, block[k].n);
+            lines[k] = PieceCache::line(keys[k]);
+            sc.cache.prefetch(lines[k]);
+        }
+        // At the block's first miss, the later misses of the block start their vocabulary
+        // lookups (a miss in a table of megabytes each), so those waits overlap too: new words
+        // come in bunches in text the cache has not seen.
+        uint64_t hashes[kBlock];
+        uint64_t hashed = 0;  // bit k: hashes[k] is set
+        bool looked_ahead = false;
+        for (size_t k = 0; k < count; ++k) {
+            const Piece q = block[k];
+            if (q.n <= kCacheKeyMax) {
+                if (sc.cache.copy_ids(keys[k], lines[k], o.w)) continue;
+                if (!looked_ahead) {
+                    looked_ahead = true;
+                    for (size_t j = k + 1; j < count; ++j) {
+                        if (block[j].n > kCacheKeyMax || sc.cache.contains(keys[j], lines[j])) continue;
+                        hashes[j] = hash_bytes(block[j].p, block[j].n);
+                        vocab.prefetch(hashes[j]);
+                        hashed |= uint64_t(1) << j;
+                    }
+                }
+                encode_new_word(sc, &keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
             } else {
-                encode_new_word(sc, &q.key, q.p, q.n, out);
+                encode_new_word(sc, nullptr, q.p, q.n, o);
             }
-        } else {
-            encode_new_word(sc, nullptr, q.p, q.n, out);
         }
     }
 
     // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
     // where word_boundary follows another character (checked at load), BPE on the pieces
     // between such points gives the same ids, and the pieces hit the word cache.
-    void encode_words_at_boundaries(Scratch& sc, const uint8_t* p, size_t len,
-                                    std::vector<int32_t>& out) const {
+    void encode_words_at_boundaries(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
         if (ignore_merges) {  // the whole-segment lookup comes first
             const int32_t whole = vocab.find(p, len);
-            if (whole >= 0) { out.push_back(whole); return; }
+            if (whole >= 0) { o.put(whole); return; }
         }
         const std::string& wb = word_boundary;
         const size_t w = wb.size();
@@ -328,17 +460,16 @@ private:
         for (size_t i = 1; i + w <= len; ++i) {
             if (std::memcmp(p + i, wb.data(), w) != 0) continue;
             if (i >= w && std::memcmp(p + i - w, wb.data(), w) == 0) continue;  // inside a run
-            encode_word(sc, p + piece, i - piece, out);
+            encode_word(sc, p + piece, i - piece, o);
             piece = i;
         }
-        encode_word(sc, p + piece, len - piece, out);
+        encode_word(sc, p + piece, len - piece, o);
     }
 
     // Metaspace: spaces become the replacement, which is prepended per the scheme unless the
     // text already starts with it; with split, every replacement starts a new piece
     // (Split MergedWithNext).
-    void metaspace_split(Scratch& sc, const uint8_t* p, size_t len, bool at_start,
-                         std::vector<int32_t>& out) const {
+    void metaspace_split(Scratch& sc, const uint8_t* p, size_t len, bool at_start, Out& o) const {
         std::string& buf = sc.meta;
         buf.clear();
         const std::string& rep = ms_replacement;
@@ -350,74 +481,77 @@ private:
         if (!starts && (ms_prepend == kPrependAlways || (ms_prepend == kPrependFirst && at_start)))
             buf.insert(0, rep);
         const uint8_t* b = reinterpret_cast<const uint8_t*>(buf.data());
+        o.ensure(buf.size() + kSlack);
         if (!ms_split) {
-            encode_word(sc, b, buf.size(), out);
+            encode_word(sc, b, buf.size(), o);
             return;
         }
         size_t piece = 0;
         for (size_t i = 1; i + rep.size() <= buf.size(); ++i) {
             if (std::memcmp(b + i, rep.data(), rep.size()) == 0) {
-                encode_word(sc, b + piece, i - piece, out);
+                encode_word(sc, b + piece, i - piece, o);
                 piece = i;
                 i += rep.size() - 1;
             }
         }
-        encode_word(sc, b + piece, buf.size() - piece, out);
+        encode_word(sc, b + piece, buf.size() - piece, o);
     }
 
-    // Inlined into the scanners' loops: the common outcomes (one byte, a cached piece) cost no
-    // call; the rest goes to encode_new_word.
-    FT_INLINE void encode_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
-        if (n == 1 && single_ids[p[0]] >= 0) {  // a third of English pre-tokens: spaces, punctuation
-            out.push_back(single_ids[p[0]]);
-            return;
-        }
+    // One pre-token; the caller has ensured room for n + kSlack ids.
+    void encode_word(Scratch& sc, const uint8_t* p, size_t n, Out& o) const {
+        if (!n) return;
         if (n <= kCacheKeyMax) {
             const PieceKey key = make_key(p, n);
-            size_t n_ids;
-            if (const int32_t* ids = sc.cache.find(key, n_ids)) {
-                out.push_back(ids[0]);  // n_ids >= 1: empty results are never cached
-                for (size_t k = 1; k < n_ids; ++k) out.push_back(ids[k]);
-                return;
-            }
-            encode_new_word(sc, &key, p, n, out);
+            if (sc.cache.copy_ids(key, PieceCache::line(key), o.w)) return;
+            encode_new_word(sc, &key, p, n, o);
             return;
         }
-        encode_new_word(sc, nullptr, p, n, out);
+        encode_new_word(sc, nullptr, p, n, o);
     }
 
     // A piece the PieceCache did not have (key set) or cannot hold (key null).
     __attribute__((noinline)) void encode_new_word(Scratch& sc, const PieceKey* key, const uint8_t* p,
-                                                   size_t n, std::vector<int32_t>& out) const {
-        const uint64_t h = hash_bytes(p, n);
-        size_t n_ids;
-        if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
-            out.insert(out.end(), ids, ids + n_ids);
+                                                   size_t n, Out& o, const uint64_t* hash = nullptr) const {
+        if (!n) return;
+        if (n == 1 && single_ids[p[0]] >= 0) {  // spaces, punctuation: no hash, no BPE
+            o.put(single_ids[p[0]]);
+            if (key) sc.cache.insert(*key, o.w - 1, 1);
             return;
         }
-        const size_t first = out.size();
+        const uint64_t h = hash ? *hash : hash_bytes(p, n);
+        size_t n_ids;
+        if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
+            o.put(ids, n_ids);
+            return;
+        }
+        int32_t* const first = o.w;
         const int32_t whole = vocab.find_whole(p, n, h);
-        if (whole >= 0) out.push_back(whole);
-        else bpe_word(sc, p, n, out);
-        const size_t produced = out.size() - first;
-        if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, out.data() + first, produced);
-        else if (produced >= 1) sc.long_cache.insert(p, n, h, out.data() + first, produced);
+        if (whole >= 0) {
+            o.put(whole);
+        } else {
+            const std::vector<int32_t>& ids = bpe_word(sc, p, n);
+            o.put(ids.data(), ids.size());
+        }
+        const size_t produced = size_t(o.w - first);
+        if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, first, produced);
+        else if (produced >= 1) sc.long_cache.insert(p, n, h, first, produced);
     }
 
-    // The model on one pre-token, uncached.
-    void bpe_word(Scratch& sc, const uint8_t* p, size_t n, std::vector<int32_t>& out) const {
-        if (!n) return;
+    // The model on one pre-token, uncached; the ids are in sc.syms.
+    const std::vector<int32_t>& bpe_word(Scratch& sc, const uint8_t* p, size_t n) const {
+        std::vector<int32_t>& syms = sc.syms;
+        syms.clear();
+        if (!n) return syms;
         if (ignore_merges) {  // HF looks the whole pre-token up before merging
             const int32_t whole = vocab.find(p, n);
             if (whole >= 0) {
-                out.push_back(whole);
-                return;
+                syms.push_back(whole);
+                return syms;
             }
         }
-        std::vector<int32_t>& syms = sc.syms;
         initial_symbols(p, n, syms);
         sc.merger.run(merges, syms);
-        out.insert(out.end(), syms.begin(), syms.end());
+        return syms;
     }
 
     // The word before merges, as HF's BPE::merge_word builds it: one symbol per character

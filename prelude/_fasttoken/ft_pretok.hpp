@@ -14,7 +14,9 @@
 
 #include "ft_unicode.hpp"
 
+#ifndef FT_INLINE
 #define FT_INLINE inline __attribute__((always_inline))
+#endif
 #define FT_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace ft {
@@ -49,18 +51,25 @@ public:
     // Calls emit(begin, end) for each piece of s[0, end).
     template <class Emit>
     void split(PatternKind kind, int max_digits, size_t end, Emit&& emit) {
+        split_until(kind, max_digits, 0, end, kNoStop, emit);
+    }
+
+    // The pieces from `begin` (a piece start) until one ends at or after `stop`; returns that
+    // end (or `end`). Matching never looks behind, so any piece start is a valid `begin`.
+    template <class Emit>
+    size_t split_until(PatternKind kind, int max_digits, size_t begin, size_t end, size_t stop, Emit&& emit) {
         switch (kind) {
             case PatternKind::kGpt2:
-                isolated(0, end, [&](size_t i, size_t e) { return gpt2(i, e); }, emit);
-                break;
+                return isolated(begin, end, stop, [&](size_t i, size_t e) { return gpt2(i, e); }, emit);
             case PatternKind::kLlama3:
-                isolated(0, end, [&](size_t i, size_t e) { return llama3(i, e, max_digits); }, emit);
-                break;
+                return isolated(begin, end, stop, [&](size_t i, size_t e) { return llama3(i, e, max_digits); },
+                                emit);
             case PatternKind::kDeepSeek:
-                deepseek(0, end, emit);
-                break;
+                return deepseek(begin, end, stop, emit);
         }
+        return end;
     }
+    static constexpr size_t kNoStop = ~size_t(0);
 
 private:
     // Class bits of the code point at byte i; cp and the next byte offset come back too.
@@ -237,7 +246,7 @@ private:
     // a number and CJK, so one pass does all three: runs of numbers (cut every 3), runs of CJK,
     // and the main regex over each stretch between them.
     template <class Emit>
-    void deepseek(size_t begin, size_t end, Emit&& emit) {
+    size_t deepseek(size_t begin, size_t end, size_t stop, Emit&& emit) {
         size_t i = begin, gap = begin;
         while (i < end) {
             while (i + 8 <= end) {  // ASCII other than digits is never a stop
@@ -253,15 +262,18 @@ private:
             size_t next;
             const uint8_t c = at(i, cp, next);
             if (c & kNumber) {
-                main_pieces(gap, i, emit);
+                const size_t reached = main_pieces(gap, i, stop, emit);
+                if (reached < i) return reached;
                 while (i < end && (cls(i) & kNumber)) {
-                    const size_t stop = run_limited(i, end, kNumber, 3);
-                    emit(i, stop);
-                    i = stop;
+                    const size_t last = run_limited(i, end, kNumber, 3);
+                    emit(i, last);
+                    i = last;
                 }
                 gap = i;
+                if (i >= stop) return i;
             } else if (cjk(cp)) {
-                main_pieces(gap, i, emit);
+                const size_t reached = main_pieces(gap, i, stop, emit);
+                if (reached < i) return reached;
                 size_t j = next;
                 while (j < end) {
                     size_t k = j;
@@ -270,15 +282,18 @@ private:
                 }
                 emit(i, j);
                 i = gap = j;
+                if (i >= stop) return i;
             } else {
                 i = next;
             }
         }
-        main_pieces(gap, end, emit);
+        return main_pieces(gap, end, stop, emit);
     }
+    // The main regex over [begin, end); returns where it stopped (end unless `stop` came first).
     template <class Emit>
-    FT_INLINE void main_pieces(size_t begin, size_t end, Emit&& emit) {
-        if (begin < end) isolated(begin, end, [&](size_t a, size_t b) { return deepseek_main(a, b); }, emit);
+    FT_INLINE size_t main_pieces(size_t begin, size_t end, size_t stop, Emit&& emit) {
+        if (begin >= end) return end;
+        return isolated(begin, end, stop, [&](size_t a, size_t b) { return deepseek_main(a, b); }, emit);
     }
     static bool cjk(uint32_t cp) {
         return (cp >= 0x4E00 && cp <= 0x9FA5) || (cp >= 0x3040 && cp <= 0x30FF);
@@ -320,7 +335,7 @@ private:
     }
 
     template <class Match, class Emit>
-    FT_INLINE void isolated(size_t begin, size_t end, Match&& match, Emit&& emit) {
+    FT_INLINE size_t isolated(size_t begin, size_t end, size_t stop, Match&& match, Emit&& emit) {
         size_t i = begin, gap = begin;
         while (i < end) {
             const size_t m = match(i, end);
@@ -328,6 +343,7 @@ private:
                 if (gap < i) emit(gap, i);
                 emit(i, m);
                 i = gap = m;
+                if (i >= stop) return i;
             } else {
                 size_t next = i;
                 next_cp(s_, next);
@@ -335,6 +351,7 @@ private:
             }
         }
         if (gap < end) emit(gap, end);
+        return end;
     }
 
     const ClassTable& t_;

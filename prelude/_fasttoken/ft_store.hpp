@@ -169,6 +169,7 @@ inline void load_engine(Engine& e, const uint8_t* p, size_t n) {
     visit(r, e);
     if (!r.at_end()) throw std::runtime_error("fasttoken cache: trailing bytes");
     e.check_loaded();
+    e.derive();
 }
 
 }  // namespace ft
