@@ -9,18 +9,9 @@ import os
 import pytest
 
 from bench.serving import sbs_report, side_by_side
-from prelude.contract.config import Config
-from tests.server.harness import ServerThread
 
 QUICK = ["--input-len", "24", "--output-len", "4", "--n-c1", "4", "--n-c16", "8", "--n-gen", "4",
          "--n-embed", "8", "--warmup", "1", "--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def server(demo_model):
-    srv = ServerThread(Config(model=str(demo_model), max_model_len=512, num_kv_blocks=512)).start()
-    yield srv
-    srv.stop()
 
 
 def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tmp_path, capsys):

@@ -7,15 +7,6 @@ import json
 import pytest
 
 from bench.serving import loadgen
-from prelude.contract.config import Config
-from tests.server.harness import ServerThread
-
-
-@pytest.fixture(scope="module")
-def server(demo_model):
-    srv = ServerThread(Config(model=str(demo_model), max_model_len=512, num_kv_blocks=512)).start()
-    yield srv
-    srv.stop()
 
 
 def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
