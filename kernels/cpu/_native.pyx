@@ -48,10 +48,10 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
     cdef struct Strided3:
         const float* ptr
         long rows, heads, dim, row_stride, head_stride
-    void rms_norm_rows(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
-                       float* out)
-    void rotate_rows(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out)
-    void silu_and_mul_rows(const float* x, long rows, long width, float* out)
+    void run_rms_norm(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
+                      float* out)
+    void run_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out)
+    void run_silu_and_mul(const float* x, long rows, long width, float* out)
 
 
 cdef Strided3 _strided3(size_t ptr, long rows, long heads, long dim, long row_stride, long head_stride):
@@ -67,17 +67,17 @@ def rms_norm(size_t x_ptr, long rows, long heads, long dim, long row_stride, lon
              float eps, size_t residual_ptr, size_t residual_out_ptr, size_t out_ptr) -> None:
     """out = weight * v / sqrt(mean(v^2) + eps) per [dim] vector, v = x (+ residual, written to
     residual_out; 0 pointers when absent). x strided over rows and heads, the rest contiguous."""
-    rms_norm_rows(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>weight_ptr, eps,
-                  <const float*>residual_ptr, <float*>residual_out_ptr, <float*>out_ptr)
+    run_rms_norm(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>weight_ptr, eps,
+                 <const float*>residual_ptr, <float*>residual_out_ptr, <float*>out_ptr)
 
 
 def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long head_stride, size_t cos_ptr,
            size_t sin_ptr, long cs_stride, size_t out_ptr) -> None:
     """Neox rotary embedding of x (strided over rows and heads) into contiguous out."""
-    rotate_rows(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>cos_ptr,
-                <const float*>sin_ptr, cs_stride, <float*>out_ptr)
+    run_rotate(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>cos_ptr,
+               <const float*>sin_ptr, cs_stride, <float*>out_ptr)
 
 
 def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr) -> None:
     """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
-    silu_and_mul_rows(<const float*>x_ptr, rows, width, <float*>out_ptr)
+    run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)

@@ -78,20 +78,4 @@ PRELUDE_CPU_VARIANTS(rotate, (Strided3 x, const float* cos, const float* sin, lo
                      (x, cos, sin, cs_stride, out))
 PRELUDE_CPU_VARIANTS(silu_and_mul, (const float* x, long rows, long width, float* out), (x, rows, width, out))
 
-static void rms_norm_rows(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
-                          float* out) {
-    static const rms_norm_fn run = pick_rms_norm();
-    run(x, weight, eps, residual, residual_out, out);
-}
-
-static void rotate_rows(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out) {
-    static const rotate_fn run = pick_rotate();
-    run(x, cos, sin, cs_stride, out);
-}
-
-static void silu_and_mul_rows(const float* x, long rows, long width, float* out) {
-    static const silu_and_mul_fn run = pick_silu_and_mul();
-    run(x, rows, width, out);
-}
-
 }  // namespace prelude_cpu

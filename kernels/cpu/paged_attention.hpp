@@ -87,12 +87,11 @@ PRELUDE_CPU_VARIANTS(paged_items, (const PagedDecode& a, long splits, long first
 // dim must be a multiple of 8 and heads a multiple of kv_heads (the caller checks). Rows are
 // split into KV-head ranges only when there are fewer rows than threads.
 static void paged_decode_attention(const PagedDecode& a, int threads) {
-    static const paged_items_fn run = pick_paged_items();
     if (threads < 1) threads = 1;
     long splits = (threads + a.rows - 1) / a.rows;
     if (splits > a.kv_heads) splits = a.kv_heads;
     const long items = a.rows * splits;
-    parallel_ranges(items, threads, 1, [&](long first, long last) { run(a, splits, first, last); });
+    parallel_ranges(items, threads, 1, [&](long first, long last) { run_paged_items(a, splits, first, last); });
 }
 
 }  // namespace prelude_cpu

@@ -65,20 +65,21 @@ static inline bool has_avx2_fma() {
 #endif
 }
 
-// From an always_inline `NAME_body`, defines NAME_baseline, NAME_avx2 (x86-64 only) and
-// pick_NAME(), which returns the variant this CPU runs: callers keep it in a function-local
-// static, so the pick is made once.
+// From an always_inline `NAME_body`, defines NAME_baseline and NAME_avx2 (x86-64 only), and
+// run_NAME, which calls the variant this CPU runs (picked once, on its first call).
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PRELUDE_CPU_VARIANTS(NAME, PARAMS, ARGS)                                              \
     typedef void (*NAME##_fn) PARAMS;                                                          \
     static void NAME##_baseline PARAMS { NAME##_body ARGS; }                                   \
     __attribute__((target("avx2,fma"))) static void NAME##_avx2 PARAMS { NAME##_body ARGS; }   \
-    static NAME##_fn pick_##NAME() { return has_avx2_fma() ? NAME##_avx2 : NAME##_baseline; }
+    static void run_##NAME PARAMS {                                                            \
+        static const NAME##_fn picked = has_avx2_fma() ? NAME##_avx2 : NAME##_baseline;        \
+        picked ARGS;                                                                           \
+    }
 #else
 #define PRELUDE_CPU_VARIANTS(NAME, PARAMS, ARGS)                                              \
-    typedef void (*NAME##_fn) PARAMS;                                                          \
     static void NAME##_baseline PARAMS { NAME##_body ARGS; }                                   \
-    static NAME##_fn pick_##NAME() { return NAME##_baseline; }
+    static void run_##NAME PARAMS { NAME##_baseline ARGS; }
 #endif
 
 // Runs fn(begin, end) over [0, count) split into `threads` ranges whose starts are multiples of

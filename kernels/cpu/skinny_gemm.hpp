@@ -66,8 +66,7 @@ PRELUDE_CPU_VARIANTS(dot_rows, (const float* x, long n, const float* w, long hid
 // ranges of whole four-row groups.
 static void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab,
                         int threads) {
-    static const dot_rows_fn dot_rows = pick_dot_rows();
-    parallel_ranges(vocab, threads, 4, [&](long begin, long end) { dot_rows(x, n, w, hidden, out, vocab, begin, end); });
+    parallel_ranges(vocab, threads, 4, [&](long begin, long end) { run_dot_rows(x, n, w, hidden, out, vocab, begin, end); });
 }
 
 }  // namespace prelude_cpu
