@@ -5,32 +5,26 @@ from pathlib import Path
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-extensions = [
-    Extension(
-        "prelude._fasttoken." + Path(source).stem,
-        [source],
-        language="c++",
-        include_dirs=["prelude/_fasttoken"],
-        depends=sorted(glob("prelude/_fasttoken/*.hpp")),
-        # -pthread: batch encode runs on a pool of std::threads (ft_pool.hpp)
-        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
-        extra_link_args=["-pthread"],
-    )
-    for source in sorted(glob("prelude/_fasttoken/*.pyx"))
-] + [
-    Extension(
-        "kernels.cpu." + Path(source).stem,
-        [source],
-        language="c++",
-        include_dirs=["kernels/cpu"],
-        depends=sorted(glob("kernels/cpu/*.hpp")),
-        # -pthread: vocabulary ranges run on std::threads. No -march: the kernel carries one
-        # clone per instruction set (target_clones) and picks at load time.
-        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
-        extra_link_args=["-pthread"],
-    )
-    for source in sorted(glob("kernels/cpu/*.pyx"))
-]
+
+def cython_extensions(package_dir: str) -> list[Extension]:
+    """One C++17 extension per .pyx of the package, rebuilt when one of its headers changes.
+    -pthread: fasttoken's batch encode and the CPU kernels' row ranges run on std::threads. No
+    -march: the kernels carry a baseline and an AVX2+FMA variant and pick one at run time."""
+    return [
+        Extension(
+            package_dir.replace("/", ".") + "." + Path(source).stem,
+            [source],
+            language="c++",
+            include_dirs=[package_dir],
+            depends=sorted(glob(f"{package_dir}/*.hpp")),
+            extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+            extra_link_args=["-pthread"],
+        )
+        for source in sorted(glob(f"{package_dir}/*.pyx"))
+    ]
+
+
+extensions = cython_extensions("prelude/_fasttoken") + cython_extensions("kernels/cpu")
 
 setup(
     ext_modules=cythonize(
