@@ -102,23 +102,17 @@ class Fixed(Workload):
         return self.factory.exact(self.input_len, rng)
 
 
-class Embed(Workload):
+class Embed(Fixed):
     """POST /v1/embeddings of one distinct prompt of exactly `input_len` tokens per request."""
 
     path = EMBEDDINGS
-    output_len = 0
 
     def __init__(self, factory: PromptFactory, options: Options, input_len: int):
-        super().__init__(factory, options)
-        factory.body_len(input_len)
-        self.input_len = input_len
+        super().__init__(factory, options, input_len, output_len=0)
 
     @property
     def label(self) -> str:
         return f"embed {self.input_len}"
-
-    def make_prompt(self, rng: random.Random) -> Prompt:
-        return self.factory.exact(self.input_len, rng)
 
     def completion(self, prompt: Prompt) -> Job:
         body: dict = {"input": prompt.ids if self.options.prompt_format == "ids" else prompt.text}
