@@ -1,8 +1,9 @@
 """`python -m bench.serving.decode_step`: one CPU decode step of a checkpoint without the server
 (ModelRunner.run: flattening, attention plan, forward, LM head, sampling at T=1) for a few rows
-at a given context, with the model's ops in torch (`kernels/reference.py`) and with the native
-kernels the server picks (`kernels/cpu/ops.py`). Alternates the two so a shared machine's
-disturbances fall on both; reports the best and the median of the rounds."""
+at a given context: the model's ops in torch (`kernels/reference.py`), the native kernels
+(`kernels/cpu/ops.py`) layer by layer, and the whole step's layers in one native call
+(`prelude/model/fused_decode.py`, what the server runs). Alternates them so a shared machine's
+disturbances fall on all; reports the best and the median of the rounds."""
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,23 @@ from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
+from prelude.host_tuning import keep_freed_memory
 from prelude.model.ops import TORCH_OPS, select_ops
 
 BLOCK = 16
+
+
+# What each column runs: torch's ops layer by layer; the native kernels layer by layer; the
+# native kernels with the whole decode step in one call (what the server picks).
+OPS = ("torch", "native ops", "fused step")
 
 
 def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:
     config = ModelConfig.from_dir(path)
     ops = TORCH_OPS if ops_name == "torch" else select_ops(torch.device("cpu"))
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=context + 2, ops=ops)
+    if ops_name == "native ops":
+        model.fused_decode = None
     blocks = rows * -(-(context + 1) // BLOCK)
     shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
     return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
@@ -60,11 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the server does at startup
     if args.model is None:
         from prelude.demo import ensure_demo_model
 
         args.model = str(ensure_demo_model())
-    runners = {name: runner_for(args.model, name, args.context, args.rows) for name in ("torch", "native")}
+    runners = {name: runner_for(args.model, name, args.context, args.rows) for name in OPS}
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(args.rounds):
         for name, runner in runners.items():

@@ -28,6 +28,7 @@ def best_ms(fn: Callable[[], object], repeats: int) -> float:
     return 1000 * min(times)
 
 
+@torch.inference_mode()  # the server's mode: linear() leaves autograd-tracked products to torch
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.lm_head", description=__doc__)
     p.add_argument("--vocab", type=int, default=151936)

@@ -81,3 +81,40 @@ def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long 
 def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr) -> None:
     """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
     run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
+
+
+cdef extern from "decode_layers.hpp" namespace "prelude_cpu" nogil:
+    cdef struct DecodeLayerWeights:
+        pass
+    cdef struct DecodeShape:
+        long hidden, heads, kv_heads, dim, intermediate, block_size
+        float eps
+    cdef struct DecodeRows:
+        long rows
+        const float* rope
+        const long* positions
+        const long* slots
+        const long* block_tables
+        long table_width
+        const long* context_lens
+    void decode_layers(const DecodeShape& m, const DecodeLayerWeights* layers, long num_layers,
+                       const float* final_norm, const DecodeRows& r, float* x, int threads)
+
+
+def decode_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long hidden, long heads, long kv_heads,
+                long dim, long intermediate, long block_size, float eps, long rows, size_t rope_ptr,
+                size_t positions_ptr, size_t slots_ptr, size_t tables_ptr, long table_width, size_t lens_ptr,
+                size_t x_ptr, int threads) -> None:
+    """Runs every decoder layer and the final norm over x [rows, hidden] (the embeddings of one
+    new token per row) in place; writes each row's K/V at its slot. `layers_ptr`: num_layers rows
+    of eleven pointers (kernels/cpu/decode_layers.hpp, DecodeLayerWeights); the other arrays as
+    in paged_decode, int64 and fp32, contiguous."""
+    cdef DecodeShape m
+    m.hidden, m.heads, m.kv_heads, m.dim = hidden, heads, kv_heads, dim
+    m.intermediate, m.block_size, m.eps = intermediate, block_size, eps
+    cdef DecodeRows r
+    r.rows, r.rope, r.positions, r.slots = rows, <const float*>rope_ptr, <const long*>positions_ptr, <const long*>slots_ptr
+    r.block_tables, r.table_width, r.context_lens = <const long*>tables_ptr, table_width, <const long*>lens_ptr
+    with nogil:
+        decode_layers(m, <const DecodeLayerWeights*>layers_ptr, num_layers, <const float*>final_norm_ptr, r,
+                      <float*>x_ptr, threads)

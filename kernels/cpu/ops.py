@@ -13,6 +13,8 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
+# Every decoder layer of a decode step in one call (prelude/model/fused_decode.py wraps it).
+decode_step = _native.decode_step if _native is not None else None
 
 
 def _native_fp32(x: torch.Tensor) -> bool:

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "simd.hpp"
+#include "team.hpp"
 
 namespace prelude_cpu {
 

@@ -6,8 +6,6 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <thread>
-#include <vector>
 
 namespace prelude_cpu {
 
@@ -81,19 +79,5 @@ static inline bool has_avx2_fma() {
     static void NAME##_baseline PARAMS { NAME##_body ARGS; }                                   \
     static void run_##NAME PARAMS { NAME##_baseline ARGS; }
 #endif
-
-// Runs fn(begin, end) over [0, count) split into `threads` ranges whose starts are multiples of
-// `align`: all but the last range on new std::threads, the last on the caller's. (Creating a
-// thread costs ~30 µs, so callers pass threads = 1 below their own size threshold.)
-template <typename Fn>
-static void parallel_ranges(long count, int threads, long align, Fn fn) {
-    if (threads < 1) threads = 1;
-    const long per = ((count + threads - 1) / threads + align - 1) / align * align;
-    std::vector<std::thread> pool;
-    long begin = 0;
-    for (int t = 0; t + 1 < threads && begin + per < count; ++t, begin += per) pool.emplace_back(fn, begin, begin + per);
-    if (begin < count) fn(begin, count);
-    for (auto& t : pool) t.join();
-}
 
 }  // namespace prelude_cpu

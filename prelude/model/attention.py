@@ -43,6 +43,19 @@ class StepLayout:
         return self.query_starts[row + 1] - self.query_starts[row]
 
 
+@dataclass(frozen=True, slots=True)
+class PagedDecodeInputs:
+    """A planned step of decode rows only (one new token each, stored), as a model that runs all
+    its layers natively reads it (prelude.model.fused_decode): the whole paged cache and, per
+    row, where the new token goes and which blocks hold its keys. int64, on the CPU."""
+
+    k_cache: torch.Tensor  # [layers, blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    slots: torch.Tensor  # [rows]
+    block_tables: torch.Tensor  # [rows, width]
+    context_lens: torch.Tensor  # [rows]: keys each row attends to, its new token included
+
+
 class AttentionBackend(ABC):
     """Computes attention for all rows of one step, layer by layer.
 
@@ -71,6 +84,11 @@ class AttentionBackend(ABC):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
+
+    def paged_decode_inputs(self) -> PagedDecodeInputs | None:
+        """The planned step's paged inputs when it holds decode rows only and the backend keeps
+        its cache where a native decode step can read it; None otherwise (the default)."""
+        return None
 
     def head_chunks(self) -> int:
         """How many pieces attend_heads splits each KV head's queries of the planned step into."""

@@ -18,6 +18,7 @@ from prelude.model.layers import (
     RotaryEmbedding,
     UsesOps,
 )
+from prelude.model.fused_decode import FusedDecode
 from prelude.model.ops import Ops
 from prelude.model.segments import LayerProgress, run_segment, worth_segmenting
 from prelude.model.skinny_linear import linear
@@ -90,15 +91,23 @@ class DecoderLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
             self.score = Linear(config.hidden_size, config.num_labels, bias=False)
+        self.fused_decode: FusedDecode | None = None
 
     def set_ops(self, ops: Ops) -> None:
-        """Routes every norm, rotation and activation through `ops` (torch or Triton)."""
+        """Routes every norm, rotation and activation through `ops` (torch, Triton or native),
+        and decode steps through the ops' fused decode step where it has one and fits."""
         for module in self.modules():
             if isinstance(module, UsesOps):
                 module.ops = ops
+        kernel = ops.decode_step
+        self.fused_decode = FusedDecode(self, kernel) if kernel is not None and FusedDecode.fits(self) else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
+        if self.fused_decode is not None:
+            hidden = self.fused_decode.try_forward(input_ids, positions, attention)
+            if hidden is not None:
+                return hidden
         state = self.begin(input_ids, positions)
         self.run_layers(state, attention)
         return self.finish(state)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from prelude.executor.kv_cache import KVCache
-from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
+from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
 
 paged_decode: Callable[..., None] | None
 try:
@@ -71,6 +71,14 @@ class TorchAttention(AttentionBackend):
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
             self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
             self.batched_keys = sum(lengths)
+        self.decode_only = bool(batched) and not self.prefills and self.stored_tokens is None
+        self.slot_mapping = layout.slot_mapping
+
+    def paged_decode_inputs(self) -> PagedDecodeInputs | None:
+        cache = self.kv_cache
+        if not self.decode_only or not self._native_decode_cache(cache.k):
+            return None
+        return PagedDecodeInputs(cache.k, cache.v, self.slot_mapping, self.batched_tables, self.batched_lengths)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -146,9 +154,14 @@ class TorchAttention(AttentionBackend):
         o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
         return o[0].transpose(0, 1)
 
+    @staticmethod
+    def _native_decode_cache(k_cache: torch.Tensor) -> bool:
+        """The native kernels read this cache (fp32, contiguous, on the CPU)."""
+        return (paged_decode is not None and k_cache.device.type == "cpu" and k_cache.dtype == torch.float32
+                and k_cache.is_contiguous())
+
     def _native_decode(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        return (paged_decode is not None and q.device.type == "cpu" and q.dtype == torch.float32
-                and k_cache.dtype == torch.float32 and k_cache.is_contiguous() and q.shape[-1] % 8 == 0
+        return (self._native_decode_cache(k_cache) and q.dtype == torch.float32 and q.shape[-1] % 8 == 0
                 and q.shape[1] % k_cache.shape[2] == 0)
 
     def _paged_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
