@@ -118,3 +118,24 @@ def decode_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long 
     with nogil:
         decode_layers(m, <const DecodeLayerWeights*>layers_ptr, num_layers, <const float*>final_norm_ptr, r,
                       <float*>x_ptr, threads)
+
+
+cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:
+    cdef struct SampleRows:
+        const float* logits
+        long rows, vocab, row_stride
+        const float* inv_temperature
+        const double* uniforms
+        long* out
+    void sample_rows(const SampleRows& s, int threads)
+
+
+def sample_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, size_t inv_temperature_ptr,
+                  size_t uniforms_ptr, size_t out_ptr, int threads) -> None:
+    """out[r] = the token drawn from softmax(logits[r] * inv_temperature[r]) by inverse CDF at
+    uniforms[r] (float64 in [0, 1)); logits fp32 rows of `row_stride`, out int64."""
+    cdef SampleRows s
+    s.logits, s.rows, s.vocab, s.row_stride = <const float*>logits_ptr, rows, vocab, row_stride
+    s.inv_temperature, s.uniforms, s.out = <const float*>inv_temperature_ptr, <const double*>uniforms_ptr, <long*>out_ptr
+    with nogil:
+        sample_rows(s, threads)

@@ -2,12 +2,18 @@
 and the logprobs a request asked for."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from prelude.contract.batch import TokenLogprob
 from prelude.contract.sampling import SamplingParams
+
+sample_tokens: Callable[..., None] | None
+try:
+    from kernels.cpu._native import sample_tokens
+except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
+    sample_tokens = None
 
 
 def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],
@@ -83,11 +89,20 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
     """Exact sampling from each row's tempered, top-k / top-p filtered distribution by inverse
     CDF: one uniform per row and one cumulative sum, instead of one random draw per vocabulary
-    entry. The sum runs in float64 so that tail tokens keep their exact share."""
+    entry. The sum runs in float64 so that tail tokens keep their exact share. Without top-k or
+    top-p, fp32 rows on the CPU are drawn by the native kernel (kernels/cpu/sample.hpp)."""
+    top_ks = [p.top_k for p in params]
+    if (sample_tokens is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+            and logits.stride(-1) == 1 and all(k <= 0 and p.top_p >= 1.0 for k, p in zip(top_ks, params))):
+        inverse_temperatures = torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32)
+        uniforms = _uniforms(params, steps, logits.device)
+        chosen = torch.empty(len(params), dtype=torch.long)
+        sample_tokens(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
+                      inverse_temperatures.data_ptr(), uniforms.data_ptr(), chosen.data_ptr(), torch.get_num_threads())
+        return chosen
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temps[:, None]
-    top_ks = [p.top_k for p in params]
     if any(k > 0 for k in top_ks):
         # k-th largest logit per row from one topk over the largest k asked (not a full sort);
         # rows without a cut keep everything.

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from prelude.contract.sampling import SamplingParams
+from prelude.executor import sampler
 from prelude.executor.sampler import sample
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -4.0])
@@ -47,7 +48,13 @@ def expected(params: SamplingParams) -> torch.Tensor:
     SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
     SamplingParams(temperature=1.0, logit_bias=((7, 5.0),), allowed_token_ids=(0, 3, 7)),
 ], ids=["t1", "t0.5", "t2-k3", "p0.8", "t0.7-k5-p0.9", "bias-allowed"])
-def test_draws_follow_the_distribution(params):
+@pytest.mark.parametrize("kernel", ["native", "torch"])
+def test_draws_follow_the_distribution(params, kernel, monkeypatch):
+    """Both the native draw (fp32 on the CPU without top-k/top-p) and the torch one."""
+    if kernel == "torch":
+        monkeypatch.setattr(sampler, "sample_tokens", None)
+    elif sampler.sample_tokens is None:
+        pytest.skip("kernels.cpu is not built")
     torch.manual_seed(1234)
     tokens = [t.token_id for t in sample(LOGITS.repeat(DRAWS, 1), [params] * DRAWS, [0] * DRAWS)]
     counts = torch.bincount(torch.tensor(tokens), minlength=len(LOGITS)).double()
