@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import time
 
@@ -14,6 +15,15 @@ from prelude.cli import parse_args
 from prelude.logs import configure
 
 EXIT_STARTUP_ERROR = 2  # as argparse's for a bad flag: the command line or its inputs need fixing
+
+
+def _passive_openmp_threads() -> None:
+    """torch's OpenMP threads sleep when an op ends instead of spinning for the next one: read once,
+    when torch loads, so it is set before. Spinning, they held the cores that the event loop, the
+    native kernels' thread team and the other compute thread needed next; on the 2-core machine,
+    the 103M model's one-token c=1 TTFT P99/P50 went from 1.64 to 1.20 without it, c=16 from 17.1
+    to 18.7 req/s, TPOT from 19.1 to 18.2 ms (README "CPU threads"). A value the user set stays."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
@@ -30,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     config = parse_args(argv)
     configure(config.log_level, config.log_format)
+    _passive_openmp_threads()
     from prelude.assembly import serve
     from prelude.preflight import StartupError
 
