@@ -6,6 +6,7 @@
 // variable, so an idle server does not burn the cores it shares with the event loop.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -28,11 +29,11 @@ class Team {
         }
         grow(threads - 1);
         job_ = &job;
-        workers_in_job_ = threads - 1;
         pending_.store(threads - 1, std::memory_order_relaxed);
         {
             std::lock_guard<std::mutex> lock(sleep_);
-            generation_.fetch_add(1, std::memory_order_release);
+            const uint64_t next = (signal_.load(std::memory_order_relaxed) >> 32) + 1;
+            signal_.store(next << 32 | (uint64_t)(threads - 1), std::memory_order_release);
         }
         wake_.notify_all();
         job(0);
@@ -54,23 +55,23 @@ class Team {
             const int index = (int)workers_.size() + 1;
             // The generation it has seen is read here, before this job's bump: read in the new
             // thread it could already include the bump, and the job would wait for it forever.
-            const unsigned seen = generation_.load(std::memory_order_acquire);
+            const uint64_t seen = signal_.load(std::memory_order_acquire) >> 32;
             workers_.emplace_back([this, index, seen] { work(index, seen); });
             workers_.back().detach();
         }
     }
 
-    [[noreturn]] void work(int index, unsigned seen) {
+    [[noreturn]] void work(int index, uint64_t seen) {
         for (;;) {
-            unsigned now = generation_.load(std::memory_order_acquire);
-            for (long spins = 0; now == seen && spins < kSpinLimit; ++spins) now = generation_.load(std::memory_order_acquire);
-            if (now == seen) {
+            uint64_t now = signal_.load(std::memory_order_acquire);
+            for (long spins = 0; now >> 32 == seen && spins < kSpinLimit; ++spins) now = signal_.load(std::memory_order_acquire);
+            if (now >> 32 == seen) {
                 std::unique_lock<std::mutex> lock(sleep_);
-                wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-                now = generation_.load(std::memory_order_acquire);
+                wake_.wait(lock, [&] { return signal_.load(std::memory_order_acquire) >> 32 != seen; });
+                now = signal_.load(std::memory_order_acquire);
             }
-            seen = now;
-            if (index <= workers_in_job_) {
+            seen = now >> 32;
+            if (index <= (int)(now & 0xffffffffu)) {
                 (*job_)(index);
                 pending_.fetch_sub(1, std::memory_order_acq_rel);
             }
@@ -82,10 +83,11 @@ class Team {
     std::condition_variable wake_;
     std::vector<std::thread> workers_;  // detached; kept for their count
     pid_t owner_ = 0;
-    std::atomic<unsigned> generation_{0};  // bumped once per job: the workers' signal to start
-    std::atomic<int> pending_{0};          // workers of the current job not yet done
+    // A job's generation (high 32 bits) and how many workers it takes, in one word so that a
+    // worker reads the count of the generation it saw, never of a later one.
+    std::atomic<uint64_t> signal_{0};
+    std::atomic<int> pending_{0};  // workers of the current job not yet done
     const std::function<void(int)>* job_ = nullptr;
-    int workers_in_job_ = 0;
 };
 
 static Team& team() {
