@@ -102,6 +102,12 @@ class DecoderLM(nn.Module):
         kernel = ops.decode_step
         self.fused_decode = FusedDecode(self, kernel) if kernel is not None and FusedDecode.fits(self) else None
 
+    def prepare_weights(self) -> None:
+        """Makes every linear layer's oneDNN weight copy now rather than on the first prompt."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packed.prepare(module.weight)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
         if self.fused_decode is not None:

@@ -15,7 +15,7 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.skinny_linear import linear
+from prelude.model.skinny_linear import PackedWeight, linear
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -32,9 +32,10 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed)
 
 
 class Embedding(nn.Module):
