@@ -371,39 +371,10 @@ private:
                 n_block = 0;
             }
         };
-        if (bits_ok) split_bits(scanner, p, len, emit);
+        if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
         resolve(sc, block, n_block, o);
         return !(scanner.seen() & kUnsure);
-    }
-
-    // 64 bytes at a time through bit_starts (ft_bits.hpp); windows it refuses go to the
-    // scanner, as does a piece longer than a window.
-    template <class Emit>
-    FT_INLINE void split_bits(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
-        const PatternKind kind = PatternKind(pattern);
-        size_t pos = 0;
-        while (pos < len) {
-            const size_t n = std::min<size_t>(64, len - pos);
-            const uint64_t starts = bit_starts(kind, p + pos, n, max_digits);
-            if (starts) {
-                size_t prev = pos;
-                for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
-                    const size_t b = pos + size_t(__builtin_ctzll(m));
-                    emit(prev, b);
-                    prev = b;
-                }
-                if (pos + n == len) {  // the window ends the text: its last piece is complete
-                    emit(prev, len);
-                    return;
-                }
-                if (prev > pos) {  // the last piece may go on past the window
-                    pos = prev;
-                    continue;
-                }
-            }
-            pos = scanner.split_until(kind, max_digits, pos, len, pos + 64, emit);
-        }
     }
 
     static constexpr size_t kBlock = 32;
