@@ -15,10 +15,12 @@
 
 #include "ft_added.hpp"
 #include "ft_bits.hpp"
+#include "ft_block.hpp"
 #include "ft_bpe.hpp"
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
-#include "ft_pool.hpp"
+#include "ft_out.hpp"
+#include "ft_parallel.hpp"
 #include "ft_pretok.hpp"
 #include "ft_text.hpp"
 #include "ft_unicode.hpp"
@@ -26,36 +28,10 @@
 namespace ft {
 
 enum Status : int { kOk = 0, kNeedReference = 1, kNotUtf8 = 2 /* a lone surrogate */ };
-// Room the hot loops may write past the last id: a cached piece's ids are copied as one
-// 16-byte block whatever their number.
-constexpr size_t kSlack = kCacheIdsMax;
 enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
 struct NormStep {
     NormKind kind;
     std::string a, b;
-};
-
-// Where encode writes ids: a cursor into a vector that only grows. Writers call ensure(k)
-// before storing up to k ids, so the hot loops store without a capacity check; a text of n
-// bytes never gives more than n ids (every id covers at least one byte), which bounds k.
-struct Out {
-    explicit Out(std::vector<int32_t>& vec) : v(&vec), w(vec.data()) {}
-    std::vector<int32_t>* v;
-    int32_t* w;
-    size_t size() const { return size_t(w - v->data()); }
-    int32_t* begin() const { return v->data(); }
-    void ensure(size_t k) {
-        const size_t pos = size();
-        if (pos + k > v->size()) {
-            v->resize(std::max(pos + k, 2 * v->size()));
-            w = v->data() + pos;
-        }
-    }
-    void put(int32_t id) { *w++ = id; }
-    void put(const int32_t* p, size_t n) {
-        std::memcpy(w, p, n * sizeof(int32_t));
-        w += n;
-    }
 };
 
 struct Scratch {
@@ -323,44 +299,15 @@ private:
             else encode_words_at_boundaries(sc, p, len, o);
             return true;
         }
-        if (len >= kParallelText && bits_ok) return split_parallel(p, len, o);
+        if (len >= kParallelText && bits_ok)
+            return encode_parallel(p, len, o, [this](const uint8_t* q, size_t n, Out& part) {
+                return split_and_encode(scratch_for(uid), q, n, part);
+            });
         return split_and_encode(sc, p, len, o);
     }
 
-    // A text this long is cut at piece starts into kChunk-byte chunks that the worker pool
-    // encodes side by side (each thread with its own Scratch); the ids are joined in order.
-    static constexpr size_t kParallelText = 64 * 1024, kChunk = 24 * 1024;
-    bool split_parallel(const uint8_t* p, size_t len, Out& o) const {
-        std::vector<size_t> cuts{0};
-        for (size_t at = kChunk; at < len;) {
-            const size_t cut = next_sure_start(p, len, at);
-            if (cut >= len) break;
-            cuts.push_back(cut);
-            at = cut + kChunk;
-        }
-        cuts.push_back(len);
-        const size_t n = cuts.size() - 1;
-        std::vector<std::vector<int32_t>> parts(n);
-        std::vector<uint8_t> sure(n);
-        Pool::get().run(n, [&](size_t k) {
-            Out part(parts[k]);
-            part.ensure(cuts[k + 1] - cuts[k] + kSlack);
-            sure[k] = split_and_encode(scratch_for(uid), p + cuts[k], cuts[k + 1] - cuts[k], part);
-            parts[k].resize(part.size());
-        });
-        bool all_sure = true;
-        for (size_t k = 0; k < n; ++k) {
-            o.put(parts[k].data(), parts[k].size());  // fits: pretokenize ensured len ids
-            all_sure = all_sure && sure[k];
-        }
-        return all_sure;
-    }
-
     bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
-        // The scanner fills a block of pieces; resolve() then hashes the whole block and
-        // prefetches its cache lines before reading any of them, so the waits for those lines
-        // overlap instead of following one another (profiling showed that wait, and the
-        // branches of interleaving scan and lookup piece by piece, as the main costs).
+        // Pieces are looked up a block at a time (ft_block.hpp).
         Piece block[kBlock];
         size_t n_block = 0;
         Scanner scanner(classes, p);
@@ -377,44 +324,11 @@ private:
         return !(scanner.seen() & kUnsure);
     }
 
-    static constexpr size_t kBlock = 32;
-    struct Piece {
-        const uint8_t* p;
-        size_t n;
-    };
     void resolve(Scratch& sc, const Piece* block, size_t count, Out& o) const {
-        PieceKey keys[kBlock];
-        size_t lines[kBlock];
-        for (size_t k = 0; k < count; ++k) {
-            if (block[k].n > kCacheKeyMax) continue;
-            keys[k] = make_key(block[k].p, block[k].n);
-            lines[k] = PieceCache::line(keys[k]);
-            sc.cache.prefetch(lines[k]);
-        }
-        // At the block's first miss, the later misses of the block start their vocabulary
-        // lookups (a miss in a table of megabytes each), so those waits overlap too: new words
-        // come in bunches in text the cache has not seen.
-        uint64_t hashes[kBlock];
-        uint64_t hashed = 0;  // bit k: hashes[k] is set
-        bool looked_ahead = false;
-        for (size_t k = 0; k < count; ++k) {
-            const Piece q = block[k];
-            if (q.n <= kCacheKeyMax) {
-                if (sc.cache.copy_ids(keys[k], lines[k], o.w)) continue;
-                if (!looked_ahead) {
-                    looked_ahead = true;
-                    for (size_t j = k + 1; j < count; ++j) {
-                        if (block[j].n > kCacheKeyMax || sc.cache.contains(keys[j], lines[j])) continue;
-                        hashes[j] = hash_bytes(block[j].p, block[j].n);
-                        vocab.prefetch(hashes[j]);
-                        hashed |= uint64_t(1) << j;
-                    }
-                }
-                encode_new_word(sc, &keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
-            } else {
-                encode_new_word(sc, nullptr, q.p, q.n, o);
-            }
-        }
+        resolve_block(sc.cache, vocab, block, count, o,
+                      [&](const PieceKey* key, const uint8_t* p, size_t n, Out& out, const uint64_t* hash) {
+                          encode_new_word(sc, key, p, n, out, hash);
+                      });
     }
 
     // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
