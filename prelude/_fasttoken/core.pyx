@@ -117,38 +117,17 @@ cdef struct IntTable:
     size_t n
 
 
+cdef extern from "ft_pyints.hpp" namespace "ft":
+    bint fill_id_list(object lst, PyObject** ints, size_t bound, const int32_t* ids, size_t n) except? False
+
+
 cdef list _ids_list(IntTable* table, const int32_t* ids, size_t count):
     """The ids as a list. Ints are immutable, so each id shares one object (see IntTable);
     perf showed the allocations and frees of ids past the old 32K shared range as ~8% of a
-    warm encode. Ids outside the table (none expected) get new ints."""
-    cdef Py_ssize_t n = <Py_ssize_t>count
-    cdef list out = PyList_New(n)
-    cdef PyObject** ints = table.ints
-    cdef size_t bound = table.n
-    cdef Py_ssize_t i
-    cdef int32_t token
-    cdef PyObject* item
-    for i in range(n):
-        token = ids[i]
-        if <uint32_t>token < bound:
-            item = ints[token]
-            if item == NULL:
-                item = _new_int(ints, token)
-            _incref(item)
-            _list_set(out, i, item)
-        else:
-            obj = PyLong_FromLong(token)
-            Py_INCREF(obj)
-            PyList_SET_ITEM(out, i, obj)
+    warm encode. The fill is C++ (ft_pyints.hpp) for its prefetches."""
+    cdef list out = PyList_New(<Py_ssize_t>count)
+    fill_id_list(out, table.ints, table.n, ids, count)
     return out
-
-
-cdef PyObject* _new_int(PyObject** ints, int32_t token) except NULL:
-    """The table's first object for this id (the table keeps that one reference)."""
-    obj = PyLong_FromLong(token)
-    Py_INCREF(obj)
-    ints[token] = <PyObject*>obj
-    return ints[token]
 
 
 cdef inline TextRef _text_ref(str text) except *:
