@@ -84,22 +84,24 @@ protected:
             return;
         }
         const uint64_t h = hash ? *hash : hash_bytes(p, n);
-        size_t n_ids;
-        if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
-            o.put(ids, n_ids);
-            return;
-        }
         int32_t* const first = o.w;
+        // Most new pieces are whole tokens: their vocabulary slot (prefetched by the block
+        // lookup) answers before the LongCache, which only ever holds the other kind, is probed.
         const int32_t whole = vocab.find_whole(p, n, h);
         if (whole >= 0) {
             o.put(whole);
         } else {
+            size_t n_ids;
+            if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
+                o.put(ids, n_ids);
+                return;
+            }
             const std::vector<int32_t>& ids = bpe_word(sc, p, n);
             o.put(ids.data(), ids.size());
         }
         const size_t produced = size_t(o.w - first);
         if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, first, produced);
-        else if (produced >= 1) sc.long_cache.insert(p, n, h, first, produced);
+        else if (produced >= 1 && whole < 0) sc.long_cache.insert(p, n, h, first, produced);
     }
 
     // The model on one pre-token, uncached; the ids are in sc.syms.
