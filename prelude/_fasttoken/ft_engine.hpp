@@ -277,27 +277,34 @@ private:
     }
 
     bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
-        // Pieces are looked up a block at a time (ft_block.hpp).
-        Piece block[kBlock];
-        size_t n_block = 0;
+        // Pieces are looked up a block at a time (ft_block.hpp), one block behind the scan: a
+        // full block is prepared (its cache lines prefetched), then the one before it resolved.
+        Block blocks[2];
+        Block* cur = &blocks[0];
+        Block* prev = nullptr;
         Scanner scanner(classes, p);
         auto emit = [&](size_t b, size_t e) FT_INLINE_LAMBDA {
-            block[n_block++] = Piece{p + b, e - b};
-            if (n_block == kBlock) {
-                resolve(sc, block, kBlock, o);
-                n_block = 0;
+            cur->pieces[cur->count++] = Piece{p + b, e - b};
+            if (cur->count == kBlock) {
+                cur->prepare(sc.cache);
+                if (prev) resolve(sc, *prev, o);
+                prev = cur;
+                cur = &blocks[cur == &blocks[0] ? 1 : 0];
+                cur->count = 0;
             }
         };
         if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
-        resolve(sc, block, n_block, o);
+        cur->prepare(sc.cache);
+        if (prev) resolve(sc, *prev, o);
+        resolve(sc, *cur, o);
         return !(scanner.seen() & kUnsure);
     }
 
-    void resolve(Scratch& sc, const Piece* block, size_t count, Out& o) const {
-        resolve_block(sc.cache, vocab, block, count, o,
-                      [&](const PieceKey* key, const uint8_t* p, size_t n, Out& out, const uint64_t* hash) {
-                          encode_new_word(sc, key, p, n, out, hash);
+    void resolve(Scratch& sc, const Block& block, Out& o) const {
+        resolve_block(sc.cache, vocab, block, o,
+                      [&](const PieceKey* key, const uint8_t* q, size_t n, Out& out, const uint64_t* hash) {
+                          encode_new_word(sc, key, q, n, out, hash);
                       });
     }
 
