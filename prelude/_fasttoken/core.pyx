@@ -7,7 +7,8 @@ ids, where the work is shorter than a GIL hand-off), and converts the result onc
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.long cimport PyLong_FromLong
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from libc.stdlib cimport calloc, free
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libcpp.string cimport string
@@ -106,38 +107,26 @@ cdef enum:
     SMALL_TEXT = 128  # characters of an encode below which the GIL is kept
 
 
-cdef enum:
-    SHARED_INTS = 32768  # ids below this come back as shared int objects (see _to_list)
+cdef struct IntTable:
+    # One shared int object per token id, created on first use (NULL until then): an id costs
+    # an increment and a store instead of an allocation, and the list's death a decrement
+    # instead of a free. Sized by the decode table (every id the engine can return); the
+    # pointers are calloc'ed, so untouched stretches of a large vocabulary stay unmapped zero
+    # pages and building the table costs nothing at load.
+    PyObject** ints
+    size_t n
 
-# Built at import, while the allocator still hands out fresh pools, so they sit together.
-cdef list _INTS = list(range(SHARED_INTS))
+
+cdef extern from "ft_pyints.hpp" namespace "ft":
+    bint fill_id_list(object lst, PyObject** ints, size_t bound, const int32_t* ids, size_t n) except? False
 
 
-cdef inline list _to_list(const vector[int32_t]& ids):
-    return _ids_list(ids.data(), ids.size())
-
-
-cdef list _ids_list(const int32_t* ids, size_t count):
-    """The ids as a list. Ints are immutable, so frequent ids (BPE gives low ids to frequent
-    merges) share one prebuilt object each: an increment instead of an allocation, and no free
-    when the list dies; callgrind counts ~100 fewer instructions per id. Rare ids get new ints,
-    keeping the shared objects few enough (1 MiB) to stay in the CPU caches."""
-    cdef Py_ssize_t n = <Py_ssize_t>count
-    cdef list out = PyList_New(n)
-    cdef list ints = _INTS
-    cdef Py_ssize_t i
-    cdef int32_t token
-    cdef PyObject* item
-    for i in range(n):
-        token = ids[i]
-        if <uint32_t>token < SHARED_INTS:
-            item = PyList_GET_ITEM(ints, token)
-            _incref(item)
-            _list_set(out, i, item)
-        else:
-            obj = PyLong_FromLong(token)
-            Py_INCREF(obj)
-            PyList_SET_ITEM(out, i, obj)
+cdef list _ids_list(IntTable* table, const int32_t* ids, size_t count):
+    """The ids as a list. Ints are immutable, so each id shares one object (see IntTable);
+    perf showed the allocations and frees of ids past the old 32K shared range as ~8% of a
+    warm encode. The fill is C++ (ft_pyints.hpp) for its prefetches."""
+    cdef list out = PyList_New(<Py_ssize_t>count)
+    fill_id_list(out, table.ints, table.n, ids, count)
     return out
 
 
@@ -198,12 +187,26 @@ cdef class Core:
     cdef Engine* engine
     cdef object reference  # callable(text, add_special_tokens) used for kNeedReference inputs
     cdef object regexes  # Split regexes the `regex` module runs, or None when a scanner does
+    cdef IntTable ints
 
     def __cinit__(self):
         self.engine = new Engine()
 
     def __dealloc__(self):
+        cdef size_t i
+        if self.ints.ints != NULL:
+            for i in range(self.ints.n):
+                Py_XDECREF(self.ints.ints[i])
+            free(self.ints.ints)
         del self.engine
+
+    cdef void _make_int_table(self) except *:
+        cdef size_t n = self.engine.decoder.token_offsets.size()
+        n = n - 1 if n else 0
+        self.ints.ints = <PyObject**>calloc(n if n else 1, sizeof(PyObject*))
+        if self.ints.ints == NULL:
+            raise MemoryError()
+        self.ints.n = n
 
     def __init__(self, plan, reference, const uint8_t[::1] tables=None):
         """From a Plan, or (plan None) from bytes `save` wrote; `tables` must then be checked
@@ -213,6 +216,7 @@ cdef class Core:
         if plan is None:
             load_engine(self.engine[0], &tables[0] if tables.shape[0] else NULL, tables.shape[0])
             self.regexes = None
+            self._make_int_table()
             return
         self.regexes = plan.regexes
         cdef Engine* e = self.engine
@@ -261,6 +265,7 @@ cdef class Core:
             e.metaspace = True
             e.ms_replacement, e.ms_prepend, e.ms_split = plan.metaspace
         e.finalize()
+        self._make_int_table()
 
     def save(self):
         """The built tables as bytes (see ft_store.hpp); only for scanner-split tokenizers."""
@@ -286,7 +291,7 @@ cdef class Core:
             return self.reference(text, add_special_tokens)
         if status == kNotUtf8:
             PyUnicode_AsUTF8AndSize(text, &n)  # raises UnicodeEncodeError
-        return _ids_list(out, count)
+        return _ids_list(&self.ints, out, count)
 
     cdef object _encode_with_regex(self, str text, bint add_special_tokens):
         """The path for unrecognized Split regexes: C++ up to the pre-tokenizer, the `regex`
@@ -320,7 +325,7 @@ cdef class Core:
         cdef const uint8_t* p = <const uint8_t*><const char*>buf
         with nogil:
             self.engine.encode_items(p, items, add_special_tokens, out)
-        return _to_list(out)
+        return _ids_list(&self.ints, out.data(), out.size())
 
     def encode_batch(self, texts, bint add_special_tokens=True):
         if self.regexes is not None:
@@ -344,7 +349,7 @@ cdef class Core:
             if status[i] == kNeedReference:
                 item = self.reference(items[i], add_special_tokens)
             else:
-                item = _to_list(outs[i])
+                item = _ids_list(&self.ints, outs[i].data(), outs[i].size())
             Py_INCREF(item)
             PyList_SET_ITEM(result, i, item)
         return result

@@ -28,6 +28,7 @@
 // p is of its class or a space; whitespace always does.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -117,8 +118,11 @@ inline bool ascii_classes_match(const ClassTable& t, PatternKind kind) {
 }
 
 // Piece starts of `kind` in the n <= 64 bytes at p (bit j: byte j starts a piece; bit 0
-// always), or 0 when the window is not simple (see the top of the file).
-inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max_digits) {
+// always). `refused` gets the bytes that make the window not simple (see the top of the file);
+// when it is not 0, only the starts below its lowest bit are exact: each start is decided by
+// the classes of its byte and of the two before it (max_digits before it for digits), never
+// by a later byte.
+inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max_digits, uint64_t& refused) {
     Classes64 c;
     if (n == 64) {
         c = classify64(p);
@@ -130,14 +134,14 @@ inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max
     const uint64_t valid = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     const uint64_t a = c.alpha & valid, d = c.digit & valid, w = c.space & valid;
     const uint64_t o = c.other & valid, nl = c.newline & valid, blank = c.blank & valid;
-    uint64_t refused = c.high | (w & (w << 1));
+    refused = c.high | (w & (w << 1));
     if (kind == PatternKind::kDeepSeek) {
         refused |= c.control;
         max_digits = 3;
     } else {
         refused |= c.apostrophe;
     }
-    if (refused & valid) return 0;
+    refused &= valid;
     if (kind == PatternKind::kGpt2) {
         const uint64_t after_blank = blank << 1;
         return ((a & ~(a << 1)) | (d & ~(d << 1)) | (o & ~(o << 1))) & ~after_blank & valid | w | 1;
@@ -159,6 +163,43 @@ inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max
     const uint64_t other_starts = o & ~(o << 1) & ~(blank << 1);
     const uint64_t newline_starts = nl & ~(o << 1);
     return (letter_starts | digit_starts | other_starts | ws | newline_starts | 1) & valid;
+}
+
+// Splits p[0, len) into pieces (emit(begin, end) for each, in order), 64 bytes at a time through
+// bit_starts. In a window that is not simple, the pieces that end before its first refused
+// byte still come from the masks; the scanner takes over at the last start before that byte
+// and hands back at the first piece end past it. (Handing it the whole window made the scanner
+// ~7% of a paper-text encode: one window in nine holds a non-ASCII character.) A piece longer
+// than a window goes to the scanner too.
+template <class Emit>
+FT_INLINE void split_bits(Scanner& scanner, PatternKind kind, int max_digits, const uint8_t* p, size_t len,
+                          Emit& emit) {
+    size_t pos = 0;
+    while (pos < len) {
+        const size_t n = std::min<size_t>(64, len - pos);
+        uint64_t refused;
+        uint64_t starts = bit_starts(kind, p + pos, n, max_digits, refused);
+        if (refused) starts &= (refused & (0 - refused)) - 1;  // the starts below the first refused byte
+        size_t prev = pos;
+        for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
+            const size_t b = pos + size_t(__builtin_ctzll(m));
+            emit(prev, b);
+            prev = b;
+        }
+        if (!refused) {
+            if (pos + n == len) {  // the window ends the text: its last piece is complete
+                emit(prev, len);
+                return;
+            }
+            if (prev > pos) {  // the last piece may go on past the window
+                pos = prev;
+                continue;
+            }
+            pos = scanner.split_until(kind, max_digits, pos, len, pos + 64, emit);
+            continue;
+        }
+        pos = scanner.split_until(kind, max_digits, prev, len, pos + size_t(__builtin_ctzll(refused)) + 1, emit);
+    }
 }
 
 // The first j >= at where an ASCII letter, a space and an ASCII letter meet at j - 1, j, j + 1,

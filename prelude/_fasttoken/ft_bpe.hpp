@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ft_mem.hpp"
+
 namespace ft {
 
 inline uint64_t hash_bytes(const uint8_t* s, size_t n) {
@@ -117,7 +119,7 @@ private:
     bool same(const Slot& slot, const uint8_t* s, size_t n) const {
         return slot.len == n && std::memcmp(arena_.data() + slot.off, s, n) == 0;
     }
-    std::vector<Slot> slots_;
+    std::vector<Slot, HugeAllocator<Slot>> slots_;
     std::string arena_;
     size_t mask_ = 0;
 };
@@ -187,8 +189,8 @@ private:
     static constexpr uint64_t kEmpty = ~uint64_t(0);  // left and right both 2^20 - 1: no id
     static uint64_t pack(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 20) | uint32_t(b); }
     size_t mix(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ULL) >> shift_); }
-    std::vector<uint64_t> slots_;
-    std::vector<int32_t> merged_;
+    std::vector<uint64_t, HugeAllocator<uint64_t>> slots_;
+    std::vector<int32_t, HugeAllocator<int32_t>> merged_;
     size_t mask_ = 0;
     int shift_ = 60;
 };

@@ -14,8 +14,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "ft_mem.hpp"
 
 #ifndef FT_INLINE
 #define FT_INLINE inline __attribute__((always_inline))
@@ -54,11 +57,14 @@ inline PieceKey make_key(const uint8_t* p, size_t n) {
 
 class PieceCache {
 public:
-    // 32K lines x 2 ways = 64K pieces, 2 MiB. Halving it doubled the misses on paper text
+    // 32K lines x 2 ways = 64K pieces, 2 MiB (one huge page, see ft_mem.hpp). Halving it doubled the misses on paper text
     // (~7K distinct pieces): each costs a vocabulary lookup or a BPE, 100x a hit.
     static constexpr size_t kBucketBits = 15;
 
-    PieceCache() : buckets_(size_t(1) << kBucketBits) {}
+    PieceCache() : buckets_(static_cast<Bucket*>(huge_zeroed(sizeof(Bucket) << kBucketBits))) {}
+    ~PieceCache() { std::free(buckets_); }
+    PieceCache(const PieceCache&) = delete;
+    PieceCache& operator=(const PieceCache&) = delete;
 
     // The line a key lives in; computed once per piece and used for the prefetch and the probe.
     static size_t line(const PieceKey& k) {
@@ -112,7 +118,7 @@ private:
     struct alignas(64) Bucket {
         Entry way[2];
     };
-    std::vector<Bucket> buckets_;
+    Bucket* buckets_;  // 1 << kBucketBits lines, zeroed (a zero entry matches no key)
 };
 
 }  // namespace ft

@@ -15,10 +15,13 @@
 
 #include "ft_added.hpp"
 #include "ft_bits.hpp"
+#include "ft_block.hpp"
 #include "ft_bpe.hpp"
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
-#include "ft_pool.hpp"
+#include "ft_model.hpp"
+#include "ft_out.hpp"
+#include "ft_parallel.hpp"
 #include "ft_pretok.hpp"
 #include "ft_text.hpp"
 #include "ft_unicode.hpp"
@@ -26,48 +29,20 @@
 namespace ft {
 
 enum Status : int { kOk = 0, kNeedReference = 1, kNotUtf8 = 2 /* a lone surrogate */ };
-// Room the hot loops may write past the last id: a cached piece's ids are copied as one
-// 16-byte block whatever their number.
-constexpr size_t kSlack = kCacheIdsMax;
 enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
 struct NormStep {
     NormKind kind;
     std::string a, b;
 };
 
-// Where encode writes ids: a cursor into a vector that only grows. Writers call ensure(k)
-// before storing up to k ids, so the hot loops store without a capacity check; a text of n
-// bytes never gives more than n ids (every id covers at least one byte), which bounds k.
-struct Out {
-    explicit Out(std::vector<int32_t>& vec) : v(&vec), w(vec.data()) {}
-    std::vector<int32_t>* v;
-    int32_t* w;
-    size_t size() const { return size_t(w - v->data()); }
-    int32_t* begin() const { return v->data(); }
-    void ensure(size_t k) {
-        const size_t pos = size();
-        if (pos + k > v->size()) {
-            v->resize(std::max(pos + k, 2 * v->size()));
-            w = v->data() + pos;
-        }
-    }
-    void put(int32_t id) { *w++ = id; }
-    void put(const int32_t* p, size_t n) {
-        std::memcpy(w, p, n * sizeof(int32_t));
-        w += n;
-    }
-};
-
-struct Scratch {
+// Per-thread state of one Engine: the word model's (WordScratch) and encode's buffers.
+struct Scratch : WordScratch {
     explicit Scratch(uint64_t owner_) : owner(owner_) {}
     uint64_t owner;
     std::vector<Segment> segs, sub_segs;
     std::string norm_a, norm_b, bytes_a, bytes_b, text_a, text_b, meta;
-    std::vector<int32_t> syms, out;
+    std::vector<int32_t> out;
     std::vector<uint8_t> utf8;  // the text being encoded, when it was not UTF-8 already
-    Merger merger;
-    PieceCache cache;
-    LongCache long_cache;
 };
 
 inline Scratch& scratch_for(uint64_t owner) {
@@ -84,7 +59,7 @@ inline uint64_t next_engine_id() {
     return counter++;
 }
 
-class Engine {
+class Engine : public WordModel {
 public:
     // ---- configuration (written by core.pyx before first use) ----
     ClassTable classes;
@@ -93,15 +68,6 @@ public:
     AddedMatcher raw_added, normalized_added;
     int pattern = -1;  // PatternKind, or -1: no pre-tokenizer (the whole segment is one word)
     int max_digits = 3;
-    bool byte_level = true;
-    StrMap vocab;
-    PairMap merges;
-    int32_t byte_ids[256];
-    bool ignore_merges = false;
-    bool byte_fallback = false;
-    int32_t fallback_ids[256];
-    int32_t unk_id = -1;
-    bool fuse_unk = false;
     std::vector<int32_t> prefix_ids, suffix_ids;
     std::string word_boundary;  // see encode_words_at_boundaries; empty: off
     bool metaspace = false;  // Metaspace pre-tokenizer
@@ -111,8 +77,6 @@ public:
     enum : int { kPrependAlways = 0, kPrependFirst = 1, kPrependNever = 2 };
     Decoder decoder;
     const uint64_t uid = next_engine_id();
-    // What a one-byte pre-token encodes to when that is exactly one id, else -1 (set by finalize).
-    int32_t single_ids[256];
     // Derived on build and on load (derive()), never stored.
     bool bits_ok = false;  // the ASCII classes are those ft_bits.hpp assumes
 
@@ -143,25 +107,7 @@ public:
     // Called once after the tables above are filled.
     void finalize() {
         derive();
-        Scratch& sc = scratch_for(uid);
-        for (int b = 0; b < 256; ++b) {
-            single_ids[b] = -1;
-            if (!byte_level && b >= 0x80) continue;  // not a whole character
-            const uint8_t bytes[4] = {uint8_t(b), 0, 0, 0};  // padded: the readers are generic
-            const std::vector<int32_t>& ids = bpe_word(sc, bytes, 1);
-            if (ids.size() == 1) single_ids[b] = ids[0];
-        }
-        // Most new words of real text are vocabulary entries that BPE merges back into
-        // themselves; knowing which ones lets a new piece skip BPE with one lookup.
-        std::string padded;
-        vocab.mark_whole([&](const uint8_t* p, size_t n, int32_t id) {
-            padded.assign(reinterpret_cast<const char*>(p), n);
-            padded.append(4, '\0');  // the readers may look a few bytes ahead
-            const uint8_t* q = reinterpret_cast<const uint8_t*>(padded.data());
-            if (!byte_level && !valid_utf8(q, n)) return false;
-            const std::vector<int32_t>& ids = bpe_word(sc, q, n);
-            return ids.size() == 1 && ids[0] == id;
-        });
+        finalize_words(scratch_for(uid));
     }
 
     // ---- encode ----
@@ -323,127 +269,43 @@ private:
             else encode_words_at_boundaries(sc, p, len, o);
             return true;
         }
-        if (len >= kParallelText && bits_ok) return split_parallel(p, len, o);
+        if (len >= kParallelText && bits_ok)
+            return encode_parallel(p, len, o, [this](const uint8_t* q, size_t n, Out& part) {
+                return split_and_encode(scratch_for(uid), q, n, part);
+            });
         return split_and_encode(sc, p, len, o);
     }
 
-    // A text this long is cut at piece starts into kChunk-byte chunks that the worker pool
-    // encodes side by side (each thread with its own Scratch); the ids are joined in order.
-    static constexpr size_t kParallelText = 64 * 1024, kChunk = 24 * 1024;
-    bool split_parallel(const uint8_t* p, size_t len, Out& o) const {
-        std::vector<size_t> cuts{0};
-        for (size_t at = kChunk; at < len;) {
-            const size_t cut = next_sure_start(p, len, at);
-            if (cut >= len) break;
-            cuts.push_back(cut);
-            at = cut + kChunk;
-        }
-        cuts.push_back(len);
-        const size_t n = cuts.size() - 1;
-        std::vector<std::vector<int32_t>> parts(n);
-        std::vector<uint8_t> sure(n);
-        Pool::get().run(n, [&](size_t k) {
-            Out part(parts[k]);
-            part.ensure(cuts[k + 1] - cuts[k] + kSlack);
-            sure[k] = split_and_encode(scratch_for(uid), p + cuts[k], cuts[k + 1] - cuts[k], part);
-            parts[k].resize(part.size());
-        });
-        bool all_sure = true;
-        for (size_t k = 0; k < n; ++k) {
-            o.put(parts[k].data(), parts[k].size());  // fits: pretokenize ensured len ids
-            all_sure = all_sure && sure[k];
-        }
-        return all_sure;
-    }
-
     bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
-        // The scanner fills a block of pieces; resolve() then hashes the whole block and
-        // prefetches its cache lines before reading any of them, so the waits for those lines
-        // overlap instead of following one another (profiling showed that wait, and the
-        // branches of interleaving scan and lookup piece by piece, as the main costs).
-        Piece block[kBlock];
-        size_t n_block = 0;
+        // Pieces are looked up a block at a time (ft_block.hpp), one block behind the scan: a
+        // full block is prepared (its cache lines prefetched), then the one before it resolved.
+        Block blocks[2];
+        Block* cur = &blocks[0];
+        Block* prev = nullptr;
         Scanner scanner(classes, p);
         auto emit = [&](size_t b, size_t e) FT_INLINE_LAMBDA {
-            block[n_block++] = Piece{p + b, e - b};
-            if (n_block == kBlock) {
-                resolve(sc, block, kBlock, o);
-                n_block = 0;
+            cur->pieces[cur->count++] = Piece{p + b, e - b};
+            if (cur->count == kBlock) {
+                cur->prepare(sc.cache);
+                if (prev) resolve(sc, *prev, o);
+                prev = cur;
+                cur = &blocks[cur == &blocks[0] ? 1 : 0];
+                cur->count = 0;
             }
         };
-        if (bits_ok) split_bits(scanner, p, len, emit);
+        if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
-        resolve(sc, block, n_block, o);
+        cur->prepare(sc.cache);
+        if (prev) resolve(sc, *prev, o);
+        resolve(sc, *cur, o);
         return !(scanner.seen() & kUnsure);
     }
 
-    // 64 bytes at a time through bit_starts (ft_bits.hpp); windows it refuses go to the
-    // scanner, as does a piece longer than a window.
-    template <class Emit>
-    FT_INLINE void split_bits(Scanner& scanner, const uint8_t* p, size_t len, Emit& emit) const {
-        const PatternKind kind = PatternKind(pattern);
-        size_t pos = 0;
-        while (pos < len) {
-            const size_t n = std::min<size_t>(64, len - pos);
-            const uint64_t starts = bit_starts(kind, p + pos, n, max_digits);
-            if (starts) {
-                size_t prev = pos;
-                for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {
-                    const size_t b = pos + size_t(__builtin_ctzll(m));
-                    emit(prev, b);
-                    prev = b;
-                }
-                if (pos + n == len) {  // the window ends the text: its last piece is complete
-                    emit(prev, len);
-                    return;
-                }
-                if (prev > pos) {  // the last piece may go on past the window
-                    pos = prev;
-                    continue;
-                }
-            }
-            pos = scanner.split_until(kind, max_digits, pos, len, pos + 64, emit);
-        }
-    }
-
-    static constexpr size_t kBlock = 32;
-    struct Piece {
-        const uint8_t* p;
-        size_t n;
-    };
-    void resolve(Scratch& sc, const Piece* block, size_t count, Out& o) const {
-        PieceKey keys[kBlock];
-        size_t lines[kBlock];
-        for (size_t k = 0; k < count; ++k) {
-            if (block[k].n > kCacheKeyMax) continue;
-            keys[k] = make_key(block[k].p, block[k].n);
-            lines[k] = PieceCache::line(keys[k]);
-            sc.cache.prefetch(lines[k]);
-        }
-        // At the block's first miss, the later misses of the block start their vocabulary
-        // lookups (a miss in a table of megabytes each), so those waits overlap too: new words
-        // come in bunches in text the cache has not seen.
-        uint64_t hashes[kBlock];
-        uint64_t hashed = 0;  // bit k: hashes[k] is set
-        bool looked_ahead = false;
-        for (size_t k = 0; k < count; ++k) {
-            const Piece q = block[k];
-            if (q.n <= kCacheKeyMax) {
-                if (sc.cache.copy_ids(keys[k], lines[k], o.w)) continue;
-                if (!looked_ahead) {
-                    looked_ahead = true;
-                    for (size_t j = k + 1; j < count; ++j) {
-                        if (block[j].n > kCacheKeyMax || sc.cache.contains(keys[j], lines[j])) continue;
-                        hashes[j] = hash_bytes(block[j].p, block[j].n);
-                        vocab.prefetch(hashes[j]);
-                        hashed |= uint64_t(1) << j;
-                    }
-                }
-                encode_new_word(sc, &keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
-            } else {
-                encode_new_word(sc, nullptr, q.p, q.n, o);
-            }
-        }
+    void resolve(Scratch& sc, const Block& block, Out& o) const {
+        resolve_block(sc.cache, vocab, block, o,
+                      [&](const PieceKey* key, const uint8_t* q, size_t n, Out& out, const uint64_t* hash) {
+                          encode_new_word(sc, key, q, n, out, hash);
+                      });
     }
 
     // Without a pre-tokenizer the whole segment is one BPE word. When no merge can span a point
@@ -495,99 +357,6 @@ private:
             }
         }
         encode_word(sc, b + piece, buf.size() - piece, o);
-    }
-
-    // One pre-token; the caller has ensured room for n + kSlack ids.
-    void encode_word(Scratch& sc, const uint8_t* p, size_t n, Out& o) const {
-        if (!n) return;
-        if (n <= kCacheKeyMax) {
-            const PieceKey key = make_key(p, n);
-            if (sc.cache.copy_ids(key, PieceCache::line(key), o.w)) return;
-            encode_new_word(sc, &key, p, n, o);
-            return;
-        }
-        encode_new_word(sc, nullptr, p, n, o);
-    }
-
-    // A piece the PieceCache did not have (key set) or cannot hold (key null).
-    __attribute__((noinline)) void encode_new_word(Scratch& sc, const PieceKey* key, const uint8_t* p,
-                                                   size_t n, Out& o, const uint64_t* hash = nullptr) const {
-        if (!n) return;
-        if (n == 1 && single_ids[p[0]] >= 0) {  // spaces, punctuation: no hash, no BPE
-            o.put(single_ids[p[0]]);
-            if (key) sc.cache.insert(*key, o.w - 1, 1);
-            return;
-        }
-        const uint64_t h = hash ? *hash : hash_bytes(p, n);
-        size_t n_ids;
-        if (const int32_t* ids = sc.long_cache.find(p, n, h, n_ids)) {
-            o.put(ids, n_ids);
-            return;
-        }
-        int32_t* const first = o.w;
-        const int32_t whole = vocab.find_whole(p, n, h);
-        if (whole >= 0) {
-            o.put(whole);
-        } else {
-            const std::vector<int32_t>& ids = bpe_word(sc, p, n);
-            o.put(ids.data(), ids.size());
-        }
-        const size_t produced = size_t(o.w - first);
-        if (key && produced >= 1 && produced <= kCacheIdsMax) sc.cache.insert(*key, first, produced);
-        else if (produced >= 1) sc.long_cache.insert(p, n, h, first, produced);
-    }
-
-    // The model on one pre-token, uncached; the ids are in sc.syms.
-    const std::vector<int32_t>& bpe_word(Scratch& sc, const uint8_t* p, size_t n) const {
-        std::vector<int32_t>& syms = sc.syms;
-        syms.clear();
-        if (!n) return syms;
-        if (ignore_merges) {  // HF looks the whole pre-token up before merging
-            const int32_t whole = vocab.find(p, n);
-            if (whole >= 0) {
-                syms.push_back(whole);
-                return syms;
-            }
-        }
-        initial_symbols(p, n, syms);
-        sc.merger.run(merges, syms);
-        return syms;
-    }
-
-    // The word before merges, as HF's BPE::merge_word builds it: one symbol per character
-    // (per byte for byte-level vocabularies, whose characters stand for bytes), else its
-    // <0xNN> byte tokens, else the unk token (runs fused when fuse_unk), else nothing.
-    void initial_symbols(const uint8_t* p, size_t n, std::vector<int32_t>& syms) const {
-        syms.clear();
-        bool have_unk = false;
-        for (size_t i = 0; i < n;) {
-            const size_t start = i;
-            int32_t id;
-            if (byte_level) {
-                id = byte_ids[p[i++]];
-            } else {
-                next_cp(p, i);
-                id = vocab.find(p + start, i - start);
-            }
-            if (id >= 0) {
-                if (have_unk) { syms.push_back(unk_id); have_unk = false; }
-                syms.push_back(id);
-                continue;
-            }
-            if (byte_fallback) {
-                bool all = true;
-                for (size_t k = start; k < i; ++k) all = all && fallback_ids[p[k]] >= 0;
-                if (all) {  // HF adds these before a pending unk (it `continue`s past the flush)
-                    for (size_t k = start; k < i; ++k) syms.push_back(fallback_ids[p[k]]);
-                    continue;
-                }
-            }
-            if (unk_id >= 0) {
-                if (have_unk && !fuse_unk) syms.push_back(unk_id);
-                have_unk = true;
-            }
-        }
-        if (have_unk) syms.push_back(unk_id);
     }
 };
 

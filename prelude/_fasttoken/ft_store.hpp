@@ -46,8 +46,8 @@ public:
         static_assert(std::is_trivially_copyable<T>::value, "plain data only");
         out.append(reinterpret_cast<const char*>(&v), sizeof(T));
     }
-    template <class T>
-    void vec(std::vector<T>& v) {
+    template <class T, class A>
+    void vec(std::vector<T, A>& v) {
         static_assert(std::is_trivially_copyable<T>::value, "plain data only");
         uint64_t n = v.size();
         pod(n);
@@ -69,8 +69,8 @@ public:
     void pod(T& v) {
         take(&v, sizeof(T));
     }
-    template <class T>
-    void vec(std::vector<T>& v) {
+    template <class T, class A>
+    void vec(std::vector<T, A>& v) {
         const uint64_t n = count(sizeof(T));
         v.resize(n);
         take(v.data(), n * sizeof(T));

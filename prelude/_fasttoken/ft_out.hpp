@@ -1,0 +1,46 @@
+// Where encode writes ids.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ft_cache.hpp"
+
+namespace ft {
+
+// Room the hot loops may write past the last id: a cached piece's ids are copied as one
+// 16-byte block whatever their number.
+constexpr size_t kSlack = kCacheIdsMax;
+
+// A cursor into a vector that only grows, or into a fixed region the caller sized (the chunks
+// of a parallel split, ft_parallel.hpp). Writers call ensure(k) before storing up to k ids, so
+// the hot loops store without a capacity check; a text of n bytes never gives more than n ids
+// (every id covers at least one byte), which bounds k.
+struct Out {
+    explicit Out(std::vector<int32_t>& vec) : v(&vec), w(vec.data()), first(vec.data()) {}
+    explicit Out(int32_t* region) : v(nullptr), w(region), first(region) {}
+    std::vector<int32_t>* v;  // null: a fixed region, where ensure() has nothing to do
+    int32_t* w;
+    int32_t* first;
+    size_t size() const { return size_t(w - first); }
+    int32_t* begin() const { return first; }
+    void ensure(size_t k) {
+        if (!v) return;
+        const size_t pos = size();
+        if (pos + k > v->size()) {
+            v->resize(std::max(pos + k, 2 * v->size()));
+            first = v->data();
+            w = first + pos;
+        }
+    }
+    void put(int32_t id) { *w++ = id; }
+    void put(const int32_t* p, size_t n) {
+        std::memcpy(w, p, n * sizeof(int32_t));
+        w += n;
+    }
+};
+
+}  // namespace ft
