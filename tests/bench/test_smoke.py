@@ -63,12 +63,12 @@ def test_client_pool_keeps_one_connection_per_request_in_flight(server):
     assert all(r.ok and r.output_tokens == 1 and r.prompt_tokens == 3 for r in records)
 
 
-def test_decode_step_bench_times_both_op_sets(demo_model, tmp_path, capsys):
+def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
     from bench.serving import decode_step
 
     out = tmp_path / "decode_step.json"
     code = decode_step.main(["--model", str(demo_model), "--rounds", "1", "--steps", "2", "--json", str(out)])
     assert code == 0
     rounds = json.loads(out.read_text())["rounds_ms"]
-    assert set(rounds) == {"torch", "native"} and all(len(t) == 1 and t[0] > 0 for t in rounds.values())
+    assert set(rounds) == set(decode_step.OPS) and all(len(t) == 1 and t[0] > 0 for t in rounds.values())
     assert "median ms" in capsys.readouterr().out
