@@ -48,13 +48,9 @@ struct DecodeRows {
     const long* context_lens;   // [rows]: keys each row attends to, the new one included
 };
 
-// Below these sizes a piece runs on the calling thread: handing it to the team costs a few µs.
-constexpr long kThreadedWeightFloats = 1 << 16;
-constexpr long kThreadedKeyFloats = 1 << 15;
-
 static void decode_linear(const float* x, long rows, const float* w, const float* bias, long in, long out_features,
                           float* out, int threads) {
-    skinny_gemm(x, rows, w, in, out, out_features, out_features * in >= kThreadedWeightFloats ? threads : 1);
+    skinny_gemm(x, rows, w, in, out, out_features, threads);
     if (bias != nullptr)
         for (long t = 0; t < rows; ++t)
             for (long o = 0; o < out_features; ++o) out[t * out_features + o] += bias[o];
@@ -68,9 +64,6 @@ static void decode_layers(const DecodeShape& m, const DecodeLayerWeights* layers
     const long q_size = m.heads * dim, kv_size = m.kv_heads * dim, qkv_width = q_size + 2 * kv_size;
     std::vector<float> residual(n * hidden), normed(n * hidden), qkv(n * qkv_width), q(n * q_size),
         attended(n * q_size), head_normed(m.heads * dim), gate_up(n * 2 * inter), act(n * inter);
-    long keys = 0;
-    for (long t = 0; t < n; ++t) keys += r.context_lens[t];
-    const int attention_threads = keys * kv_size >= kThreadedKeyFloats ? threads : 1;
     for (long layer = 0; layer < num_layers; ++layer) {
         const DecodeLayerWeights& w = layers[layer];
         if (layer == 0) {
@@ -101,7 +94,7 @@ static void decode_layers(const DecodeShape& m, const DecodeLayerWeights* layers
         }
         PagedDecode a{q.data(), w.k_cache, w.v_cache, r.block_tables, r.context_lens, attended.data(),
                       n, m.heads, m.kv_heads, dim, m.block_size, r.table_width, 1.0f / std::sqrt((float)dim)};
-        paged_decode_attention(a, attention_threads);
+        paged_decode_attention(a, threads);
         decode_linear(attended.data(), n, w.o_proj, nullptr, q_size, hidden, x, threads);
         run_rms_norm({x, n, 1, hidden, hidden, 0}, w.post_norm, m.eps, residual.data(), residual.data(), normed.data());
         decode_linear(normed.data(), n, w.gate_up, nullptr, hidden, 2 * inter, gate_up.data(), threads);

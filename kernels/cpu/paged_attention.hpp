@@ -86,8 +86,12 @@ __attribute__((always_inline)) static inline void paged_items_body(const PagedDe
 PRELUDE_CPU_VARIANTS(paged_items, (const PagedDecode& a, long splits, long first, long last), (a, splits, first, last))
 
 // dim must be a multiple of 8 and heads a multiple of kv_heads (the caller checks). Rows are
-// split into KV-head ranges only when there are fewer rows than threads.
+// split into KV-head ranges only when there are fewer rows than threads; few keys in all run on
+// one thread.
 static void paged_decode_attention(const PagedDecode& a, int threads) {
+    long keys = 0;
+    for (long row = 0; row < a.rows; ++row) keys += a.context_lens[row];
+    threads = threads_worth(2 * keys * a.kv_heads * a.dim, threads);  // K and V
     if (threads < 1) threads = 1;
     long splits = (threads + a.rows - 1) / a.rows;
     if (splits > a.kv_heads) splits = a.kv_heads;

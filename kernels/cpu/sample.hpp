@@ -91,7 +91,7 @@ __attribute__((always_inline)) static inline void sample_range_body(const Sample
 PRELUDE_CPU_VARIANTS(sample_range, (const SampleRows& s, long first, long last), (s, first, last))
 
 static void sample_rows(const SampleRows& s, int threads) {
-    parallel_ranges(s.rows, s.rows * s.vocab >= (1 << 16) ? threads : 1, 1,
+    parallel_ranges(s.rows, threads_worth(s.rows * s.vocab, threads), 1,
                     [&](long first, long last) { run_sample_range(s, first, last); });
 }
 

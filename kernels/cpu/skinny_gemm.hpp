@@ -119,11 +119,11 @@ __attribute__((always_inline)) static inline void dot_rows_body(const float* x, 
 PRELUDE_CPU_VARIANTS(dot_rows, (const float* x, long n, const float* w, long hidden, float* out, long vocab, long v_begin, long v_end),
                      (x, n, w, hidden, out, vocab, v_begin, v_end))
 
-// hidden must be a multiple of 8 (the caller checks). The vocabulary is split into `threads`
-// ranges of whole four-row groups.
+// hidden must be a multiple of 8 (the caller checks). The vocabulary is split into up to
+// `threads` ranges of whole four-row groups (one for a small weight).
 static void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab,
                         int threads) {
-    parallel_ranges(vocab, threads, 4, [&](long begin, long end) {
+    parallel_ranges(vocab, threads_worth(vocab * hidden, threads), 4, [&](long begin, long end) {
         if (n <= kStreamRows) run_stream_rows(x, n, w, hidden, out, vocab, begin, end);
         else run_dot_rows(x, n, w, hidden, out, vocab, begin, end);
     });

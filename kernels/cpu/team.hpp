@@ -97,6 +97,12 @@ static Team& team() {
     return shared;
 }
 
+// Below this many floats read, a piece runs on the caller alone: handing it to the team costs a
+// few µs, more than such a piece takes. Each kernel asks here, so the decision is made once.
+constexpr long kTeamMinFloats = 1 << 16;
+
+static int threads_worth(long floats, int threads) { return floats >= kTeamMinFloats ? threads : 1; }
+
 // Runs fn(begin, end) over [0, count) split into at most `threads` ranges whose starts are
 // multiples of `align`, on the team.
 template <typename Fn>

@@ -41,7 +41,8 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
                 results[k].label_logprobs = torch.log_softmax(logits[j], dim=-1)[list(ids)].tolist()
         if sample_at:
             chosen = [wanted[full[j]] for j in sample_at]
-            tokens = sample(logits if len(sample_at) == len(logits) else logits[sample_at], [spec.sample for _, spec, _ in chosen if spec.sample],
+            sampled = logits if len(sample_at) == len(logits) else logits[sample_at]  # no copy when all sample
+            tokens = sample(sampled, [spec.sample for _, spec, _ in chosen if spec.sample],
                             [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen])
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token

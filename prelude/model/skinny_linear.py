@@ -29,8 +29,6 @@ except ImportError:  # the extension is not built (a source checkout before `pip
 
 # Past this many rows the product is compute-bound and a blocked GEMM does better.
 MAX_SKINNY_ROWS = 32
-# Weights smaller than this are not worth a second thread (the team hands a piece over in µs).
-_THREADED_ELEMENTS = 1 << 16
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -70,8 +68,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.reshape(rows, width).contiguous()
     out_features = weight.shape[0]
     out = flat.new_empty(rows, out_features)
-    threads = torch.get_num_threads() if weight.numel() >= _THREADED_ELEMENTS else 1
-    skinny_matmul(flat.data_ptr(), rows, weight.data_ptr(), width, out.data_ptr(), out_features, threads)
+    # The kernel keeps a small weight on one thread (kernels/cpu/team.hpp, threads_worth).
+    skinny_matmul(flat.data_ptr(), rows, weight.data_ptr(), width, out.data_ptr(), out_features,
+                  torch.get_num_threads())
     if bias is not None:
         out += bias
     return out.view(*x.shape[:-1], out_features)

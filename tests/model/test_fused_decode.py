@@ -41,9 +41,11 @@ def _model_and_attention(path):
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_decode_equals_layer_by_layer(tmp_path, family, threads):
-    config, model, attention = _model_and_attention(make_checkpoint(tmp_path / family, family))
+    # Hidden 256: the MLP's weights are large enough for the kernels to split them on the team.
+    path = make_checkpoint(tmp_path / family, family, hidden_size=256, intermediate_size=512)
+    config, model, attention = _model_and_attention(path)
     assert model.fused_decode is not None
-    # Tiny models decode on one thread by default; the team's split is checked too.
+    # Small models decode on one thread by default; the team's split is checked too.
     model.fused_decode.single_threaded = threads == 1
     gen = torch.Generator().manual_seed(7)
     lengths = [9, 1, 30, 5]

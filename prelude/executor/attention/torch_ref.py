@@ -15,8 +15,6 @@ try:
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     paged_decode = None
 
-# Below this many K elements per layer a decode step's attention is not worth a second thread.
-_THREADED_KEYS = 1 << 18
 # Queries per piece of a segmented forward's attention (prelude.model.segments).
 QUERY_CHUNK = 2048
 
@@ -70,13 +68,12 @@ class TorchAttention(AttentionBackend):
             self.batched_rows = torch.tensor([layout.query_starts[r] for r in batched], device=device)
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
             self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
-            self.batched_keys = sum(lengths)
-        self.decode_only = bool(batched) and not self.prefills and self.stored_tokens is None
         self.slot_mapping = layout.slot_mapping
 
     def paged_decode_inputs(self) -> PagedDecodeInputs | None:
         cache = self.kv_cache
-        if not self.decode_only or not self._native_decode_cache(cache.k):
+        decode_only = self.batched_rows is not None and not self.prefills and self.stored_tokens is None
+        if not decode_only or not self._native_decode_cache(cache.k):
             return None
         return PagedDecodeInputs(cache.k, cache.v, self.slot_mapping, self.batched_tables, self.batched_lengths)
 
@@ -171,11 +168,10 @@ class TorchAttention(AttentionBackend):
         result = torch.empty_like(queries)
         rows, heads, dim = queries.shape
         _, block_size, kv_heads, _ = k_cache.shape
-        work = self.batched_keys * kv_heads * dim
-        threads = torch.get_num_threads() if work >= _THREADED_KEYS else 1
+        # The kernel keeps few keys on one thread (kernels/cpu/team.hpp, threads_worth).
         paged_decode(queries.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), self.batched_tables.data_ptr(),
                      self.batched_lengths.data_ptr(), result.data_ptr(), rows, heads, kv_heads, dim, block_size,
-                     self.batched_tables.shape[1], dim ** -0.5, threads)
+                     self.batched_tables.shape[1], dim ** -0.5, torch.get_num_threads())
         return result
 
 
