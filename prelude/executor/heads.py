@@ -54,10 +54,9 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         ids = spec.label_token_ids
         if ids is None or (spec.sample is None and _reads_last_with_vocab(spec, row)):
             continue
-        end = layout.query_starts[i + 1]
         items = row.item_lengths if isinstance(row, PrefillRow) else ()
-        ends = [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))] if items else [end - 1]
-        groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append((k, ends, bool(items)))
+        groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append(
+            (k, _item_ends(layout.query_starts[i + 1], items), bool(items)))
     for (ids, vocab_normalized), members in groups.items():
         states = hidden[[e for _, ends, _ in members for e in ends]]
         if vocab_normalized:
@@ -92,6 +91,33 @@ def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[Prefi
         if spec.pooling is not None and spec.pooling != "last":
             results[k].pooled = _pool(hidden[start:end], spec).tolist()
     return results
+
+
+def positions_read(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], starts: Sequence[int]) -> list[int] | None:
+    """The step's token positions whose final hidden states `row_results` reads, ascending, given
+    the rows' query starts; None when it reads every position. The model may skip the rest."""
+    read: list[int] = []
+    for i, row in enumerate(prefills):
+        spec, start, end = row.output, starts[i], starts[i + 1]
+        if spec is None:
+            continue
+        if spec.prompt_logprobs is not None or spec.pooling not in (None, "last"):
+            read.extend(range(start, end))
+        elif row.item_lengths and spec.label_token_ids is not None:
+            read.extend(_item_ends(end, row.item_lengths))
+        else:
+            read.append(end - 1)
+    if len(read) + len(decodes) == starts[-1]:
+        return None
+    return read + list(range(starts[len(prefills)], starts[-1]))  # a decode row's one token
+
+
+def _item_ends(end: int, items: Sequence[int]) -> list[int]:
+    """Positions whose states a row's label heads read: each item's last token, or the row's
+    last token when it has no items. `end` is the row's end in the step."""
+    if not items:
+        return [end - 1]
+    return [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))]
 
 
 def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> bool:

@@ -7,6 +7,7 @@ from typing import Sequence
 import torch
 
 from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.executor.heads import positions_read
 from prelude.model.attention import StepLayout
 
 
@@ -23,6 +24,8 @@ class HostStep:
     stored: list[bool]
     num_prefill_rows: int
     item_lengths: list[tuple[int, ...]] | None = None
+    # The positions whose final states the output heads read; None: all of them.
+    read: list[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -81,4 +84,5 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
         num_prefill_rows=len(prefills),
         item_lengths=[r.item_lengths for r in prefills] + [()] * len(decodes)
         if any(r.item_lengths for r in prefills) else None,
+        read=positions_read(prefills, decodes, starts),
     )

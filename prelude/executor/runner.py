@@ -23,6 +23,7 @@ class Progress:
     prefills: Sequence[PrefillRow]
     layout: StepLayout
     state: LayerState
+    num_tokens: int
     parks: int = 0  # how many times it stepped aside for another step
 
 
@@ -47,7 +48,7 @@ class ModelRunner:
         """A prefill-only step run layer by layer (eagerly), to be advanced with `advance`."""
         step = host_step(prefills, (), self.block_size)
         input_ids, positions, layout = self.upload(step)
-        return Progress(prefills, layout, self.model.begin(input_ids, positions))
+        return Progress(prefills, layout, self.model.begin(input_ids, positions, self._kept(step)), len(step.ids))
 
     @torch.inference_mode()
     def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
@@ -59,16 +60,25 @@ class ModelRunner:
             progress.parks += 1
             return None
         hidden = self.model.finish(progress.state)
+        if progress.state.keep is not None:
+            hidden = _scattered(hidden, progress.state.keep, progress.num_tokens)
         return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden))
 
     def forward(self, step: HostStep, graph: GraphKind | None) -> tuple[torch.Tensor, StepLayout]:
-        """Final hidden states of every token of the step, and the layout they were computed in."""
+        """Final hidden states of every token of the step that the heads read (NaN at the others),
+        and the layout they were computed in."""
         input_ids, positions, layout = self.upload(step)
         self.attention.plan(layout)
-        return self.model(input_ids, positions, self.attention), layout
+        keep = self._kept(step)
+        hidden = self.model(input_ids, positions, self.attention, keep)
+        return hidden if keep is None else _scattered(hidden, keep, len(step.ids)), layout
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
         return self._to_device(step.ids), self._to_device(step.positions), step.layout(self._to_device(step.slots))
+
+    def _kept(self, step: HostStep) -> torch.Tensor | None:
+        """The tokens whose final states the heads read, when that is not all of them."""
+        return None if step.read is None else self._to_device(step.read)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         # array('q') + frombuffer converts a long list several times faster than torch.tensor.
@@ -83,3 +93,11 @@ class ModelRunner:
     def warmup(self) -> None:
         """Pays one-time costs before serving: on the CPU, the linear layers' oneDNN weights."""
         self.model.prepare_weights()
+
+
+def _scattered(kept: torch.Tensor, keep: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The kept tokens' states at their step positions, NaN elsewhere: a head that read a state
+    the model skipped would fail loudly rather than read stale memory."""
+    full = kept.new_full((num_tokens, kept.shape[1]), float("nan"))
+    full[keep] = kept
+    return full

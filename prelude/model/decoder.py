@@ -40,6 +40,9 @@ class LayerState:
     x: torch.Tensor
     residual: torch.Tensor | None
     rope: tuple[torch.Tensor, torch.Tensor]
+    # The tokens whose final hidden states are read (None: all). The last layer computes
+    # everything after its attention for these tokens only.
+    keep: torch.Tensor | None = None
     next_layer: int = 0
     progress: LayerProgress = field(default_factory=LayerProgress)  # inside layer next_layer
 
@@ -52,18 +55,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, residual, rope, attention: AttentionBackend):
-        x, residual = self.attend(x, residual, rope, attention)
+    def forward(self, x, residual, rope, attention: AttentionBackend, keep: torch.Tensor | None = None):
+        x, residual = self.attend(x, residual, rope, attention, keep)
         return self.mlp(x), residual
 
-    def attend(self, x, residual, rope, attention: AttentionBackend):
-        """The layer up to its MLP: (the MLP's input, the residual stream)."""
+    def attend(self, x, residual, rope, attention: AttentionBackend, keep: torch.Tensor | None = None):
+        """The layer up to its MLP: (the MLP's input, the residual stream), of every token or
+        only of the tokens `keep` indexes."""
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, attention)
-        return self.post_attention_layernorm(x, residual)
+        x = self.self_attn(x, rope, attention, keep)
+        return self.post_attention_layernorm(x, residual if keep is None else residual[keep])
 
 
 class DecoderModel(nn.Module):
@@ -108,21 +112,23 @@ class DecoderLM(nn.Module):
             if isinstance(module, Linear):
                 module.packed.prepare(module.weight)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend):
-        """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch."""
-        if self.fused_decode is not None:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                keep: torch.Tensor | None = None):
+        """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch, or
+        only those of the tokens `keep` indexes ([len(keep), hidden])."""
+        if self.fused_decode is not None and keep is None:
             hidden = self.fused_decode.try_forward(input_ids, positions, attention)
             if hidden is not None:
                 return hidden
-        state = self.begin(input_ids, positions)
+        state = self.begin(input_ids, positions, keep)
         self.run_layers(state, attention)
         return self.finish(state)
 
     # A forward in pieces, for cooperative preemption between layers (FlowPrefill): begin, run
     # layers until asked to stop, and later run the rest (after re-planning attention).
-    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor) -> LayerState:
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor | None = None) -> LayerState:
         x = self.model.embed_tokens(input_ids)
-        return LayerState(x, None, self.rotary.lookup(positions, x.dtype))
+        return LayerState(x, None, self.rotary.lookup(positions, x.dtype), keep)
 
     def run_layers(self, state: LayerState, attention: AttentionBackend,
                    should_stop: Callable[[], bool] | None = None) -> bool:
@@ -136,10 +142,11 @@ class DecoderLM(nn.Module):
             if should_stop is not None and ran and should_stop():
                 return False
             layer = cast(DecoderLayer, layers[state.next_layer])
+            keep = state.keep if state.next_layer == len(layers) - 1 else None
             if segmented:
-                run_segment(layer, state, attention)
+                run_segment(layer, state, attention, keep)
             else:
-                state.x, state.residual = layer(state.x, state.residual, state.rope, attention)
+                state.x, state.residual = layer(state.x, state.residual, state.rope, attention, keep)
                 state.next_layer += 1
             ran = True
         return True

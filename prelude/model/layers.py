@@ -149,16 +149,20 @@ class Attention(UsesOps, nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionBackend):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: AttentionBackend,
+                keep: torch.Tensor | None = None):
+        """Attention output of every token, or only of the tokens `keep` indexes (every token's
+        K/V is still computed and stored)."""
         q, k, v = self._heads(x)
         if attention.fuses_rope:
             qk_norm = None
             if self.q_norm is not None and self.k_norm is not None:
                 qk_norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
             out = attention(self.layer, q, k, v, rope=rope, qk_norm=qk_norm)
-            return self.o_proj(out.reshape(-1, self.q_size))
-        out = attention(self.layer, *self.normed_rotated(q, k, v, rope))
-        return self.o_proj(out.reshape(-1, self.q_size))
+        else:
+            out = attention(self.layer, *self.normed_rotated(q, k, v, rope))
+        out = out.reshape(-1, self.q_size)
+        return self.o_proj(out if keep is None else out[keep])
 
     def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         """q, k, v [T, heads, head_dim] as a backend that does not fuse the rotation takes them."""

@@ -41,18 +41,19 @@ def worth_segmenting(tokens: int) -> bool:
     return tokens > MLP_CHUNK_TOKENS
 
 
-def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBackend) -> None:
+def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBackend,
+                keep: torch.Tensor | None = None) -> None:
     """Runs the next segment of layer `state.next_layer`, moving on to the next layer after its
-    last one."""
+    last one. With `keep`, the layer's output projection, norm and MLP run for those tokens only."""
     progress = state.progress
     if progress.mlp_input is None and progress.qkv is None:
         if attention.supports_head_ranges and not attention.fuses_rope:
             _project(layer, state, progress)
         else:  # the backend attends all heads in one call: the attention is one segment
-            progress.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention)
+            progress.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention, keep)
             progress.mlp_output = torch.empty_like(progress.mlp_input)
     elif progress.mlp_input is None:
-        _attend_kv_head(layer, state, progress, attention)
+        _attend_kv_head(layer, state, progress, attention, keep)
     else:
         _mlp_chunk(layer, state, progress)
 
@@ -67,7 +68,7 @@ def _project(layer: DecoderLayer, state: LayerState, progress: LayerProgress) ->
 
 
 def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgress,
-                    attention: AttentionBackend) -> None:
+                    attention: AttentionBackend, keep: torch.Tensor | None) -> None:
     """One chunk of queries of the current KV head (and the query heads it serves)."""
     assert progress.qkv is not None and progress.attended is not None
     q, k, v = progress.qkv
@@ -82,8 +83,12 @@ def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgr
         return
     progress.kv_heads_done, progress.chunks_done = h + 1, 0
     if progress.kv_heads_done == k.shape[1]:
-        out = layer.self_attn.o_proj(progress.attended.reshape(q.shape[0], -1))
-        progress.mlp_input, state.residual = layer.post_attention_layernorm(out, state.residual)
+        attended, residual = progress.attended.reshape(q.shape[0], -1), state.residual
+        assert residual is not None, "the input norm set the residual"
+        if keep is not None:
+            attended, residual = attended[keep], residual[keep]
+        out = layer.self_attn.o_proj(attended)
+        progress.mlp_input, state.residual = layer.post_attention_layernorm(out, residual)
         progress.mlp_output = torch.empty_like(progress.mlp_input)
         progress.qkv = progress.attended = None
 

@@ -68,3 +68,51 @@ def test_grouped_heads_equal_rows_alone(demo_model):
     assert together[6].item_label_logprobs is not None and len(together[6].item_label_logprobs) == 2
     assert together[7].item_label_logprobs is not None and len(together[7].item_label_logprobs) == 3
     assert together[3].label_logprobs is not None and len(together[3].label_logprobs) == 3
+
+
+def test_step_skips_unread_tokens_without_changing_results(tmp_path):
+    """The last layer runs after its attention only for the positions the heads read; a step
+    mixing every kind of output (and a chunk with none) gives the results of a full forward."""
+    from prelude.contract.batch import DecodeRow
+    from prelude.contract.sampling import GREEDY
+    from prelude.executor.attention.torch_ref import TorchAttention
+    from prelude.executor.host_step import host_step
+    from prelude.executor.kv_cache import KVCache, KVCacheShape
+    from prelude.executor.runner import ModelRunner
+    from prelude.model.ops import select_ops
+    from tests.checkpoints import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "qwen3", "qwen3")
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), 256, ops=select_ops(torch.device("cpu")))
+    block = 4
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=block, dtype=torch.float32),
+                    torch.device("cpu"))
+    runner = ModelRunner(model, TorchAttention(cache), torch.device("cpu"), block)
+    specs = [OutputSpec(sample=GREEDY), OutputSpec(pooling="last"), OutputSpec(pooling="mean"),
+             OutputSpec(sample=GREEDY, prompt_logprobs=2), OutputSpec(label_token_ids=(5, 9)), None]
+    lengths = [9, 6, 7, 5, 11, 8]
+    gen = torch.Generator().manual_seed(1)
+    prefills = [PrefillRow(i, torch.randint(0, config.vocab_size, (n,), generator=gen).tolist(), 0,
+                           list(range(4 * i, 4 * i + 4)), spec, item_lengths=(4, 3) if i == 4 else ())
+                for i, (spec, n) in enumerate(zip(specs, lengths))]
+    decodes = [DecodeRow(9, 17, 5, list(range(40, 44)), OutputSpec(sample=GREEDY))]
+    step = host_step(prefills, decodes, block)
+    assert step.read is not None and len(step.read) < len(step.ids)
+    with torch.inference_mode():
+        pruned = runner.run(prefills, decodes).rows
+        input_ids, positions, layout = runner.upload(step)
+        runner.attention.plan(layout)
+        full = row_results(model, model(input_ids, positions, runner.attention), prefills, decodes, layout,
+                           runner.last_hidden)
+    assert [r.seq_id for r in pruned] == [r.seq_id for r in full] == [0, 1, 2, 3, 4, 9]
+    for a, b in zip(pruned, full):
+        assert a.token == b.token
+        for field in ("pooled", "label_logprobs", "item_label_logprobs"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x is None) == (y is None), field
+            if x is not None:
+                assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5), field
+        assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
+        for p, q in zip(a.prompt_logprobs or [], b.prompt_logprobs or []):
+            assert p.token_id == q.token_id and p.rank == q.rank and math.isclose(p.logprob, q.logprob, abs_tol=1e-5)

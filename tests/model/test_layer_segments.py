@@ -1,7 +1,8 @@
 """A long input run in preemptible segments (each layer's projection, its attention a chunk of
 queries of one KV head at a time, then its MLP a chunk of tokens at a time) gives the
 uninterrupted forward within float32 rounding and stores the same K/V, however often it is
-stopped: fresh rows, rows that keep their K/V, and rows over a cached prefix."""
+stopped: fresh rows, rows that keep their K/V, rows over a cached prefix, and steps whose heads
+read only some tokens (the last layer runs its MLP for those alone)."""
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,7 @@ PREFIX = 37
 BLOCK = 16
 
 
-@pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix", "multi_item"])
+@pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix", "multi_item", "reads_two_tokens"])
 def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     config = ModelConfig.from_dir(path)
@@ -30,7 +31,7 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
                        ops=select_ops(torch.device("cpu")))
     blocks = -(-(PREFIX + TOKENS) // BLOCK)
     ids = torch.randint(0, config.vocab_size, (PREFIX + TOKENS,), generator=torch.Generator().manual_seed(0))
-    table = list(range(blocks)) if case != "fresh" else []  # no table: a OneShot row that keeps no KV
+    table = list(range(blocks)) if case not in ("fresh", "reads_two_tokens") else []  # no table: a OneShot row that keeps no KV
     start = PREFIX if case == "cached_prefix" else 0
     items = (20, 30) if case == "multi_item" else ()  # the last 50 tokens: two items after the query
     step = host_step([PrefillRow(0, ids[start:start + TOKENS].tolist(), start, table, None, item_lengths=items)],
@@ -51,7 +52,8 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
         whole_attention = attention_with_prefix()
         whole = model(ids[start:start + TOKENS], positions, whole_attention)
         attention = attention_with_prefix()
-        state = model.begin(ids[start:start + TOKENS], positions)
+        keep = torch.tensor([3, TOKENS - 1]) if case == "reads_two_tokens" else None
+        state = model.begin(ids[start:start + TOKENS], positions, keep)
         resumes = 1
         while not model.run_layers(state, attention, should_stop=lambda: True):
             resumes += 1
@@ -59,7 +61,8 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     # per layer: the projection, three query chunks per KV head (one for a multi-item row, which
     # attends under its mask whole; the last with o_proj and the norm), three MLP chunks
     chunks = 1 if items else 3
-    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + 3)
-    torch.testing.assert_close(segmented, whole, rtol=1e-5, atol=1e-5)
+    skipped_mlp_chunks = 2 if keep is not None else 0  # the last layer's MLP: two tokens, one chunk
+    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + 3) - skipped_mlp_chunks
+    torch.testing.assert_close(segmented, whole if keep is None else whole[keep], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)
