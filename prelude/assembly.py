@@ -21,7 +21,7 @@ from prelude.contract.kv_events import KVEventsConfig
 from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler, SchedulerConfig
 from prelude.executor.executors import Executors
-from prelude.host_tuning import keep_freed_memory, set_compute_threads
+from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig, UnsupportedModel
 from prelude.preflight import StartupError, check_model_dir, listen_error
@@ -223,6 +223,7 @@ async def serve(config: Config, started: float | None = None) -> None:
     ready = asyncio.create_task(engine.wait_ready())
     await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done() and ready.result():
+        freeze_startup_objects()
         logger.info(built.banner(config, listener.url, time.perf_counter() - started))
     else:
         ready.cancel()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import sys
 
@@ -38,6 +39,15 @@ def keep_freed_memory() -> bool:
     if not ok:
         logger.debug("mallopt refused the settings; glibc's defaults stay")
     return ok
+
+
+def freeze_startup_objects() -> None:
+    """Moves every object alive now (imports, model, tokenizer: about 170K on the demo model) out
+    of the garbage collector's reach. A full collection otherwise rescans them all, 40-90 ms on
+    the 2-core machine, and lands on whichever request is in flight when it triggers; they live as
+    long as the process anyway. Called once, when the engine is warm."""
+    gc.collect()
+    gc.freeze()
 
 
 def set_compute_threads(threads: int | None) -> int:
