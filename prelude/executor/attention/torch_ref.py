@@ -113,9 +113,7 @@ class TorchAttention(AttentionBackend):
             return start, end, self._attend_row(k_cache, v_cache, q, k, v, start, end, ctx, prefix, mask)
         past_k = past_v = None
         if prefix is not None or a:
-            prefix_k = k_cache[prefix].flatten(0, 1)[:ctx] if prefix is not None else k[:0]
-            prefix_v = v_cache[prefix].flatten(0, 1)[:ctx] if prefix is not None else v[:0]
-            past_k, past_v = torch.cat([prefix_k, k[start:start + a]]), torch.cat([prefix_v, v[start:start + a]])
+            past_k, past_v = _with_prefix(k_cache, v_cache, prefix, ctx, k[start:start + a], v[start:start + a])
         own = slice(start + a, start + b)
         return start + a, start + b, _chunk_attention(q[own], k[own], v[own], past_k, past_v)
 
@@ -141,10 +139,7 @@ class TorchAttention(AttentionBackend):
     def _attend_row(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, start: int, end: int, ctx: int, prefix: torch.Tensor | None,
                     mask: torch.Tensor | None) -> torch.Tensor:
-        keys, values = k[start:end], v[start:end]
-        if prefix is not None:
-            keys = torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], keys])
-            values = torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], values])
+        keys, values = _with_prefix(k_cache, v_cache, prefix, ctx, k[start:end], v[start:end])
         if mask is None:
             return _causal_attention(q[start:end], keys, values, ctx)
         qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q[start:end], keys, values))
@@ -173,6 +168,15 @@ class TorchAttention(AttentionBackend):
                      self.batched_lengths.data_ptr(), result.data_ptr(), rows, heads, kv_heads, dim, block_size,
                      self.batched_tables.shape[1], dim ** -0.5, torch.get_num_threads())
         return result
+
+
+def _with_prefix(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor | None, ctx: int,
+                 k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row's cached context (its first `ctx` tokens, gathered from its prefix blocks) followed
+    by the keys and values k, v."""
+    if prefix is None:
+        return k, v
+    return (torch.cat([k_cache[prefix].flatten(0, 1)[:ctx], k]), torch.cat([v_cache[prefix].flatten(0, 1)[:ctx], v]))
 
 
 def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
