@@ -52,6 +52,13 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
                       float* out)
     void run_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out)
     void run_silu_and_mul(const float* x, long rows, long width, float* out)
+    void team_rms_norm(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
+                       float* out, int threads)
+    void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out, int threads)
+    void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads)
+
+cdef extern from "team.hpp" namespace "prelude_cpu" nogil:
+    int threads_worth(long floats, int threads)
 
 
 cdef Strided3 _strided3(size_t ptr, long rows, long heads, long dim, long row_stride, long head_stride):
@@ -61,26 +68,41 @@ cdef Strided3 _strided3(size_t ptr, long rows, long heads, long dim, long row_st
     return s
 
 
-# The elementwise kernels keep the GIL: on a decode step's few rows they take a microsecond or
-# two, less than handing the GIL to the event loop and waiting to get it back.
+# The elementwise kernels keep the GIL on few rows (a decode step's: a microsecond or two, less
+# than handing the GIL to the event loop and getting it back) and let it go on a prompt's many,
+# which they split across the thread team.
 def rms_norm(size_t x_ptr, long rows, long heads, long dim, long row_stride, long head_stride, size_t weight_ptr,
-             float eps, size_t residual_ptr, size_t residual_out_ptr, size_t out_ptr) -> None:
+             float eps, size_t residual_ptr, size_t residual_out_ptr, size_t out_ptr, int threads) -> None:
     """out = weight * v / sqrt(mean(v^2) + eps) per [dim] vector, v = x (+ residual, written to
     residual_out; 0 pointers when absent). x strided over rows and heads, the rest contiguous."""
-    run_rms_norm(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>weight_ptr, eps,
-                 <const float*>residual_ptr, <float*>residual_out_ptr, <float*>out_ptr)
+    cdef Strided3 x = _strided3(x_ptr, rows, heads, dim, row_stride, head_stride)
+    if threads_worth(rows * heads * dim, threads) == 1:
+        run_rms_norm(x, <const float*>weight_ptr, eps, <const float*>residual_ptr, <float*>residual_out_ptr,
+                     <float*>out_ptr)
+        return
+    with nogil:
+        team_rms_norm(x, <const float*>weight_ptr, eps, <const float*>residual_ptr, <float*>residual_out_ptr,
+                      <float*>out_ptr, threads)
 
 
 def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long head_stride, size_t cos_ptr,
-           size_t sin_ptr, long cs_stride, size_t out_ptr) -> None:
+           size_t sin_ptr, long cs_stride, size_t out_ptr, int threads) -> None:
     """Neox rotary embedding of x (strided over rows and heads) into contiguous out."""
-    run_rotate(_strided3(x_ptr, rows, heads, dim, row_stride, head_stride), <const float*>cos_ptr,
-               <const float*>sin_ptr, cs_stride, <float*>out_ptr)
+    cdef Strided3 x = _strided3(x_ptr, rows, heads, dim, row_stride, head_stride)
+    if threads_worth(rows * heads * dim, threads) == 1:
+        run_rotate(x, <const float*>cos_ptr, <const float*>sin_ptr, cs_stride, <float*>out_ptr)
+        return
+    with nogil:
+        team_rotate(x, <const float*>cos_ptr, <const float*>sin_ptr, cs_stride, <float*>out_ptr, threads)
 
 
-def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr) -> None:
+def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int threads) -> None:
     """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
-    run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
+    if threads_worth(2 * rows * width, threads) == 1:
+        run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
+        return
+    with nogil:
+        team_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr, threads)
 
 
 cdef extern from "decode_layers.hpp" namespace "prelude_cpu" nogil:

@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     summed = torch.empty_like(residual) if residual is not None else None
     _native.rms_norm(x.data_ptr(), rows, heads, dim, row_stride, head_stride, weight.data_ptr(), eps,
                      0 if residual is None else residual.data_ptr(), 0 if summed is None else summed.data_ptr(),
-                     out.data_ptr())
+                     out.data_ptr(), torch.get_num_threads())
     return out if summed is None else (out, summed)
 
 
@@ -58,7 +58,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     rows, heads, row_stride, head_stride = layout
     out = torch.empty(x.shape, dtype=x.dtype)
     _native.rotate(x.data_ptr(), rows, heads, dim, row_stride, head_stride, cos.data_ptr(), sin.data_ptr(),
-                   cos.stride(0), out.data_ptr())
+                   cos.stride(0), out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -67,5 +67,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 2 or not _native_fp32(x) or width % 8 or not x.is_contiguous():
         return reference.silu_and_mul(x)
     out = torch.empty(x.shape[0], width, dtype=x.dtype)
-    _native.silu_and_mul(x.data_ptr(), x.shape[0], width, out.data_ptr())
+    _native.silu_and_mul(x.data_ptr(), x.shape[0], width, out.data_ptr(), torch.get_num_threads())
     return out

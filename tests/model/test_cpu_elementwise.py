@@ -62,3 +62,26 @@ def test_inputs_the_kernels_do_not_take_go_to_the_reference():
     torch.testing.assert_close(ops.rotate(x, cos, sin), reference.rotate(x, cos, sin))
     x = _randn(3, 20)
     torch.testing.assert_close(ops.silu_and_mul(x), reference.silu_and_mul(x))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_prompt_sized_inputs_split_across_threads_equal_the_reference(threads):
+    """A prompt's many rows run on the thread team (without the GIL); uneven splits included."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, residual, weight = _randn(301, 256), _randn(301, 256), _randn(256)
+        out, summed = ops.rms_norm(x, weight, 1e-5, residual)
+        ref_out, ref_summed = reference.rms_norm(x, weight, 1e-5, residual)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(summed, ref_summed)
+        q, k = _qkv_views(301, 16, 8, 64)
+        table = _randn(400, 64)
+        cos, sin = table[torch.randint(0, 400, (301,), generator=GEN)].unsqueeze(1).chunk(2, dim=-1)
+        for h in (q, k):
+            torch.testing.assert_close(ops.rms_norm(h, weight[:64], 1e-6), reference.rms_norm(h, weight[:64], 1e-6))
+            torch.testing.assert_close(ops.rotate(h, cos, sin), reference.rotate(h, cos, sin))
+        gates = _randn(301, 2 * 1536) * 10
+        torch.testing.assert_close(ops.silu_and_mul(gates), reference.silu_and_mul(gates))
+    finally:
+        torch.set_num_threads(previous)
