@@ -213,7 +213,7 @@ class Engine:
         self._in_flight += 1
         try:
             if preemptible:
-                outcome = await self.steps.run(step, self._run_short_step, self.scheduler.waiting_within)
+                outcome = await self.steps.run(step, self._run_short_step)
             else:
                 outcome = await self.steps.in_worker(execute_isolating, self.executors.execute, step.batch)
         finally:

@@ -28,7 +28,6 @@ from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import PlannedOneShot, SchedulerStats, ScheduledStep, Skip, StepBudget, StepEvent
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.policy import QueuePolicy, make_policy
-from prelude.engine.preemption import kept_apart
 from prelude.engine.prefix_sharing import PrefixSharing
 from prelude.engine.request import ExecutionClass, Request
 from prelude.engine.work import OneShotJob, Sequence, Work, WorkStatus
@@ -106,10 +105,6 @@ class Scheduler:
     def num_waiting_tokens(self) -> int:
         return self.waiting.num_tokens
 
-    def waiting_within(self, tokens: int) -> bool:
-        """Whether OneShot work of at most `tokens` tokens waits."""
-        return any(isinstance(w, OneShotJob) and len(w.tokens_to_compute) <= tokens for w in self.waiting)
-
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """Calibrates the step cost model with a step the engine ran."""
         tokens = sum(n for _, n in step.prefills) + len(step.decodes)
@@ -166,12 +161,8 @@ class Scheduler:
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
         admitted: list[Work] = []
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        sizes: list[int] = []  # the smallest and largest OneShot rows of the step so far
         for work in self.waiting:
             if isinstance(work, OneShotJob):
-                size = len(work.tokens_to_compute)
-                if sizes and (kept_apart(self.costs, size, sizes[0]) or kept_apart(self.costs, size, sizes[-1])):
-                    continue  # a later step: short work runs beside a long step only while it is parked
                 planned = self.oneshot.plan(work, budget, pending)
                 if planned is Skip.NO_ROOM:
                     if max_tokens is not None:
@@ -181,7 +172,6 @@ class Scheduler:
                     continue
                 oneshots.append(planned)
                 rows.append(self.oneshot.row(planned))
-                sizes = [min(sizes[0], size), max(sizes[-1], size)] if sizes else [size, size]
                 work.status = WorkStatus.RUNNING
             else:
                 if decode_full:

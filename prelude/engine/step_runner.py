@@ -17,11 +17,16 @@ from prelude.contract.batch import OneShotBatch
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.plan import ScheduledStep
-from prelude.engine.preemption import SHORT_SHARE, preemptible, short_beside
 from prelude.engine.request import Request
 from prelude.executor.executors import Executors
 
 T = TypeVar("T")
+# A OneShot step predicted to take at least this long may step aside for short requests...
+PREEMPTIBLE_S = 0.05
+# ...that are at most this fraction of its longest row. The longest row, not the step's total:
+# a step of sixteen 128-token rows is a batch of short work, and parking it for the next
+# 128-token arrival broke batching up (embeddings at c=16 ran at half the rate).
+SHORT_SHARE = 1 / 8
 MAX_SHORT_STEPS = 16  # steps of short work per park
 # After a park the long step runs at least this much of the time the short work took before it
 # may stop again: it keeps at least a third of the machine under any stream of short requests.
@@ -48,7 +53,7 @@ class StepRunner:
     def note_arrivals(self, requests: list[Request]) -> None:
         """A request short beside the long step in flight asks it to step aside."""
         long_tokens = self._long_tokens
-        if long_tokens and any(short_beside(r.num_prompt_tokens, long_tokens) for r in requests):
+        if long_tokens and any(r.num_prompt_tokens <= SHORT_SHARE * long_tokens for r in requests):
             self.urgent.set()
 
     @property
@@ -63,21 +68,17 @@ class StepRunner:
         resumed = time.perf_counter()
         return lambda: self.urgent.is_set() and time.perf_counter() - resumed >= owed
 
-    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[bool]],
-                  waiting_within: Callable[[int], bool]) -> StepOutcome:
+    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[bool]]) -> StepOutcome:
         """The step's results. `run_urgent` runs (schedules, executes, folds back) a step of the
-        short waiting work while this one is parked; `waiting_within(n)` says whether work of at
-        most n tokens waits (the scheduler kept it out of this step: it parks at once)."""
+        short waiting work while this one is parked."""
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        if not (self.layer_preemption and tokens and preemptible(self.costs, tokens)):
+        if not (self.layer_preemption and tokens and self.costs.estimate(tokens) >= PREEMPTIBLE_S):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
         self._long_tokens = max(len(row.token_ids) for row in batch.rows)
-        if waiting_within(self.short_tokens):
-            self.urgent.set()
         try:
             oneshot = self.executors.oneshot
             progress = await self.in_worker(oneshot.start, batch)

@@ -189,19 +189,3 @@ def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting():
     pool = scheduler.pool
     assert pool.num_used_blocks == 0
     assert pool.num_free_blocks == pool.num_blocks  # free + cached idle == total
-
-
-def test_short_oneshot_work_never_shares_a_step_with_a_preemptible_long_row():
-    """A short row inside a long step would wait for all of it; kept out, it runs while the long
-    step is parked. Rows of alike sizes still batch together."""
-    scheduler, executor = make(num_blocks=4096, max_num_batched_tokens=8192)
-    scheduler.costs.observe(4000, 0.4)  # 0.1 ms per token: a 4,000-token row is a preemptible step
-    scheduler.add(req("long", range(3, 4003), max_tokens=0, task=Task.EMBED))
-    for i in range(3):
-        scheduler.add(req(f"short{i}", range(5 + i, 29 + i), max_tokens=0, task=Task.EMBED))
-    first = scheduler.schedule()
-    assert first is not None and [len(r.token_ids) for r in prefill_rows(first.batch)] == [4000]
-    assert scheduler.waiting_within(500)  # the step runner parks the long step at once
-    second = scheduler.schedule()
-    assert second is not None and [len(r.token_ids) for r in prefill_rows(second.batch)] == [24, 24, 24]
-    assert not scheduler.waiting_within(500)
