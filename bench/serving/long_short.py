@@ -72,11 +72,11 @@ def _short_body(rng: random.Random) -> dict:
     return {"query": _ids(SHORT_TOKENS - 8, rng), "items": [_ids(8, rng)], "label_token_ids": [5, 9]}
 
 
-def _long_body(rng: random.Random) -> dict:
-    return {"input": [_ids(LONG_TOKENS, rng)]}
+def _long_body(rng: random.Random, tokens: int = LONG_TOKENS) -> dict:
+    return {"input": [_ids(tokens, rng)]}
 
 
-async def calibrate(url: str, rng: random.Random) -> tuple[float, float, float]:
+async def calibrate(url: str, rng: random.Random, long_tokens: int) -> tuple[float, float, float]:
     """(short service s, long service s, unloaded short P99 s), one request at a time."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         shorts = []
@@ -87,13 +87,13 @@ async def calibrate(url: str, rng: random.Random) -> tuple[float, float, float]:
         longs = []
         for _ in range(2):
             t = time.perf_counter()
-            await client.post("/v1/embeddings", json=_long_body(rng))
+            await client.post("/v1/embeddings", json=_long_body(rng, long_tokens))
             longs.append(time.perf_counter() - t)
     return percentile(shorts, 50) or 0.0, min(longs), percentile(shorts, 99) or 0.0
 
 
 async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: float, deadline_ms: float | None,
-                    seed: int) -> list[Outcome]:
+                    seed: int, long_tokens: int) -> list[Outcome]:
     rng = random.Random(seed)
     plan = [(t, "short") for t in poisson_arrivals(short_rate, rng, horizon=seconds)]
     plan += [(t, "long") for t in poisson_arrivals(long_rate, rng, horizon=seconds)]
@@ -104,7 +104,7 @@ async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: floa
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         began = time.perf_counter()
         await asyncio.gather(*(
-            _send(client, kind, _short_body(rng) if kind == "short" else _long_body(rng),
+            _send(client, kind, _short_body(rng) if kind == "short" else _long_body(rng, long_tokens),
                   headers if kind == "short" else {}, at, began, out) for at, kind in plan))
     return out
 
@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=30.0, help="length of each mixed run")
     p.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
     p.add_argument("--long-share", type=float, default=0.5, help="share of the offered work that is long")
+    p.add_argument("--long-tokens", type=int, default=LONG_TOKENS,
+                   help="tokens of a long request (below the step budget, 8,192, short ones could share its step)")
     p.add_argument("--deadline-x", type=float, default=2.0,
                    help="short-request deadline as a multiple of the unloaded short P99")
     p.add_argument("--overload", type=int, default=1000, help="concurrent requests of the overload run (0: skip)")
@@ -146,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def server_args(args: argparse.Namespace, policy: str, extra: Sequence[str] = ()) -> list[str]:
     model = ["--model", args.model] if args.model else []
-    return [*model, "--max-model-len", str(LONG_TOKENS + 64), "--scheduling-policy", policy, *extra]
+    return [*model, "--max-model-len", str(max(LONG_TOKENS, args.long_tokens) + 64), "--scheduling-policy", policy,
+            *extra]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,7 +180,7 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
     """The calibration, then one mixed run per policy with and without deadlines (printed)."""
     rng = random.Random(args.seed)
     with ServerProcess(server_args(args, "fcfs"), env=env, label="calibration") as server:
-        t_short, t_long, p99_unloaded = asyncio.run(calibrate(server.base_url, rng))
+        t_short, t_long, p99_unloaded = asyncio.run(calibrate(server.base_url, rng, args.long_tokens))
     deadline_s = args.deadline_x * p99_unloaded
     long_rate = args.load * args.long_share / t_long
     short_rate = args.load * (1 - args.long_share) / t_short
@@ -189,7 +192,7 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
     for policy, deadlines in progress.each(runs, "policy runs", not args.no_progress, unit="run"):
         with ServerProcess(server_args(args, policy), env=env, label=f"{policy}") as server:
             outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
-                                             1000 * deadline_s if deadlines else None, args.seed))
+                                             1000 * deadline_s if deadlines else None, args.seed, args.long_tokens))
         results.append(summarize(policy, deadlines, outcomes, deadline_s, args.seconds))
     rows = [[r.policy, "yes" if r.deadlines else "no", r.short_p50_ms, r.short_p99_ms,
              None if r.slo_attainment is None else 100 * r.slo_attainment, r.long_per_s, r.longs_completed,
