@@ -1,4 +1,4 @@
-// Byte-string vocabulary, merge-rank table and the BPE merge loop.
+// The merge-rank table and the BPE merge loop (the vocabulary is ft_vocab.hpp).
 #pragma once
 
 #include <cstdint>
@@ -9,120 +9,9 @@
 #include <vector>
 
 #include "ft_mem.hpp"
+#include "ft_vocab.hpp"
 
 namespace ft {
-
-inline uint64_t hash_bytes(const uint8_t* s, size_t n) {
-    // FNV-style over 8-byte words with a final avalanche: pieces are short, so simplicity wins.
-    // The tail is read as two overlapping 4-byte loads (or three single bytes) rather than a
-    // variable-length memcpy, which profiling showed stalling.
-    uint64_t h = 0xcbf29ce484222325ULL ^ (n * 0x9E3779B97F4A7C15ULL);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, s + i, 8);
-        h = (h ^ w) * 0x100000001b3ULL;
-        h ^= h >> 29;
-    }
-    const size_t t = n - i;
-    uint64_t tail = 0;
-    if (t >= 4) {
-        uint32_t lo, hi;
-        std::memcpy(&lo, s + i, 4);
-        std::memcpy(&hi, s + i + t - 4, 4);
-        tail = (uint64_t(hi) << 32) | lo;
-    } else if (t > 0) {
-        tail = (uint64_t(s[i]) << 16) | (uint64_t(s[i + t / 2]) << 8) | s[i + t - 1];
-    }
-    h = (h ^ tail) * 0x100000001b3ULL;
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ULL;
-    h ^= h >> 32;
-    return h;
-}
-
-// Immutable map from byte strings to ids (open addressing over a byte arena). A slot keeps
-// 32 bits of the hash to skip most byte compares and is 16 bytes, so the table stays small.
-class StrMap {
-public:
-    void reserve(size_t n) {
-        size_t cap = 16;
-        while (cap * 3 < n * 4) cap <<= 1;
-        slots_.assign(cap, Slot{0, 0, -1, 0, 0, 0});
-        mask_ = cap - 1;
-    }
-    // Later inserts of an equal key overwrite, as a Rust HashMap built from an iterator does.
-    void insert(const uint8_t* s, size_t n, int32_t id) {
-        if (n > 0xFFFF) return;  // never a BPE result: pieces that long are not tokens
-        const uint64_t h = hash_bytes(s, n);
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            Slot& slot = slots_[i];
-            if (slot.id < 0) {
-                slot = Slot{tag(h), uint32_t(arena_.size()), id, uint16_t(n), 0, 0};
-                arena_.append(reinterpret_cast<const char*>(s), n);
-                return;
-            }
-            if (slot.tag == tag(h) && same(slot, s, n)) { slot.id = id; return; }
-        }
-    }
-    int32_t find(const uint8_t* s, size_t n, uint64_t h) const {
-        const Slot* slot = lookup(s, n, h);
-        return slot ? slot->id : -1;
-    }
-    int32_t find(const uint8_t* s, size_t n) const { return find(s, n, hash_bytes(s, n)); }
-
-    void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
-
-    // The id of piece s when BPE over it yields exactly that token (see mark_whole), else -1.
-    int32_t find_whole(const uint8_t* s, size_t n, uint64_t h) const {
-        const Slot* slot = lookup(s, n, h);
-        return slot && slot->whole ? slot->id : -1;
-    }
-    // Sets the flag find_whole reads: whole(bytes, length, id) says whether BPE over the bytes
-    // of a vocabulary entry merges them back into that entry.
-    template <class Whole>
-    void mark_whole(Whole&& whole) {
-        for (Slot& slot : slots_)
-            if (slot.id >= 0)
-                slot.whole = whole(reinterpret_cast<const uint8_t*>(arena_.data()) + slot.off, slot.len, slot.id);
-    }
-
-    template <class IO>
-    void visit(IO& io) {
-        io.vec(slots_);
-        io.str(arena_);
-        io.pod(mask_);
-        if (IO::kLoading) {
-            if (slots_.size() < 2 || (slots_.size() & (slots_.size() - 1)) || mask_ != slots_.size() - 1)
-                throw std::runtime_error("fasttoken cache: vocab table shape");
-            for (const Slot& slot : slots_)
-                if (slot.id >= 0 && size_t(slot.off) + slot.len > arena_.size())
-                    throw std::runtime_error("fasttoken cache: vocab slot");
-        }
-    }
-
-private:
-    struct Slot {
-        uint32_t tag, off;
-        int32_t id;  // -1: empty
-        uint16_t len;
-        uint8_t whole, pad;
-    };
-    static uint32_t tag(uint64_t h) { return uint32_t(h >> 32); }
-    const Slot* lookup(const uint8_t* s, size_t n, uint64_t h) const {
-        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-            const Slot& slot = slots_[i];
-            if (slot.id < 0) return nullptr;
-            if (slot.tag == tag(h) && same(slot, s, n)) return &slot;
-        }
-    }
-    bool same(const Slot& slot, const uint8_t* s, size_t n) const {
-        return slot.len == n && std::memcmp(arena_.data() + slot.off, s, n) == 0;
-    }
-    std::vector<Slot, HugeAllocator<Slot>> slots_;
-    std::string arena_;
-    size_t mask_ = 0;
-};
 
 // (left id, right id) -> (rank, merged id). A new word's BPE is a chain of lookups here that
 // mostly miss the CPU caches, so the table is kept small: one 8-byte slot per pair holding
