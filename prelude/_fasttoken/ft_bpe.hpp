@@ -128,7 +128,8 @@ private:
         size_t n = syms.size();
         ranks_.resize(n);
         // The pairs' slots are independent misses: all are requested before any is read.
-        for (size_t k = 0; k + 1 < n; ++k) merges.prefetch(syms[k], syms[k + 1]);
+        for (size_t k = 0; k + 1 < n; ++k)
+            if (!memo_has(syms[k], syms[k + 1])) merges.prefetch(syms[k], syms[k + 1]);
         for (size_t k = 0; k + 1 < n; ++k) set_pair(merges, syms, k);
         while (n > 1) {
             size_t best = 0;
@@ -148,8 +149,36 @@ private:
         syms.resize(n);
     }
     void set_pair(const PairMap& merges, const std::vector<int32_t>& syms, size_t k) {
-        const int32_t rank = merges.rank(syms[k], syms[k + 1]);
+        const int32_t rank = memo_rank(merges, syms[k], syms[k + 1]);
         ranks_[k] = rank < 0 ? kNoRank : rank;
+    }
+
+    // A direct-mapped memo of merge-table answers (ranks and absences) for the linear merger,
+    // 32 KiB so it stays near the core: the pairs of unseen words' BPE repeat across words
+    // (common bigrams, and the same few absent pairs), while the merge table's slots of those
+    // pairs are spread over megabytes. Slot: pair key << 24 | rank, kAbsent for no merge;
+    // an empty slot holds a key no pair has (both ids 2^20 - 1).
+    static constexpr size_t kMemoBits = 12;
+    static constexpr uint64_t kAbsent = 0xFFFFFF;
+    static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 20) | uint32_t(b); }
+    uint64_t& memo_slot(uint64_t key) {
+        if (memo_.empty()) memo_.assign(size_t(1) << kMemoBits, ~uint64_t(0));
+        return memo_[size_t((key * 0x9E3779B97F4A7C15ULL) >> (64 - kMemoBits))];
+    }
+    bool memo_has(int32_t a, int32_t b) {
+        const uint64_t key = pair_key(a, b);
+        return (memo_slot(key) >> 24) == key;
+    }
+    int32_t memo_rank(const PairMap& merges, int32_t a, int32_t b) {
+        const uint64_t key = pair_key(a, b);
+        uint64_t& slot = memo_slot(key);
+        if ((slot >> 24) == key) {
+            const uint64_t r = slot & 0xFFFFFF;
+            return r == kAbsent ? -1 : int32_t(r);
+        }
+        const int32_t rank = merges.rank(a, b);
+        if (rank < int32_t(kAbsent)) slot = (key << 24) | (rank < 0 ? kAbsent : uint64_t(rank));
+        return rank;
     }
 
     void heap(const PairMap& merges, std::vector<int32_t>& syms) {
@@ -193,6 +222,7 @@ private:
 
     std::vector<int32_t> ranks_, prev_, next_;
     std::vector<uint8_t> alive_;
+    std::vector<uint64_t> memo_;  // see memo_rank; allocated on first use
 };
 
 }  // namespace ft
