@@ -33,18 +33,18 @@ struct PieceKey {
 };
 
 // Reads n <= 15 bytes at p. A 16-byte load that stays inside p's page cannot fault, so it is
-// used whenever it does; the bytes past n are masked off.
+// used whenever it does; the bytes past n are masked off. The masks are computed without a
+// branch on the length: whether a word is shorter than 8 bytes is a coin toss in real text,
+// and the mispredictions showed in perf on the block lookup.
 inline PieceKey make_key(const uint8_t* p, size_t n) {
     PieceKey k;
     if ((reinterpret_cast<uintptr_t>(p) & 4095) <= 4096 - 16) {
         std::memcpy(&k.lo, p, 8);
         std::memcpy(&k.hi, p + 8, 8);
-        if (n < 8) {
-            k.lo &= (uint64_t(1) << (8 * n)) - 1;
-            k.hi = 0;
-        } else {
-            k.hi &= (uint64_t(1) << (8 * (n - 8))) - 1;  // n - 8 <= 7
-        }
+        const size_t lo_bytes = n < 8 ? n : 8, hi_bytes = n - lo_bytes;  // cmov, 0-8 and 0-7
+        // Shifting by 64 is undefined, so the low mask's shift by 8 * lo_bytes is done in halves.
+        k.lo &= ((uint64_t(1) << (4 * lo_bytes)) << (4 * lo_bytes)) - 1;
+        k.hi &= (uint64_t(1) << (8 * hi_bytes)) - 1;
     } else {
         uint8_t buf[16] = {};
         std::memcpy(buf, p, n);
