@@ -14,11 +14,13 @@ from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.layers import MLP_CHUNK_TOKENS
+from prelude.model.segments import SEGMENT_TOKENS
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
 from tests.checkpoints import make_checkpoint
 
-TOKENS = 2 * MLP_CHUNK_TOKENS + 5  # three MLP chunks and three query chunks per KV head
+TOKENS = max(2 * SEGMENT_TOKENS, MLP_CHUNK_TOKENS) + 5  # long enough to segment
+SEGMENTS = -(-TOKENS // SEGMENT_TOKENS)  # MLP chunks, and query chunks per KV head
 PREFIX = 37
 BLOCK = 16
 
@@ -58,11 +60,11 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
         while not model.run_layers(state, attention, should_stop=lambda: True):
             resumes += 1
         segmented = model.finish(state)
-    # per layer: the projection, three query chunks per KV head (one for a multi-item row, which
-    # attends under its mask whole; the last with o_proj and the norm), three MLP chunks
-    chunks = 1 if items else 3
-    skipped_mlp_chunks = 2 if keep is not None else 0  # the last layer's MLP: two tokens, one chunk
-    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + 3) - skipped_mlp_chunks
+    # per layer: the projection, the query chunks of each KV head (one for a multi-item row, which
+    # attends under its mask whole; the last with o_proj and the norm), the MLP chunks
+    chunks = 1 if items else SEGMENTS
+    skipped_mlp_chunks = SEGMENTS - 1 if keep is not None else 0  # the last layer's MLP: two tokens, one chunk
+    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + SEGMENTS) - skipped_mlp_chunks
     torch.testing.assert_close(segmented, whole if keep is None else whole[keep], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from prelude.executor.kv_cache import KVCache
 from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
+from prelude.model.segments import SEGMENT_TOKENS
 
 paged_decode: Callable[..., None] | None
 try:
@@ -15,8 +16,8 @@ try:
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     paged_decode = None
 
-# Queries per piece of a segmented forward's attention (prelude.model.segments).
-QUERY_CHUNK = 2048
+# Queries per piece of a segmented forward's attention: the segment size (prelude.model.segments).
+QUERY_CHUNK = SEGMENT_TOKENS
 
 
 class TorchAttention(AttentionBackend):
