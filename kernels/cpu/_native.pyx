@@ -76,7 +76,8 @@ def rms_norm(size_t x_ptr, long rows, long heads, long dim, long row_stride, lon
     """out = weight * v / sqrt(mean(v^2) + eps) per [dim] vector, v = x (+ residual, written to
     residual_out; 0 pointers when absent). x strided over rows and heads, the rest contiguous."""
     cdef Strided3 x = _strided3(x_ptr, rows, heads, dim, row_stride, head_stride)
-    if threads_worth(rows * heads * dim, threads) == 1:
+    threads = threads_worth(rows * heads * dim, threads)
+    if threads == 1:
         run_rms_norm(x, <const float*>weight_ptr, eps, <const float*>residual_ptr, <float*>residual_out_ptr,
                      <float*>out_ptr)
         return
@@ -89,7 +90,8 @@ def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long 
            size_t sin_ptr, long cs_stride, size_t out_ptr, int threads) -> None:
     """Neox rotary embedding of x (strided over rows and heads) into contiguous out."""
     cdef Strided3 x = _strided3(x_ptr, rows, heads, dim, row_stride, head_stride)
-    if threads_worth(rows * heads * dim, threads) == 1:
+    threads = threads_worth(rows * heads * dim, threads)
+    if threads == 1:
         run_rotate(x, <const float*>cos_ptr, <const float*>sin_ptr, cs_stride, <float*>out_ptr)
         return
     with nogil:
@@ -98,7 +100,8 @@ def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long 
 
 def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int threads) -> None:
     """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
-    if threads_worth(2 * rows * width, threads) == 1:
+    threads = threads_worth(2 * rows * width, threads)
+    if threads == 1:
         run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
         return
     with nogil:

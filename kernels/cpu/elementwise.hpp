@@ -79,12 +79,12 @@ PRELUDE_CPU_VARIANTS(rotate, (Strided3 x, const float* cos, const float* sin, lo
                      (x, cos, sin, cs_stride, out))
 PRELUDE_CPU_VARIANTS(silu_and_mul, (const float* x, long rows, long width, float* out), (x, rows, width, out))
 
-// The same three over a prompt's many rows: split by rows across the thread team when there are
-// enough floats to be worth it (a prefill's SwiGLU took 0.5 ms a layer on one thread).
+// The same three over a prompt's many rows, split by rows across `threads` of the team (the
+// caller asked threads_worth; a prefill's SwiGLU took 0.5 ms a layer on one thread).
 static void team_rms_norm(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
                           float* out, int threads) {
     const long d = x.dim;
-    parallel_ranges(x.rows, threads_worth(x.rows * x.heads * d, threads), 1, [&](long begin, long end) {
+    parallel_ranges(x.rows, threads, 1, [&](long begin, long end) {
         Strided3 part = x;
         part.ptr = x.ptr + begin * x.row_stride;
         part.rows = end - begin;
@@ -94,7 +94,7 @@ static void team_rms_norm(Strided3 x, const float* weight, float eps, const floa
 }
 
 static void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out, int threads) {
-    parallel_ranges(x.rows, threads_worth(x.rows * x.heads * x.dim, threads), 1, [&](long begin, long end) {
+    parallel_ranges(x.rows, threads, 1, [&](long begin, long end) {
         Strided3 part = x;
         part.ptr = x.ptr + begin * x.row_stride;
         part.rows = end - begin;
@@ -103,7 +103,7 @@ static void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_
 }
 
 static void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads) {
-    parallel_ranges(rows, threads_worth(2 * rows * width, threads), 1, [&](long begin, long end) {
+    parallel_ranges(rows, threads, 1, [&](long begin, long end) {
         run_silu_and_mul(x + begin * 2 * width, end - begin, width, out + begin * width);
     });
 }

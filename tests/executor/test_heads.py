@@ -8,11 +8,18 @@ import math
 
 import torch
 
-from prelude.contract.batch import OutputSpec, PrefillRow
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY
+from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.heads import row_results
+from prelude.executor.host_step import host_step
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.executor.runner import ModelRunner
 from prelude.model.attention import StepLayout
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
+from prelude.model.ops import select_ops
+from tests.checkpoints import make_checkpoint
 
 SPECS = [
     OutputSpec(pooling="last"),
@@ -73,15 +80,6 @@ def test_grouped_heads_equal_rows_alone(demo_model):
 def test_step_skips_unread_tokens_without_changing_results(tmp_path):
     """The last layer runs after its attention only for the positions the heads read; a step
     mixing every kind of output (and a chunk with none) gives the results of a full forward."""
-    from prelude.contract.batch import DecodeRow
-    from prelude.contract.sampling import GREEDY
-    from prelude.executor.attention.torch_ref import TorchAttention
-    from prelude.executor.host_step import host_step
-    from prelude.executor.kv_cache import KVCache, KVCacheShape
-    from prelude.executor.runner import ModelRunner
-    from prelude.model.ops import select_ops
-    from tests.checkpoints import make_checkpoint
-
     path = make_checkpoint(tmp_path / "qwen3", "qwen3")
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), 256, ops=select_ops(torch.device("cpu")))

@@ -16,9 +16,6 @@ try:
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     paged_decode = None
 
-# Queries per piece of a segmented forward's attention: the segment size (prelude.model.segments).
-QUERY_CHUNK = SEGMENT_TOKENS
-
 
 class TorchAttention(AttentionBackend):
     """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
@@ -56,10 +53,10 @@ class TorchAttention(AttentionBackend):
             end = layout.query_starts[row + 1]
             mask = _item_mask(end - start, ctx, items, device) if items else None
             self.prefills.append((start, end, ctx, prefix, mask))
-        # A segmented forward attends a KV head's queries a chunk at a time (multi-item rows whole).
-        self.query_chunks = [(i, a, min(a + QUERY_CHUNK, end - start) if mask is None else end - start)
+        # A segmented forward attends a KV head's queries a segment at a time (multi-item rows whole).
+        self.query_chunks = [(i, a, min(a + SEGMENT_TOKENS, end - start) if mask is None else end - start)
                              for i, (start, end, _, _, mask) in enumerate(self.prefills)
-                             for a in (range(0, end - start, QUERY_CHUNK) if mask is None else (0,))]
+                             for a in (range(0, end - start, SEGMENT_TOKENS) if mask is None else (0,))]
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
