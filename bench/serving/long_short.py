@@ -1,7 +1,8 @@
 """`python -m bench.serving.long_short`: short score requests (128 tokens) mixed with long
 embedding requests (8K tokens), Poisson arrivals at about 70% of capacity, against one server
-per scheduling policy, with and without deadlines on the short requests. Then an overload run:
-1,000 concurrent requests against a bounded queue.
+per scheduling policy, with and without deadlines on the short requests, and first against plain
+FCFS (`fcfs` without layer preemption, the baseline the policies are measured against). Then an
+overload run: 1,000 concurrent requests against a bounded queue.
 
 Reports, per policy: short-request latency P50/P99 (a OneShot result is its first token),
 long-request throughput and longest wait, SLO attainment of the short requests, rejections.
@@ -27,6 +28,7 @@ from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.stats import percentile, poisson_arrivals
 
 SHORT_TOKENS, LONG_TOKENS = 128, 8192
+BASELINE = "fcfs-whole-steps"  # fcfs with --no-layer-preemption: a long step runs to its end
 
 
 def _ids(n: int, rng: random.Random) -> list[int]:
@@ -129,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="model directory (default: the demo model)")
     p.add_argument("--policies", default="fcfs,sjf,edf")
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run fcfs with --no-layer-preemption, the plain FCFS the policies are measured against")
     p.add_argument("--seconds", type=float, default=30.0, help="length of each mixed run")
     p.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
     p.add_argument("--long-share", type=float, default=0.5, help="share of the offered work that is long")
@@ -188,12 +192,15 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
           f"{1000 * p99_unloaded:.1f} ms; offered {short_rate:.1f} short/s + {long_rate:.2f} long/s; "
           f"short deadline {1000 * deadline_s:.1f} ms", flush=True)
     results: list[PolicyResult] = []
-    runs = [(policy, deadlines) for policy in args.policies.split(",") for deadlines in (False, True)]
-    for policy, deadlines in progress.each(runs, "policy runs", not args.no_progress, unit="run"):
-        with ServerProcess(server_args(args, policy), env=env, label=f"{policy}") as server:
+    runs = [(policy, policy, deadlines) for policy in args.policies.split(",") for deadlines in (False, True)]
+    if args.baseline:  # deadlines change nothing for it: fcfs ignores them and nothing is shed
+        runs.insert(0, (BASELINE, "fcfs", False))
+    for label, policy, deadlines in progress.each(runs, "policy runs", not args.no_progress, unit="run"):
+        extra = ["--no-layer-preemption"] if label == BASELINE else []
+        with ServerProcess(server_args(args, policy, extra), env=env, label=label) as server:
             outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
                                              1000 * deadline_s if deadlines else None, args.seed, args.long_tokens))
-        results.append(summarize(policy, deadlines, outcomes, deadline_s, args.seconds))
+        results.append(summarize(label, deadlines, outcomes, deadline_s, args.seconds))
     rows = [[r.policy, "yes" if r.deadlines else "no", r.short_p50_ms, r.short_p99_ms,
              None if r.slo_attainment is None else 100 * r.slo_attainment, r.long_per_s, r.longs_completed,
              r.long_max_wait_s, r.rejected, r.errors] for r in results]

@@ -52,7 +52,7 @@ class Engine:
                  eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
                  layer_preemption: bool = True, kv_events: KVEventSink | None = None):
         self.scheduler = scheduler
-        self.steps = StepRunner(executors, scheduler.costs, layer_preemption)
+        self.steps = StepRunner(executors, scheduler.costs, layer_preemption, scheduler.waiting_within)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stats = EngineStats()

@@ -105,6 +105,10 @@ class Scheduler:
     def num_waiting_tokens(self) -> int:
         return self.waiting.num_tokens
 
+    def waiting_within(self, tokens: int) -> bool:
+        """Whether some waiting work has at most `tokens` tokens left to compute."""
+        return any(len(work.tokens_to_compute) <= tokens for work in self.waiting)
+
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """Calibrates the step cost model with a step the engine ran."""
         tokens = sum(n for _, n in step.prefills) + len(step.decodes)

@@ -34,9 +34,11 @@ LONG_RUN_PER_SHORT_S = 0.5
 
 
 class StepRunner:
-    def __init__(self, executors: Executors, costs: StepCostModel, layer_preemption: bool):
+    def __init__(self, executors: Executors, costs: StepCostModel, layer_preemption: bool,
+                 waiting_within: Callable[[int], bool]):
         self.executors = executors
         self.costs = costs
+        self.waiting_within = waiting_within  # some waiting work has at most this many tokens
         self.layer_preemption = layer_preemption
         self.urgent = threading.Event()  # read by the worker thread between layers
         self.preemptions = 0
@@ -83,7 +85,15 @@ class StepRunner:
             oneshot = self.executors.oneshot
             progress = await self.in_worker(oneshot.start, batch)
             owed = 0.0  # how long the step runs before it may stop again
-            while (result := await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))) is None:
+            while True:
+                # Short work already waiting counts as much as an arrival: a long request that
+                # the queue's order put first (sjf/edf aging) must not hold back the short ones
+                # queued behind it until the next short arrival.
+                if self.waiting_within(self.short_tokens):
+                    self.urgent.set()
+                result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
+                if result is not None:
+                    return StepOutcome(result)
                 self.preemptions += 1
                 self.last_parked = True
                 self.urgent.clear()
@@ -94,7 +104,6 @@ class StepRunner:
                     if not await run_urgent():
                         break
                 owed = LONG_RUN_PER_SHORT_S * (time.perf_counter() - parked)
-            return StepOutcome(result)
         except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         finally:

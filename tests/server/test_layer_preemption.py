@@ -52,3 +52,37 @@ def test_short_request_overtakes_a_long_step_only_with_preemption(demo_model, pr
         assert preemptions >= 1 and short_done < long_done
     else:
         assert preemptions == 0 and short_done >= long_done
+
+
+def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
+    """A short request that the queue's order put behind a long one (here FCFS, with the long
+    one filling the step budget) steps in as soon as the long step starts, not only when some
+    other short request arrives during it."""
+    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, max_num_batched_tokens=6000)
+    batch = [[(i * 5 + j) % 500 + 3 for j in range(120)] for i in range(48)]  # one step, no row long
+
+    async def go(srv: ServerThread) -> tuple[float, float]:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
+            async def done_at(ids: list[list[int]]) -> float:
+                assert (await client.post("/v1/embeddings", json={"input": ids})).status_code == 200
+                return time.monotonic()
+
+            async def until(condition) -> None:
+                deadline = time.monotonic() + 30
+                while not srv.on_loop(condition):
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.002)
+            busy = asyncio.create_task(done_at(batch))
+            await until(lambda: srv.engine._in_flight)
+            long_task = asyncio.create_task(done_at([LONG]))
+            await until(lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG))
+            short_task = asyncio.create_task(done_at([SHORT]))
+            await until(lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG) + len(SHORT))
+            assert not busy.done()  # both arrived while the batch ran: neither parked it
+            await busy
+            return await long_task, await short_task
+
+    with ServerThread(config) as srv:
+        long_done, short_done = asyncio.run(go(srv))
+        srv.wait_idle()
+    assert short_done < long_done
