@@ -17,7 +17,8 @@ BS = 4
 
 
 def make(num_blocks=64, **config) -> tuple[Scheduler, CountingExecutor]:
-    scheduler_config = SchedulerConfig.from_config(Config(**config))
+    """A scheduler in arrival order (the tests here state outcomes in it) unless told otherwise."""
+    scheduler_config = SchedulerConfig.from_config(Config(**{"scheduling_policy": "fcfs", **config}))
     return Scheduler(scheduler_config, BlockPool(num_blocks, BS)), CountingExecutor()
 
 
