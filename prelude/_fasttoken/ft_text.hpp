@@ -78,17 +78,20 @@ inline bool to_utf8(const TextRef& t, std::vector<uint8_t>& buf, const uint8_t*&
         const uint16_t* s = static_cast<const uint16_t*>(t.data);
         while (i < n) {
 #if defined(__SSE2__)
-            for (; i + 8 <= n; i += 8) {
-                const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+            // 16 units a step (one full store): perf put this loop at ~9% of the calling thread's
+            // time on 200K-character texts, where it runs before the parallel split.
+            for (; i + 16 <= n; i += 16) {
+                const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+                const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 8));
                 // any unit >= 0x80: its high 9 bits are not all zero
-                if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(v, _mm_set1_epi16(-128)),
+                if (_mm_movemask_epi8(_mm_cmpeq_epi16(_mm_and_si128(_mm_or_si128(v0, v1), _mm_set1_epi16(-128)),
                                                       _mm_setzero_si128())) != 0xFFFF)
                     break;
-                _mm_storel_epi64(reinterpret_cast<__m128i*>(w), _mm_packus_epi16(v, v));
-                w += 8;
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(w), _mm_packus_epi16(v0, v1));
+                w += 16;
             }
 #endif
-            for (const size_t stop = i + 8 < n ? i + 8 : n; i < stop; ++i) {
+            for (const size_t stop = i + 16 < n ? i + 16 : n; i < stop; ++i) {
                 if (detail::surrogate(s[i])) return false;
                 w = detail::put_cp(w, s[i]);
             }
