@@ -10,10 +10,6 @@ from __future__ import annotations
 PRIOR_FIXED_S = 1e-3
 PRIOR_PER_TOKEN_S = 20e-6
 DECAY = 0.98  # weight of the past per observed step: about the last 50 steps count
-# A OneShot step predicted to take at least this long runs in segments and may step aside for
-# short work (engine.step_runner); a OneShot row this long gets a step of its own rather than
-# one beside running decodes (engine.scheduler).
-LONG_STEP_S = 0.05
 
 
 class StepCostModel:
@@ -42,6 +38,3 @@ class StepCostModel:
     def estimate(self, tokens: int) -> float:
         """Seconds a step computing `tokens` is expected to take."""
         return self.fixed_s + self.per_token_s * tokens
-
-    def is_long(self, tokens: int) -> bool:
-        return self.estimate(tokens) >= LONG_STEP_S

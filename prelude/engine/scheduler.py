@@ -3,9 +3,7 @@ ForwardBatch, and after the step folds the results back in.
 
 Order within a tick: running decodes first (one token each; the newest sequence is preempted by
 recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
-order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). One exception:
-a long OneShot row is not put beside running sequences; the next tick is a step of OneShot rows
-alone, which the engine runs in segments, stepping aside for the sequences' tokens.
+order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner).
 
 Never imports torch: it deals in token ids and block numbers only. It never decides that a
 request ends; the engine does, and calls `release`.
@@ -44,7 +42,6 @@ class SchedulerConfig:
     max_queued_requests: int
     max_queued_tokens: int
     shed_late: bool
-    layer_preemption: bool
     # OneShot temporaries: activation bytes per computed token, bytes per row of logits, and the
     # budget one step's rows may take together (set by what the executor's device holds).
     temp_bytes_per_token: int
@@ -57,7 +54,6 @@ class SchedulerConfig:
         return cls(config.max_num_seqs, config.max_num_batched_tokens, config.disable_oneshot,
                    config.scheduling_policy, config.max_queued_requests or 4 * config.max_num_seqs,
                    config.max_queued_tokens or 4 * kv_capacity_tokens, config.shed_late_requests,
-                   config.layer_preemption,
                    temp_bytes_per_token,
                    temp_bytes_per_logits_row, temp_memory_budget)
 
@@ -73,7 +69,6 @@ class Scheduler:
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)
         self.decode = DecodePlanner(pool, prefix, config.max_num_seqs, self.waiting, self.stats)
         self._next_id = 0
-        self._long_oneshot_held = False  # a long OneShot row was kept out of a step with decodes
 
     # -- admission and removal ------------------------------------------------------------
     def add(self, request: Request) -> Work:
@@ -110,10 +105,9 @@ class Scheduler:
     def num_waiting_tokens(self) -> int:
         return self.waiting.num_tokens
 
-    def short_work_waiting(self, tokens: int) -> bool:
-        """Whether work a long step should step aside for waits: a running sequence's next
-        token, or waiting work with at most `tokens` tokens left to compute."""
-        return bool(self.decode.running) or any(len(work.tokens_to_compute) <= tokens for work in self.waiting)
+    def waiting_within(self, tokens: int) -> bool:
+        """Whether some waiting work has at most `tokens` tokens left to compute."""
+        return any(len(work.tokens_to_compute) <= tokens for work in self.waiting)
 
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """Calibrates the step cost model with a step the engine ran."""
@@ -163,13 +157,8 @@ class Scheduler:
             max_tokens, self.config.max_num_batched_tokens)
         budget = StepBudget(tokens, self.config.temp_memory_budget,
                             self.costs if self.config.policy == "edf" else None, now, strict=max_tokens is not None)
-        # A long OneShot row beside running sequences gets a step of its own, which steps aside
-        # for their tokens between layers; in one Mixed step with them, every stream stalled for
-        # the whole row (1.3 s for an 8K-token embedding on the demo model).
-        alone = self._long_oneshot_held and max_tokens is None
-        self._long_oneshot_held = False
-        decodes = [] if alone else self.decode.decodes(budget)
-        chunks = [] if alone else self.decode.prefill_chunks(budget)
+        decodes = self.decode.decodes(budget)
+        chunks = self.decode.prefill_chunks(budget)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
         rows: list[PrefillRow] = [row for _, row in chunks]
         oneshots: list[PlannedOneShot] = []
@@ -178,10 +167,6 @@ class Scheduler:
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
         for work in self.waiting:
             if isinstance(work, OneShotJob):
-                if (decodes or prefills) and self.config.layer_preemption and self.costs.is_long(
-                        len(work.tokens_to_compute)):
-                    self._long_oneshot_held = True
-                    continue
                 planned = self.oneshot.plan(work, budget, pending)
                 if planned is Skip.NO_ROOM:
                     if max_tokens is not None:
@@ -193,7 +178,7 @@ class Scheduler:
                 rows.append(self.oneshot.row(planned))
                 work.status = WorkStatus.RUNNING
             else:
-                if decode_full or alone:
+                if decode_full:
                     continue
                 row = self.decode.admit(work, budget, pending)
                 if row is Skip.DEFERRED:
@@ -209,8 +194,6 @@ class Scheduler:
                 work.first_scheduled = now
             admitted.append(work)
         self.waiting.remove_many(admitted)
-        if alone and not rows:  # the held row went away meanwhile (aborted): a usual step
-            return self.schedule()
         if not rows and not decodes:
             return None
         decode_rows = [self.decode.decode_row(s) for s in decodes]

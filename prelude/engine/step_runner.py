@@ -21,8 +21,9 @@ from prelude.engine.request import Request
 from prelude.executor.executors import Executors
 
 T = TypeVar("T")
-# A long OneShot step (StepCostModel.is_long) may step aside for short requests that are at
-# most this fraction of its longest row. The longest row, not the step's total:
+# A OneShot step predicted to take at least this long may step aside for short requests...
+PREEMPTIBLE_S = 0.05
+# ...that are at most this fraction of its longest row. The longest row, not the step's total:
 # a step of sixteen 128-token rows is a batch of short work, and parking it for the next
 # 128-token arrival broke batching up (embeddings at c=16 ran at half the rate).
 SHORT_SHARE = 1 / 8
@@ -37,10 +38,10 @@ LONG_RUN_PER_SHORT_S = 0.5
 
 class StepRunner:
     def __init__(self, executors: Executors, costs: StepCostModel, layer_preemption: bool,
-                 short_work_waiting: Callable[[int], bool]):
+                 waiting_within: Callable[[int], bool]):
         self.executors = executors
         self.costs = costs
-        self.short_work_waiting = short_work_waiting  # Scheduler.short_work_waiting
+        self.waiting_within = waiting_within  # some waiting work has at most this many tokens
         self.layer_preemption = layer_preemption
         self.urgent = threading.Event()  # read by the worker thread between layers
         self.preemptions = 0
@@ -78,7 +79,7 @@ class StepRunner:
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        if not (self.layer_preemption and tokens and self.costs.is_long(tokens)):
+        if not (self.layer_preemption and tokens and self.costs.estimate(tokens) >= PREEMPTIBLE_S):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
@@ -90,8 +91,8 @@ class StepRunner:
             while True:
                 # Short work already waiting counts as much as an arrival: a long request that
                 # the queue's order put first (sjf/edf aging) must not hold back the short ones
-                # queued behind it until the next short arrival, nor running streams their tokens.
-                if self.short_work_waiting(self.short_tokens):
+                # queued behind it until the next short arrival.
+                if self.waiting_within(self.short_tokens):
                     self.urgent.set()
                 resumed = time.perf_counter()
                 owed = LONG_RUN_PER_SHORT_S * parked_for - computed

@@ -86,33 +86,3 @@ def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
         long_done, short_done = asyncio.run(go(srv))
         srv.wait_idle()
     assert short_done < long_done
-
-
-def test_a_running_stream_keeps_its_tokens_coming_beside_a_long_request(demo_model):
-    """A long OneShot row does not share a step with running decodes (a stream would stall for
-    all of it): it runs in its own step, which steps aside for the stream's tokens."""
-    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192)
-
-    async def go(srv: ServerThread) -> tuple[float, float, int]:
-        async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
-            long_task: asyncio.Task | None = None
-
-            async def embed_long() -> float:
-                assert (await client.post("/v1/embeddings", json={"input": [LONG]})).status_code == 200
-                return time.monotonic()
-
-            tokens = 0
-            body = {"prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                async for line in response.aiter_lines():
-                    tokens += line.startswith("data:") and line != "data: [DONE]"
-                    if tokens == 3 and long_task is None:
-                        long_task = asyncio.create_task(embed_long())
-            stream_done = time.monotonic()
-            assert long_task is not None
-            return stream_done, await long_task, tokens
-
-    with ServerThread(config) as srv:
-        stream_done, long_done, tokens = asyncio.run(go(srv))
-        srv.wait_idle()
-    assert tokens == 200 and stream_done < long_done
