@@ -57,8 +57,7 @@ class StepRunner:
 
     def note_arrivals(self, requests: list[Request]) -> None:
         """A request short beside the long step in flight asks it to step aside."""
-        long_tokens = self._long_tokens
-        if long_tokens and any(r.num_prompt_tokens <= SHORT_SHARE * long_tokens for r in requests):
+        if self._long_tokens and any(r.num_prompt_tokens <= self.short_tokens for r in requests):
             self.urgent.set()
 
     @property

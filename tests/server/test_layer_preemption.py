@@ -16,6 +16,14 @@ LONG = [(j * 13) % 500 + 3 for j in range(6000)]
 SHORT = [(j * 7) % 500 + 3 for j in range(24)]
 
 
+async def _until(srv: ServerThread, condition) -> None:
+    """Polls `condition` on the server's loop until it holds (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while not srv.on_loop(condition):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.002)
+
+
 def _run(srv: ServerThread) -> tuple[list[float], list[float], float, float]:
     """Long embedding, then (once it runs) a short one; their vectors and finishing times."""
     async def timed(client: httpx.AsyncClient, ids: list[int]) -> tuple[dict, float]:
@@ -25,10 +33,7 @@ def _run(srv: ServerThread) -> tuple[list[float], list[float], float, float]:
     async def go():
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
             long_task = asyncio.create_task(timed(client, LONG))
-            deadline = time.monotonic() + 30
-            while not srv.on_loop(lambda: srv.engine._in_flight):
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.005)
+            await _until(srv, lambda: srv.engine._in_flight)
             short, short_done = await timed(client, SHORT)
             long, long_done = await long_task
             return long, short, short_done, long_done
@@ -67,17 +72,12 @@ def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
                 assert (await client.post("/v1/embeddings", json={"input": ids})).status_code == 200
                 return time.monotonic()
 
-            async def until(condition) -> None:
-                deadline = time.monotonic() + 30
-                while not srv.on_loop(condition):
-                    assert time.monotonic() < deadline
-                    await asyncio.sleep(0.002)
             busy = asyncio.create_task(done_at(batch))
-            await until(lambda: srv.engine._in_flight)
+            await _until(srv, lambda: srv.engine._in_flight)
             long_task = asyncio.create_task(done_at([LONG]))
-            await until(lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG))
+            await _until(srv, lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG))
             short_task = asyncio.create_task(done_at([SHORT]))
-            await until(lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG) + len(SHORT))
+            await _until(srv, lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG) + len(SHORT))
             assert not busy.done()  # both arrived while the batch ran: neither parked it
             await busy
             return await long_task, await short_task
