@@ -133,7 +133,6 @@ def build(config: Config) -> Built:
         temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
         temp_memory_budget=setup.temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
     engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup,
-                    layer_preemption=config.layer_preemption,
                     kv_events=_kv_publisher(events, setup.device) if publishing and events else None)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,

@@ -50,9 +50,9 @@ class KVEventSink(Protocol):
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
                  eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
-                 layer_preemption: bool = True, kv_events: KVEventSink | None = None):
+                 kv_events: KVEventSink | None = None):
         self.scheduler = scheduler
-        self.steps = StepRunner(executors, scheduler.costs, layer_preemption, scheduler.waiting_within)
+        self.steps = StepRunner(executors, scheduler)
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stats = EngineStats()

@@ -12,6 +12,13 @@ from prelude.engine.cost_model import StepCostModel
 from prelude.engine.work import OneShotJob, Sequence, Work
 
 
+# A running stream waits about this long at most for its next token because of OneShot work: a
+# OneShot row predicted to take longer does not share a step with the streams' decodes (they would
+# all stall for the whole row: 1.3 s for an 8K-token embedding on the demo model); it gets a step
+# of its own, run in segments, which steps aside this often for a step of their tokens.
+STREAM_GAP_S = 0.1
+
+
 class Skip(enum.Enum):
     """Why a planner did not place work in this tick's step."""
 

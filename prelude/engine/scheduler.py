@@ -3,7 +3,10 @@ ForwardBatch, and after the step folds the results back in.
 
 Order within a tick: running decodes first (one token each; the newest sequence is preempted by
 recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
-order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner).
+order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). One exception
+(with layer preemption): a OneShot row longer than STREAM_GAP_S is not put beside running
+sequences; the next tick is a step of OneShot rows alone, which the engine runs in segments,
+stepping aside for the sequences' tokens.
 
 Never imports torch: it deals in token ids and block numbers only. It never decides that a
 request ends; the engine does, and calls `release`.
@@ -25,7 +28,15 @@ from prelude.contract.batch import (
 from prelude.contract.config import Config
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
-from prelude.engine.plan import PlannedOneShot, SchedulerStats, ScheduledStep, Skip, StepBudget, StepEvent
+from prelude.engine.plan import (
+    STREAM_GAP_S,
+    PlannedOneShot,
+    SchedulerStats,
+    ScheduledStep,
+    Skip,
+    StepBudget,
+    StepEvent,
+)
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.policy import QueuePolicy, make_policy
 from prelude.engine.prefix_sharing import PrefixSharing
@@ -42,6 +53,7 @@ class SchedulerConfig:
     max_queued_requests: int
     max_queued_tokens: int
     shed_late: bool
+    layer_preemption: bool
     # OneShot temporaries: activation bytes per computed token, bytes per row of logits, and the
     # budget one step's rows may take together (set by what the executor's device holds).
     temp_bytes_per_token: int
@@ -54,8 +66,7 @@ class SchedulerConfig:
         return cls(config.max_num_seqs, config.max_num_batched_tokens, config.disable_oneshot,
                    config.scheduling_policy, config.max_queued_requests or 4 * config.max_num_seqs,
                    config.max_queued_tokens or 4 * kv_capacity_tokens, config.shed_late_requests,
-                   temp_bytes_per_token,
-                   temp_bytes_per_logits_row, temp_memory_budget)
+                   config.layer_preemption, temp_bytes_per_token, temp_bytes_per_logits_row, temp_memory_budget)
 
 
 class Scheduler:
@@ -69,6 +80,7 @@ class Scheduler:
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)
         self.decode = DecodePlanner(pool, prefix, config.max_num_seqs, self.waiting, self.stats)
         self._next_id = 0
+        self._held_long_oneshot = False  # a long OneShot row was kept out of a step with decodes
 
     # -- admission and removal ------------------------------------------------------------
     def add(self, request: Request) -> Work:
@@ -157,8 +169,10 @@ class Scheduler:
             max_tokens, self.config.max_num_batched_tokens)
         budget = StepBudget(tokens, self.config.temp_memory_budget,
                             self.costs if self.config.policy == "edf" else None, now, strict=max_tokens is not None)
-        decodes = self.decode.decodes(budget)
-        chunks = self.decode.prefill_chunks(budget)
+        alone = self._held_long_oneshot and max_tokens is None  # a step of OneShot rows only
+        self._held_long_oneshot = False
+        decodes = [] if alone else self.decode.decodes(budget)
+        chunks = [] if alone else self.decode.prefill_chunks(budget)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
         rows: list[PrefillRow] = [row for _, row in chunks]
         oneshots: list[PlannedOneShot] = []
@@ -167,6 +181,9 @@ class Scheduler:
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
         for work in self.waiting:
             if isinstance(work, OneShotJob):
+                if (decodes or chunks) and self._stalls_streams(work):
+                    self._held_long_oneshot = True
+                    continue
                 planned = self.oneshot.plan(work, budget, pending)
                 if planned is Skip.NO_ROOM:
                     if max_tokens is not None:
@@ -178,7 +195,7 @@ class Scheduler:
                 rows.append(self.oneshot.row(planned))
                 work.status = WorkStatus.RUNNING
             else:
-                if decode_full:
+                if decode_full or alone:
                     continue
                 row = self.decode.admit(work, budget, pending)
                 if row is Skip.DEFERRED:
@@ -194,6 +211,8 @@ class Scheduler:
                 work.first_scheduled = now
             admitted.append(work)
         self.waiting.remove_many(admitted)
+        if alone and not rows:  # the held row went away meanwhile (aborted): a usual step
+            return self.schedule()
         if not rows and not decodes:
             return None
         decode_rows = [self.decode.decode_row(s) for s in decodes]
@@ -210,6 +229,11 @@ class Scheduler:
         stats.prefill_tokens += sum(len(r.token_ids) for r in rows)
         stats.decode_tokens += len(decode_rows)
         return ScheduledStep(batch, oneshots, prefills, decodes)
+
+    def _stalls_streams(self, work: OneShotJob) -> bool:
+        """Whether the row would hold running streams' next token too long if it shared their
+        step (only with layer preemption, which lets a step of its own step aside for them)."""
+        return self.config.layer_preemption and self.costs.estimate(len(work.tokens_to_compute)) > STREAM_GAP_S
 
     # -- after the step -------------------------------------------------------------------
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:

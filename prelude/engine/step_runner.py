@@ -2,8 +2,9 @@
 while a forward runs.
 
 A long OneShot step runs layer by layer and steps aside between two layers while a short request
-waits (FlowPrefill's cooperative preemption): the engine runs that request's step, then the long
-one resumes where it stopped, with the same results as an uninterrupted run. Every other step
+waits (FlowPrefill's cooperative preemption), and every STREAM_GAP_S while sequences are running:
+the engine runs a step of that request or of the sequences' next tokens, then the long one resumes
+where it stopped, with the same results as an uninterrupted run. Every other step
 runs whole, with failures isolated row by row (engine.isolation)."""
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import OneShotBatch
-from prelude.engine.cost_model import StepCostModel
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.plan import ScheduledStep
+from prelude.engine.plan import STREAM_GAP_S, ScheduledStep
 from prelude.engine.request import Request
+from prelude.engine.scheduler import Scheduler
 from prelude.executor.executors import Executors
 
 T = TypeVar("T")
@@ -37,12 +38,9 @@ LONG_RUN_PER_SHORT_S = 0.5
 
 
 class StepRunner:
-    def __init__(self, executors: Executors, costs: StepCostModel, layer_preemption: bool,
-                 waiting_within: Callable[[int], bool]):
+    def __init__(self, executors: Executors, scheduler: Scheduler):
         self.executors = executors
-        self.costs = costs
-        self.waiting_within = waiting_within  # some waiting work has at most this many tokens
-        self.layer_preemption = layer_preemption
+        self.scheduler = scheduler
         self.urgent = threading.Event()  # read by the worker thread between layers
         self.preemptions = 0
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
@@ -78,11 +76,13 @@ class StepRunner:
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        if not (self.layer_preemption and tokens and self.costs.estimate(tokens) >= PREEMPTIBLE_S):
+        preemptible = self.scheduler.config.layer_preemption and tokens
+        if not (preemptible and self.scheduler.costs.estimate(tokens) >= PREEMPTIBLE_S):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
         self._long_tokens = max(len(row.token_ids) for row in batch.rows)
+        loop = asyncio.get_running_loop()
         try:
             oneshot = self.executors.oneshot
             progress = await self.in_worker(oneshot.start, batch)
@@ -91,22 +91,30 @@ class StepRunner:
                 # Short work already waiting counts as much as an arrival: a long request that
                 # the queue's order put first (sjf/edf aging) must not hold back the short ones
                 # queued behind it until the next short arrival.
-                if self.waiting_within(self.short_tokens):
+                if self.scheduler.waiting_within(self.short_tokens):
                     self.urgent.set()
+                # Running sequences' next tokens count as short work once they have waited
+                # STREAM_GAP_S (the scheduler kept this step's rows out of a step with them).
+                stream_due = loop.call_later(STREAM_GAP_S, self.urgent.set) if self.scheduler.num_running else None
                 resumed = time.perf_counter()
                 owed = LONG_RUN_PER_SHORT_S * parked_for - computed
-                result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
+                try:
+                    result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
+                finally:
+                    if stream_due is not None:
+                        stream_due.cancel()
                 computed += time.perf_counter() - resumed
                 if result is not None:
                     return StepOutcome(result)
                 self.preemptions += 1
                 self.last_parked = True
                 self.urgent.clear()
-                # Short work runs until none waits (at most MAX_SHORT_STEPS steps, which bounds
-                # how long the parked step waits), then the long step goes on.
+                # One step (the sequences' tokens and short waiting work), then more while short
+                # work waits (at most MAX_SHORT_STEPS, which bounds how long the parked step
+                # waits), then the long step goes on.
                 parked = time.perf_counter()
                 for _ in range(MAX_SHORT_STEPS):
-                    if not await run_urgent():
+                    if not await run_urgent() or not self.scheduler.waiting_within(self.short_tokens):
                         break
                 parked_for += time.perf_counter() - parked
         except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)

@@ -86,3 +86,43 @@ def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
         long_done, short_done = asyncio.run(go(srv))
         srv.wait_idle()
     assert short_done < long_done
+
+
+def test_a_running_stream_keeps_its_tokens_coming_beside_a_long_request(demo_model):
+    """A long OneShot row does not share a step with running decodes (the stream would stall for
+    all of it): it runs in a step of its own, which steps aside for the stream's next tokens."""
+    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192)
+
+    async def go(srv: ServerThread) -> list[float]:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
+            long_task: asyncio.Task | None = None
+            arrivals = []  # of the stream's tokens while the long request runs
+
+            async def embed_long() -> None:
+                assert (await client.post("/v1/embeddings", json={"input": [LONG]})).status_code == 200
+
+            body = {"prompt": [5, 6, 7], "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    if long_task is None:
+                        long_task = asyncio.create_task(embed_long())
+                        await _until(srv, lambda: srv.engine.scheduler.num_waiting == 0)
+                    elif long_task.done():
+                        break
+                    else:
+                        arrivals.append(time.monotonic())
+            assert long_task is not None
+            await long_task
+            return arrivals
+
+    with ServerThread(config) as srv:
+        alone = time.monotonic()  # another input: this one's prefix would be cached
+        httpx.post(srv.base_url + "/v1/embeddings", json={"input": [LONG[1:] + [3]]}, timeout=120)
+        alone = time.monotonic() - alone
+        arrivals = asyncio.run(go(srv))
+        srv.wait_idle()
+    # Without the step of its own, the stream gets about one token while the long request runs.
+    assert len(arrivals) >= 5, (alone, arrivals)
+    assert max(b - a for a, b in zip(arrivals, arrivals[1:])) < alone / 2
