@@ -17,6 +17,18 @@ from prelude.engine.work import OneShotJob, Sequence, Work
 # all stall for the whole row: 1.3 s for an 8K-token embedding on the demo model); it gets a step
 # of its own, run in segments, which steps aside this often for a step of their tokens.
 STREAM_GAP_S = 0.1
+# A OneShot step predicted to take at least this long may step aside for short requests, those
+# at most SHORT_SHARE of its longest row. The longest row, not the step's total: a step of sixteen
+# 128-token rows is a batch of short work, and parking it for the next 128-token arrival broke
+# batching up (embeddings at c=16 ran at half the rate).
+PREEMPTIBLE_S = 0.05
+SHORT_SHARE = 1 / 8
+
+
+def short_tokens_beside(long_tokens: int) -> int:
+    """The most tokens of work that runs while a step whose longest row has `long_tokens` is
+    parked, rather than in that step."""
+    return max(1, int(SHORT_SHARE * long_tokens))
 
 
 class Skip(enum.Enum):

@@ -29,6 +29,7 @@ from prelude.contract.config import Config
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import (
+    PREEMPTIBLE_S,
     STREAM_GAP_S,
     PlannedOneShot,
     SchedulerStats,
@@ -36,6 +37,7 @@ from prelude.engine.plan import (
     Skip,
     StepBudget,
     StepEvent,
+    short_tokens_beside,
 )
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.policy import QueuePolicy, make_policy
@@ -179,7 +181,15 @@ class Scheduler:
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
         admitted: list[Work] = []
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
+        # In a step that can run in segments (layer preemption, no sequences' tokens), short work
+        # does not share a step with a long OneShot row, which it would wait for all of: it runs
+        # while that step is parked.
+        segmentable = self.config.layer_preemption and max_tokens is None and not (decodes or chunks)
+        long_tokens = shortest = 0
         for work in self.waiting:
+            tokens = len(work.tokens_to_compute)
+            if segmentable and self._apart(work, tokens, long_tokens, shortest):
+                continue
             if isinstance(work, OneShotJob):
                 if (decodes or chunks) and self._stalls_streams(work):
                     self._held_long_oneshot = True
@@ -194,6 +204,9 @@ class Scheduler:
                 oneshots.append(planned)
                 rows.append(self.oneshot.row(planned))
                 work.status = WorkStatus.RUNNING
+                computed = len(rows[-1].token_ids)  # the uncached ones
+                if self.costs.estimate(computed) >= PREEMPTIBLE_S:
+                    long_tokens = max(long_tokens, computed)
             else:
                 if decode_full or alone:
                     continue
@@ -207,6 +220,7 @@ class Scheduler:
                     continue
                 prefills.append((work, len(row.token_ids)))
                 rows.append(row)
+            shortest = min(shortest, tokens) if shortest else tokens
             if work.first_scheduled is None:
                 work.first_scheduled = now
             admitted.append(work)
@@ -229,6 +243,18 @@ class Scheduler:
         stats.prefill_tokens += sum(len(r.token_ids) for r in rows)
         stats.decode_tokens += len(decode_rows)
         return ScheduledStep(batch, oneshots, prefills, decodes)
+
+    def _apart(self, work: Work, tokens: int, long_tokens: int, shortest: int) -> bool:
+        """Whether work of `tokens` goes in another step than this one, whose longest long
+        OneShot row has `long_tokens` (0: none yet) and shortest row `shortest` (0: no row yet):
+        it is short beside that row, or it is a long OneShot row that the short rows already
+        planned would wait for. A long row passed over goes first in the next step unless more
+        short work came first; then it is passed over again, for as long as the queue policy
+        puts short work ahead of it (fcfs: never, sjf/edf: until its aging bound)."""
+        if long_tokens and tokens <= short_tokens_beside(long_tokens):
+            return True
+        return (isinstance(work, OneShotJob) and bool(shortest) and shortest <= short_tokens_beside(tokens)
+                and self.costs.estimate(tokens) >= PREEMPTIBLE_S)
 
     def _stalls_streams(self, work: OneShotJob) -> bool:
         """Whether the row would hold running streams' next token too long if it shared their

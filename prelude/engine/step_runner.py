@@ -16,18 +16,12 @@ from typing import Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import OneShotBatch
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.plan import STREAM_GAP_S, ScheduledStep
+from prelude.engine.plan import PREEMPTIBLE_S, STREAM_GAP_S, ScheduledStep, short_tokens_beside
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
 from prelude.executor.executors import Executors
 
 T = TypeVar("T")
-# A OneShot step predicted to take at least this long may step aside for short requests...
-PREEMPTIBLE_S = 0.05
-# ...that are at most this fraction of its longest row. The longest row, not the step's total:
-# a step of sixteen 128-token rows is a batch of short work, and parking it for the next
-# 128-token arrival broke batching up (embeddings at c=16 ran at half the rate).
-SHORT_SHARE = 1 / 8
 MAX_SHORT_STEPS = 16  # steps of short work per park
 # The long step may stop only while it has computed, in all since it began, at least this much
 # of the time the short work it stepped aside for took: it keeps at least a third of the machine
@@ -61,7 +55,7 @@ class StepRunner:
     @property
     def short_tokens(self) -> int:
         """The most tokens a step that runs while the long one is parked may take."""
-        return max(1, int(SHORT_SHARE * self._long_tokens))
+        return short_tokens_beside(self._long_tokens)
 
     def _stop_when_urgent(self, owed: float) -> Callable[[], bool]:
         """Between two segments: stop when short work waits, but only once the step has run for
