@@ -4,8 +4,8 @@ while a forward runs.
 A long OneShot step runs layer by layer and steps aside between two layers while a short request
 waits (FlowPrefill's cooperative preemption), and every STREAM_GAP_S while sequences are running:
 the engine runs a step of that request or of the sequences' next tokens, then the long one resumes
-where it stopped, with the same results as an uninterrupted run. Every other step
-runs whole, with failures isolated row by row (engine.isolation)."""
+where it stopped, with the same results as an uninterrupted run. Every other step runs whole,
+with failures isolated row by row (engine.isolation)."""
 from __future__ import annotations
 
 import asyncio
@@ -70,8 +70,8 @@ class StepRunner:
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        preemptible = self.scheduler.config.layer_preemption and tokens
-        if not (preemptible and self.scheduler.costs.estimate(tokens) >= PREEMPTIBLE_S):
+        costs = self.scheduler.costs
+        if not (self.scheduler.config.layer_preemption and tokens and costs.estimate(tokens) >= PREEMPTIBLE_S):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
@@ -92,11 +92,9 @@ class StepRunner:
                 stream_due = loop.call_later(STREAM_GAP_S, self.urgent.set) if self.scheduler.num_running else None
                 resumed = time.perf_counter()
                 owed = LONG_RUN_PER_SHORT_S * parked_for - computed
-                try:
-                    result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
-                finally:
-                    if stream_due is not None:
-                        stream_due.cancel()
+                result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
+                if stream_due is not None:
+                    stream_due.cancel()
                 computed += time.perf_counter() - resumed
                 if result is not None:
                     return StepOutcome(result)
