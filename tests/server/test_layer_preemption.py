@@ -59,20 +59,18 @@ def test_short_request_overtakes_a_long_step_only_with_preemption(demo_model, pr
         assert preemptions == 0 and short_done >= long_done
 
 
-def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
-    """A short request that the queue's order put behind a long one (here FCFS, with the long
-    one filling the step budget) steps in as soon as the long step starts, not only when some
-    other short request arrives during it."""
-    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, max_num_batched_tokens=6000)
-    batch = [[(i * 5 + j) % 500 + 3 for j in range(120)] for i in range(48)]  # one step, no row long
+BUSY = [[(i * 5 + j) % 500 + 3 for j in range(120)] for i in range(48)]  # one step, no row long
 
+
+def _queued_behind_a_busy_step(config: Config) -> tuple[float, float]:
+    """A long embedding, then a short one, queued while a batch runs; when each finished."""
     async def go(srv: ServerThread) -> tuple[float, float]:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
             async def done_at(ids: list[list[int]]) -> float:
                 assert (await client.post("/v1/embeddings", json={"input": ids})).status_code == 200
                 return time.monotonic()
 
-            busy = asyncio.create_task(done_at(batch))
+            busy = asyncio.create_task(done_at(BUSY))
             await _until(srv, lambda: srv.engine._in_flight)
             long_task = asyncio.create_task(done_at([LONG]))
             await _until(srv, lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG))
@@ -83,9 +81,28 @@ def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
             return await long_task, await short_task
 
     with ServerThread(config) as srv:
-        long_done, short_done = asyncio.run(go(srv))
+        done = asyncio.run(go(srv))
         srv.wait_idle()
+    return done
+
+
+def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
+    """A short request that the queue's order put behind a long one (FCFS, with the long one
+    filling the step budget) steps in as soon as the long step starts, not only when some other
+    short request arrives during it."""
+    long_done, short_done = _queued_behind_a_busy_step(Config(
+        model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, max_num_batched_tokens=6000,
+        scheduling_policy="fcfs"))
     assert short_done < long_done
+
+
+def test_a_short_request_is_not_batched_into_a_long_ones_step(demo_model):
+    """A short request and a long one below the step budget, waiting together: the short one does
+    not share (and wait for) the long one's step."""
+    for policy in ("fcfs", "edf"):
+        long_done, short_done = _queued_behind_a_busy_step(Config(
+            model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, scheduling_policy=policy))
+        assert long_done - short_done > 0.2, (policy, long_done, short_done)  # the long step takes ~1 s
 
 
 def test_a_running_stream_keeps_its_tokens_coming_beside_a_long_request(demo_model):
@@ -127,29 +144,3 @@ def test_a_running_stream_keeps_its_tokens_coming_beside_a_long_request(demo_mod
     assert len(arrivals) >= 5, (alone, arrivals)
     assert max(b - a for a, b in zip(arrivals, arrivals[1:])) < alone / 2
 
-
-def test_a_short_request_is_not_batched_into_a_long_ones_step(demo_model):
-    """A short request and a long one below the step budget, waiting together: the short one does
-    not share (and wait for) the long one's step."""
-    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192)
-    batch = [[(i * 5 + j) % 500 + 3 for j in range(120)] for i in range(48)]
-
-    async def go(srv: ServerThread) -> tuple[float, float]:
-        async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:
-            async def done_at(ids: list[list[int]]) -> float:
-                assert (await client.post("/v1/embeddings", json={"input": ids})).status_code == 200
-                return time.monotonic()
-
-            busy = asyncio.create_task(done_at(batch))
-            await _until(srv, lambda: srv.engine._in_flight)
-            long_task = asyncio.create_task(done_at([LONG]))
-            short_task = asyncio.create_task(done_at([SHORT]))
-            await _until(srv, lambda: srv.engine.scheduler.num_waiting_tokens == len(LONG) + len(SHORT))
-            assert not busy.done()  # both wait for the same tick
-            await busy
-            return await long_task, await short_task
-
-    with ServerThread(config) as srv:
-        long_done, short_done = asyncio.run(go(srv))
-        srv.wait_idle()
-    assert long_done - short_done > 0.2, (long_done, short_done)  # the long step takes ~1 s
