@@ -38,3 +38,7 @@ class StepCostModel:
     def estimate(self, tokens: int) -> float:
         """Seconds a step computing `tokens` is expected to take."""
         return self.fixed_s + self.per_token_s * tokens
+
+    def tokens_within(self, seconds: float) -> int:
+        """How many tokens a step may compute and still be expected to take at most `seconds`."""
+        return int(max(seconds - self.fixed_s, 0.0) / max(self.per_token_s, 1e-9))

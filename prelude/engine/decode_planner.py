@@ -73,7 +73,7 @@ class DecodePlanner:
         computed = seq.num_computed + len(match.blocks) * self.pool.block_size
         remaining = seq.num_tokens - computed
         # Rows whose outputs read every prompt position are never split.
-        chunk = remaining if request.needs_every_position else min(remaining, budget.tokens_left)
+        chunk = remaining if request.needs_every_position else min(remaining, budget.tokens_left, budget.prefill_left)
         if chunk <= 0 or not budget.fits(chunk, deadline=request.deadline):
             return None
         self.pool.acquire(match.blocks)
@@ -88,6 +88,7 @@ class DecodePlanner:
             self.pool.release(match.blocks)
             return None
         budget.take(chunk, deadline=request.deadline)
+        budget.prefill_left -= chunk
         if admitting:
             seq.blocks = list(match.blocks)
             seq.num_computed = computed

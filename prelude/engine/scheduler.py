@@ -29,6 +29,7 @@ from prelude.contract.config import Config
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import (
+    MIN_PROMPT_CHUNK,
     PREEMPTIBLE_S,
     STREAM_GAP_S,
     PlannedOneShot,
@@ -174,6 +175,8 @@ class Scheduler:
         alone = self._held_long_oneshot and max_tokens is None  # a step of OneShot rows only
         self._held_long_oneshot = False
         decodes = [] if alone else self.decode.decodes(budget)
+        if decodes and max_tokens is None:  # the streams wait for this step's prompt chunks
+            budget.prefill_left = max(MIN_PROMPT_CHUNK, self.costs.tokens_within(STREAM_GAP_S))
         chunks = [] if alone else self.decode.prefill_chunks(budget)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
         rows: list[PrefillRow] = [row for _, row in chunks]
