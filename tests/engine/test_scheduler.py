@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from prelude.cache.block_pool import BlockPool
 from prelude.contract.batch import DecodeBatch, MixedBatch, OneShotBatch, decode_rows, prefill_rows
 from prelude.contract.config import Config
@@ -180,18 +182,28 @@ def test_preemption_by_recompute_when_blocks_run_out_and_outputs_unchanged():
     assert tight == roomy
 
 
-def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting():
+@pytest.mark.parametrize("slow", [False, True])
+def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting(slow):
+    """`slow`: a cost model at 10 ms a token, so that most OneShot rows are long (they run in
+    segments, short work goes apart from them, and they are held out of steps with decodes);
+    some steps are the short steps run while a long one is parked."""
     rng = random.Random(7)
     scheduler, executor = make(num_blocks=40, max_num_batched_tokens=32, max_num_seqs=6)
+    if slow:
+        for tokens in (1, 10):
+            scheduler.costs.observe(tokens, tokens * 1e-2)
     prefixes = [list(range(s * 50, s * 50 + rng.randrange(4, 20))) for s in range(4)]
     live = []
     for tick in range(600):
         if rng.random() < 0.4:
-            prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
+            if rng.random() < 0.8:
+                prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
+            else:  # short beside most
+                prompt = [rng.randrange(1000) for _ in range(rng.randrange(1, 3))]
             live.append(scheduler.add(req(tick, prompt, max_tokens=rng.choice([0, 1, 1, 3, 8]))))
         if live and rng.random() < 0.1:
             scheduler.release(live.pop(rng.randrange(len(live))))
-        planned = scheduler.schedule()
+        planned = scheduler.schedule(max_tokens=4 if rng.random() < 0.2 else None)
         if planned is not None and rng.random() < 0.05:  # some rows of the step raise alone
             rows = [*prefill_rows(planned.batch), *decode_rows(planned.batch)]
             culprits = {r.seq_id for r in rng.sample(rows, rng.randrange(1, len(rows) + 1))}
