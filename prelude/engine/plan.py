@@ -17,12 +17,14 @@ from prelude.engine.work import OneShotJob, Sequence, Work
 # all stall for the whole row: 1.3 s for an 8K-token embedding on the demo model); it gets a step
 # of its own, run in segments, which steps aside this often for a step of their tokens. Decode
 # prompts beside their decodes are cut into chunks predicted to take at most this long, but of at
-# least MIN_PROMPT_CHUNK tokens: a stream beside an 8K-token prompt on the demo model waited up to
-# 2.6 s for one whole-prompt step; with 512-token chunks at most 230-300 ms, and the prompt's first
-# token came as soon (2.3-2.9 s; 2.6-2.8 s whole). Chunks sized by the cost model alone (~150
-# tokens: later chunks attend more context) cost the prompt 55-85% more time.
+# least MIN_PROMPT_CHUNK tokens. On the demo model: beside an 8K-token prompt a stream waited up to
+# 2.6 s for the whole-prompt step, 0.75-0.85 s with 2,048-token chunks (0.23-0.3 s with 512). At
+# 512, generation with 1,536-token prompts at c=4 lost 17% of its output rate (more, smaller
+# steps); at 2,048 its rate held (219-228 against 225-235 tokens/s), its TTFT halved and its TPOT
+# median tripled (3.9 -> 10-11 ms: the prompts' work moved beside the decodes; vLLM-CPU on the
+# same run: TPOT 15.5 ms, TTFT 342 ms, 150 tokens/s).
 STREAM_GAP_S = 0.1
-MIN_PROMPT_CHUNK = 512
+MIN_PROMPT_CHUNK = 2048
 # A OneShot step predicted to take at least this long may step aside for short requests, those
 # at most SHORT_SHARE of its longest row. The longest row, not the step's total: a step of sixteen
 # 128-token rows is a batch of short work, and parking it for the next 128-token arrival broke

@@ -141,20 +141,21 @@ def test_token_budget_chunks_long_prefills_beside_running_decodes():
 def test_prompts_beside_running_decodes_come_in_chunks_the_streams_can_wait_for():
     """Beside running decodes a prompt is cut into chunks of MIN_PROMPT_CHUNK tokens or what the
     cost model says fits STREAM_GAP_S, if more; with no stream running it goes whole."""
-    scheduler, executor = make(num_blocks=2048)
+    scheduler, executor = make(num_blocks=4096)
     for tokens in (100, 1000):  # 1 ms a token: 100 tokens fit the gap, so the floor applies
         scheduler.costs.observe(tokens, tokens * 1e-3)
     scheduler.add(req(1, range(3), max_tokens=20))
     step(scheduler, executor)
-    scheduler.add(req(2, range(50, 2050), max_tokens=2))
-    for _ in range(4):
+    length = 2 * MIN_PROMPT_CHUNK + 100
+    scheduler.add(req(2, range(50, 50 + length), max_tokens=2))
+    for _ in range(3):
         step(scheduler, executor)
-    assert [len(b.prefills[0].token_ids) for b in executor.batches[1:]] == [MIN_PROMPT_CHUNK] * 3 + [464]
+    assert [len(b.prefills[0].token_ids) for b in executor.batches[1:]] == [MIN_PROMPT_CHUNK] * 2 + [100]
     assert all(isinstance(b, MixedBatch) and len(b.decodes) == 1 for b in executor.batches[1:])
     drain(scheduler, executor)
-    scheduler.add(req(3, range(3000, 5000), max_tokens=2))
+    scheduler.add(req(3, range(10_000, 10_000 + length), max_tokens=2))
     step(scheduler, executor)
-    assert len(executor.batches[-1].prefills[0].token_ids) == 2000
+    assert len(executor.batches[-1].prefills[0].token_ids) == length
     drain(scheduler, executor)
     assert scheduler.pool.num_used_blocks == 0
 
