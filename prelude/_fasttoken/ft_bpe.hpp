@@ -13,18 +13,21 @@
 
 namespace ft {
 
-// (left id, right id) -> (rank, merged id). A new word's BPE is a chain of lookups here that
-// mostly miss the CPU caches, so the table is kept small: one 8-byte slot per pair holding
-// left (20 bits), right (20 bits) and rank (24 bits) at a load factor up to 3/4, and the merged
-// id read from a dense per-rank array (Qwen3: 2 MiB + 0.6 MiB instead of 8 MiB). Where every
-// merge's id is its rank plus one constant (GPT-2, Qwen, DeepSeek-V3 number their merged tokens
-// that way; Llama 3 does not), the id is computed and that array is never read: one dependent
-// cache miss less per merge step.
+// (left id, right id) -> (order key, merged id). A new word's BPE is a chain of lookups here
+// that mostly miss the CPU caches, so the table is kept small: one 8-byte slot per pair holding
+// left (20 bits), right (20 bits) and a 24-bit order key at a load factor up to 3/4.
+// The merge loops only compare ranks, so a slot may hold any value that orders like the rank.
+// Where merged ids never fall from one rank to the next (GPT-2, Qwen, DeepSeek-V3, Llama 3),
+// the key is (merged id - first merged id) << shift | the rank's place among the ranks giving
+// that id: it orders like the rank, and the merged id is key >> shift, with no second table
+// read (for Llama 3 a dependent miss in a 1.1 MiB per-rank array; ~14% of the merge loop's
+// samples on 50-character encodes). Where every rank gives a new id, shift is 0 and the key is
+// the rank. Other tables keep the rank as key and read the id from that array.
 class PairMap {
 public:
     static constexpr int32_t kMaxId = (1 << 20) - 2;  // plan.py refuses larger vocabularies
     static constexpr size_t kMaxRanks = size_t(1) << 24;
-    struct Merge { int32_t rank, id; };
+    static constexpr uint32_t kKeyLimit = 0xFFFFFF;  // keys stay below it (the memo's "absent")
     void reserve(size_t n) {
         size_t cap = 16;
         while (cap * 3 < n * 4) cap <<= 1;
@@ -33,26 +36,45 @@ public:
         shift_ = 64 - __builtin_ctzll(cap);
         merged_.clear();
         merged_.reserve(n);
-        base_ = kNotAffine;
+        key_shift_ = -1;
+        key_base_ = 0;
     }
-    // Ranks come in order 0, 1, 2...; a repeated pair keeps its last rank.
-    void insert(int32_t a, int32_t b, Merge m) {
-        merged_.push_back(m.id);
-        derive_base();
+    // Ranks come in order 0, 1, 2...; a repeated pair keeps its last rank. finish() follows the
+    // last insert.
+    void insert(int32_t a, int32_t b, int32_t rank, int32_t id) {
+        merged_.push_back(id);
         const uint64_t key = pack(a, b);
         for (size_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
             if (slots_[i] == kEmpty || (slots_[i] >> 24) == key) {
-                slots_[i] = (key << 24) | uint64_t(m.rank);
+                slots_[i] = (key << 24) | uint64_t(rank);
                 return;
             }
         }
     }
-    Merge find(int32_t a, int32_t b) const {
-        const int32_t r = rank(a, b);
-        return Merge{r, r < 0 ? -1 : merged_[r]};
+    // Turns ranks into order keys where the merged ids allow it (see above).
+    void finish() {
+        const size_t n = merged_.size();
+        int longest = 0;
+        for (size_t r = 0, run = 0; r < n; ++r) {
+            if (r && merged_[r] < merged_[r - 1]) return;  // not monotone: keys stay ranks
+            run = r && merged_[r] == merged_[r - 1] ? run + 1 : 0;
+            while ((size_t(1) << longest) <= run) ++longest;
+        }
+        if (!n || ((uint64_t(merged_.back() - merged_[0]) + 1) << longest) > kKeyLimit) return;
+        std::vector<uint32_t> keys(n);
+        for (size_t r = 0, run = 0; r < n; ++r) {
+            run = r && merged_[r] == merged_[r - 1] ? run + 1 : 0;
+            keys[r] = (uint32_t(merged_[r] - merged_[0]) << longest) | uint32_t(run);
+        }
+        for (uint64_t& slot : slots_)
+            if (slot != kEmpty) slot = (slot & ~uint64_t(0xFFFFFF)) | keys[slot & 0xFFFFFF];
+        key_shift_ = longest;
+        key_base_ = merged_[0];
+        merged_.clear();
+        merged_.shrink_to_fit();
     }
-    // The rank alone: the merge loops read the merged id (another cache miss) only for the
-    // pair they merge.
+    // The order key alone: the merge loops read or compute the merged id only for the pair
+    // they merge. -1: no merge.
     int32_t rank(int32_t a, int32_t b) const {
         const uint64_t key = pack(a, b);
         for (size_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
@@ -61,7 +83,9 @@ public:
             if (slot == kEmpty) return -1;
         }
     }
-    int32_t merged(int32_t rank) const { return base_ != kNotAffine ? rank + base_ : merged_[rank]; }
+    int32_t merged(int32_t key) const {
+        return key_shift_ >= 0 ? (key >> key_shift_) + key_base_ : merged_[key];
+    }
     // Starts bringing in the slot rank(a, b) reads first.
     void prefetch(int32_t a, int32_t b) const { __builtin_prefetch(&slots_[mix(pack(a, b)) & mask_]); }
 
@@ -71,50 +95,40 @@ public:
         io.vec(merged_);
         io.pod(mask_);
         io.pod(shift_);
+        io.pod(key_shift_);
+        io.pod(key_base_);
         if (IO::kLoading) {
             if (slots_.size() < 2 || (slots_.size() & (slots_.size() - 1)) || mask_ != slots_.size() - 1 ||
-                shift_ != 64 - __builtin_ctzll(slots_.size()))
+                shift_ != 64 - __builtin_ctzll(slots_.size()) || key_shift_ < -1 || key_shift_ > 23 ||
+                (key_shift_ >= 0) != merged_.empty() || key_base_ < 0 || key_base_ > kMaxId)
                 throw std::runtime_error("fasttoken cache: merge table shape");
-            for (uint64_t slot : slots_)
-                if (slot != kEmpty && (slot & 0xFFFFFF) >= merged_.size())
+            for (uint64_t slot : slots_) {
+                if (slot == kEmpty) continue;
+                const uint32_t key = uint32_t(slot & 0xFFFFFF);
+                if (key_shift_ >= 0 ? key >= kKeyLimit || merged(int32_t(key)) > kMaxId : key >= merged_.size())
                     throw std::runtime_error("fasttoken cache: merge slot");
-            derive_base_all();
+            }
         }
     }
 
 private:
     static constexpr uint64_t kEmpty = ~uint64_t(0);  // left and right both 2^20 - 1: no id
-    static constexpr int64_t kNotAffine = INT64_MIN;
-    // Keeps base_ = merged id - rank while that is the same for every merge so far (called
-    // after each append to merged_), kNotAffine from the first exception on.
-    void derive_base() {
-        const int64_t r = int64_t(merged_.size()) - 1;
-        const int64_t d = int64_t(merged_.back()) - r;
-        if (r == 0) base_ = d;
-        else if (base_ != d) base_ = kNotAffine;
-    }
-    void derive_base_all() {
-        base_ = kNotAffine;
-        for (size_t r = 0; r < merged_.size(); ++r) {
-            const int64_t d = int64_t(merged_[r]) - int64_t(r);
-            if (r == 0) base_ = d;
-            else if (base_ != d) { base_ = kNotAffine; return; }
-        }
-    }
     static uint64_t pack(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 20) | uint32_t(b); }
     size_t mix(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ULL) >> shift_); }
     std::vector<uint64_t, HugeAllocator<uint64_t>> slots_;
-    std::vector<int32_t, HugeAllocator<int32_t>> merged_;
+    std::vector<int32_t, HugeAllocator<int32_t>> merged_;  // per rank; empty when keys give the id
     size_t mask_ = 0;
     int shift_ = 60;
-    int64_t base_ = kNotAffine;  // derived (insert, load), never stored
+    int32_t key_shift_ = -1;  // -1: keys are ranks, ids in merged_
+    int32_t key_base_ = 0;
 };
 
 constexpr int32_t kNoRank = 0x7FFFFFFF;
 
 // Applies merges to `syms` in place: always the lowest-rank adjacent pair, the leftmost of equal
 // ones (equal ranks mean the same pair). This is the order HF's heap-based Word::merge_all
-// produces. Short words use a linear scan over cached pair ranks; long ones a heap.
+// produces. Short words use a linear scan over cached pair ranks; long ones a heap. A rank here
+// is the table's order key (PairMap), which orders like the rank.
 class Merger {
 public:
     void run(const PairMap& merges, std::vector<int32_t>& syms) {

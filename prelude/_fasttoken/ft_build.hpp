@@ -27,7 +27,8 @@ inline void build_vocab(Engine& e, const std::string& keys, const uint32_t* offs
 inline void build_merges(Engine& e, const int32_t* triples, size_t n) {
     e.merges.reserve(n);
     for (size_t k = 0; k < n; ++k)
-        e.merges.insert(triples[3 * k], triples[3 * k + 1], PairMap::Merge{int32_t(k), triples[3 * k + 2]});
+        e.merges.insert(triples[3 * k], triples[3 * k + 1], int32_t(k), triples[3 * k + 2]);
+    e.merges.finish();
 }
 
 inline void add_normalizer(Engine& e, int kind, const std::string& a, const std::string& b) {

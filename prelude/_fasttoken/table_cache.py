@@ -28,7 +28,7 @@ from prelude import __version__ as _prelude_version
 from prelude.cachedir import cache_root, write_atomically
 
 # Bump with any change to what ft_store.hpp writes or to the meaning of the tables.
-TABLES_FORMAT = 3
+TABLES_FORMAT = 4
 _TAG = f"fasttoken-{_prelude_version}-t{TABLES_FORMAT}"
 VERSION_TAG = _TAG.encode()[:32].ljust(32, b"\0")
 MAGIC = b"FTTABLES"
