@@ -112,9 +112,12 @@ public:
 
     // ---- encode ----
     // Encodes into this thread's scratch buffer: *count ids, valid until the thread's next call.
-    const int32_t* encode_scratch(const TextRef& t, bool add_special, int* status, size_t* count) const {
+    // With a sink, part of the ids (from the first) may go to it during the call (see Sink).
+    const int32_t* encode_scratch(const TextRef& t, bool add_special, int* status, size_t* count,
+                                  Sink* sink = nullptr) const {
         Scratch& sc = scratch_for(uid);
         Out o(sc.out);
+        o.sink = sink;
         const uint8_t* s;
         size_t n;
         *status = to_utf8(t, sc.utf8, s, n) ? encode_into(sc, s, n, add_special, o) : kNotUtf8;

@@ -15,6 +15,15 @@ namespace ft {
 // 16-byte block whatever their number.
 constexpr size_t kSlack = kCacheIdsMax;
 
+// Takes ids in output order while an encode is still running: between its own chunks of a long
+// text, the calling thread hands over the chunks finished so far (ft_parallel.hpp), so the
+// result list (core.pyx, which takes the GIL for it) is built while the pool still encodes
+// instead of after it. Called on the calling thread only.
+struct Sink {
+    void (*take)(void* ctx, const int32_t* ids, size_t n);
+    void* ctx;
+};
+
 // A cursor into a vector that only grows, or into a fixed region the caller sized (the chunks
 // of a parallel split, ft_parallel.hpp). Writers call ensure(k) before storing up to k ids, so
 // the hot loops store without a capacity check; a text of n bytes never gives more than n ids
@@ -25,6 +34,13 @@ struct Out {
     std::vector<int32_t>* v;  // null: a fixed region, where ensure() has nothing to do
     int32_t* w;
     int32_t* first;
+    Sink* sink = nullptr;  // where set, ids before `taken` have gone to it
+    size_t taken = 0;
+    // Hands the ids from `taken` up to `end` to the sink.
+    void hand_over(const int32_t* end) {
+        if (end > first + taken) sink->take(sink->ctx, first + taken, size_t(end - first) - taken);
+        taken = size_t(end - first);
+    }
     size_t size() const { return size_t(w - first); }
     int32_t* begin() const { return first; }
     void ensure(size_t k) {

@@ -4,20 +4,27 @@
 
 #include <Python.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
+#include "ft_out.hpp"
+
 namespace ft {
 
-// Stores the int object of each id into the new list `list` (PyList_New(n)), creating the
-// table's object for an id on its first use. Returns false with a Python error set if an int
-// cannot be created (the list then holds NULLs past that point, which list_dealloc accepts).
+inline bool fail(PyObject** rest, size_t n) {
+    for (size_t i = 0; i < n; ++i) rest[i] = nullptr;
+    return false;
+}
+
+// Stores the int object of each id at items (new references), creating the table's object for
+// an id on its first use. Returns false with a Python error set if an int cannot be created
+// (items past that point are then NULL).
 // An id's table slot and its object are both random reads (the table is 8 bytes per vocabulary
 // entry, a few hundred KiB of it hot); they are prefetched kAhead ids ahead so the waits
 // overlap instead of following one another.
-inline bool fill_id_list(PyObject* list, PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
+inline bool fill_ids(PyObject** items, PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
     constexpr size_t kAhead = 16;
-    PyObject** items = reinterpret_cast<PyListObject*>(list)->ob_item;
     for (size_t i = 0; i < n && i < kAhead; ++i)
         if (uint32_t(ids[i]) < bound) __builtin_prefetch(&ints[ids[i]]);
     for (size_t i = 0; i < n; ++i) {
@@ -28,17 +35,100 @@ inline bool fill_id_list(PyObject* list, PyObject** ints, size_t bound, const in
             item = ints[id];
             if (!item) {
                 item = PyLong_FromLong(long(id));
-                if (!item) return false;
+                if (!item) return fail(items + i, n - i);
                 ints[id] = item;  // the table's reference
             }
             Py_INCREF(item);
         } else {
             item = PyLong_FromLong(long(int32_t(id)));
-            if (!item) return false;
+            if (!item) return fail(items + i, n - i);
         }
         items[i] = item;
     }
     return true;
 }
+
+inline bool fill_id_list(PyObject* list, PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
+    return fill_ids(reinterpret_cast<PyListObject*>(list)->ob_item, ints, bound, ids, n);
+}
+
+// The result list of a long encode, built while the encode runs: its Sink (ft_out.hpp) turns
+// each run of finished ids into items under the GIL, in a PyMem block the list then adopts.
+// Lives in the calling Python frame; init() before the encode, finish() or the destructor
+// after it, both with the GIL.
+class ListSink {
+public:
+    void init(PyObject** ints, size_t bound, size_t expected) {
+        ints_ = ints;
+        bound_ = bound;
+        expected_ = expected;
+        sink_ = Sink{&ListSink::take, this};
+    }
+    Sink* sink() { return &sink_; }
+    ~ListSink() { release(); }
+
+    // The list of all count ids (those not taken yet from ids + taken), or NULL with an error.
+    PyObject* finish(const int32_t* ids, size_t count) {
+        if (!failed_ && !n_) {  // the encode never handed anything over
+            PyObject* list = PyList_New(Py_ssize_t(count));
+            if (list && !fill_id_list(list, ints_, bound_, ids, count)) Py_CLEAR(list);
+            return list;
+        }
+        expected_ = count;
+        if (!append(ids + n_, count - n_)) { release(); return nullptr; }
+        if (cap_ > n_ + n_ / 8) {  // the guess was high: give the rest back
+            if (void* p = PyMem_Realloc(items_, n_ * sizeof(PyObject*))) {
+                items_ = static_cast<PyObject**>(p);
+                cap_ = n_;
+            }
+        }
+        PyObject* list = PyList_New(0);
+        if (!list) { release(); return nullptr; }
+        PyListObject* l = reinterpret_cast<PyListObject*>(list);
+        l->ob_item = items_;
+        l->allocated = Py_ssize_t(cap_);
+        Py_SET_SIZE(l, Py_ssize_t(n_));
+        items_ = nullptr;
+        n_ = cap_ = 0;
+        return list;
+    }
+
+private:
+    static void take(void* ctx, const int32_t* ids, size_t n) {
+        const PyGILState_STATE gil = PyGILState_Ensure();
+        static_cast<ListSink*>(ctx)->append(ids, n);
+        PyGILState_Release(gil);
+    }
+    bool append(const int32_t* ids, size_t count) {
+        if (failed_) return false;
+        if (n_ + count > cap_) {
+            const size_t want = std::max({n_ + count, 2 * cap_, expected_});
+            void* p = PyMem_Realloc(items_, want * sizeof(PyObject*));
+            if (!p) { PyErr_NoMemory(); failed_ = true; return false; }
+            items_ = static_cast<PyObject**>(p);
+            cap_ = want;
+        }
+        if (!fill_ids(items_ + n_, ints_, bound_, ids, count)) {
+            for (size_t i = 0; i < count; ++i) Py_XDECREF(items_[n_ + i]);
+            failed_ = true;
+            return false;
+        }
+        n_ += count;
+        return true;
+    }
+    void release() {
+        for (size_t i = 0; i < n_; ++i) Py_DECREF(items_[i]);
+        PyMem_Free(items_);
+        items_ = nullptr;
+        n_ = cap_ = 0;
+    }
+
+    Sink sink_{};
+    PyObject** ints_ = nullptr;
+    size_t bound_ = 0, expected_ = 0;
+    PyObject** items_ = nullptr;  // PyMem block of cap_ pointers, n_ of them references
+    size_t n_ = 0, cap_ = 0;
+    bool failed_ = false;  // a Python error is set
+};
 
 }  // namespace ft

@@ -77,6 +77,10 @@ def test_long_input(name: str) -> None:
     text = long_text(200_000)
     assert len(text) == 200_000
     assert not check_encode(fast, hf, text)
+    # Two long stretches around an added token: the ids before the second parallel split, and
+    # those of the first, reach the result list while the second is still being encoded.
+    for special in added_contents(path)[:1]:
+        assert not check_encode(fast, hf, text[:100_000] + special + text[100_000:])
     ids = hf.encode(text)
     assert not check_decode(fast, hf, ids)
     # A long run with no pre-token boundaries stresses the heap-based merge path.
