@@ -137,9 +137,10 @@ class TorchAttention(AttentionBackend):
     def _attend_row(k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, start: int, end: int, ctx: int, prefix: torch.Tensor | None,
                     mask: torch.Tensor | None) -> torch.Tensor:
-        if mask is None and prefix is None:
-            return _causal_attention(q[start:end], k[start:end], v[start:end])
-        if mask is None:  # a cached context (a prefix-cache hit, or earlier chunks of the prompt)
+        if mask is None:
+            if prefix is None:
+                return _causal_attention(q[start:end], k[start:end], v[start:end])
+            # a cached context: a prefix-cache hit, or the earlier chunks of the prompt
             past_k, past_v = _context(k_cache, v_cache, prefix, ctx)
             return _chunk_attention(q[start:end], k[start:end], v[start:end], past_k, past_v)
         keys, values = _with_prefix(k_cache, v_cache, prefix, ctx, k[start:end], v[start:end])
