@@ -3,10 +3,14 @@ ForwardBatch, and after the step folds the results back in.
 
 Order within a tick: running decodes first (one token each; the newest sequence is preempted by
 recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
-order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). One exception
-(with layer preemption): a OneShot row longer than STREAM_GAP_S is not put beside running
-sequences; the next tick is a step of OneShot rows alone, which the engine runs in segments,
-stepping aside for the sequences' tokens.
+order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). So that no
+request waits for all of another's long work (engine.plan has the thresholds and the figures):
+- beside running decodes, prompts come in chunks of MIN_PROMPT_CHUNK tokens (or STREAM_GAP_S);
+- with layer preemption, a OneShot row longer than STREAM_GAP_S is not put beside running
+  sequences: the next tick is a step of OneShot rows alone, which the engine runs in segments,
+  stepping aside for the sequences' tokens;
+- with layer preemption, short work does not join a long OneShot row's step: it runs while that
+  step is parked.
 
 Never imports torch: it deals in token ids and block numbers only. It never decides that a
 request ends; the engine does, and calls `release`.
@@ -184,9 +188,6 @@ class Scheduler:
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
         admitted: list[Work] = []
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        # In a step that can run in segments (layer preemption, no sequences' tokens), short work
-        # does not share a step with a long OneShot row, which it would wait for all of: it runs
-        # while that step is parked.
         segmentable = self.config.layer_preemption and max_tokens is None and not (decodes or chunks)
         long_tokens = shortest = 0
         for work in self.waiting:
