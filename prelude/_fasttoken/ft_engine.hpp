@@ -290,7 +290,7 @@ private:
             cur->pieces[cur->count++] = Piece{p + b, e - b};
             if (cur->count == kBlock) {
                 cur->prepare(sc.cache);
-                if (prev) resolve(sc, *prev, o);
+                if (prev) resolve(sc, *prev, false, o);
                 prev = cur;
                 cur = &blocks[cur == &blocks[0] ? 1 : 0];
                 cur->count = 0;
@@ -299,13 +299,13 @@ private:
         if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
         cur->prepare(sc.cache);
-        if (prev) resolve(sc, *prev, o);
-        resolve(sc, *cur, o);
+        if (prev) resolve(sc, *prev, false, o);
+        resolve(sc, *cur, true, o);
         return !(scanner.seen() & kUnsure);
     }
 
-    void resolve(Scratch& sc, const Block& block, Out& o) const {
-        resolve_block(sc.cache, vocab, block, o,
+    void resolve(Scratch& sc, const Block& block, bool last, Out& o) const {
+        resolve_block(sc.cache, vocab, block, last, o,
                       [&](const PieceKey* key, const uint8_t* q, size_t n, Out& out, const uint64_t* hash) {
                           encode_new_word(sc, key, q, n, out, hash);
                       });
