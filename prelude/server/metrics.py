@@ -71,7 +71,7 @@ def render(snap: EngineSnapshot, model: str) -> str:
              stats.failed_requests)
     w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.", sched.num_preemptions)
     w.metric("layer_preemptions_total", "counter", "Times a long OneShot step stepped aside between layers "
-             "for short requests.", snap.layer_preemptions)
+             "for short requests or running streams.", snap.layer_preemptions)
     w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", sched.num_oneshot_rows)
     w.metric("oneshot_deferrals_total", "counter", "Requests deferred one tick behind a cold-prefix leader.",
              sched.num_deferrals)
