@@ -32,6 +32,12 @@ PREEMPTIBLE_S = 0.05
 SHORT_SHARE = 1 / 8
 
 
+def preemptible(costs: StepCostModel, tokens: int) -> bool:
+    """Whether a OneShot step (or row) computing `tokens` is predicted to take long enough to run
+    in segments and step aside for short work."""
+    return costs.estimate(tokens) >= PREEMPTIBLE_S
+
+
 def short_tokens_beside(long_tokens: int) -> int:
     """The most tokens of work that runs while a step whose longest row has `long_tokens` is
     parked, rather than in that step."""

@@ -34,7 +34,6 @@ from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import (
     MIN_PROMPT_CHUNK,
-    PREEMPTIBLE_S,
     STREAM_GAP_S,
     PlannedOneShot,
     SchedulerStats,
@@ -42,6 +41,7 @@ from prelude.engine.plan import (
     Skip,
     StepBudget,
     StepEvent,
+    preemptible,
     short_tokens_beside,
 )
 from prelude.engine.cost_model import StepCostModel
@@ -195,7 +195,7 @@ class Scheduler:
             if segmentable and self._apart(work, tokens, long_tokens, shortest):
                 continue
             if isinstance(work, OneShotJob):
-                if (decodes or chunks) and self._stalls_streams(work):
+                if (decodes or chunks) and self._stalls_streams(tokens):
                     self._held_long_oneshot = True
                     continue
                 planned = self.oneshot.plan(work, budget, pending)
@@ -209,7 +209,7 @@ class Scheduler:
                 rows.append(self.oneshot.row(planned))
                 work.status = WorkStatus.RUNNING
                 computed = len(rows[-1].token_ids)  # the uncached ones
-                if self.costs.estimate(computed) >= PREEMPTIBLE_S:
+                if preemptible(self.costs, computed):
                     long_tokens = max(long_tokens, computed)
             else:
                 if decode_full or alone:
@@ -258,12 +258,13 @@ class Scheduler:
         if long_tokens and tokens <= short_tokens_beside(long_tokens):
             return True
         return (isinstance(work, OneShotJob) and bool(shortest) and shortest <= short_tokens_beside(tokens)
-                and self.costs.estimate(tokens) >= PREEMPTIBLE_S)
+                and preemptible(self.costs, tokens))
 
-    def _stalls_streams(self, work: OneShotJob) -> bool:
-        """Whether the row would hold running streams' next token too long if it shared their
-        step (only with layer preemption, which lets a step of its own step aside for them)."""
-        return self.config.layer_preemption and self.costs.estimate(len(work.tokens_to_compute)) > STREAM_GAP_S
+    def _stalls_streams(self, tokens: int) -> bool:
+        """Whether a OneShot row of `tokens` would hold running streams' next token too long if it
+        shared their step (only with layer preemption, which lets a step of its own step aside
+        for them)."""
+        return self.config.layer_preemption and self.costs.estimate(tokens) > STREAM_GAP_S
 
     # -- after the step -------------------------------------------------------------------
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:

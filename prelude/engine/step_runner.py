@@ -16,7 +16,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import OneShotBatch
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.plan import PREEMPTIBLE_S, STREAM_GAP_S, ScheduledStep, short_tokens_beside
+from prelude.engine.plan import STREAM_GAP_S, ScheduledStep, preemptible, short_tokens_beside
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
 from prelude.executor.executors import Executors
@@ -70,8 +70,7 @@ class StepRunner:
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        costs = self.scheduler.costs
-        if not (self.scheduler.config.layer_preemption and tokens and costs.estimate(tokens) >= PREEMPTIBLE_S):
+        if not (self.scheduler.config.layer_preemption and tokens and preemptible(self.scheduler.costs, tokens)):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.urgent.clear()
