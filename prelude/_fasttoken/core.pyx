@@ -293,7 +293,6 @@ cdef class Core:
         cdef const int32_t* out
         cdef size_t count
         cdef int status
-        cdef Py_ssize_t n
         if t.length < SMALL_TEXT:
             # As for decode steps: a short text is less work than handing the GIL over and back.
             out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
@@ -302,11 +301,17 @@ cdef class Core:
                 out = self.engine.encode_scratch(t, add_special_tokens, &status, &count)
         else:
             return self._encode_long(text, t, add_special_tokens)
-        if status == kNeedReference:
-            return self.reference(text, add_special_tokens)
-        if status == kNotUtf8:
-            PyUnicode_AsUTF8AndSize(text, &n)  # raises UnicodeEncodeError
+        if status != kOk:
+            return self._unencoded(text, status, add_special_tokens)
         return _ids_list(&self.ints, out, count)
+
+    cdef object _unencoded(self, str text, int status, bint add_special_tokens):
+        """What an encode answers for a status other than kOk: HF's ids (kNeedReference), or the
+        UnicodeEncodeError CPython's UTF-8 conversion raises (kNotUtf8, a lone surrogate)."""
+        cdef Py_ssize_t n
+        if status == kNotUtf8:
+            PyUnicode_AsUTF8AndSize(text, &n)  # raises
+        return self.reference(text, add_special_tokens)
 
     cdef object _encode_long(self, str text, TextRef t, bint add_special_tokens):
         """A text long enough for the parallel split (ft_parallel.hpp): the list is built from
@@ -316,15 +321,12 @@ cdef class Core:
         cdef const int32_t* out
         cdef size_t count
         cdef int status
-        cdef Py_ssize_t n
         result.init(self.ints.ints, self.ints.n, t.length // 3)
         cdef Sink* sink = result.sink()
         with nogil:
             out = self.engine.encode_scratch(t, add_special_tokens, &status, &count, sink)
-        if status == kNeedReference:
-            return self.reference(text, add_special_tokens)
-        if status == kNotUtf8:
-            PyUnicode_AsUTF8AndSize(text, &n)  # raises UnicodeEncodeError
+        if status != kOk:
+            return self._unencoded(text, status, add_special_tokens)
         return result.finish(out, count)
 
     cdef object _encode_with_regex(self, str text, bint add_special_tokens):
@@ -365,7 +367,7 @@ cdef class Core:
         if self.regexes is not None:
             return [self._encode_with_regex(t, add_special_tokens) for t in texts]
         cdef list items = list(texts)
-        cdef Py_ssize_t count = len(items), i, n
+        cdef Py_ssize_t count = len(items), i
         cdef vector[TextRef] refs
         cdef vector[vector[int32_t]] outs
         cdef vector[int] status
@@ -378,10 +380,8 @@ cdef class Core:
             encode_many(self.engine[0], refs, add_special_tokens, outs, status)
         cdef list result = PyList_New(count)
         for i in range(count):
-            if status[i] == kNotUtf8:
-                PyUnicode_AsUTF8AndSize(items[i], &n)  # raises UnicodeEncodeError
-            if status[i] == kNeedReference:
-                item = self.reference(items[i], add_special_tokens)
+            if status[i] != kOk:
+                item = self._unencoded(items[i], status[i], add_special_tokens)
             else:
                 item = _ids_list(&self.ints, outs[i].data(), outs[i].size())
             Py_INCREF(item)
