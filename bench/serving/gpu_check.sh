@@ -4,7 +4,7 @@
 # the CUDA tests, the kernel micro-benchmark and the serving table. Results go to $OUT.
 #   usage (repo root): bash bench/serving/gpu_check.sh [gpu_table2.py flags]
 # Stage time limits keep the whole call under the 10-minute device limit; override with
-# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT (seconds).
+# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT (seconds).
 #
 # Preparing the carried folders on a machine with network access (the device has none):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -58,4 +58,10 @@ tok=.tok
 [ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
 timeout "${TABLE_TIMEOUT:-330}" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
 echo "gpu_table2 exit $?"
+
+stage "multi-item scoring"
+# /v1/score with 1-200 short items: one masked forward (flashinfer's custom mask) against a row
+# per item, on the random-weight 0.6B; after the table, so its figures come back even if this fails.
+timeout "${MULTI_TIMEOUT:-90}" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
+  --json "$OUT/multi_item.json" 2>&1 | tee "$OUT/multi_item.txt"
 stage "done"

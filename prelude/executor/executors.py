@@ -36,7 +36,8 @@ class OneShotExecutor:
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
         rows = batch.rows
-        fresh_single_row = len(rows) == 1 and rows[0].start == 0
+        # Prefill graphs attend causally: a multi-item row needs its mask, planned eagerly.
+        fresh_single_row = len(rows) == 1 and rows[0].start == 0 and not rows[0].item_lengths
         return self.runner.run(rows, (), "prefill" if fresh_single_row else None)
 
 

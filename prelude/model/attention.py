@@ -56,6 +56,22 @@ class PagedDecodeInputs:
     context_lens: torch.Tensor  # [rows]: keys each row attends to, its new token included
 
 
+def own_token_mask(n: int, items: Sequence[int], device: torch.device) -> torch.Tensor:
+    """[n, n] boolean: which of a prefill row's own n tokens each of them attends to (True: it
+    does). Without items, causal. With items (the row ends with them, StepLayout.item_lengths),
+    a token of the shared part sees the shared part causally, and a token of an item sees the
+    whole shared part and its own item causally, never another item. Cached context, which
+    every token sees, is not part of it."""
+    index = torch.arange(n, device=device)
+    causal = index[None, :] <= index[:, None]
+    if not items:
+        return causal
+    # Each token's segment: 0 for the shared part, k for the k-th item.
+    counts = torch.tensor([n - sum(items), *items], device=device)
+    segment = torch.repeat_interleave(torch.arange(len(items) + 1, device=device), counts, output_size=n)
+    return causal & ((segment[None, :] == 0) | (segment[None, :] == segment[:, None]))
+
+
 class AttentionBackend(ABC):
     """Computes attention for all rows of one step, layer by layer.
 

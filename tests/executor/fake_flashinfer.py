@@ -41,14 +41,17 @@ def _check_index(t: torch.Tensor, name: str) -> list[int]:
     return t.tolist()
 
 
-def _attend(q, k, v, causal: bool):
-    """q: [n, H, D]; k, v: [m, Hkv, D] -> (out [n, H, D], lse [n, H] in base 2, as flashinfer)."""
+def _attend(q, k, v, causal: bool, mask: torch.Tensor | None = None):
+    """q: [n, H, D]; k, v: [m, Hkv, D] -> (out [n, H, D], lse [n, H] in base 2, as flashinfer).
+    `mask` ([n, m], True: attends) replaces the causal one, as a custom mask does."""
     n, m, heads = q.shape[0], k.shape[0], q.shape[1]
     group = heads // k.shape[1]
     kf = k.float().repeat_interleave(group, dim=1)
     vf = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,mhd->hnm", q.float(), kf) / math.sqrt(q.shape[-1])
-    if causal:
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif causal:
         # Query i sits at KV position m - n + i.
         allowed = torch.arange(m)[None, :] <= (m - n + torch.arange(n))[:, None]
         scores = scores.masked_fill(~allowed, float("-inf"))
@@ -99,9 +102,22 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         self.qo = _check_index(qo_indptr, "qo_indptr")
         self.kv = _check_index(kv_indptr, "kv_indptr")
         assert len(self.qo) == len(self.kv)
+        assert packed_custom_mask is None, "the backend hands flashinfer the unpacked mask"
+        # flashinfer keeps the custom mask of a wrapper's earlier plan when a later one has none.
+        assert custom_mask is not None or not getattr(self, "masks", None), "a masked wrapper kept for masks"
+        self.masks = None if custom_mask is None else self._split_mask(custom_mask, qo_indptr)
         self.causal, self.dtype, self.heads = causal, q_data_type, num_qo_heads
         self.planned = True
         self.plan_calls += 1
+
+    def _split_mask(self, mask: torch.Tensor, qo_indptr: torch.Tensor) -> list[torch.Tensor]:
+        """The flattened custom mask as each row's [qo_len, kv_len], row-major (flashinfer's
+        layout). flashinfer packs it where the mask and the indptr are: they must share a device."""
+        assert mask.dtype == torch.bool and mask.dim() == 1 and mask.device == qo_indptr.device
+        sizes = [(b - a) * (d - c) for a, b, c, d in zip(self.qo, self.qo[1:], self.kv, self.kv[1:])]
+        assert len(mask) == sum(sizes), (len(mask), sum(sizes))
+        rows = mask.split(sizes)
+        return [m.view(b - a, d - c) for m, a, b, c, d in zip(rows, self.qo, self.qo[1:], self.kv, self.kv[1:])]
 
     @_mirrors
     def run(self, q, k, v, *, out=None, lse=None, return_lse=False):
@@ -110,7 +126,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
         outs, lses = [], []
         for row in range(len(self.qo) - 1):
             qs, ks = slice(self.qo[row], self.qo[row + 1]), slice(self.kv[row], self.kv[row + 1])
-            o, s = _attend(q[qs], k[ks], v[ks], self.causal)
+            o, s = _attend(q[qs], k[ks], v[ks], self.causal, None if self.masks is None else self.masks[row])
             outs.append(o), lses.append(s)
         return _finish(outs, lses, q, out, return_lse)
 

@@ -41,6 +41,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 BS = 16
 BLOCKS = 64
 SPEC = OutputSpec(sample=SamplingParams(temperature=0.0, logprobs=4))
+LABELS = OutputSpec(label_token_ids=(3, 7, 11))
 LOGPROB_ATOL = 0.08  # bf16 weights and activations against an fp32 reference
 MARGIN = 0.25  # top-2 gaps below this may flip under bf16 rounding
 
@@ -94,7 +95,7 @@ def _script(vocab: int, short: bool = False):
     steps = [
         OneShotBatch([PrefillRow(100, tok(first), 0, [], SPEC),
                       PrefillRow(101, tok(second), 0, [9, 10][: second // BS], SPEC),
-                      PrefillRow(102, tok(5), 0, [], OutputSpec(label_token_ids=(3, 7, 11)))]),
+                      PrefillRow(102, tok(5), 0, [], LABELS)]),
         MixedBatch([PrefillRow(1, a, 0, ta, SPEC), PrefillRow(2, b, 0, tb, SPEC),
                     PrefillRow(3, c[:16], 0, tc, None)], []),
     ]
@@ -108,6 +109,12 @@ def _script(vocab: int, short: bool = False):
         DecodeBatch([DecodeRow(1, tok(1)[0], la + 4, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 4, tb, SPEC),
                      DecodeRow(3, tok(1)[0], lc, tc, SPEC)]),  # 3 rows padded to a bucket of 4
     ]
+    # Multi-item scoring rows (a shared part, then items that see it and themselves only): alone,
+    # where a causal prefill graph must not take it, and beside an ordinary row.
+    items = (3, 2, 4) if short else (10, 6, 12, 8)
+    shared = 6 if short else 40
+    multi = lambda seq: PrefillRow(seq, tok(shared + sum(items)), 0, [], LABELS, item_lengths=items)
+    steps += [OneShotBatch([multi(105)]), OneShotBatch([PrefillRow(106, tok(first), 0, [], SPEC), multi(107)])]
     return steps
 
 
@@ -130,6 +137,8 @@ def _compare(got_steps, want_steps, atol: float, margin: float):
         for got, want in zip(got_rows, want_rows):
             if want.label_logprobs is not None:
                 torch.testing.assert_close(got.label_logprobs, want.label_logprobs, atol=atol, rtol=0)
+            if want.item_label_logprobs is not None:
+                torch.testing.assert_close(got.item_label_logprobs, want.item_label_logprobs, atol=atol, rtol=0)
             if want.token is None:
                 continue
             top = want.token.top
@@ -225,6 +234,6 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     runner.warmup()
     got = _run(runner, steps)
     # fp32 on both sides: every sampled row is checked (no exact top-2 ties in this model).
-    assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 18
+    assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 19
     expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32)} if fuse_rope else set())
     assert set(runner.graphs.graphs) == expected_graphs

@@ -96,3 +96,38 @@ def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rop
         got = model.compute_logits(model(static_ids, static_pos, backend))[:2]
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
         assert set(backend.graph_decoders) == {4}
+
+
+def test_multi_item_rows_attend_under_their_mask_like_the_torch_reference(monkeypatch, model):
+    """Multi-item rows (a shared part, then items that each see it and themselves only) beside
+    ordinary rows, fresh and over a cached prefix, then an ordinary step again: every position's
+    logits equal the torch reference's."""
+    fake_flashinfer.install(monkeypatch)
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+
+    reference = TorchAttention(_cache(model))
+    backend = FlashInferAttention(_cache(model), model.config.num_heads, max_pages_per_row=16,
+                                  dummy_page=DUMMY, fuse_rope=False, workspace_bytes=16)
+    gen = torch.Generator().manual_seed(1)
+    tok = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+    labels = OutputSpec(label_token_ids=(3, 5))
+    shared = tok(8)
+    steps = [
+        # An ordinary prompt beside a fresh multi-item row (5 shared tokens, items of 3, 1, 4).
+        ([PrefillRow(1, shared, 0, [2, 3, 4], SPEC),
+          PrefillRow(2, tok(5 + 8), 0, [], labels, item_lengths=(3, 1, 4))], []),
+        # Over the first's cached first block: 4 more shared tokens, then items of 2 and 5;
+        # the first row decodes beside it.
+        ([PrefillRow(3, shared[4:] + tok(7), 4, [2], labels, item_lengths=(2, 5))],
+         [DecodeRow(1, tok(1)[0], 8, [2, 3, 4], SPEC)]),
+        ([PrefillRow(4, tok(6), 0, [], SPEC)], []),
+    ]
+    with torch.inference_mode():
+        for prefills, decodes in steps:
+            ids, positions, layout = _step(prefills, decodes)
+            reference.plan(layout)
+            expected = model.compute_logits(model(ids, positions, reference))
+            backend.plan(layout)
+            got = model.compute_logits(model(ids, positions, backend))
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert backend.masked.plan_calls == 2 and backend.ragged.plan_calls == 1

@@ -1,6 +1,7 @@
 """Attention through flashinfer's batch kernels on the NHD paged cache.
 
-Per step (`plan`): one ragged causal prefill over all prefill rows' own tokens; one paged
+Per step (`plan`): one ragged causal prefill over all prefill rows' own tokens (under a custom
+mask when the step has multi-item rows, which see the shared part and their own item); one paged
 prefill (non-causal) over the cached context of the prefill rows that have one, merged into
 the ragged result by log-sum-exp; one paged decode for the decode rows. Each wrapper is planned
 once per step on host index arrays (flashinfer_plan.build_plan) and run once per layer.
@@ -20,7 +21,7 @@ import torch
 
 from prelude.executor.attention.flashinfer_plan import FlashInferPlan, PagedRows, build_plan, pad_decode_rows
 from prelude.executor.kv_cache import KVCache
-from prelude.model.attention import AttentionBackend, GraphKind, QKNorm, StepLayout
+from prelude.model.attention import AttentionBackend, GraphKind, QKNorm, StepLayout, own_token_mask
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ def _host(values: list[int]) -> torch.Tensor:
 
 
 class FlashInferAttention(AttentionBackend):
+    supports_items = True
     def __init__(self, kv_cache: KVCache, num_q_heads: int, max_pages_per_row: int,
                  dummy_page: int, fuse_rope: bool | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES):
@@ -67,6 +69,9 @@ class FlashInferAttention(AttentionBackend):
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
         self.ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
             self.workspace, "NHD", backend=PREFILL_BACKEND)
+        # Steps with multi-item rows. A wrapper of their own: flashinfer keeps a wrapper's custom
+        # mask for its later plans, and fa3 takes no custom mask.
+        self.masked = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=PREFILL_BACKEND)
         self.decode = self._decode_wrapper()
@@ -95,7 +100,10 @@ class FlashInferAttention(AttentionBackend):
         plan = build_plan(layout, self.page_size, layout.host_slots)
         self._begin(plan, layout.slot_mapping)
         self._ragged = self.ragged
-        if plan.num_prefill_tokens:
+        if plan.num_prefill_tokens and layout.item_lengths is not None:
+            self._plan_masked(layout, plan)
+            self._ragged = self.masked
+        elif plan.num_prefill_tokens:
             self._plan_ragged(self.ragged, plan)
         if plan.prefix_rows:
             kv = plan.prefix_kv
@@ -152,6 +160,17 @@ class FlashInferAttention(AttentionBackend):
         indptr = _host(plan.ragged_indptr)
         wrapper.plan(indptr, indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
                      causal=True, q_data_type=self.dtype, kv_data_type=self.dtype)
+
+    def _plan_masked(self, layout: StepLayout, plan: FlashInferPlan) -> None:
+        """The prefill rows' own tokens under one mask (own_token_mask: causal for the rows
+        without items). The indptr goes on the device with the mask, where flashinfer packs it."""
+        items = layout.item_lengths
+        assert items is not None
+        mask = torch.cat([own_token_mask(layout.query_len(row), items[row], self.device).flatten()
+                          for row in range(layout.num_prefill_rows)])
+        indptr = torch.tensor(plan.ragged_indptr, dtype=torch.int32, device=self.device)
+        self.masked.plan(indptr, indptr, self.num_q_heads, self.num_kv_heads, self.head_dim,
+                         custom_mask=mask, q_data_type=self.dtype, kv_data_type=self.dtype)
 
     def _begin(self, plan: FlashInferPlan, slot_mapping: torch.Tensor) -> None:
         self._plan = plan

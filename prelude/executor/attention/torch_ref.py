@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from prelude.executor.kv_cache import KVCache
-from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
+from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout, own_token_mask
 from prelude.model.segments import SEGMENT_TOKENS
 
 paged_decode: Callable[..., None] | None
@@ -234,14 +234,5 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 def _item_mask(n: int, ctx: int, items: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """[n, ctx + n] boolean mask of a multi-item row: every token sees the cached context; a
-    token of the shared part sees the shared part causally; a token of an item sees the whole
-    shared part and its own item causally, never another item."""
-    segment = torch.zeros(n, dtype=torch.long, device=device)
-    at = n - sum(items)
-    for k, length in enumerate(items):
-        segment[at:at + length] = k + 1
-        at += length
-    index = torch.arange(n, device=device)
-    own = (index[None, :] <= index[:, None]) & ((segment[None, :] == 0) | (segment[None, :] == segment[:, None]))
-    return torch.cat([torch.ones(n, ctx, dtype=torch.bool, device=device), own], dim=1)
+    """[n, ctx + n] boolean mask of a multi-item row: the cached context, then its own tokens."""
+    return torch.cat([torch.ones(n, ctx, dtype=torch.bool, device=device), own_token_mask(n, items, device)], dim=1)
