@@ -12,10 +12,16 @@
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
 #     priority wsproto cython
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
-# then run this with carry [".whl", ".tok"]. flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
+# then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
 # (62 MB): the device call carries at most 64 MiB. Its other requirements are either in the GPU
 # image (nvidia-ml-py, einops, ninja, numpy, requests, click, tqdm, tabulate) or only imported by
 # paths Prelude does not use (cudnn frontend, cutlass DSL).
+#
+# flashinfer's JIT modules outlive the call: at exit every module compiled here (with those
+# restored) goes to $OUT/fi-aot.tar.xz.NN (15 MiB parts). Copy those files into .fi-cache/ and
+# carry it on the next call: they are unpacked into flashinfer's AOT folder, where flashinfer
+# loads a module instead of compiling it. At exit the logs are packed into $OUT/logs.tar.xz,
+# since a device call returns at most 8 files.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench-results}
@@ -30,6 +36,30 @@ stage "wheels"
 if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-deps --no-index --disable-pip-version-check .whl/*.whl 2>&1 | grep -v WARNING
 fi
+stage "flashinfer modules of earlier runs"
+FI_AOT=; FI_JIT=; FI_KEEP=/tmp/fi-aot  # FI_KEEP: every module to save, as <name>/<name>.so
+read -r FI_AOT FI_JIT < <($PY -c "import flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR, e.FLASHINFER_JIT_DIR)" 2>/dev/null)
+mkdir -p "$FI_KEEP"
+if [ -n "$FI_AOT" ] && compgen -G ".fi-cache/fi-aot.tar.xz*" > /dev/null; then
+  cat .fi-cache/fi-aot.tar.xz* | tar -xJ -C "$FI_KEEP" && mkdir -p "$FI_AOT" && cp -r "$FI_KEEP"/. "$FI_AOT"/
+  echo "restored $(ls "$FI_KEEP" | wc -l) modules into $FI_AOT"
+fi
+finish() {
+  if [ -n "$FI_JIT" ] && [ -d "$FI_JIT" ]; then
+    for so in "$FI_JIT"/*/*.so; do
+      [ -f "$so" ] || continue
+      name=$(basename "$(dirname "$so")")
+      [ "$(basename "$so")" = "$name.so" ] && mkdir -p "$FI_KEEP/$name" && cp "$so" "$FI_KEEP/$name/"
+    done
+  fi
+  if [ -n "$(ls "$FI_KEEP")" ]; then
+    tar -C "$FI_KEEP" -cJf /tmp/fi-aot.tar.xz . && split -b 15m -d /tmp/fi-aot.tar.xz "$OUT/fi-aot.tar.xz."
+    echo "saved $(ls "$FI_KEEP" | wc -l) flashinfer modules: $(du -h /tmp/fi-aot.tar.xz | cut -f1) in $OUT/fi-aot.tar.xz.*"
+  fi
+  (cd "$OUT" && ls | grep -v -E '\.json$|^fi-aot\.tar\.xz\.|^logs\.tar\.xz$' | tar -cJf logs.tar.xz -T - --remove-files)
+}
+trap finish EXIT
+
 stage "fasttoken extension"
 # Built here for the device's Python (3.12); without Cython the server falls back to HF tokenizers.
 if $PY -c "import Cython" 2>/dev/null; then
@@ -63,5 +93,5 @@ stage "multi-item scoring"
 # /v1/score with 1-200 short items: one masked forward (flashinfer's custom mask) against a row
 # per item, on the random-weight 0.6B; after the table, so its figures come back even if this fails.
 timeout "${MULTI_TIMEOUT:-90}" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
-  --json "$OUT/multi_item.json" 2>&1 | tee "$OUT/multi_item.txt"
+  --json "$OUT/multi_item.json"
 stage "done"
