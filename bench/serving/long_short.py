@@ -97,8 +97,10 @@ async def calibrate(url: str, rng: random.Random, long_tokens: int) -> tuple[flo
 async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: float, deadline_ms: float | None,
                     seed: int, long_tokens: int) -> list[Outcome]:
     rng = random.Random(seed)
-    plan = [(t, "short") for t in poisson_arrivals(short_rate, rng, horizon=seconds)]
-    plan += [(t, "long") for t in poisson_arrivals(long_rate, rng, horizon=seconds)]
+    # A zero rate (--long-share 0: the short requests alone, the reference for their queueing)
+    # sends none of that kind.
+    plan = [(t, kind) for kind, rate in (("short", short_rate), ("long", long_rate)) if rate > 0
+            for t in poisson_arrivals(rate, rng, horizon=seconds)]
     plan.sort()
     headers = {} if deadline_ms is None else {"X-Deadline-Ms": f"{deadline_ms:.1f}"}
     out: list[Outcome] = []
