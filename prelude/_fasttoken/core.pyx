@@ -129,7 +129,7 @@ cdef extern from "ft_mem.hpp" namespace "ft":
     void* huge_zeroed(size_t n) except +
 
 cdef extern from "ft_pyints.hpp" namespace "ft":
-    bint fill_id_list(object lst, PyObject** ints, size_t bound, const int32_t* ids, size_t n) except? False
+    object new_id_list(PyObject** ints, size_t bound, const int32_t* ids, size_t n)
     cdef cppclass ListSink:
         void init(PyObject** ints, size_t bound, size_t expected)
         Sink* sink()
@@ -139,10 +139,8 @@ cdef extern from "ft_pyints.hpp" namespace "ft":
 cdef list _ids_list(IntTable* table, const int32_t* ids, size_t count):
     """The ids as a list. Ints are immutable, so each id shares one object (see IntTable);
     perf showed the allocations and frees of ids past the old 32K shared range as ~8% of a
-    warm encode. The fill is C++ (ft_pyints.hpp) for its prefetches."""
-    cdef list out = PyList_New(<Py_ssize_t>count)
-    fill_id_list(out, table.ints, table.n, ids, count)
-    return out
+    warm encode. The list is made in C++ (ft_pyints.hpp) for its prefetches."""
+    return new_id_list(table.ints, table.n, ids, count)
 
 
 cdef inline TextRef _text_ref(str text) except *:

@@ -36,9 +36,11 @@ struct Block {
     void prepare(const PieceCache& cache) {
         for (size_t k = 0; k < count; ++k) {
             if (pieces[k].n > kCacheKeyMax) continue;
-            keys[k] = make_key(pieces[k].p, pieces[k].n);
-            lines[k] = PieceCache::line(keys[k]);
-            cache.prefetch(lines[k]);
+            const PieceKey key = make_key(pieces[k].p, pieces[k].n);
+            const size_t line = PieceCache::line(key);
+            keys[k] = key;
+            lines[k] = line;
+            cache.prefetch(line);
         }
     }
 };
@@ -69,16 +71,22 @@ FT_INLINE void resolve_block(PieceCache& cache, const StrMap& vocab, const Block
     // would wait for its vocabulary slot alone: its misses all start theirs before any is read
     // (every block doing so a block ahead cost ~10% on 8K texts, whose blocks mostly all hit).
     if (last) look_ahead(0);
+    // The write cursor is a local: o.w itself was reloaded after every 16-byte copy (memcpy
+    // may alias anything), a store-forwarding wait per piece.
+    int32_t* w = o.w;
     for (size_t k = 0; k < count; ++k) {
         const Piece q = b.pieces[k];
+        if (q.n <= kCacheKeyMax && cache.copy_ids(b.keys[k], b.lines[k], w)) continue;
+        o.w = w;
         if (q.n > kCacheKeyMax) {
             new_word(nullptr, q.p, q.n, o, nullptr);
-            continue;
+        } else {
+            if (!looked_ahead) look_ahead(k + 1);
+            new_word(&b.keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
         }
-        if (cache.copy_ids(b.keys[k], b.lines[k], o.w)) continue;
-        if (!looked_ahead) look_ahead(k + 1);
-        new_word(&b.keys[k], q.p, q.n, o, (hashed >> k) & 1 ? &hashes[k] : nullptr);
+        w = o.w;
     }
+    o.w = w;
 }
 
 }  // namespace ft

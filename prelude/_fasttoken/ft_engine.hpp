@@ -282,25 +282,32 @@ private:
     bool split_and_encode(Scratch& sc, const uint8_t* p, size_t len, Out& o) const {
         // Pieces are looked up a block at a time (ft_block.hpp), one block behind the scan: a
         // full block is prepared (its cache lines prefetched), then the one before it resolved.
+        // The fill cursor is a local of a type no piece store can alias: a count kept in the
+        // Block was reloaded after every piece store (a store-forwarding wait per piece).
         Block blocks[2];
-        Block* cur = &blocks[0];
-        Block* prev = nullptr;
+        unsigned cur = 0;
+        bool have_prev = false;
+        Piece* put = blocks[0].pieces;
+        Piece* full = put + kBlock;
         Scanner scanner(classes, p);
         auto emit = [&](size_t b, size_t e) FT_INLINE_LAMBDA {
-            cur->pieces[cur->count++] = Piece{p + b, e - b};
-            if (cur->count == kBlock) {
-                cur->prepare(sc.cache);
-                if (prev) resolve(sc, *prev, false, o);
-                prev = cur;
-                cur = &blocks[cur == &blocks[0] ? 1 : 0];
-                cur->count = 0;
+            *put++ = Piece{p + b, e - b};
+            if (put == full) {
+                blocks[cur].count = kBlock;
+                blocks[cur].prepare(sc.cache);
+                if (have_prev) resolve(sc, blocks[cur ^ 1], false, o);
+                have_prev = true;
+                cur ^= 1;
+                put = blocks[cur].pieces;
+                full = put + kBlock;
             }
         };
         if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
         else scanner.split(PatternKind(pattern), max_digits, len, emit);
-        cur->prepare(sc.cache);
-        if (prev) resolve(sc, *prev, false, o);
-        resolve(sc, *cur, true, o);
+        blocks[cur].count = size_t(put - blocks[cur].pieces);
+        blocks[cur].prepare(sc.cache);
+        if (have_prev) resolve(sc, blocks[cur ^ 1], false, o);
+        resolve(sc, blocks[cur], true, o);
         return !(scanner.seen() & kUnsure);
     }
 

@@ -45,7 +45,7 @@ protected:
         for (int b = 0; b < 256; ++b) {
             single_ids[b] = -1;
             if (!byte_level && b >= 0x80) continue;  // not a whole character
-            const uint8_t bytes[4] = {uint8_t(b), 0, 0, 0};  // padded: the readers are generic
+            const uint8_t bytes[16] = {uint8_t(b)};  // padded: the readers are generic
             const std::vector<int32_t>& ids = bpe_word(sc, bytes, 1);
             if (ids.size() == 1) single_ids[b] = ids[0];
         }

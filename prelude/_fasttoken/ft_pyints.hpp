@@ -10,6 +10,10 @@
 
 #include "ft_out.hpp"
 
+#ifndef FT_INLINE_LAMBDA
+#define FT_INLINE_LAMBDA __attribute__((always_inline))
+#endif
+
 namespace ft {
 
 inline bool fail(PyObject** rest, size_t n) {
@@ -17,39 +21,68 @@ inline bool fail(PyObject** rest, size_t n) {
     return false;
 }
 
-// Stores the int object of each id at items (new references), creating the table's object for
-// an id on its first use. Returns false with a Python error set if an int cannot be created
-// (items past that point are then NULL).
+// A new reference to the int of id, creating the table's object on the id's first use (or,
+// for an id past the table, a fresh int); NULL with a Python error set if that fails.
+__attribute__((noinline)) inline PyObject* new_int(PyObject** ints, size_t bound, uint32_t id) {
+    if (id >= bound) return PyLong_FromLong(long(int32_t(id)));
+    PyObject* item = PyLong_FromLong(long(id));
+    if (!item) return nullptr;
+    ints[id] = item;  // the table's reference
+    Py_INCREF(item);
+    return item;
+}
+
+// Stores the int object of each id at items (new references). Returns false with a Python
+// error set if an int cannot be created (items past that point are then NULL).
 // An id's table slot and its object are both random reads (the table is 8 bytes per vocabulary
-// entry, a few hundred KiB of it hot); they are prefetched kAhead ids ahead so the waits
-// overlap instead of following one another.
+// entry, a few hundred KiB of it hot); the slots are prefetched kAhead ids ahead so the waits
+// overlap instead of following one another. The main loop runs while an id kAhead on exists, so
+// it needs no bound on the look-ahead, and the rare paths (an id's first use) are out of line:
+// the loop is about half the instructions of one with both checks inline.
 inline bool fill_ids(PyObject** items, PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
     constexpr size_t kAhead = 16;
     for (size_t i = 0; i < n && i < kAhead; ++i)
         if (uint32_t(ids[i]) < bound) __builtin_prefetch(&ints[ids[i]]);
-    for (size_t i = 0; i < n; ++i) {
-        if (i + kAhead < n && uint32_t(ids[i + kAhead]) < bound) __builtin_prefetch(&ints[ids[i + kAhead]]);
+    auto one = [&](size_t i) FT_INLINE_LAMBDA {
         const uint32_t id = uint32_t(ids[i]);
-        PyObject* item;
-        if (id < bound) {
-            item = ints[id];
-            if (!item) {
-                item = PyLong_FromLong(long(id));
-                if (!item) return fail(items + i, n - i);
-                ints[id] = item;  // the table's reference
-            }
+        PyObject* item = id < bound ? ints[id] : nullptr;
+        if (__builtin_expect(item != nullptr, 1)) {
             Py_INCREF(item);
-        } else {
-            item = PyLong_FromLong(long(int32_t(id)));
-            if (!item) return fail(items + i, n - i);
+        } else if (!(item = new_int(ints, bound, id))) {
+            return false;
         }
         items[i] = item;
+        return true;
+    };
+    size_t i = 0;
+    for (; i + kAhead < n; ++i) {
+        const uint32_t ahead = uint32_t(ids[i + kAhead]);
+        __builtin_prefetch(&ints[ahead < bound ? ahead : 0]);
+        if (!one(i)) return fail(items + i, n - i);
     }
+    for (; i < n; ++i)
+        if (!one(i)) return fail(items + i, n - i);
     return true;
 }
 
-inline bool fill_id_list(PyObject* list, PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
-    return fill_ids(reinterpret_cast<PyListObject*>(list)->ob_item, ints, bound, ids, n);
+// The list of the n ids, or NULL with an error. PyList_New(n) would calloc its items, which
+// fill_ids writes over anyway (a 15 KiB memset on an 8K-character encode).
+inline PyObject* new_id_list(PyObject** ints, size_t bound, const int32_t* ids, size_t n) {
+    if (n == 0) return PyList_New(0);
+    if (n > size_t(PY_SSIZE_T_MAX) / sizeof(PyObject*)) return PyErr_NoMemory();
+    PyObject** items = static_cast<PyObject**>(PyMem_Malloc(n * sizeof(PyObject*)));
+    if (!items) return PyErr_NoMemory();
+    PyObject* list = PyList_New(0);
+    if (!list) {
+        PyMem_Free(items);
+        return nullptr;
+    }
+    PyListObject* l = reinterpret_cast<PyListObject*>(list);
+    l->ob_item = items;
+    l->allocated = Py_ssize_t(n);
+    Py_SET_SIZE(l, Py_ssize_t(n));
+    if (!fill_ids(items, ints, bound, ids, n)) Py_CLEAR(list);  // the NULL items are skipped
+    return list;
 }
 
 // The result list of a long encode, built while the encode runs: its Sink (ft_out.hpp) turns
@@ -70,9 +103,7 @@ public:
     // The list of all count ids (those not taken yet from ids + taken), or NULL with an error.
     PyObject* finish(const int32_t* ids, size_t count) {
         if (!failed_ && !n_) {  // the encode never handed anything over
-            PyObject* list = PyList_New(Py_ssize_t(count));
-            if (list && !fill_id_list(list, ints_, bound_, ids, count)) Py_CLEAR(list);
-            return list;
+            return new_id_list(ints_, bound_, ids, count);
         }
         expected_ = count;
         if (!append(ids + n_, count - n_)) { release(); return nullptr; }
