@@ -48,16 +48,33 @@ def _cache(model) -> KVCache:
     return KVCache(shape, torch.device("cpu"))
 
 
+def _backends(monkeypatch, model, fuse_rope: bool):
+    """(the torch reference, the flashinfer backend on the stand-in), each on its own cache."""
+    fake_flashinfer.install(monkeypatch)
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+
+    backend = FlashInferAttention(_cache(model), model.config.num_heads, max_pages_per_row=16,
+                                  dummy_page=DUMMY, fuse_rope=fuse_rope, workspace_bytes=16)
+    return TorchAttention(_cache(model)), backend
+
+
+def _assert_same_logits(model, reference, backend, steps) -> None:
+    """Each step's logits at every position, through both backends."""
+    with torch.inference_mode():
+        for prefills, decodes in steps:
+            ids, positions, layout = _step(prefills, decodes)
+            reference.plan(layout)
+            expected = model.compute_logits(model(ids, positions, reference))
+            backend.plan(layout)
+            got = model.compute_logits(model(ids, positions, backend))
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("fuse_rope", [False, pytest.param(True, marks=pytest.mark.skipif(
     not TRITON_ON_CPU, reason="the fused RoPE kernel on CPU tensors needs triton's interpreter "
     "(no triton here, or a GPU machine, where the CUDA tests cover it)"))])
 def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rope):
-    fake_flashinfer.install(monkeypatch)
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-
-    reference = TorchAttention(_cache(model))
-    backend = FlashInferAttention(_cache(model), model.config.num_heads, max_pages_per_row=16,
-                                  dummy_page=DUMMY, fuse_rope=fuse_rope, workspace_bytes=16)
+    reference, backend = _backends(monkeypatch, model, fuse_rope)
     gen = torch.Generator().manual_seed(0)
     tok = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
     a, b, c = tok(11), tok(6), tok(6)
@@ -73,16 +90,10 @@ def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rop
         # Pure decode.
         ([], [DecodeRow(1, tok(1)[0], 11, ta, SPEC), DecodeRow(2, tok(1)[0], 6, tb, SPEC)]),
     ]
-    with torch.inference_mode():
-        for prefills, decodes in steps:
-            ids, positions, layout = _step(prefills, decodes)
-            reference.plan(layout)
-            expected = model.compute_logits(model(ids, positions, reference))
-            backend.plan(layout)
-            got = model.compute_logits(model(ids, positions, backend))
-            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-        assert backend.prefix.plan_calls == 1 and backend.decode.plan_calls == 2
+    _assert_same_logits(model, reference, backend, steps)
+    assert backend.prefix.plan_calls == 1 and backend.decode.plan_calls == 2
 
+    with torch.inference_mode():
         # A decode step padded to a bucket of 4: static buffers, padding rows on the dummy page.
         rows = [DecodeRow(1, tok(1)[0], 12, ta, SPEC), DecodeRow(2, tok(1)[0], 7, tb, SPEC)]
         ids, positions, layout = _step(decodes=rows)
@@ -102,12 +113,7 @@ def test_multi_item_rows_attend_under_their_mask_like_the_torch_reference(monkey
     """Multi-item rows (a shared part, then items that each see it and themselves only) beside
     ordinary rows, fresh and over a cached prefix, then an ordinary step again: every position's
     logits equal the torch reference's."""
-    fake_flashinfer.install(monkeypatch)
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-
-    reference = TorchAttention(_cache(model))
-    backend = FlashInferAttention(_cache(model), model.config.num_heads, max_pages_per_row=16,
-                                  dummy_page=DUMMY, fuse_rope=False, workspace_bytes=16)
+    reference, backend = _backends(monkeypatch, model, fuse_rope=False)
     gen = torch.Generator().manual_seed(1)
     tok = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
     labels = OutputSpec(label_token_ids=(3, 5))
@@ -122,12 +128,5 @@ def test_multi_item_rows_attend_under_their_mask_like_the_torch_reference(monkey
          [DecodeRow(1, tok(1)[0], 8, [2, 3, 4], SPEC)]),
         ([PrefillRow(4, tok(6), 0, [], SPEC)], []),
     ]
-    with torch.inference_mode():
-        for prefills, decodes in steps:
-            ids, positions, layout = _step(prefills, decodes)
-            reference.plan(layout)
-            expected = model.compute_logits(model(ids, positions, reference))
-            backend.plan(layout)
-            got = model.compute_logits(model(ids, positions, backend))
-            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    _assert_same_logits(model, reference, backend, steps)
     assert backend.masked.plan_calls == 2 and backend.ragged.plan_calls == 1
