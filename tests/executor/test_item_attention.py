@@ -1,4 +1,4 @@
-"""The torch reference's multi-item attention, on both of its paths (one dense mask for short
+"""The torch reference's multi-item attention (row_attention.items_attention), on both of its paths (one dense mask for short
 rows, flash attentions merged by log-sum-exp for long ones), equals one attention under the mask
 that defines multi-item rows (model.attention.own_token_mask, the cached context seen by every
 token): with and without cached context, a shared part or none (the whole query cached), equal
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prelude.executor.attention import torch_ref
+from prelude.executor.attention import row_attention
 from prelude.model.attention import own_token_mask
 
 
@@ -30,13 +30,13 @@ def _dense(q, k, v, past_k, past_v, items):
     (0, 1, (1,)),
 ])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 2)])
-@pytest.mark.parametrize("dense_up_to", [torch_ref.DENSE_ITEM_TOKENS, 0])
+@pytest.mark.parametrize("dense_up_to", [row_attention.DENSE_ITEM_TOKENS, 0])
 def test_items_attention_equals_the_dense_mask(monkeypatch, ctx, shared, items, heads, kv_heads, dense_up_to):
-    monkeypatch.setattr(torch_ref, "DENSE_ITEM_TOKENS", dense_up_to)
+    monkeypatch.setattr(row_attention, "DENSE_ITEM_TOKENS", dense_up_to)
     gen = torch.Generator().manual_seed(ctx * 100 + shared)
     n, dim = shared + sum(items), 16
     q = torch.randn(n, heads, dim, generator=gen)
     k, v = (torch.randn(n, kv_heads, dim, generator=gen) for _ in range(2))
     past_k, past_v = (torch.randn(ctx, kv_heads, dim, generator=gen) for _ in range(2)) if ctx else (None, None)
-    got = torch_ref._items_attention(q, k, v, past_k, past_v, items)
+    got = row_attention.items_attention(q, k, v, past_k, past_v, items)
     torch.testing.assert_close(got, _dense(q, k, v, past_k, past_v, items), atol=1e-5, rtol=1e-5)

@@ -38,6 +38,7 @@ def _host(values: list[int]) -> torch.Tensor:
 
 class FlashInferAttention(AttentionBackend):
     supports_items = True
+
     def __init__(self, kv_cache: KVCache, num_q_heads: int, max_pages_per_row: int,
                  dummy_page: int, fuse_rope: bool | None = None,
                  workspace_bytes: int = WORKSPACE_BYTES):

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from prelude.executor.kv_cache import KVCache
-from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout, own_token_mask
+from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
+from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
 from prelude.model.segments import SEGMENT_TOKENS
 
 paged_decode: Callable[..., None] | None
@@ -17,17 +18,12 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     paged_decode = None
 
 
-# Multi-item rows seeing at most this many keys attend under one dense mask; longer ones in
-# flash attentions merged by log-sum-exp (see _items_attention for the figures).
-DENSE_ITEM_TOKENS = 512
-
-
 class TorchAttention(AttentionBackend):
     """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
     single-token rows that store their K/V are batched: on the CPU in fp32 a native kernel reads
     their blocks where they lie (kernels/cpu/paged_attention.hpp), elsewhere one padded attention
-    over gathered blocks. Multi-item rows attend as model.attention.own_token_mask says (items see
-    the shared part and themselves), in flash attentions merged by their log-sum-exps."""
+    over gathered blocks. A prefill row's attention over its own tokens and its context is in
+    row_attention (multi-item rows there too)."""
 
     supports_items = True
     supports_head_ranges = True
@@ -116,7 +112,7 @@ class TorchAttention(AttentionBackend):
         if prefix is not None or a:
             past_k, past_v = _with_prefix(k_cache, v_cache, prefix, ctx, k[start:start + a], v[start:start + a])
         own = slice(start + a, start + b)
-        return start + a, start + b, _chunk_attention(q[own], k[own], v[own], past_k, past_v)
+        return start + a, start + b, chunk_attention(q[own], k[own], v[own], past_k, past_v)
 
     def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:
@@ -141,12 +137,12 @@ class TorchAttention(AttentionBackend):
                     v: torch.Tensor, start: int, end: int, ctx: int, prefix: torch.Tensor | None,
                     items: tuple[int, ...]) -> torch.Tensor:
         if prefix is None and not items:
-            return _causal_attention(q[start:end], k[start:end], v[start:end])
+            return causal_attention(q[start:end], k[start:end], v[start:end])
         # a cached context: a prefix-cache hit, or the earlier chunks of the prompt
         past_k, past_v = _context(k_cache, v_cache, prefix, ctx) if prefix is not None else (None, None)
         if items:
-            return _items_attention(q[start:end], k[start:end], v[start:end], past_k, past_v, items)
-        return _chunk_attention(q[start:end], k[start:end], v[start:end], past_k, past_v)
+            return items_attention(q[start:end], k[start:end], v[start:end], past_k, past_v, items)
+        return chunk_attention(q[start:end], k[start:end], v[start:end], past_k, past_v)
 
     @staticmethod
     def _native_decode_cache(k_cache: torch.Tensor) -> bool:
@@ -186,118 +182,3 @@ def _context(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor,
              ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values of a row's first `ctx` tokens, gathered from its prefix blocks."""
     return k_cache[prefix].flatten(0, 1)[:ctx], v_cache[prefix].flatten(0, 1)[:ctx]
-
-
-def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
-                     past_v: torch.Tensor | None) -> torch.Tensor:
-    """Causal attention of a chunk of queries over its own keys and all the keys before it
-    (past_k/v, seen whole), as two flash attentions merged by their log-sum-exps: the same work
-    as the chunk's rows of one causal attention, where a mask over all keys cost twice that
-    (2,048 queries over 6,144 cached keys, demo model's heads: 120 against 214 ms)."""
-    n, heads = q.shape[0], q.shape[1]
-    group = heads // k.shape[1]
-    qt = _heads_first(q)
-    out, lse = _flash_with_lse(qt, _heads_first(k, group), _heads_first(v, group), True)
-    if past_k is not None and past_v is not None and len(past_k):
-        out, _ = _merged(out, lse, *_flash_with_lse(qt, _heads_first(past_k, group), _heads_first(past_v, group), False))
-    return out[0].transpose(0, 1).reshape(n, heads, -1)
-
-
-def _items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
-                     past_v: torch.Tensor | None, items: tuple[int, ...]) -> torch.Tensor:
-    """A multi-item row's own tokens (the shared part, then the items) over its cached context
-    (past_k/v) and themselves, as model.attention.own_token_mask says.
-
-    Up to DENSE_ITEM_TOKENS keys, one attention under that mask. Beyond, where the mask's
-    quadratic math path costs most, the shared part attends as any chunk does; the items'
-    queries attend to the context and the shared part in one flash attention, and each item to
-    itself causally in one batched flash attention (items padded at their end to the longest,
-    which causality hides); the two are merged by their log-sum-exps. A 300-token query, items
-    of 10 tokens, one layer's attention (micro-benchmark, min of 15): Qwen3-0.6B's heads
-    (16/8 x 128) at 200 items 280 -> 60-66 ms, at 50 items 33-37 -> 28-31 ms, at 10 items
-    (400 keys) 9.5-9.9 ms dense against 13-16 ms merged; demo model's heads at 200 items 82 -> 13 ms."""
-    n, heads = q.shape[0], q.shape[1]
-    keys_seen = n + (0 if past_k is None else len(past_k))
-    if keys_seen <= DENSE_ITEM_TOKENS:
-        return _masked_attention(q, k, v, past_k, past_v, own_token_mask(n, items, q.device))
-    group = heads // k.shape[1]
-    shared = n - sum(items)
-    out = torch.empty_like(q)
-    if shared:
-        out[:shared] = _chunk_attention(q[:shared], k[:shared], v[:shared], past_k, past_v)
-    # Each item's tokens in a [items, longest] grid; a padding slot repeats the item's last token.
-    longest = max(items)
-    lengths = torch.tensor(items, device=q.device)
-    first = torch.cumsum(lengths, 0) - lengths
-    offset = torch.arange(longest, device=q.device)
-    grid = first[:, None] + torch.minimum(offset[None, :], lengths[:, None] - 1)
-    real = offset[None, :] < lengths[:, None]
-    qi, ki, vi = q[shared:], k[shared:], v[shared:]
-    own, own_lse = _flash_with_lse(qi[grid].transpose(1, 2), _grid_heads(ki[grid], group), _grid_heads(vi[grid], group), True)
-    out_items = own.transpose(1, 2)[real]  # [tokens of the items, heads, D]
-    lse_items = own_lse.transpose(1, 2)[real]
-    keys = [x for x in (past_k, k[:shared]) if x is not None and len(x)]
-    if keys:
-        values = [x for x in (past_v, v[:shared]) if x is not None and len(x)]
-        before, before_lse = _flash_with_lse(_heads_first(qi), _heads_first(torch.cat(keys), group),
-                                             _heads_first(torch.cat(values), group), False)
-        out_items, _ = _merged(out_items, lse_items, before[0].transpose(0, 1), before_lse[0].transpose(0, 1))
-    out[shared:] = out_items
-    return out
-
-
-def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
-                      past_v: torch.Tensor | None, own: torch.Tensor) -> torch.Tensor:
-    """q over the context (seen whole) and its own keys under the [n, n] mask `own`."""
-    n = q.shape[0]
-    mask = own
-    if past_k is not None and past_v is not None:
-        k, v = torch.cat([past_k, k]), torch.cat([past_v, v])
-        mask = torch.cat([own.new_ones(n, len(past_k)), own], dim=1)
-    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
-
-
-def _heads_first(x: torch.Tensor, group: int = 1) -> torch.Tensor:
-    """[tokens, heads, D] -> [1, heads * group, tokens, D]: each KV head repeated for the
-    `group` query heads it serves (torch's CPU flash kernel takes no grouped heads)."""
-    x = x.transpose(0, 1).unsqueeze(0)
-    return x.repeat_interleave(group, dim=1) if group > 1 else x
-
-
-def _grid_heads(x: torch.Tensor, group: int) -> torch.Tensor:
-    """[items, longest, heads, D] -> [items, heads * group, longest, D]."""
-    x = x.transpose(1, 2)
-    return x.repeat_interleave(group, dim=1) if group > 1 else x
-
-
-def _merged(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor,
-            other_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two partial attentions of the same queries over disjoint keys, merged by their natural
-    log-sum-exps; `lse` has out's shape without its last dimension."""
-    top = torch.maximum(lse, other_lse)
-    w, other_w = (lse - top).exp(), (other_lse - top).exp()
-    merged = (out * w.unsqueeze(-1) + other * other_w.unsqueeze(-1)) / (w + other_w).unsqueeze(-1)
-    return merged, top + (w + other_w).log()
-
-
-def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with its log-sum-exp ([1, H, n, D] and [1, H, n]): torch's CPU flash kernel, or
-    the explicit softmax elsewhere."""
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.contiguous(), k.contiguous(),
-                                                                              v.contiguous(), 0.0, causal)
-        return out, lse
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-    return scores.softmax(-1) @ v, scores.logsumexp(-1)
-
-
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q, k, v: [n, heads, D] of one row from its first token."""
-    # 4-D [1, heads, tokens, dim]: torch's CPU flash kernel takes this shape; 3-D falls back to
-    # the math path, several times slower.
-    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
-    return o[0].transpose(0, 1)
