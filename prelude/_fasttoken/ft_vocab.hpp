@@ -83,7 +83,7 @@ public:
     }
     int32_t find(const uint8_t* s, size_t n) const { return find(s, n, hash_bytes(s, n)); }
 
-    void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+    FT_INLINE void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }  // see PieceCache::prefetch
 
     // The id of piece s when BPE over it yields exactly that token (see mark_whole), else -1.
     int32_t find_whole(const uint8_t* s, size_t n, uint64_t h) const {
