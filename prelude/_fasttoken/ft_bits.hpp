@@ -47,7 +47,10 @@ struct Classes64 {
     uint64_t high = 0, apostrophe = 0, control = 0;  // non-ASCII; '; ASCII controls but \t-\r
 };
 
-// Class bits of the 64 bytes at p (all readable).
+// Class bits of the 64 bytes at p (all readable). Only the classes pattern K reads are
+// computed (GPT-2 needs no newline or control bits, Llama-3 no control bits, DeepSeek no
+// apostrophes): a tenth of the instructions of a window.
+template <PatternKind K>
 inline Classes64 classify64(const uint8_t* p) {
     Classes64 c;
 #if defined(__SSE2__)
@@ -63,21 +66,26 @@ inline Classes64 classify64(const uint8_t* p) {
         const __m128i blank = _mm_cmpeq_epi8(v, k20);
         const __m128i tab_to_cr = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x08)),
                                                 _mm_cmplt_epi8(v, _mm_set1_epi8(0x0E)));
-        const __m128i nl = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x0A)),
-                                        _mm_cmpeq_epi8(v, _mm_set1_epi8(0x0D)));
-        const __m128i below_blank = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(-1)), _mm_cmplt_epi8(v, k20));
-        const __m128i control = _mm_or_si128(_mm_andnot_si128(tab_to_cr, below_blank),
-                                             _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
         const int s = 16 * k;
         auto bits = [s](__m128i m) { return uint64_t(uint16_t(_mm_movemask_epi8(m))) << s; };
         c.alpha |= bits(a);
         c.digit |= bits(d);
         c.space |= bits(_mm_or_si128(blank, tab_to_cr));
-        c.newline |= bits(nl);
         c.blank |= bits(blank);
         c.high |= bits(v);
-        c.apostrophe |= bits(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x27)));
-        c.control |= bits(control);
+        if constexpr (K != PatternKind::kGpt2) {
+            const __m128i nl = _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x0A)),
+                                            _mm_cmpeq_epi8(v, _mm_set1_epi8(0x0D)));
+            c.newline |= bits(nl);
+        }
+        if constexpr (K != PatternKind::kDeepSeek) c.apostrophe |= bits(_mm_cmpeq_epi8(v, _mm_set1_epi8(0x27)));
+        if constexpr (K == PatternKind::kDeepSeek) {
+            const __m128i below_blank =
+                _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(-1)), _mm_cmplt_epi8(v, k20));
+            const __m128i control = _mm_or_si128(_mm_andnot_si128(tab_to_cr, below_blank),
+                                                 _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
+            c.control |= bits(control);
+        }
     }
 #else
     for (int j = 0; j < 64; ++j) {
@@ -122,27 +130,28 @@ inline bool ascii_classes_match(const ClassTable& t, PatternKind kind) {
 // when it is not 0, only the starts below its lowest bit are exact: each start is decided by
 // the classes of its byte and of the two before it (max_digits before it for digits), never
 // by a later byte.
-inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max_digits, uint64_t& refused) {
+template <PatternKind kind>
+inline uint64_t bit_starts(const uint8_t* p, size_t n, int max_digits, uint64_t& refused) {
     Classes64 c;
     if (n == 64) {
-        c = classify64(p);
+        c = classify64<kind>(p);
     } else {
         uint8_t buf[64] = {};
         std::memcpy(buf, p, n);
-        c = classify64(buf);
+        c = classify64<kind>(buf);
     }
     const uint64_t valid = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     const uint64_t a = c.alpha & valid, d = c.digit & valid, w = c.space & valid;
     const uint64_t o = c.other & valid, nl = c.newline & valid, blank = c.blank & valid;
     refused = c.high | (w & (w << 1));
-    if (kind == PatternKind::kDeepSeek) {
+    if constexpr (kind == PatternKind::kDeepSeek) {
         refused |= c.control;
         max_digits = 3;
     } else {
         refused |= c.apostrophe;
     }
     refused &= valid;
-    if (kind == PatternKind::kGpt2) {
+    if constexpr (kind == PatternKind::kGpt2) {
         const uint64_t after_blank = blank << 1;
         return ((a & ~(a << 1)) | (d & ~(d << 1)) | (o & ~(o << 1))) & ~after_blank & valid | w | 1;
     }
@@ -171,14 +180,13 @@ inline uint64_t bit_starts(PatternKind kind, const uint8_t* p, size_t n, int max
 // and hands back at the first piece end past it. (Handing it the whole window made the scanner
 // ~7% of a paper-text encode: one window in nine holds a non-ASCII character.) A piece longer
 // than a window goes to the scanner too.
-template <class Emit>
-FT_INLINE void split_bits(Scanner& scanner, PatternKind kind, int max_digits, const uint8_t* p, size_t len,
-                          Emit& emit) {
+template <PatternKind kind, class Emit>
+FT_INLINE void split_bits(Scanner& scanner, int max_digits, const uint8_t* p, size_t len, Emit& emit) {
     size_t pos = 0;
     while (pos < len) {
         const size_t n = std::min<size_t>(64, len - pos);
         uint64_t refused;
-        uint64_t starts = bit_starts(kind, p + pos, n, max_digits, refused);
+        uint64_t starts = bit_starts<kind>(p + pos, n, max_digits, refused);
         if (refused) starts &= (refused & (0 - refused)) - 1;  // the starts below the first refused byte
         size_t prev = pos;
         for (uint64_t m = starts & (starts - 1); m; m &= m - 1) {

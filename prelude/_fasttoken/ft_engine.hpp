@@ -302,8 +302,12 @@ private:
                 full = put + kBlock;
             }
         };
-        if (bits_ok) split_bits(scanner, PatternKind(pattern), max_digits, p, len, emit);
-        else scanner.split(PatternKind(pattern), max_digits, len, emit);
+        switch (bits_ok ? PatternKind(pattern) : PatternKind(-1)) {
+            case PatternKind::kGpt2: split_bits<PatternKind::kGpt2>(scanner, max_digits, p, len, emit); break;
+            case PatternKind::kLlama3: split_bits<PatternKind::kLlama3>(scanner, max_digits, p, len, emit); break;
+            case PatternKind::kDeepSeek: split_bits<PatternKind::kDeepSeek>(scanner, max_digits, p, len, emit); break;
+            default: scanner.split(PatternKind(pattern), max_digits, len, emit);
+        }
         blocks[cur].count = size_t(put - blocks[cur].pieces);
         blocks[cur].prepare(sc.cache);
         if (have_prev) resolve(sc, blocks[cur ^ 1], false, o);
