@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
     p.add_argument("--overload-only", action="store_true",
                    help="skip the calibration and the policy runs: only the overload run")
+    p.add_argument("--server-args", default="", help="more flags for every server, e.g. '--max-num-batched-tokens 2048'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "long_short.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 def server_args(args: argparse.Namespace, policy: str, extra: Sequence[str] = ()) -> list[str]:
     model = ["--model", args.model] if args.model else []
     return [*model, "--max-model-len", str(max(LONG_TOKENS, args.long_tokens) + 64), "--scheduling-policy", policy,
-            *extra]
+            *args.server_args.split(), *extra]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
