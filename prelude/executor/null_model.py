@@ -35,8 +35,12 @@ class NullModel(nn.Module):
         peak = next(t for t in range(10, config.vocab_size) if t not in avoid)
         self.logits_row[peak] = 20.0
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
-        return torch.zeros(input_ids.shape[0], self.hidden_size)
+    def prepare_weights(self) -> None:
+        """Nothing to prepare (the runner's warm-up asks every model)."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0] if keep is None else len(keep), self.hidden_size)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_row.expand(hidden.shape[0], -1).clone()

@@ -72,3 +72,18 @@ def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
     rounds = json.loads(out.read_text())["rounds_ms"]
     assert set(rounds) == set(decode_step.OPS) and all(len(t) == 1 and t[0] > 0 for t in rounds.values())
     assert "median ms" in capsys.readouterr().out
+
+
+def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
+    """bench.serving.cpu_cost launches a real `--executor null` server and reads its CPU per
+    request; every request is answered (the null model once fell behind the runner's calls: its
+    warm-up failed, so the server never became ready, and its forward refused the kept tokens)."""
+    from bench.serving import cpu_cost
+
+    out = tmp_path / "cpu.json"
+    code = cpu_cost.main(["--concurrency", "1,4", "--num-requests", "12", "--warmup", "2", "--no-progress",
+                          "--log-dir", str(tmp_path), "--json", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["results"]
+    assert len(runs) == 4 and all(r["completed"] == 12 and r["errors"] == 0 for r in runs), runs
+    assert all(r["server_cpu_s"] > 0 for r in runs)
