@@ -224,6 +224,12 @@ async def serve(config: Config, started: float | None = None) -> None:
     if ready.done() and ready.result():
         freeze_startup_objects()
         logger.info(built.banner(config, listener.url, time.perf_counter() - started))
+    elif ready.done():
+        # The engine loop died warming up (its error is logged): this server would answer 503
+        # forever, so it stops, and the process exits with the startup error status.
+        stop.set()
+        await server
+        raise StartupError("the engine failed while warming up (the error is logged above)")
     else:
         ready.cancel()
     await server

@@ -16,7 +16,10 @@ from prelude.server.app import create_app, serve_app
 
 
 class ServerThread:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, started_at: str = "/ready"):
+        """`started_at`: the probe that must answer 200 before start() returns. /ready, by
+        default: tests start once the engine is warm (a fault injected during the warm-up would
+        hit the loop's first schedule before any request); /health for a test of the warm-up."""
         # CPU even on a GPU machine: these tests compare with fp32 references exactly.
         self.config = replace(config, host="127.0.0.1", port=free_port(), device="cpu")
         self.base_url = f"http://127.0.0.1:{self.config.port}"
@@ -26,6 +29,7 @@ class ServerThread:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)
         self._error: BaseException | None = None
+        self._started_at = started_at
 
     def _main(self) -> None:
         async def run():
@@ -45,7 +49,7 @@ class ServerThread:
             if self._error is not None:
                 raise RuntimeError("server failed to start") from self._error
             try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.base_url + self._started_at, timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 time.sleep(0.05)

@@ -19,3 +19,24 @@ def test_dead_engine_fails_requests_and_health(demo_model):
         assert httpx.get(srv.base_url + "/health").status_code == 503
         again = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert again.status_code == 503
+
+
+def test_a_warm_up_failure_ends_the_server_with_a_startup_error(demo_model, monkeypatch):
+    """A server whose engine cannot warm up exits (status 2 from the CLI, a StartupError here)
+    instead of answering 503 forever."""
+    import asyncio
+
+    import pytest
+
+    from prelude.assembly import serve
+    from prelude.executor.runner import ModelRunner
+    from prelude.preflight import StartupError
+    from tests.server.harness import free_port
+
+    def broken_warmup(self):
+        raise RuntimeError("injected warm-up failure")
+
+    monkeypatch.setattr(ModelRunner, "warmup", broken_warmup)
+    config = Config(model=str(demo_model), num_kv_blocks=256, host="127.0.0.1", port=free_port(), device="cpu")
+    with pytest.raises(StartupError, match="warming up"):
+        asyncio.run(asyncio.wait_for(serve(config), timeout=60))

@@ -60,7 +60,7 @@ def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model):
 
 def test_ready_answers_503_until_the_warm_up_is_done(demo_model):
     gate = threading.Event()
-    srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_model_len=512))
+    srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_model_len=512), started_at="/health")
     # A warm-up that lasts until the test says (CUDA kernel compilation is the real slow one).
     srv.engine._warmup = lambda: gate.wait(60)
     with srv, ThreadPoolExecutor(1) as pool:
