@@ -5,6 +5,11 @@ the real configs, the Prelude server started on each (startup = time until /heal
   0.6B  128 in / 1 out   c=1       100 requests
   0.6B  128 in / 32 out  c=4       400 requests
   4B    512 in / 1 out   c=1..96   sweep
+  0.6B  512 in / 1 out   c=64, 128, 256  prefill-only throughput (issue #14 item 4)
+
+Every row also gives input tokens/s and MFU: input tokens/s x the model's FLOPs per prompt token
+(its linear layers, and causal attention over the prompt; the LM head runs for one position
+per prompt) over --peak-tflops (790: the bf16 matrix rate measured on the H100/H200 here).
 
 Prints one table and writes $OUT/gpu_table2.json (OUT defaults to ./bench-results) plus each
 server's log. Requests go through bench.serving's closed-loop runner, as `python -m
@@ -64,6 +69,20 @@ class RandomIds(Workload):
         return Prompt([rng.randrange(self.low, self.high) for _ in range(self.input_len)], "")
 
 
+def flops_per_prompt_token(config: dict, prompt_len: int) -> float:
+    """Forward FLOPs per token of a prompt of prompt_len tokens: 2 per weight of the linear
+    layers (q, k, v, o, gate, up, down), and the causal attention's two products (QK^T and PV)
+    over, on average, half the prompt. The embedding lookup is free and the LM head runs once per
+    prompt, so both are left out."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q_width = config["num_attention_heads"] * head_dim
+    kv_width = config["num_key_value_heads"] * head_dim
+    linear = hidden * (q_width + 2 * kv_width) + q_width * hidden + 3 * hidden * config["intermediate_size"]
+    attention = 2 * q_width * prompt_len  # 2 products x 2 FLOPs x q_width x prompt_len / 2 keys
+    return layers * (2 * linear + attention)
+
+
 def run_json(result: RunResult) -> dict:
     """One row of gpu_table2.json: times in ms, percentiles from bench.serving.stats."""
     s = result.summary
@@ -88,6 +107,7 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
     server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra],
                            env=prelude_env(), log_path=out / f"server-{size}.log", label=size)
     try:
+        config = json.loads((model / "config.json").read_text())
         record = {"model": size, "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
@@ -97,7 +117,9 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
                                            Level("concurrency", concurrency), limits, random.Random(i),
                                            server=size, show_progress=False))
             summary = run_json(result)
-            summary.update(prompt_len=prompt_len, max_tokens=max_tokens)
+            in_tok_per_s = summary["req_per_s"] * prompt_len
+            mfu = in_tok_per_s * flops_per_prompt_token(config, prompt_len) / (args.peak_tflops * 1e12)
+            summary.update(prompt_len=prompt_len, max_tokens=max_tokens, in_tok_per_s=in_tok_per_s, mfu=mfu)
             record["runs"].append(summary)
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",
                   flush=True)
@@ -115,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", default=",".join(map(str, SWEEP)), help="4B concurrency levels")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--server-args", default="", help="extra server flags, e.g. '--enforce-eager'")
+    parser.add_argument("--peak-tflops", type=float, default=790.0, help="the MFU column's peak (bf16 TFLOP/s)")
     args = parser.parse_args(argv)
     args.server_args = args.server_args.split()
     out = Path(os.environ.get("OUT", "bench-results"))
     out.mkdir(parents=True, exist_ok=True)
     plan = {
-        "0.6B": [(128, 1, 1, 100), (128, 32, 4, 400)],
+        "0.6B": [(128, 1, 1, 100), (128, 32, 4, 400)] + [(512, 1, c, 4 * c) for c in (64, 128, 256)],
         "4B": [(512, 1, c, max(32, 4 * c)) for c in map(int, args.sweep.split(","))],
         "tiny": [(128, 1, 1, 6), (128, 8, 2, 6)],
     }
@@ -133,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
             records.append({"model": size, "error": repr(exc)})
         (out / "gpu_table2.json").write_text(json.dumps(records, indent=1))
     print(f"\n{'model':<5} {'startup s':>9} {'in/out':>7} {'c':>3} {'n':>4} {'req/s':>7} {'tok/s':>7} "
-          f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'err':>4}")
+          f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'in tok/s':>9} {'MFU':>6} {'err':>4}")
     for rec in records:
         for run in rec.get("runs", []):
             print(f"{rec['model']:<5} {rec['startup_s']:>9.1f} {run['prompt_len']:>3}/{run['max_tokens']:<3} "
                   f"{run['concurrency']:>3} {run['requests']:>4} {run['req_per_s']:>7.1f} "
                   f"{run['out_tok_per_s']:>7.0f} {run.get('ttft_p50_ms', float('nan')):>9.1f} "
                   f"{run.get('ttft_p99_ms', float('nan')):>9.1f} {run.get('tpot_ms', float('nan')):>8.2f} "
-                  f"{run['errors']:>4}")
+                  f"{run['in_tok_per_s']:>9.0f} {100 * run['mfu']:>5.1f}% {run['errors']:>4}")
         if "error" in rec:
             print(f"{rec['model']:<5} error: {rec['error']}")
     return 0 if all("error" not in r for r in records) else 1
