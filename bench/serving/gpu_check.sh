@@ -4,7 +4,7 @@
 # the CUDA tests, the kernel micro-benchmark and the serving table. Results go to $OUT.
 #   usage (repo root): bash bench/serving/gpu_check.sh [gpu_table2.py flags]
 # Stage time limits keep the whole call under the 10-minute device limit; override with
-# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT (seconds).
+# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT / CPU_TIMEOUT (seconds).
 #
 # Preparing the carried folders on a machine with network access (the device has none):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -94,4 +94,9 @@ stage "multi-item scoring"
 # per item, on the random-weight 0.6B; after the table, so its figures come back even if this fails.
 timeout "${MULTI_TIMEOUT:-90}" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
   --json "$OUT/multi_item.json"
+
+stage "server CPU per request"
+# The null executor's server on this host's CPU (#14 item 5), to set beside the table's step times.
+timeout "${CPU_TIMEOUT:-60}" $PY -m bench.serving.cpu_cost --num-requests 300 --no-progress \
+  --log-dir /tmp/cpu-cost-logs --json "$OUT/cpu_cost.json"
 stage "done"
