@@ -100,8 +100,6 @@ cdef extern from "ft_build.hpp" namespace "ft":
     void build_classes(Engine& e, const string& table) except +
     void build_added(Engine& e, bint normalized, const vector[string]& contents,
                      const vector[int32_t]& ids, const vector[uint8_t]& flags) except +
-    void encode_many(const Engine& e, const vector[TextRef]& texts, bint add_special,
-                     vector[vector[int32_t]]& out, vector[int]& status) except + nogil
 
 cdef extern from "ft_store.hpp" namespace "ft":
     string save_engine(Engine& e) except +
@@ -134,6 +132,13 @@ cdef extern from "ft_pyints.hpp" namespace "ft":
         void init(PyObject** ints, size_t bound, size_t expected)
         Sink* sink()
         object finish(const int32_t* ids, size_t count)
+
+cdef extern from "ft_batch.hpp" namespace "ft":
+    cdef cppclass BatchLists:
+        BatchLists(PyObject* result, PyObject** ints, size_t bound)
+        void run(const Engine& e, const vector[TextRef]& texts, bint add_special) except + nogil
+        int finish() except -1
+        int status(size_t i)
 
 
 cdef list _ids_list(IntTable* table, const int32_t* ids, size_t count):
@@ -367,23 +372,27 @@ cdef class Core:
         cdef list items = list(texts)
         cdef Py_ssize_t count = len(items), i
         cdef vector[TextRef] refs
-        cdef vector[vector[int32_t]] outs
-        cdef vector[int] status
         refs.resize(count)
         for i in range(count):
             if type(items[i]) is not str:
                 raise TypeError(f"encode_batch expects str items, got {type(items[i]).__name__}")
             refs[i] = _text_ref(items[i])
-        with nogil:
-            encode_many(self.engine[0], refs, add_special_tokens, outs, status)
         cdef list result = PyList_New(count)
-        for i in range(count):
-            if status[i] != kOk:
-                item = self._unencoded(items[i], status[i], add_special_tokens)
-            else:
-                item = _ids_list(&self.ints, outs[i].data(), outs[i].size())
-            Py_INCREF(item)
-            PyList_SET_ITEM(result, i, item)
+        if count == 0:
+            return result
+        # The lists are built during run(), between the calling thread's own blocks (ft_batch.hpp).
+        cdef BatchLists* batch = new BatchLists(<PyObject*>result, self.ints.ints, self.ints.n)
+        try:
+            with nogil:
+                batch.run(self.engine[0], refs, add_special_tokens)
+            batch.finish()
+            for i in range(count):
+                if batch.status(i) != kOk:
+                    item = self._unencoded(items[i], batch.status(i), add_special_tokens)
+                    Py_INCREF(item)
+                    PyList_SET_ITEM(result, i, item)
+        finally:
+            del batch
         return result
 
     def decode(self, ids, bint skip_special_tokens=False):

@@ -3,14 +3,12 @@
 #pragma once
 
 #include <array>
-#include <functional>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ft_engine.hpp"
-#include "ft_pool.hpp"
 
 namespace ft {
 
@@ -62,27 +60,6 @@ inline void build_added(Engine& e, bool normalized, const std::vector<std::strin
         tokens.push_back(AddedToken{contents[k], ids[k], bool(flags[k] & 1), bool(flags[k] & 2),
                                     bool(flags[k] & 4)});
     (normalized ? e.normalized_added : e.raw_added).build(tokens);
-}
-
-// Batch encode: texts are shared out to the worker pool one at a time (they differ in length),
-// each thread encoding with its own Scratch. Batches under kParallelBytes stay on the calling
-// thread, where waking the workers would cost more than it saves.
-constexpr size_t kParallelBytes = 16 * 1024;
-
-inline void encode_many(const Engine& e, const std::vector<TextRef>& texts, bool add_special,
-                        std::vector<std::vector<int32_t>>& out, std::vector<int>& status) {
-    out.resize(texts.size());
-    status.resize(texts.size());
-    size_t total = 0;
-    for (const TextRef& t : texts) total += t.length;
-    const std::function<void(size_t)> one = [&](size_t i) {
-        status[i] = e.encode(texts[i], add_special, out[i]);
-    };
-    if (total < kParallelBytes) {
-        for (size_t i = 0; i < texts.size(); ++i) one(i);
-        return;
-    }
-    Pool::get().run(texts.size(), one);
 }
 
 }  // namespace ft
