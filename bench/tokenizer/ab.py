@@ -14,8 +14,8 @@ import statistics
 import sys
 
 from bench.shared_data import shared_dir
-from bench.tokenizer import textgen
-from bench.tokenizer.measure import ENCODE_INPUTS, _rotating, median_us
+from bench.tokenizer.measure import _rotating, median_us
+from bench.tokenizer.rounds import row_arguments, row_inputs
 from prelude.tokenizer.fast import FastTokenizer
 
 MODULE = "prelude._fasttoken.core"
@@ -33,14 +33,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
     ap.add_argument("new")
-    ap.add_argument("--tokenizers", default="llama3")
-    ap.add_argument("--rows", default="50,500,8000")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--budget", type=float, default=0.3)
+    row_arguments(ap, "llama3", "50,500,8000", rounds=10)
     args = ap.parse_args()
     builds = {"old": load(args.old), "new": load(args.new)}
-    names, rows = args.tokenizers.split(","), [int(r) for r in args.rows.split(",")]
-    inputs = {c: textgen.paper_texts(ENCODE_INPUTS[c] + 1, c, seed=c) for c in rows}
+    names, rows, inputs = row_inputs(args)
     res: dict[tuple[str, int, str], list[float]] = {}
     for r in range(args.rounds):
         for name in names:

@@ -16,17 +16,28 @@ from bench.shared_data import shared_dir
 from prelude.tokenizer.fast import FastTokenizer
 
 
+def row_arguments(ap: argparse.ArgumentParser, tokenizers: str, rows: str, rounds: int) -> None:
+    """The flags every alternating-rounds timer takes (this one and bench.tokenizer.ab)."""
+    ap.add_argument("--tokenizers", default=tokenizers)
+    ap.add_argument("--rows", default=rows)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--budget", type=float, default=0.3)
+
+
+def row_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], dict[int, list[str]]]:
+    """(tokenizer names, row sizes, each row's texts): the bench's encode inputs, one more than it
+    times so a rotation never repeats a text back to back."""
+    names, rows = args.tokenizers.split(","), [int(r) for r in args.rows.split(",")]
+    return names, rows, {c: textgen.paper_texts(ENCODE_INPUTS[c] + 1, c, seed=c) for c in rows}
+
+
 def main() -> None:
     import fastokens as fk
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokenizers", default="qwen3,llama3,gpt2,deepseek-v3")
-    ap.add_argument("--rows", default="50,500,8000,200000")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=0.3)
+    row_arguments(ap, "qwen3,llama3,gpt2,deepseek-v3", "50,500,8000,200000", rounds=3)
     args = ap.parse_args()
-    names, rows = args.tokenizers.split(","), [int(r) for r in args.rows.split(",")]
-    inputs = {c: textgen.paper_texts(ENCODE_INPUTS[c] + 1, c, seed=c) for c in rows}
+    names, rows, inputs = row_inputs(args)
     res: dict[tuple[str, int, str], list[float]] = {}
     for r in range(args.rounds):
         for name in names:
