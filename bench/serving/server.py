@@ -1,8 +1,11 @@
 """Launching a server subprocess for a benchmark: a free loopback port, output captured to a log
 file, readiness by polling GET /health, and a clean SIGINT shutdown (escalating only if the
-server does not exit)."""
+server does not exit). A server never outlives its benchmark: one stopped by SIGTERM (as
+`timeout` stops a stage of gpu_check.sh) stops its servers on the way out, where an orphaned
+server would hold its memory (a GPU's, on the device) under the next stage's."""
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shlex
@@ -11,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +47,25 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+_RUNNING: set["ServerProcess"] = set()  # started and not yet stopped, in this process
+
+
+def _stop_running() -> None:
+    for server in list(_RUNNING):
+        server.stop(timeout=10.0)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit instead of ending the process at once, so `finally` blocks and
+    atexit stop the servers. Only where nothing else handles SIGTERM, and only in the main
+    thread (the only one that may set a handler)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+atexit.register(_stop_running)
 
 
 class ServerProcess:
@@ -80,8 +103,10 @@ class ServerProcess:
         began = time.perf_counter()
         # Own session: a Ctrl-C in the terminal reaches only the benchmark, which then stops the
         # server itself (and the server's shutdown output stays in its log).
+        _exit_on_sigterm()
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env, start_new_session=True)
+        _RUNNING.add(self)
         log.close()
         with httpx.Client(timeout=2.0) as client:
             while True:
@@ -103,6 +128,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGINT (the server's own clean shutdown), then SIGTERM, then SIGKILL."""
+        _RUNNING.discard(self)
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode

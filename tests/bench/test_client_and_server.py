@@ -87,3 +87,40 @@ def test_server_process_that_dies_reports_its_log(tmp_path):
                            log_path=tmp_path / "dead.log", label="dead")
     with pytest.raises(ServerError, match="no such model"):
         server.start(timeout=30)
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
+    """`timeout` stops a benchmark with SIGTERM: its server (in a session of its own, out of
+    reach of that signal) must not be left running."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    bench = tmp_path / "bench.py"
+    bench.write_text(f"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {str(os.getcwd())!r})
+from bench.serving.server import ServerProcess
+server = ServerProcess([], [sys.executable, {str(script)!r}], log_path=Path({str(tmp_path / "s.log")!r}), label="fake")
+server.start(timeout=30)
+print(server.pid, flush=True)
+with server:  # a benchmark's usual shape: the server is stopped on the way out
+    time.sleep(60)
+""")
+    with subprocess.Popen([sys.executable, str(bench)], stdout=subprocess.PIPE, text=True) as benchmark:
+        server_pid = int(benchmark.stdout.readline())
+        benchmark.send_signal(signal.SIGTERM)
+        assert benchmark.wait(30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(server_pid, signal.SIGKILL)
+        pytest.fail("the server outlived its benchmark")
+    assert "clean shutdown" in (tmp_path / "s.log").read_text()
