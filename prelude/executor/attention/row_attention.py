@@ -26,7 +26,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
     qt = _heads_first(q)
     out, lse = _flash_with_lse(qt, _heads_first(k, group), _heads_first(v, group), True)
     if past_k is not None and past_v is not None and len(past_k):
-        out, _ = _merged(out, lse, *_flash_with_lse(qt, _heads_first(past_k, group), _heads_first(past_v, group), False))
+        out = _merged(out, lse, *_flash_with_lse(qt, _heads_first(past_k, group), _heads_first(past_v, group), False))
     return out[0].transpose(0, 1).reshape(n, heads, -1)
 
 
@@ -68,7 +68,7 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
         values = [x for x in (past_v, v[:shared]) if x is not None and len(x)]
         before, before_lse = _flash_with_lse(_heads_first(qi), _heads_first(torch.cat(keys), group),
                                              _heads_first(torch.cat(values), group), False)
-        out_items, _ = _merged(out_items, lse_items, before[0].transpose(0, 1), before_lse[0].transpose(0, 1))
+        out_items = _merged(out_items, lse_items, before[0].transpose(0, 1), before_lse[0].transpose(0, 1))
     out[shared:] = out_items
     return out
 
@@ -98,14 +98,13 @@ def _grid_heads(x: torch.Tensor, group: int) -> torch.Tensor:
     return x.repeat_interleave(group, dim=1) if group > 1 else x
 
 
-def _merged(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor,
-            other_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _merged(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse: torch.Tensor) -> torch.Tensor:
     """Two partial attentions of the same queries over disjoint keys, merged by their natural
-    log-sum-exps; `lse` has out's shape without its last dimension."""
+    log-sum-exps; `lse` has out's shape without its last dimension. No caller merges a third
+    part, so the merged log-sum-exp is not computed."""
     top = torch.maximum(lse, other_lse)
-    w, other_w = (lse - top).exp(), (other_lse - top).exp()
-    merged = (out * w.unsqueeze(-1) + other * other_w.unsqueeze(-1)) / (w + other_w).unsqueeze(-1)
-    return merged, top + (w + other_w).log()
+    w, other_w = (lse - top).exp().unsqueeze(-1), (other_lse - top).exp().unsqueeze(-1)
+    return (out * w + other * other_w) / (w + other_w)
 
 
 def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
