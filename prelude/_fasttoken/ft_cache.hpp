@@ -18,11 +18,8 @@
 #include <cstring>
 #include <vector>
 
+#include "ft_inline.hpp"
 #include "ft_mem.hpp"
-
-#ifndef FT_INLINE
-#define FT_INLINE inline __attribute__((always_inline))
-#endif
 
 namespace ft {
 

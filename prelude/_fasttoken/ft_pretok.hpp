@@ -12,12 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ft_inline.hpp"
 #include "ft_unicode.hpp"
-
-#ifndef FT_INLINE
-#define FT_INLINE inline __attribute__((always_inline))
-#endif
-#define FT_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace ft {
 

@@ -8,11 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ft_inline.hpp"
 #include "ft_out.hpp"
-
-#ifndef FT_INLINE_LAMBDA
-#define FT_INLINE_LAMBDA __attribute__((always_inline))
-#endif
 
 namespace ft {
 
