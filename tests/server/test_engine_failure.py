@@ -1,11 +1,17 @@
 """If the engine loop itself dies (a bug), requests fail fast with a 5xx and /health says so,
-instead of hanging."""
+instead of hanging; if it dies warming up, the server exits."""
 from __future__ import annotations
 
-import httpx
+import asyncio
 
+import httpx
+import pytest
+
+from prelude.assembly import serve
 from prelude.contract.config import Config
-from tests.server.harness import ServerThread
+from prelude.executor.runner import ModelRunner
+from prelude.preflight import StartupError
+from tests.server.harness import ServerThread, free_port
 
 
 def test_dead_engine_fails_requests_and_health(demo_model):
@@ -24,15 +30,6 @@ def test_dead_engine_fails_requests_and_health(demo_model):
 def test_a_warm_up_failure_ends_the_server_with_a_startup_error(demo_model, monkeypatch):
     """A server whose engine cannot warm up exits (status 2 from the CLI, a StartupError here)
     instead of answering 503 forever."""
-    import asyncio
-
-    import pytest
-
-    from prelude.assembly import serve
-    from prelude.executor.runner import ModelRunner
-    from prelude.preflight import StartupError
-    from tests.server.harness import free_port
-
     def broken_warmup(self):
         raise RuntimeError("injected warm-up failure")
 
