@@ -20,6 +20,7 @@
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
 #include "ft_model.hpp"
+#include "ft_normalize.hpp"
 #include "ft_out.hpp"
 #include "ft_parallel.hpp"
 #include "ft_pretok.hpp"
@@ -29,12 +30,6 @@
 namespace ft {
 
 enum Status : int { kOk = 0, kNeedReference = 1, kNotUtf8 = 2 /* a lone surrogate */ };
-enum class NormKind : int { kNfc = 0, kPrepend = 1, kReplace = 2 };
-struct NormStep {
-    NormKind kind;
-    std::string a, b;
-};
-
 // Per-thread state of one Engine: the word model's (WordScratch) and encode's buffers.
 struct Scratch : WordScratch {
     explicit Scratch(uint64_t owner_) : owner(owner_) {}
@@ -81,28 +76,6 @@ public:
     bool bits_ok = false;  // the ASCII classes are those ft_bits.hpp assumes
 
     void derive() { bits_ok = pattern >= 0 && ascii_classes_match(classes, PatternKind(pattern)); }
-
-    // After load_engine (ft_store.hpp): what the tables' own checks do not cover.
-    void check_loaded() const {
-        const Decoder& d = decoder;
-        if (d.token_offsets.empty() || d.token_offsets.back() != d.token_bytes.size() ||
-            d.token_flags.size() + 1 != d.token_offsets.size() || d.token_byte.size() != d.token_flags.size())
-            throw std::runtime_error("fasttoken cache: decode table");
-        for (size_t k = 1; k < d.token_offsets.size(); ++k)
-            if (d.token_offsets[k] < d.token_offsets[k - 1]) throw std::runtime_error("fasttoken cache: decode offsets");
-        if (!d.first_token_offsets.empty() &&
-            (d.first_token_offsets.size() != d.token_offsets.size() ||
-             d.first_token_offsets.back() != d.first_token_bytes.size()))
-            throw std::runtime_error("fasttoken cache: first-token table");
-        for (size_t k = 1; k < d.first_token_offsets.size(); ++k)
-            if (d.first_token_offsets[k] < d.first_token_offsets[k - 1])
-                throw std::runtime_error("fasttoken cache: first-token offsets");
-        if (pattern < -1 || pattern > 2 || ms_prepend < 0 || ms_prepend > 2 || !classes.built())
-            throw std::runtime_error("fasttoken cache: options");
-        for (const NormStep& step : normalizers)
-            if (int(step.kind) < 0 || int(step.kind) > 2 || (step.kind == NormKind::kNfc && !nfc.built()))
-                throw std::runtime_error("fasttoken cache: normalizers");
-    }
 
     // Called once after the tables above are filled.
     void finalize() {
@@ -214,7 +187,7 @@ private:
             if (seg.id >= 0) { on_token(seg.id); continue; }
             const uint8_t* p = s + seg.begin;
             size_t len = seg.end - seg.begin;
-            normalize(sc, p, len);
+            normalize(normalizers, nfc, sc.norm_a, sc.norm_b, p, len);
             if (normalized_added.empty()) {
                 if (!on_text(p, len, seg.begin == 0)) return kNeedReference;
                 continue;
@@ -228,36 +201,6 @@ private:
             }
         }
         return kOk;
-    }
-
-    // Points p/len at the normalized segment (the input itself when no step changes it).
-    void normalize(Scratch& sc, const uint8_t*& p, size_t& len) const {
-        for (const NormStep& step : normalizers) {
-            std::string& out = (p == reinterpret_cast<const uint8_t*>(sc.norm_a.data())) ? sc.norm_b : sc.norm_a;
-            if (step.kind == NormKind::kNfc) {
-                bool changed;
-                nfc.normalize(p, len, out, changed);
-                if (!changed) continue;
-            } else if (step.kind == NormKind::kPrepend) {
-                if (!len) continue;
-                out.assign(step.a);
-                out.append(reinterpret_cast<const char*>(p), len);
-            } else {
-                out.clear();
-                const std::string& from = step.a;
-                size_t i = 0;
-                while (i < len) {
-                    if (i + from.size() <= len && std::memcmp(p + i, from.data(), from.size()) == 0) {
-                        out.append(step.b);
-                        i += from.size();
-                    } else {
-                        out.push_back(char(p[i++]));
-                    }
-                }
-            }
-            p = reinterpret_cast<const uint8_t*>(out.data());
-            len = out.size();
-        }
     }
 
     // at_start: the text begins at offset 0 of the input (Metaspace's prepend_scheme "first").

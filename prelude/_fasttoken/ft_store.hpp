@@ -163,12 +163,34 @@ inline std::string save_engine(Engine& e) {
     return std::move(w.out);
 }
 
+// After load_engine: what the tables' own checks do not cover.
+inline void check_loaded(const Engine& e) {
+    const Decoder& d = e.decoder;
+    if (d.token_offsets.empty() || d.token_offsets.back() != d.token_bytes.size() ||
+        d.token_flags.size() + 1 != d.token_offsets.size() || d.token_byte.size() != d.token_flags.size())
+        throw std::runtime_error("fasttoken cache: decode table");
+    for (size_t k = 1; k < d.token_offsets.size(); ++k)
+        if (d.token_offsets[k] < d.token_offsets[k - 1]) throw std::runtime_error("fasttoken cache: decode offsets");
+    if (!d.first_token_offsets.empty() &&
+        (d.first_token_offsets.size() != d.token_offsets.size() ||
+         d.first_token_offsets.back() != d.first_token_bytes.size()))
+        throw std::runtime_error("fasttoken cache: first-token table");
+    for (size_t k = 1; k < d.first_token_offsets.size(); ++k)
+        if (d.first_token_offsets[k] < d.first_token_offsets[k - 1])
+            throw std::runtime_error("fasttoken cache: first-token offsets");
+    if (e.pattern < -1 || e.pattern > 2 || e.ms_prepend < 0 || e.ms_prepend > 2 || !e.classes.built())
+        throw std::runtime_error("fasttoken cache: options");
+    for (const NormStep& step : e.normalizers)
+        if (int(step.kind) < 0 || int(step.kind) > 2 || (step.kind == NormKind::kNfc && !e.nfc.built()))
+            throw std::runtime_error("fasttoken cache: normalizers");
+}
+
 // Fills a fresh Engine; throws on malformed input.
 inline void load_engine(Engine& e, const uint8_t* p, size_t n) {
     Reader r(p, n);
     visit(r, e);
     if (!r.at_end()) throw std::runtime_error("fasttoken cache: trailing bytes");
-    e.check_loaded();
+    check_loaded(e);
     e.derive();
 }
 
