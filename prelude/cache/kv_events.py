@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Protocol, Sequence, Union
 
 # Stands in for the missing parent of a first block, so the root of every chain hashes alike.
 _ROOT_SEED = b"prelude-kv-root\x00"
@@ -90,3 +90,12 @@ class KVEventLog:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+class KVEventSink(Protocol):
+    """Where the engine hands each step's batch (prelude.cache.kv_publisher); publish must not
+    block."""
+
+    def publish(self, batch: KVEventBatch) -> None: ...
+
+    def shutdown(self) -> None: ...

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Protocol
+from typing import Callable
 
-from prelude.cache.kv_events import KVEventBatch
+from prelude.cache.kv_events import KVEventBatch, KVEventSink
 from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.step_runner import StepRunner
@@ -22,7 +22,6 @@ from prelude.engine.output import (
     EngineError,
     FinishReason,
     Overloaded,
-    RequestMetrics,
     RequestOutput,
     RequestStream,
 )
@@ -32,19 +31,10 @@ from prelude.engine.scheduler import Scheduler
 from prelude.engine.snapshot import EngineSnapshot, take_snapshot
 from prelude.engine.stats import EngineStats
 from prelude.engine.tracking import Tracked, advance
-from prelude.engine.work import OneShotJob
 from prelude.executor.executors import Executors
 from prelude.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-class KVEventSink(Protocol):
-    """Where each step's KV-cache events go (prelude.cache.kv_publisher); publish must not block."""
-
-    def publish(self, batch: KVEventBatch) -> None: ...
-
-    def shutdown(self) -> None: ...
 
 
 class Engine:
@@ -289,20 +279,11 @@ class Engine:
                 self.stats.on_first_token(work, now)
             out, reason = advance(tracked, result, self.tokenizer, self.eos_token_ids)
             if reason is not None:
-                out.metrics = self._metrics(tracked, now)
+                out.metrics = tracked.metrics(now)
             if out.token_ids or out.text or reason is not None:
                 tracked.stream.put(out)
             if reason is not None:
                 self._finish(tracked, reason, now=now, num_output_tokens=out.num_output_tokens)
-
-    @staticmethod
-    def _metrics(tracked: Tracked, now: float) -> RequestMetrics:
-        work = tracked.work
-        arrival = work.request.arrival_time
-        first = tracked.first_token_time
-        kind = "Mixed" if tracked.mixed else "OneShot" if isinstance(work, OneShotJob) else "Decode"
-        return RequestMetrics(kind,
-                              (work.first_scheduled or now) - arrival, None if first is None else first - arrival)
 
     def _finish(self, tracked: Tracked, reason: FinishReason, error: EngineError | None = None,
                 now: float | None = None, num_output_tokens: int = 0) -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from prelude.contract.batch import RowResult
 from prelude.engine.detokenize import IncrementalDetokenizer
-from prelude.engine.output import FinishReason, RequestOutput, RequestStream
-from prelude.engine.work import Sequence, Work
+from prelude.engine.output import FinishReason, RequestMetrics, RequestOutput, RequestStream
+from prelude.engine.work import OneShotJob, Sequence, Work
 from prelude.tokenizer import Tokenizer
 
 
@@ -30,6 +30,14 @@ class Tracked:
                                                  request.sampling.skip_special_tokens,
                                                  request.sampling.include_stop_str_in_output)
         return cls(work, RequestStream(request.request_id), detokenizer)
+
+    def metrics(self, now: float) -> RequestMetrics:
+        """Its execution class and latencies, reported with its last output."""
+        work, first = self.work, self.first_token_time
+        arrival = work.request.arrival_time
+        kind = "Mixed" if self.mixed else "OneShot" if isinstance(work, OneShotJob) else "Decode"
+        return RequestMetrics(kind, (work.first_scheduled or now) - arrival,
+                              None if first is None else first - arrival)
 
 
 def advance(tracked: Tracked, result: RowResult, tokenizer: Tokenizer,

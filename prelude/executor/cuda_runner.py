@@ -27,6 +27,7 @@ class CudaModelRunner(ModelRunner):
                  enforce_eager: bool = False):
         """`pad_slot`: a KV slot no sequence owns; padded graph rows write there."""
         super().__init__(model, attention, device, block_size)
+        self.decoder = model  # the runner's model, with the DecoderLM parts graphs and logs read
         self.pad_slot = pad_slot
         capacity = max(max_num_batched_tokens, max_num_seqs, max(PREFILL_SIZES)) + 1
         # Rows: token ids, positions, KV slots, row offsets (query_starts).
@@ -137,5 +138,5 @@ class CudaModelRunner(ModelRunner):
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         logger.info("CUDA warmup in %.2fs (attention %s, ops %s, graphs %s)", time.perf_counter() - start,
-                    type(self.attention).__name__, self.model.model.norm.ops.name,
+                    type(self.attention).__name__, self.decoder.model.norm.ops.name,
                     "lazy" if self.graphs is not None else "off")

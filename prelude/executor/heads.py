@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
+from prelude.executor.runnable import RunnableModel
 from prelude.executor.sampler import sample
 from prelude.model.attention import StepLayout
-from prelude.model.decoder import DecoderLM
 
 # Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
 # long prompt never materializes a [prompt_len, vocab] tensor.
@@ -20,7 +20,7 @@ PROMPT_LOGPROB_CHUNK = 256
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
 
 
-def row_results(model: DecoderLM, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
+def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
                 decodes: Sequence[DecodeRow], layout: StepLayout, last_hidden: LastHidden) -> list[RowResult]:
     """Results of every row that produces something: prefill rows first, then decode rows."""
     # (row index in the step, spec, row) for every row that produces something.
@@ -126,7 +126,7 @@ def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> boo
     return spec.label_vocab_normalized and not (isinstance(row, PrefillRow) and row.item_lengths)
 
 
-def _prompt_logprobs(model: DecoderLM, hidden: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
     """Logprob (and rank) of prompt token j+1 given tokens 0..j, for every j, with `top`
     alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time, one host copy each."""
     out: list[TokenLogprob] = []

@@ -4,12 +4,15 @@ benchmarks measure everything around the model (HTTP, admission, tokenization, s
 responses)."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from prelude.executor.runner import ModelRunner
 from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
 from prelude.model.config import ModelConfig
+from prelude.model.decoder import LayerState
 
 
 class _NoAttention(AttentionBackend):
@@ -42,6 +45,18 @@ class NullModel(nn.Module):
                 keep: torch.Tensor | None = None) -> torch.Tensor:
         return torch.zeros(input_ids.shape[0] if keep is None else len(keep), self.hidden_size)
 
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor,
+              keep: torch.Tensor | None = None) -> LayerState:
+        empty = torch.empty(0)
+        return LayerState(torch.zeros(input_ids.shape[0], self.hidden_size), None, (empty, empty), keep)
+
+    def run_layers(self, state: LayerState, attention: AttentionBackend,
+                   should_stop: Callable[[], bool] | None = None) -> bool:
+        return True
+
+    def finish(self, state: LayerState) -> torch.Tensor:
+        return state.x if state.keep is None else state.x[state.keep]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_row.expand(hidden.shape[0], -1).clone()
 
@@ -55,5 +70,4 @@ class NullModel(nn.Module):
 def null_runner(config: ModelConfig, block_size: int, avoid_tokens: frozenset[int]) -> ModelRunner:
     # Its tensors are tiny: a second intra-op thread only fights the event loop for a core.
     torch.set_num_threads(1)
-    return ModelRunner(NullModel(config, avoid_tokens), _NoAttention(), torch.device("cpu"),  # type: ignore[arg-type]
-                       block_size)
+    return ModelRunner(NullModel(config, avoid_tokens), _NoAttention(), torch.device("cpu"), block_size)

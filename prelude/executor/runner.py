@@ -13,7 +13,8 @@ from prelude.contract.batch import BatchResult, DecodeRow, PrefillRow
 from prelude.executor.heads import row_results
 from prelude.executor.host_step import HostStep, host_step
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
-from prelude.model.decoder import DecoderLM, LayerState
+from prelude.executor.runnable import RunnableModel
+from prelude.model.decoder import LayerState
 
 
 @dataclass(slots=True)
@@ -28,7 +29,7 @@ class Progress:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, attention: AttentionBackend, device: torch.device, block_size: int):
+    def __init__(self, model: RunnableModel, attention: AttentionBackend, device: torch.device, block_size: int):
         self.model = model
         self.attention = attention
         self.device = device

@@ -1,0 +1,36 @@
+"""What the model runner and the output heads call on a model: DecoderLM, or the null model the
+benchmarks run. A Protocol rather than DecoderLM itself, so that mypy checks every model handed
+to the runner: the null model once fell behind the runner (no `prepare_weights`, no `keep`) and
+`--executor null` died at startup with nothing to catch it before a benchmark did."""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+from prelude.model.attention import AttentionBackend
+from prelude.model.decoder import LayerState
+
+
+class RunnableModel(Protocol):
+    # nn.Module's own __call__ (hooks, then forward); forward is the signature it keeps.
+    __call__: Callable[..., Any]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                keep: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def prepare_weights(self) -> None: ...
+
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor,
+              keep: torch.Tensor | None = None) -> LayerState: ...
+
+    def run_layers(self, state: LayerState, attention: AttentionBackend,
+                   should_stop: Callable[[], bool] | None = None) -> bool: ...
+
+    def finish(self, state: LayerState) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor: ...
+
+    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor: ...
