@@ -61,7 +61,7 @@ def _reference(path):
 
 
 def _cuda(path, enforce_eager: bool):
-    from prelude.assembly import _cuda_runner
+    from prelude.runner_setup import cuda_runner
     from prelude.model.ops import select_ops
 
     device = torch.device("cuda")
@@ -70,7 +70,7 @@ def _cuda(path, enforce_eager: bool):
     per_block = KVCacheShape.bytes_per_block(config, BS, torch.bfloat16)
     cfg = Config(model=str(path), block_size=BS, num_kv_blocks=BLOCKS, max_num_seqs=8,
                  max_num_batched_tokens=512, enforce_eager=enforce_eager)
-    runner, *_ = _cuda_runner(cfg, model, device, torch.bfloat16, 512, 1024, per_block)
+    runner, *_ = cuda_runner(cfg, model, device, torch.bfloat16, 512, 1024, per_block)
     runner.warmup()
     return runner
 

@@ -1,0 +1,110 @@
+"""The model runner the Config asks for, and the memory sizing that goes with it: how many KV
+blocks the pool gets, and what a step's activations may take (the scheduler's temp budget).
+CPU, CUDA and the benchmarks' null executor; assembly.build calls one of the first two."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from prelude.contract.config import Config
+from prelude.executor.runner import ModelRunner
+from prelude.model.config import ModelConfig
+from prelude.preflight import StartupError
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 512 * 2**20
+CPU_TEMP_MEMORY_BYTES = 1 << 30
+# GPU memory kept out of the KV cache besides one step's activations: CUDA context, cuBLAS and
+# flashinfer workspaces, CUDA-graph pools, allocator fragmentation.
+CUDA_FIXED_RESERVE = 2 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSetup:
+    """A model runner and what sizing it decided."""
+
+    runner: ModelRunner
+    num_blocks: int  # KV blocks the pool may hand out
+    temp_bytes_per_token: int
+    temp_budget: int
+    device: str
+    dtype: str
+
+
+def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
+    from prelude.executor.null_model import null_runner
+
+    runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
+    return RunnerSetup(runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none")
+
+
+def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int) -> RunnerSetup:
+    import torch
+
+    from prelude.executor.attention import get_backend
+    from prelude.executor.kv_cache import KVCache, KVCacheShape
+    from prelude.model.loader import load_model, resolve_dtype
+    from prelude.model.ops import select_ops
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise StartupError(f"--device cuda, but torch {torch.__version__} sees no CUDA device; use --device cpu "
+                           "(or auto), or install a CUDA build of torch")
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.device == "auto" else config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if device.type == "cpu":
+        torch.manual_seed(config.seed)
+    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len,
+                       ops=select_ops(device))
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    c = model_config
+    temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+                                 + 3 * c.intermediate_size)
+    per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if device.type == "cuda":
+        runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
+                                                       per_block)
+        return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
+                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name)
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
+    runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size)
+    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name)
+
+
+def cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
+                 per_block: int) -> tuple[ModelRunner, int, int]:
+    """KV cache sized from --gpu-memory-utilization after the weights are loaded, leaving room
+    for one full step's activations; one extra block at the end belongs to nobody (CUDA-graph
+    padding rows write and read it)."""
+    import torch
+
+    from prelude.executor.attention import pick_backend
+    from prelude.executor.cuda_runner import CudaModelRunner
+    from prelude.executor.kv_cache import KVCache, KVCacheShape
+
+    c = model.config
+    logits_bytes = 2 * 4 * c.vocab_size * config.max_num_seqs
+    temp_budget = 2 * temp_per_token * config.max_num_batched_tokens + logits_bytes + CUDA_FIXED_RESERVE
+    free, total = torch.cuda.mem_get_info(device)
+    if config.num_kv_blocks:
+        num_blocks = config.num_kv_blocks
+    else:
+        kv_bytes = config.kv_cache_memory or int(total * config.gpu_memory_utilization) - (total - free) - temp_budget
+        num_blocks = kv_bytes // per_block
+        if num_blocks < 1:
+            raise StartupError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free of "
+                               f"{total / 2**30:.1f}); raise --gpu-memory-utilization or free the GPU")
+    shape = KVCacheShape.for_model(c, num_blocks + 1, config.block_size, dtype)
+    kv_cache = KVCache(shape, device)
+    attention = pick_backend(kv_cache, num_q_heads=c.num_heads, dummy_page=num_blocks,
+                             max_pages_per_row=-(-max_model_len // config.block_size) + 1)
+    runner = CudaModelRunner(model, attention, device, config.block_size, max_num_seqs=config.max_num_seqs,
+                             max_num_batched_tokens=config.max_num_batched_tokens,
+                             pad_slot=num_blocks * config.block_size, enforce_eager=config.enforce_eager)
+    logger.info("KV cache: %d blocks (%.2f GiB) on %s; attention %s", num_blocks,
+                num_blocks * per_block / 2**30, torch.cuda.get_device_name(device), type(attention).__name__)
+    return runner, num_blocks, temp_budget
