@@ -11,7 +11,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Task
-from prelude.server.decision import MAX_ITEMS, DecisionAPI, _required, _sigmoid, _softmax
+from prelude.server.decision import MAX_ITEMS, DecisionAPI
+from prelude.server.scores import required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import check_count, json_response, new_id
@@ -65,7 +66,7 @@ class CompatAPI(DecisionAPI):
         prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
         rows = self._rows(new_id("embd", http), prompts, task=Task.EMBED, pooling=self.served.pooling,
                           normalize=normalize, **self.scheduling(http, body))
-        return [_required(out.pooled) for out in await self.collect(http, rows)], prompts
+        return [required(out.pooled) for out in await self.collect(http, rows)], prompts
 
     async def rerank(self, http: HTTPRequest) -> Response:
         """/rerank and /v1/rerank: Cohere / Jina's `documents`, or TEI's `texts`."""
@@ -135,7 +136,7 @@ class CompatAPI(DecisionAPI):
         raw = body.bool("raw_scores")
         answers = []
         for row in logits:
-            scores = row if raw else ([_sigmoid(row[0])] if len(row) == 1 else _softmax(row))
+            scores = row if raw else ([sigmoid(row[0])] if len(row) == 1 else softmax(row))
             ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
             answers.append([{"label": labels.get(i, f"LABEL_{i}"), "score": scores[i]} for i in ranked])
         return json_response(answers[0] if single else answers)

@@ -6,7 +6,7 @@ import base64
 import math
 import struct
 import time
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -14,39 +14,14 @@ from starlette.responses import Response
 from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
+from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
+from prelude.server.scores import pair_relevance, required, sigmoid, softmax
 from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage
 
 # Most inputs (or items, or documents) one request may carry.
-T = TypeVar("T")
-
 MAX_ITEMS = 1024
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
-
-# Generative reranking (Qwen3-Reranker style): the model answers "yes" or "no" to whether the
-# document meets the query; the score is P(yes) / (P(yes) + P(no)) at the answer position. The
-# judge prompt goes through the model's own chat template.
-RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-JUDGE_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
-                'provided. Note that the answer can only be "yes" or "no".')
-_QUERY, _DOCUMENT = "\ue000query\ue000", "\ue000document\ue000"  # private-use code points: never in input
-
-
-def _required(value: T | None) -> T:
-    """An output the row's OutputSpec asked for, which the executor always fills."""
-    assert value is not None, "the executor left out an output the row asked for"
-    return value
-
-
-def _softmax(values: list[float]) -> list[float]:
-    top = max(values)
-    exps = [math.exp(v - top) for v in values]
-    total = sum(exps)
-    return [e / total for e in exps]
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 class DecisionAPI(Serving):
@@ -77,11 +52,7 @@ class DecisionAPI(Serving):
     async def _classify_rows(self, http, rid: str, prompts: list[list[int]], sched: dict) -> list[list[float]]:
         self._require_classifier()
         rows = self._rows(rid, [self._trim_padding(p) for p in prompts], task=Task.CLASSIFY, **sched)
-        return [_required(out.scores) for out in await self.collect(http, rows)]
-
-    def _relevance(self, logits: list[float]) -> float:
-        """Cross-encoder relevance: sigmoid of a single logit, else the probability of label 1."""
-        return _sigmoid(logits[0]) if len(logits) == 1 else _softmax(logits)[1]
+        return [required(out.scores) for out in await self.collect(http, rows)]
 
     # -- /v1/embeddings ---------------------------------------------------------------------
     async def embeddings(self, http: HTTPRequest) -> Response:
@@ -97,7 +68,7 @@ class DecisionAPI(Serving):
                           normalize=normalize and dimensions is None, **self.scheduling(http, body))
         data = []
         for i, out in enumerate(await self.collect(http, rows)):
-            vector = _required(out.pooled)
+            vector = required(out.pooled)
             embedding: list[float] | str = vector
             if dimensions is not None:  # Matryoshka: keep the leading dimensions, renormalize
                 vector = vector[:dimensions]
@@ -122,10 +93,10 @@ class DecisionAPI(Serving):
         data = []
         for i, logits in enumerate(await self._classify_rows(http, rid, prompts, self.scheduling(http, body))):
             if len(logits) == 1:  # a reward / regression head: the raw scalar, and its sigmoid
-                item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [_sigmoid(logits[0])],
+                item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [sigmoid(logits[0])],
                         "num_classes": 1, "score": logits[0]}
             else:
-                probs = _softmax(logits)
+                probs = softmax(logits)
                 best = max(range(len(probs)), key=probs.__getitem__)
                 item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs,
                         "num_classes": len(probs)}
@@ -145,7 +116,7 @@ class DecisionAPI(Serving):
         else:
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                               normalize=body.bool("normalize", False), **sched)
-            outputs = [_required(out.pooled) for out in await self.collect(http, rows)]
+            outputs = [required(out.pooled) for out in await self.collect(http, rows)]
         data = [{"index": i, "object": "pooling", "data": out} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 
@@ -164,7 +135,7 @@ class DecisionAPI(Serving):
         rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids,
                           label_vocab_normalized=not apply_softmax, **sched)
         outputs = await self.collect(http, rows)
-        return [[math.exp(lp) for lp in _required(out.label_logprobs)] for out in outputs]
+        return [[math.exp(lp) for lp in required(out.label_logprobs)] for out in outputs]
 
     async def _multi_item_scores(self, http, rid: str, query: list[int], items: list[list[int]],
                                  label_ids: tuple[int, ...], apply_softmax: bool, sched: dict) -> list[list[float]]:
@@ -174,7 +145,7 @@ class DecisionAPI(Serving):
         rows = self._rows(rid, [prompt], task=Task.SCORE, label_token_ids=label_ids,
                           label_vocab_normalized=not apply_softmax, item_lengths=tuple(map(len, items)), **sched)
         (out,) = await self.collect(http, rows)
-        return [[math.exp(lp) for lp in item] for item in _required(out.item_label_logprobs)]
+        return [[math.exp(lp) for lp in item] for item in required(out.item_label_logprobs)]
 
     def _use_multi_item(self, body: Body) -> bool:
         """Multi-item mode: on by default when there are several items and each is no longer than
@@ -265,27 +236,16 @@ class DecisionAPI(Serving):
             seconds = await self.admission.encode_many(documents, add_special_tokens=False)
             prompts = [encoded[q] + d for q, d in zip(queries, seconds)]
             scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
-            return [self._relevance(s) for s in scores], prompts
+            return [pair_relevance(s) for s in scores], prompts
         self.require_lm_head("scoring")
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
         if yes is None or no is None:
             raise bad_request("generative scoring needs single tokens 'yes' and 'no' in the vocabulary")
-        template, special = self.judge_prompt(body.str("instruction", RERANK_INSTRUCTION))
-        texts = [template.replace(_QUERY, q).replace(_DOCUMENT, d) for q, d in zip(queries, documents)]
-        prompts = await self.admission.encode_many(texts, add_special_tokens=special)
+        judge = JudgePrompt(self.served.chat_template, body.str("instruction", RERANK_INSTRUCTION))
+        texts = [judge.fill(q, d) for q, d in zip(queries, documents)]
+        prompts = await self.admission.encode_many(texts, add_special_tokens=judge.add_special_tokens)
         scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body))
         return [s[1] for s in scores], prompts
-
-    def judge_prompt(self, instruction: str) -> tuple[str, bool]:
-        """The yes/no judge prompt with query and document placeholders, rendered once through
-        the model's chat template (thinking off, for templates that have it); and whether
-        encoding must add special tokens (only without a template, which would place them)."""
-        user = f"<Instruct>: {instruction}\n<Query>: {_QUERY}\n<Document>: {_DOCUMENT}"
-        template = self.served.chat_template
-        if template is None:
-            return f"{JUDGE_SYSTEM}\n{user}\nAnswer (yes or no): ", True
-        messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
-        return template.render(messages, add_generation_prompt=True, enable_thinking=False), False
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------
     async def rerank(self, http: HTTPRequest) -> Response:

@@ -209,7 +209,7 @@ def test_generative_rerank_uses_yes_no_probability(lm):
     yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
     if yes is None or no is None:
         pytest.skip("demo vocabulary lacks single-token yes/no")
-    from prelude.server.decision import JUDGE_SYSTEM, RERANK_INSTRUCTION
+    from prelude.server.judge import JUDGE_SYSTEM, RERANK_INSTRUCTION
 
     docs = ["blocks and caches", "a recipe for soup"]
     out = post(srv, "/rerank", query="what is a KV cache?", documents=docs, return_documents=False).json()

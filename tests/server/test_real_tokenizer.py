@@ -47,7 +47,7 @@ def test_streamed_text_equals_full_text_and_decode(qwen3):
 def test_generative_rerank_renders_the_qwen3_reranker_prompt(qwen3):
     """Through Qwen3's own chat template (thinking off), the judge prompt is exactly the
     Qwen3-Reranker format."""
-    from prelude.server.decision import JUDGE_SYSTEM, RERANK_INSTRUCTION
+    from prelude.server.judge import JUDGE_SYSTEM, RERANK_INSTRUCTION, JudgePrompt
 
     docs = ["blocks and caches", "soup"]
     before = qwen3.on_loop(lambda: qwen3.engine.scheduler.stats.prefill_tokens)
@@ -56,11 +56,7 @@ def test_generative_rerank_renders_the_qwen3_reranker_prompt(qwen3):
     user = f"<Instruct>: {RERANK_INSTRUCTION}\n<Query>: what is a KV cache?\n<Document>: "
     expected = [f"<|im_start|>system\n{JUDGE_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}{doc}<|im_end|>\n"
                 "<|im_start|>assistant\n<think>\n\n</think>\n\n" for doc in docs]
-    from types import SimpleNamespace
-
-    from prelude.server.decision import _DOCUMENT, _QUERY, DecisionAPI
-
-    template, special = DecisionAPI.judge_prompt(SimpleNamespace(served=qwen3.served), RERANK_INSTRUCTION)
-    rendered = [template.replace(_QUERY, "what is a KV cache?").replace(_DOCUMENT, doc) for doc in docs]
-    assert rendered == expected and not special
+    judge = JudgePrompt(qwen3.served.chat_template, RERANK_INSTRUCTION)
+    rendered = [judge.fill("what is a KV cache?", doc) for doc in docs]
+    assert rendered == expected and not judge.add_special_tokens
     assert qwen3.on_loop(lambda: qwen3.engine.scheduler.stats.prefill_tokens) > before
