@@ -44,6 +44,31 @@ def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, si
         paged_decode_attention(a, threads)
 
 
+cdef extern from "prefill_attention.hpp" namespace "prelude_cpu" nogil:
+    cdef struct PrefillAttention:
+        const float* q
+        const float* k
+        const float* v
+        float* out
+        long n, m, heads, kv_heads, dim, q_stride, k_stride, v_stride
+        float scale
+    void prefill_attention(const PrefillAttention& a, int threads)
+
+
+def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long m, long heads,
+                   long kv_heads, long dim, long q_stride, long k_stride, long v_stride, float scale,
+                   int threads) -> None:
+    """out[i, h] = softmax(q[i, h] . K^T * scale) V over keys [0, m - n + i] of K/V's head
+    h // (heads / kv_heads); q [n, heads, dim], k/v [m, kv_heads, dim], each with its token
+    stride (heads contiguous within a token), out [n, heads, dim] contiguous; fp32, dim % 8 == 0."""
+    cdef PrefillAttention a
+    a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr
+    a.n, a.m, a.heads, a.kv_heads, a.dim = n, m, heads, kv_heads, dim
+    a.q_stride, a.k_stride, a.v_stride, a.scale = q_stride, k_stride, v_stride, scale
+    with nogil:
+        prefill_attention(a, threads)
+
+
 cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
     cdef struct Strided3:
         const float* ptr

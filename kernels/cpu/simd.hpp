@@ -20,6 +20,13 @@ __attribute__((always_inline)) static inline v8f load8(const float* p) {
 
 __attribute__((always_inline)) static inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
+// x in all eight lanes, as one broadcast: `v8f{} + x` added the scalar to zero first, and an
+// eight-x initializer became a chain of inserts.
+__attribute__((always_inline)) static inline v8f splat(float x) {
+    const v8f v = {x};
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
 __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

@@ -74,6 +74,21 @@ def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
     assert "median ms" in capsys.readouterr().out
 
 
+def test_prefill_attention_bench_writes_its_table_json_and_chart(tmp_path, capsys):
+    from bench.serving import prefill_attention
+    from kernels.cpu.ops import built
+
+    if not built:
+        pytest.skip("kernels.cpu is not built")
+    out = tmp_path / "prefill_attention.json"
+    code = prefill_attention.main(["--tokens", "16", "--chunk", "8:40", "--repeats", "1", "--json", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 2 * len(prefill_attention.HEADS)
+    assert all(r["torch_us"] > 0 and r["prelude_us"] > 0 for r in results)
+    assert "speedup" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
     """bench.serving.cpu_cost launches a real `--executor null` server and reads its CPU per
     request; every request is answered (the null model once fell behind the runner's calls: its

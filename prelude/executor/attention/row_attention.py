@@ -1,13 +1,15 @@
 """One prefill row's attention over its own new tokens and, seen whole, its cached context, on
-whole tensors ([tokens, heads, D]): the torch reference backend's math, in torch's CPU flash
-kernel where it applies. Partial attentions over disjoint keys are merged by their
-log-sum-exps, which keeps every call on the flash path where one masked call would take
-torch's quadratic math path."""
+whole tensors ([tokens, heads, D]): the torch reference backend's math. In fp32 on the CPU a
+native kernel (kernels/cpu/prefill_attention.hpp) attends a causal row over its context in one
+call; elsewhere torch's CPU flash kernel where it applies, with partial attentions over disjoint
+keys merged by their log-sum-exps, which keeps every call on the flash path where one masked
+call would take torch's quadratic math path."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.ops import causal_prefill
 from prelude.model.attention import own_token_mask
 
 # Multi-item rows seeing at most this many keys attend under one dense mask; longer ones in
@@ -21,6 +23,9 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
     (past_k/v, seen whole), as two flash attentions merged by their log-sum-exps: the same work
     as the chunk's rows of one causal attention, where a mask over all keys cost twice that
     (2,048 queries over 6,144 cached keys, demo model's heads: 120 against 214 ms)."""
+    native = causal_prefill(q, k, v, past_k, past_v)
+    if native is not None:
+        return native
     n, heads = q.shape[0], q.shape[1]
     group = heads // k.shape[1]
     qt = _heads_first(q)
@@ -122,6 +127,9 @@ def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q, k, v: [n, heads, D] of one row from its first token."""
+    native = causal_prefill(q, k, v)
+    if native is not None:
+        return native
     # 4-D [1, heads, tokens, dim]: torch's CPU flash kernel takes this shape; 3-D falls back to
     # the math path, several times slower.
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))

@@ -1,0 +1,111 @@
+"""`python -m bench.serving.prefill_attention`: one prompt row's causal attention on the CPU,
+torch's flash kernel (`scaled_dot_product_attention`) against Prelude's native kernel
+(kernels/cpu/prefill_attention.hpp), for the heads of the demo model, checkpoint B and
+Qwen3-0.6B over prompt lengths, and for a chunk over a cached context. Times are the minimum of
+the repeats (the least-disturbed run on a shared machine); GFLOPS count the causal products."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from bench.charts import write_chart
+from bench.serving import report
+
+try:
+    from kernels.cpu import _native as native
+except ImportError:  # not built
+    native = None  # type: ignore[assignment]
+
+HEADS = {"demo": (8, 4, 32), "B": (8, 4, 64), "0.6B": (16, 8, 128)}
+
+
+def best_us(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return 1e6 * min(times)
+
+
+def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
+    """The kernel itself, also where Prelude declines it (kernels.cpu.ops.WIDE_HEAD)."""
+    out = torch.empty_like(q)
+    n, heads, dim = q.shape
+    native.causal_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, past + n, heads, k.shape[1],
+                          dim, q.stride(0), k.stride(0), v.stride(0), dim ** -0.5, torch.get_num_threads())
+    return out
+
+
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    if len(q) == len(k):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+    seen = torch.ones(len(q), len(k), dtype=torch.bool).tril(len(k) - len(q))
+    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen, enable_gqa=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
+    p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
+    p.add_argument("--chunk", default="256:4096", help="QUERIES:CONTEXT, a chunk over a cached context ('' to skip)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "prefill_attention.json")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if native is None:
+        print("kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)")
+        return 1
+    torch.manual_seed(0)
+    shapes = [(n, 0) for n in map(int, args.tokens.split(","))]
+    if args.chunk:
+        queries, context = map(int, args.chunk.split(":"))
+        shapes.append((queries, context))
+    rows, results = [], []
+    for name, (heads, kv_heads, dim) in HEADS.items():
+        for n, past in shapes:
+            q, k, v = torch.randn(n, heads, dim), torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
+            flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
+            plain = best_us(lambda: torch_attention(q, k, v), args.repeats)
+            ours = best_us(lambda: _native(q, k, v, past), args.repeats)
+            rows.append([name, f"{heads}/{kv_heads} x {dim}", n, past, plain, ours, plain / ours,
+                         flops / ours / 1e3])
+            results.append({"heads": name, "tokens": n, "context": past, "torch_us": plain, "prelude_us": ours})
+    print(f"{torch.get_num_threads()} threads")
+    print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
+                        "prelude GFLOPS"], rows))
+    path = report.write_json(args.json, {"tool": "bench.serving.prefill_attention",
+                                         "threads": torch.get_num_threads(), "results": results})
+    print(f"results: {path}")
+    write_chart(lambda out: _plot(results, out), path.with_suffix(".png"))
+    return 0
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['heads']} {r['tokens']}" + (f"+{r['context']}" if r["context"] else "") for r in results]
+    ax.bar(range(len(results)), [r["torch_us"] / r["prelude_us"] for r in results])
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(results)), labels, rotation=45, ha="right")
+    ax.set_ylabel("speedup over torch's flash kernel")
+    ax.set_title("CPU prefill attention, one row")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
