@@ -6,9 +6,10 @@
 //
 // A work item is one KV head and a tile of kTile queries: the tile's queries times the group's
 // query heads share every key and value they read. Keys go in blocks of up to kKeys,
-// flash-style: the block's scores (from keys transposed once per call, so that a score vector is
-// 8 keys of one query), an online softmax, then P.V into the item's accumulators. Tiles are handed out from both ends
-// of the row, so that the two threads' shares of the causal triangle are about equal.
+// flash-style: the block's scores (from keys transposed once per call, so that a score vector
+// is 8 keys of one query), an online softmax, then P.V into the item's accumulators. Tiles are
+// handed out from both ends of the row, so that the threads' shares of the causal triangle are
+// about equal.
 #pragma once
 #include <cmath>
 #include <limits>
