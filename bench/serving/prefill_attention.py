@@ -72,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, results = [], []
     for name, (heads, kv_heads, dim) in HEADS.items():
         for n, past in shapes:
-            q, k, v = torch.randn(n, heads, dim), torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
+            q = torch.randn(n, heads, dim)
+            k, v = torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
             flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
             plain = best_us(lambda: torch_attention(q, k, v), args.repeats)
             ours = best_us(lambda: _native(q, k, v, past), args.repeats)
