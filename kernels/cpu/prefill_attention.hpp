@@ -27,16 +27,23 @@ struct PrefillAttention {
     float* out;      // [n, heads, dim] contiguous
     long n, m, heads, kv_heads, dim, q_stride, k_stride, v_stride;
     float scale;
-    // Set by prefill_attention: K transposed, [kv_heads, dim, kt_stride] (keys zero-padded to a
-    // multiple of 8), so that a score vector is 8 keys of one query.
+    // Set by prefill_attention: K transposed block by block, [kv_heads, blocks, dim, block]
+    // (keys past m zero), so that a score vector is 8 keys of one query and a block's keys are
+    // one contiguous run: transposed whole, a block's dims lay a page apart at long prompts, and
+    // heads of 128 ran out of TLB entries.
     const float* kt = nullptr;
-    long kt_stride = 0;
+    long block = 0, blocks = 0;
 };
 
 static constexpr long kTile = 16;  // queries per work item
 static constexpr long kKeys = 64;  // most keys per block (the score rows' stride)
-// A block's transposed keys stay within 16 KB (half of L1): every row pair reads them all.
+// A block's transposed keys stay within 16 KB (half of L1): every row group reads them all.
 static constexpr long kBlockFloats = 4096;
+
+static inline long keys_per_block(long dim) {
+    const long fit = kBlockFloats / dim / 8 * 8;
+    return fit < 8 ? 8 : fit > kKeys ? kKeys : fit;
+}
 
 struct PrefillScratch {
     std::vector<float> s, o, top, total;
@@ -107,14 +114,14 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
     w.top.assign(rows, neg_inf);
     w.total.assign(rows, 0.f);
     float *s = w.s.data(), *o = w.o.data();
-    const float* kt = a.kt + g * d * a.kt_stride;
+    const long block = a.block;
     const v8f iota = {0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f};  // a lane's offset, for masks
     // Row r's query vector and the last key it sees.
     auto qrow = [&](long r) { return a.q + (i0 + r / group) * a.q_stride + (g * group + r % group) * d; };
     auto limit = [&](long r) { return past + i0 + r / group; };
     const long keys_end = past + i1;  // one past the last key any row of the item sees
-    const long block = kBlockFloats / d < kKeys ? kBlockFloats / d : kKeys;
     for (long j0 = 0; j0 < keys_end; j0 += block) {
+        const float* kt = a.kt + (g * a.blocks + j0 / block) * d * block;
         const long nk = keys_end - j0 < block ? keys_end - j0 : block;
         const long nk8 = (nk + 7) / 8 * 8;  // score columns computed (past nk: zero keys, masked)
         // Scores, kRows rows at a time (the last group repeats its last row).
@@ -129,11 +136,11 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
             long c = 0;
             for (; c + 16 <= nk8; c += 16) {
                 float* at[kRows] = {sr[0] + c, sr[1] + c, sr[2] + c, sr[3] + c};
-                scores_rows<2>(q, kt + j0 + c, a.kt_stride, d, a.scale, at);
+                scores_rows<2>(q, kt + c, block, d, a.scale, at);
             }
             if (c < nk8) {
                 float* at[kRows] = {sr[0] + c, sr[1] + c, sr[2] + c, sr[3] + c};
-                scores_rows<1>(q, kt + j0 + c, a.kt_stride, d, a.scale, at);
+                scores_rows<1>(q, kt + c, block, d, a.scale, at);
             }
         }
         // Online softmax: each row's scores become weights against its running maximum.
@@ -217,14 +224,14 @@ static void prefill_attention(const PrefillAttention& args, int threads) {
     PrefillAttention a = args;
     // Keys are transposed once here, not per work item: every query tile of a head reads them
     // (transposing per item was a fifth of a 128-token row's time).
-    // Padded off a power of two: rows of a block 2^k floats apart shared a few L1 sets.
-    a.kt_stride = (a.m + 7) / 8 * 8 + 16;
-    std::vector<float> kt(a.kv_heads * a.dim * a.kt_stride, 0.f);
+    a.block = keys_per_block(a.dim);
+    a.blocks = (a.m + a.block - 1) / a.block;
+    std::vector<float> kt(a.kv_heads * a.blocks * a.dim * a.block, 0.f);
     for (long j = 0; j < a.m; ++j)
         for (long g = 0; g < a.kv_heads; ++g) {
             const float* key = a.k + j * a.k_stride + g * a.dim;
-            float* col = kt.data() + g * a.dim * a.kt_stride + j;
-            for (long x = 0; x < a.dim; ++x) col[x * a.kt_stride] = key[x];
+            float* col = kt.data() + ((g * a.blocks + j / a.block) * a.dim) * a.block + j % a.block;
+            for (long x = 0; x < a.dim; ++x) col[x * a.block] = key[x];
         }
     a.kt = kt.data();
     const long tiles = (a.n + kTile - 1) / kTile;
