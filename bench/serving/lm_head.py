@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,17 +14,12 @@ import torch
 
 from bench.charts import write_chart
 from bench.serving import report
+from bench.serving.microbench import add_flags, best_seconds, start
 from prelude.model.skinny_linear import MAX_SKINNY_ROWS, linear, skinny_matmul
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return 1000 * min(times)
+    return 1000 * best_seconds(fn, repeats)
 
 
 @torch.inference_mode()  # the server's mode: linear() leaves autograd-tracked products to torch
@@ -34,16 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=512, help="512: the issue's checkpoint B; 1024: Qwen3-0.6B")
     p.add_argument("--rows", default="1,2,4,8,16,32")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "lm_head.json")
+    add_flags(p, "lm_head.json")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if skinny_matmul is None:
-        print("kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)")
+    if not start(args, skinny_matmul is not None):
         return 1
-    torch.manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden)
     gigabytes = weight.numel() * weight.element_size() / 1e9
     copy_target = torch.empty_like(weight)

@@ -6,7 +6,6 @@ the repeats (the least-disturbed run on a shared machine); GFLOPS count the caus
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 
 from bench.charts import write_chart
 from bench.serving import report
+from bench.serving.microbench import add_flags, best_seconds, start
 
 try:
     from kernels.cpu import _native as native
@@ -25,13 +25,7 @@ HEADS = {"demo": (8, 4, 32), "B": (8, 4, 64), "0.6B": (16, 8, 128)}
 
 
 def best_us(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return 1e6 * min(times)
+    return 1e6 * best_seconds(fn, repeats)
 
 
 def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
@@ -55,16 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
     p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
     p.add_argument("--chunk", default="256:4096", help="QUERIES:CONTEXT, a chunk over a cached context ('' to skip)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "prefill_attention.json")
+    add_flags(p, "prefill_attention.json")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if native is None:
-        print("kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)")
+    if not start(args, native is not None):
         return 1
-    torch.manual_seed(0)
     shapes = [(n, 0) for n in map(int, args.tokens.split(","))]
     if args.chunk:
         queries, context = map(int, args.chunk.split(":"))

@@ -54,23 +54,31 @@ struct PrefillScratch {
 // vectors had the compiler fold every load into both rows' FMAs: ten loads per eight FMAs.)
 static constexpr int kRows = 4;
 
+// acc[r] += sum over i < len of a[r][i] * b[i * stride .. + 8 V): the scores (a: query rows,
+// b: transposed keys) and P.V (a: weight rows, b: value rows) are both this product.
+template <int V>
+__attribute__((always_inline)) static inline void accumulate_rows(const float* const* a, const float* b, long stride,
+                                                                  long len, v8f (&acc)[kRows][V]) {
+    for (long i = 0; i < len; ++i) {
+        const float* bi = b + i * stride;
+        v8f bv[V];
+#pragma GCC unroll 4
+        for (int u = 0; u < V; ++u) bv[u] = load8(bi + 8 * u);
+#pragma GCC unroll 4
+        for (int r = 0; r < kRows; ++r) {
+            const v8f x = splat(a[r][i]);
+#pragma GCC unroll 4
+            for (int u = 0; u < V; ++u) acc[r][u] += x * bv[u];
+        }
+    }
+}
+
 // Rows' scores against V vectors of 8 keys (kt: keys transposed, `stride` apart per dim).
 template <int V>
 __attribute__((always_inline)) static inline void scores_rows(const float* const* q, const float* kt, long stride,
                                                               long d, float scale, float* const* s) {
     v8f acc[kRows][V] = {};
-    for (long x = 0; x < d; ++x) {
-        const float* kx = kt + x * stride;
-        v8f k[V];
-#pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) k[u] = load8(kx + 8 * u);
-#pragma GCC unroll 4
-        for (int r = 0; r < kRows; ++r) {
-            const v8f b = splat(q[r][x]);
-#pragma GCC unroll 4
-            for (int u = 0; u < V; ++u) acc[r][u] += b * k[u];
-        }
-    }
+    accumulate_rows<V>(q, kt, stride, d, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
@@ -86,18 +94,7 @@ __attribute__((always_inline)) static inline void pv_rows(const float* const* p,
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
         for (int u = 0; u < V; ++u) acc[r][u] = load8(o[r] + 8 * u);
-    for (long j = 0; j < nk; ++j) {
-        const float* value = values + j * stride;
-        v8f vv[V];
-#pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) vv[u] = load8(value + 8 * u);
-#pragma GCC unroll 4
-        for (int r = 0; r < kRows; ++r) {
-            const v8f b = splat(p[r][j]);
-#pragma GCC unroll 4
-            for (int u = 0; u < V; ++u) acc[r][u] += b * vv[u];
-        }
-    }
+    accumulate_rows<V>(p, values, stride, nk, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
