@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings, for streamed Decode requests."""
+"""Incremental detokenization with stop strings, for every request that generates tokens."""
 from __future__ import annotations
 
 from typing import Sequence

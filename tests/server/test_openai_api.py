@@ -167,3 +167,19 @@ def test_x_request_id_is_echoed_and_names_the_response(server):
     assert embedded.status_code == 200 and embedded.headers["x-request-id"] == "trace-42"
     unnamed = httpx.post(server.base_url + "/v1/completions", json=body)
     assert "x-request-id" not in unnamed.headers and unnamed.json()["id"].startswith("cmpl-")
+
+
+def test_one_token_answer_obeys_stop_strings(client, model):
+    """A one-token completion (the OneShot path) ends at a stop string inside its token exactly as
+    the same token does in a longer completion: text cut before it, finish_reason "stop"."""
+    kw = dict(model=model, prompt="Once upon a time", temperature=0)
+    token = client.completions.create(max_tokens=1, **kw).choices[0].text
+    assert len(token) >= 2
+    stop = token[1:]
+    one = client.completions.create(max_tokens=1, stop=[stop], **kw).choices[0]
+    two = client.completions.create(max_tokens=2, stop=[stop], **kw).choices[0]
+    assert (one.text, one.finish_reason, one.stop_reason) == (token[:1], "stop", stop)
+    assert (two.text, two.finish_reason) == (one.text, one.finish_reason)
+    kept = client.completions.create(max_tokens=1, stop=[stop], extra_body={"include_stop_str_in_output": True},
+                                     **kw).choices[0]
+    assert (kept.text, kept.finish_reason) == (token, "stop")
