@@ -99,7 +99,7 @@ class DecodePlanner:
         seq.blocks.extend(self.pool.allocate(need))
         last = computed + chunk == seq.num_tokens
         return PrefillRow(seq.seq_id, seq.token_ids[computed:computed + chunk], computed, seq.blocks,
-                          request.output if last else None, seq.num_output_tokens,
+                          seq.last_row_output if last else None, seq.num_output_tokens,
                           history=seq.token_ids if last and request.sampling.penalizes else ())
 
     # -- preemption ---------------------------------------------------------------------------
