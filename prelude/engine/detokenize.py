@@ -34,12 +34,18 @@ class IncrementalDetokenizer:
             return None
         search_from = max(0, len(self.text) - max(map(len, self.stop), default=0) + 1)
         self.text += step.text
+        # The earliest stop in the text ends it, whatever the order of the list: the text cut at
+        # a later one would still contain the earlier (one token may hold both).
+        hit = None
         for stop in self.stop:
             at = self.text.find(stop, search_from)
-            if at >= 0:
-                self.text = self.text[:at + len(stop) if self.include_stop else at]
-                return stop
-        return None
+            if at >= 0 and (hit is None or at < hit[0]):
+                hit = (at, stop)
+        if hit is None:
+            return None
+        at, stop = hit
+        self.text = self.text[:at + len(stop) if self.include_stop else at]
+        return stop
 
     def emit(self, final: bool) -> str:
         """Text not yet emitted. Until the end, a tail that could still grow into a stop string

@@ -183,3 +183,14 @@ def test_one_token_answer_obeys_stop_strings(client, model):
     kept = client.completions.create(max_tokens=1, stop=[stop], extra_body={"include_stop_str_in_output": True},
                                      **kw).choices[0]
     assert (kept.text, kept.finish_reason) == (token, "stop")
+
+
+def test_the_earliest_stop_string_ends_the_text(client, model):
+    """Two stop strings in one token: the text ends before the one that comes first in it, not
+    the one listed first (cut at that one, the text would still hold the other)."""
+    kw = dict(model=model, prompt="Once upon a time", temperature=0)
+    token = client.completions.create(max_tokens=1, **kw).choices[0].text
+    assert len(token) >= 2
+    for max_tokens in (1, 4):
+        cut = client.completions.create(max_tokens=max_tokens, stop=[token[1:], token[:1]], **kw).choices[0]
+        assert (cut.text, cut.finish_reason, cut.stop_reason) == ("", "stop", token[:1])
