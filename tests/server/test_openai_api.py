@@ -194,3 +194,19 @@ def test_the_earliest_stop_string_ends_the_text(client, model):
     for max_tokens in (1, 4):
         cut = client.completions.create(max_tokens=max_tokens, stop=[token[1:], token[:1]], **kw).choices[0]
         assert (cut.text, cut.finish_reason, cut.stop_reason) == ("", "stop", token[:1])
+
+
+def test_streamed_echo_with_logprobs_adds_up_to_the_whole_answer(client, model):
+    """Streamed, echo + logprobs give what the whole answer gives: the prompt's tokens (their
+    logprobs) in the first chunk, and every token's text_offset into the echoed text."""
+    kw = dict(model=model, prompt=["Echo me", "And me too"], temperature=0, echo=True, logprobs=1, n=2)
+    for max_tokens in (0, 1, 4):
+        whole = client.completions.create(max_tokens=max_tokens, **kw)
+        chunks = list(client.completions.create(max_tokens=max_tokens, stream=True, **kw))
+        for choice in whole.choices:
+            mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+            assert "".join(c.text for c in mine) == choice.text
+            streamed = [c.logprobs for c in mine if c.logprobs is not None]
+            assert sum((lp.tokens for lp in streamed), []) == choice.logprobs.tokens
+            assert sum((lp.text_offset for lp in streamed), []) == choice.logprobs.text_offset
+            assert sum((lp.token_logprobs for lp in streamed), []) == pytest.approx(choice.logprobs.token_logprobs)
