@@ -202,6 +202,10 @@ class Scheduler:
                 if planned is Skip.NO_ROOM:
                     if max_tokens is not None:
                         continue  # a step of short work looks past what does not fit
+                    if (decodes or chunks) and len(rows) == len(chunks):
+                        # Only the sequences' tokens stand in its way, in every step while any
+                        # runs: it gets a step of its own next.
+                        self._held_long_oneshot = True
                     break  # the step's token / temporary-memory budget is spent
                 if planned is Skip.DEFERRED:
                     continue

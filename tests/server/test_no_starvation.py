@@ -47,3 +47,36 @@ def test_long_request_runs_under_a_stream_of_short_ones(demo_model):
         waited, shorts = asyncio.run(run())
         assert shorts > 50  # the short stream really competed with it
         srv.wait_idle()
+
+
+def test_a_oneshot_row_over_the_step_budget_runs_while_a_stream_goes_on(demo_model):
+    """A OneShot row longer than --max-num-batched-tokens fits no step that carries a stream's
+    decode. Cheap enough to share one (a GPU computes 8K tokens in well under STREAM_GAP_S), it
+    must still get a step of its own, not wait for every stream to end. The cost model is pinned
+    to such figures: on this CPU, fitted to one-token decode steps alone, it calls any prompt
+    slow, which takes the path for slow rows instead."""
+    config = Config(model=str(demo_model), num_kv_blocks=512, max_num_batched_tokens=64)
+    with ServerThread(config) as srv:
+        costs = srv.engine.scheduler.costs
+
+        def pin() -> None:
+            costs.fixed_s, costs.per_token_s = 1e-3, 20e-6
+            costs.observe = lambda tokens, seconds: None  # type: ignore[method-assign]
+
+        srv.on_loop(pin)
+
+        async def run() -> bool:
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
+                body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as stream:
+                    lines = stream.aiter_lines()
+                    await anext(lines)  # the stream's first token: it is decoding
+                    ids = [(j * 13) % 500 + 3 for j in range(100)]
+                    answers = [await client.post("/v1/embeddings", json={"input": [ids]}),
+                               await client.post("/v1/completions", json={"prompt": ids[1:], "max_tokens": 1})]
+                    still_streaming = srv.on_loop(lambda: srv.engine.scheduler.num_running) == 1
+            assert [a.status_code for a in answers] == [200, 200]
+            return still_streaming
+
+        assert asyncio.run(run()), "the OneShot requests waited for the stream to end"
+        srv.wait_idle()
