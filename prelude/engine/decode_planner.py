@@ -68,6 +68,13 @@ class DecodePlanner:
         self.running.append(seq)
         return row
 
+    def fits_alone(self, seq: Sequence, budget: StepBudget) -> bool:
+        """Whether a waiting prompt that cannot be split (its outputs read every position) was
+        refused for the step's token budget alone: a step without decodes would admit it."""
+        return (seq.request.needs_every_position and not budget.fits(seq.num_tokens)
+                and len(self.running) < self.max_num_seqs
+                and self.pool.can_allocate(self.pool.blocks_for(seq.num_tokens) + 1))
+
     def _chunk(self, seq: Sequence, budget: StepBudget, match: PrefixMatch, admitting: bool) -> PrefillRow | None:
         request = seq.request
         computed = seq.num_computed + len(match.blocks) * self.pool.block_size

@@ -80,3 +80,28 @@ def test_a_oneshot_row_over_the_step_budget_runs_while_a_stream_goes_on(demo_mod
 
         assert asyncio.run(run()), "the OneShot requests waited for the stream to end"
         srv.wait_idle()
+
+
+def test_an_unsplittable_prompt_over_the_step_budget_holds_up_no_one(demo_model):
+    """A generation with prompt logprobs reads every position of its prompt, so the prompt runs
+    in one piece. Longer than what a stream's decode leaves of --max-num-batched-tokens, it
+    waited for the stream to end, and every generation queued behind it with it."""
+    config = Config(model=str(demo_model), num_kv_blocks=512, max_num_batched_tokens=64)
+    with ServerThread(config) as srv:
+        async def run() -> bool:
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
+                body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as stream:
+                    lines = stream.aiter_lines()
+                    await anext(lines)  # the stream's first token: it is decoding
+                    ids = [(j * 13) % 500 + 3 for j in range(100)]
+                    whole = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "prompt_logprobs": 0})
+                    behind = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 3})
+                    answers = await asyncio.gather(whole, behind)
+                    still_streaming = srv.on_loop(lambda: srv.engine.scheduler.num_running) == 1
+            assert [a.status_code for a in answers] == [200, 200]
+            assert len(answers[0].json()["choices"][0]["prompt_logprobs"]) == len(ids)
+            return still_streaming
+
+        assert asyncio.run(run()), "the generations waited for the stream to end"
+        srv.wait_idle()
