@@ -15,12 +15,9 @@ from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage
+from prelude.server.serving import MAX_ITEMS, Serving, check_count, json_response, new_id, prompt_usage
 
-# Most inputs (or items, or documents) one request may carry.
 T = TypeVar("T")
-
-MAX_ITEMS = 1024
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 
 # Generative reranking (Qwen3-Reranker style): the model answers "yes" or "no" to whether the

@@ -15,7 +15,7 @@ from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import Serving, json_response, new_id
+from prelude.server.serving import MAX_ITEMS, Serving, json_response, new_id
 from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
 from prelude.tokenizer.chat import ChatTemplateError
 
@@ -68,7 +68,7 @@ class CompletionsAPI(Serving):
     async def completions(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("text generation")
-        prompts = await self.inputs(body, "prompt")
+        prompts = await self.inputs(body, "prompt", MAX_ITEMS)
         if body.has("suffix"):
             raise bad_request("'suffix' is not supported", "suffix")
         n = body.int("n", 1, lo=1, hi=128)

@@ -21,6 +21,9 @@ CASES = [
     (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, 2, 99999999]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, -2]}, 400, "prompt"),
+    # As many prompts as decision inputs at most: a body listing millions of one-token prompts
+    # made as many rows, and the server ran out of memory.
+    (COMPLETIONS, {"prompt": [[5]] * 1025, "max_tokens": 1}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
