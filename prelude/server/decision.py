@@ -148,7 +148,7 @@ class DecisionAPI(Serving):
 
     # -- label-token scoring ----------------------------------------------------------------
     def _label_ids(self, body: Body) -> tuple[int, ...]:
-        ids = body.int_list("label_token_ids", lo=0, hi=self.tokenizer.vocab_size - 1)
+        ids = body.int_list("label_token_ids", lo=0, hi=self.admission.vocab_size - 1)
         if not ids:
             raise bad_request("'label_token_ids' must be a non-empty array of token ids", "label_token_ids")
         return ids
