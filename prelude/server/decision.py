@@ -183,14 +183,20 @@ class DecisionAPI(Serving):
         wanted = body.bool("multi_item", len(items) > 1 and short)
         return wanted and self.served.multi_item_scoring and not body.bool("item_first")
 
-    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]]:
+    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]] | None:
         """Multi-item inputs: the query's ids (with special tokens, for text) and each item's
-        (without): SGLang's shape, each item tokenized on its own."""
+        (without): SGLang's shape, each item tokenized on its own. None when, packed by default,
+        they would not fit the context together: one row per item only needs query + item to."""
         query, items = body.require("query"), body.require("items")
         if isinstance(query, str):
             (query_ids,) = await self.encode_items([query], "query")
-            return query_ids, await self.admission.encode_many(items, add_special_tokens=False)
-        return self.admission.check_ids(query, "query"), [self.admission.check_ids(item, "items") for item in items]
+            item_ids = await self.admission.encode_many(items, add_special_tokens=False)
+        else:
+            query_ids = self.admission.check_ids(query, "query")
+            item_ids = [self.admission.check_ids(item, "items") for item in items]
+        if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not body.bool("multi_item"):
+            return None
+        return query_ids, item_ids
 
     def _check_label_shape(self, body: Body) -> None:
         query, items = body.require("query"), body.list("items", nonempty=True)
@@ -222,8 +228,9 @@ class DecisionAPI(Serving):
             label_ids = self._label_ids(body)
             self._check_label_shape(body)
             apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
-            if self._use_multi_item(body):
-                query, items = await self._label_inputs(body)
+            packed = await self._label_inputs(body) if self._use_multi_item(body) else None
+            if packed is not None:
+                query, items = packed
                 scores = await self._multi_item_scores(http, rid, query, items, label_ids, apply_softmax, sched)
                 usage = prompt_usage([query + [t for item in items for t in item]])
             else:
