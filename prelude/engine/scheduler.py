@@ -144,13 +144,17 @@ class Scheduler:
         return self.costs.estimate(len(work.tokens_to_compute))
 
     def has_room(self, requests: list[Request]) -> bool:
-        """Whether the waiting queue takes these requests without passing its limits. An empty
-        queue takes anything, so a single huge request is never refused forever."""
+        """Whether the waiting queue takes these requests without passing its limits. A request
+        past a limit by itself is taken while the queue is within it (an empty queue takes
+        anything): it never fits beside others, and waiting for an empty queue it was refused
+        for as long as traffic went on."""
         if not len(self.waiting):
             return True
-        tokens = sum(r.num_prompt_tokens for r in requests)
-        return (len(self.waiting) + len(requests) <= self.config.max_queued_requests
-                and self.waiting.num_tokens + tokens <= self.config.max_queued_tokens)
+        rows, tokens = len(self.waiting), self.waiting.num_tokens
+        more_rows, more_tokens = len(requests), sum(r.num_prompt_tokens for r in requests)
+        limit_rows, limit_tokens = self.config.max_queued_requests, self.config.max_queued_tokens
+        return (rows + more_rows <= limit_rows or more_rows > limit_rows > rows) and \
+            (tokens + more_tokens <= limit_tokens or more_tokens > limit_tokens > tokens)
 
     @property
     def full(self) -> bool:
