@@ -187,7 +187,7 @@ class Scheduler:
         decodes = [] if alone else self.decode.decodes(budget)
         if decodes and max_tokens is None:  # the streams wait for this step's prompt chunks
             budget.prefill_left = max(MIN_PROMPT_CHUNK, self.costs.tokens_within(STREAM_GAP_S))
-        chunks = [] if alone else self.decode.prefill_chunks(budget)
+        chunks = [] if alone else self.decode.prefill_chunks(budget, decodes)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
         rows: list[PrefillRow] = [row for _, row in chunks]
         oneshots: list[PlannedOneShot] = []

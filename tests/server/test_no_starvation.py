@@ -3,6 +3,7 @@ HTTP. (The aging bound itself is checked deterministically in tests/engine/test_
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -104,4 +105,57 @@ def test_an_unsplittable_prompt_over_the_step_budget_holds_up_no_one(demo_model)
             return still_streaming
 
         assert asyncio.run(run()), "the generations waited for the stream to end"
+        srv.wait_idle()
+
+
+class Stepper:
+    """Runs the engine's steps one at a time, as the test releases them."""
+
+    def __init__(self, executors):
+        self.executors = executors
+        self.steps = threading.Semaphore(0)
+
+    def execute(self, batch):
+        assert self.steps.acquire(timeout=30), "the test released no step"
+        return self.executors.execute(batch)
+
+
+def _until(srv: ServerThread, condition) -> None:
+    deadline = time.monotonic() + 10
+    while not srv.on_loop(condition):
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_a_chunk_short_of_blocks_preempts_a_sequence_decoding_in_its_step_cleanly(demo_model):
+    """A prompt's chunk that needs blocks preempts the newest sequence, which may be one already
+    decoding in the same step: that sequence then leaves the step. It stayed, its row naming the
+    blocks it had just given up, and the step raised (its request: a 500). Here the newest is a
+    prompt-logprobs request, which gets a step of its own beside the chunked prompt; the pool
+    (22 blocks of 16) holds both prompts' KV only in turn."""
+    config = Config(model=str(demo_model), block_size=16, num_kv_blocks=22, max_num_batched_tokens=64,
+                    scheduling_policy="fcfs")
+    with ServerThread(config) as srv:
+        stepper = Stepper(srv.engine.executors)
+        srv.on_loop(lambda: setattr(srv.engine, "executors", stepper))
+        long_ids = [(j * 13) % 500 + 3 for j in range(300)]
+        short_ids = [(j * 7) % 500 + 3 for j in range(100)]
+
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
+                chunked = asyncio.create_task(client.post("/v1/completions", json={"prompt": long_ids, "max_tokens": 2}))
+                await asyncio.to_thread(_until, srv, lambda: srv.engine.scheduler.num_running == 1)
+                stepper.steps.release()  # the long prompt's first chunk; the second is planned
+                await asyncio.to_thread(_until, srv, lambda: srv.engine.scheduler.num_waiting == 0)
+                whole = asyncio.create_task(client.post("/v1/completions", json={
+                    "prompt": short_ids, "max_tokens": 5, "prompt_logprobs": 0}))
+                await asyncio.to_thread(_until, srv, lambda: srv.engine.scheduler.num_waiting == 1)
+                stepper.steps.release(1000)
+                return await chunked, await whole
+
+        chunked, whole = asyncio.run(run())
+        assert chunked.status_code == 200, chunked.text
+        assert whole.status_code == 200, whole.text
+        assert len(whole.json()["choices"][0]["prompt_logprobs"]) == len(short_ids)
+        assert srv.on_loop(lambda: srv.engine.scheduler.stats.num_preemptions) > 0
         srv.wait_idle()
