@@ -142,7 +142,7 @@ class Admission:
             ignore_eos=body.bool("ignore_eos"),
             logprobs=logprobs,
             logit_bias=logit_bias,
-            allowed_token_ids=self._allowed_ids(body),
+            allowed_token_ids=self._allowed_ids(body, self._blocked_before_min(body, min_tokens)),
             skip_special_tokens=body.bool("skip_special_tokens", True),
             presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),
             frequency_penalty=body.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
@@ -160,8 +160,13 @@ class Admission:
         eos = () if body.bool("ignore_eos") else self.eos_token_ids
         return tuple(dict.fromkeys((*eos, *(body.int_list("stop_token_ids", hi=self.vocab_size - 1) or ()))))
 
-    def _allowed_ids(self, body: Body) -> tuple[int, ...] | None:
+    def _allowed_ids(self, body: Body, blocked: tuple[int, ...]) -> tuple[int, ...] | None:
+        """allowed_token_ids, unless they allow no token: none at all, or only ids that min_tokens
+        blocks (every logit masked, the sampler answered a token outside them)."""
         allowed = body.int_list("allowed_token_ids", hi=self.vocab_size - 1)
         if allowed is not None and not allowed:
             raise body.invalid("allowed_token_ids", "must not be empty (it would allow no token)")
+        if allowed is not None and blocked and set(allowed) <= set(blocked):
+            raise body.invalid("allowed_token_ids", "allows only tokens that end generation, which min_tokens "
+                                                    "blocks: no token could be generated")
         return allowed

@@ -45,6 +45,9 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 5.0}, 400, "frequency_penalty"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    # Only tokens min_tokens blocks: every logit masked, and the sampler answered some other token.
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "min_tokens": 2, "allowed_token_ids": [5], "stop_token_ids": [5]},
+     400, "allowed_token_ids"),
     (COMPLETIONS, {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
     # Numbers the engine cannot represent are refused at validation, never inside a step.
     (COMPLETIONS, {"prompt": "hi", "top_k": 2**63}, 400, "top_k"),
