@@ -41,11 +41,17 @@ class DecodePlanner:
         return DecodeRow(seq.seq_id, seq.token_ids[-1], seq.num_tokens - 1, seq.blocks, seq.request.output,
                          seq.num_output_tokens, seq.token_ids if seq.request.sampling.penalizes else ())
 
-    def prefill_chunks(self, budget: StepBudget) -> list[tuple[Sequence, PrefillRow]]:
-        """The next chunk of each running sequence still prefilling, while the budget lasts."""
-        chunks = []
+    def prefill_chunks(self, budget: StepBudget, decodes: list[Sequence]) -> list[tuple[Sequence, PrefillRow]]:
+        """The next chunk of each running sequence still prefilling, while the budget lasts. A
+        chunk short of blocks preempts the newest sequences, as ever, one decoding in this step
+        too: it leaves `decodes`, whose rows would name the blocks it gave up. One chunked in
+        this step is never preempted: its row already names its blocks."""
+        chunks: list[tuple[Sequence, PrefillRow]] = []
         for seq in [s for s in self.running if s.prefilling]:
-            row = self._chunk(seq, budget, PrefixMatch([], None), admitting=False)
+            if seq.status is not WorkStatus.RUNNING:  # preempted for an earlier chunk
+                continue
+            row = self._chunk(seq, budget, PrefixMatch([], None), admitting=False,
+                              keep=[s for s, _ in chunks], decodes=decodes)
             if row is None:
                 break
             chunks.append((seq, row))
@@ -68,7 +74,15 @@ class DecodePlanner:
         self.running.append(seq)
         return row
 
-    def _chunk(self, seq: Sequence, budget: StepBudget, match: PrefixMatch, admitting: bool) -> PrefillRow | None:
+    def fits_alone(self, seq: Sequence, budget: StepBudget) -> bool:
+        """Whether a waiting prompt that cannot be split (its outputs read every position) was
+        refused for the step's token budget alone: a step without decodes would admit it."""
+        return (seq.request.needs_every_position and not budget.fits(seq.num_tokens)
+                and len(self.running) < self.max_num_seqs
+                and self.pool.can_allocate(self.pool.blocks_for(seq.num_tokens) + 1))
+
+    def _chunk(self, seq: Sequence, budget: StepBudget, match: PrefixMatch, admitting: bool,
+               keep: list[Sequence] | None = None, decodes: list[Sequence] | None = None) -> PrefillRow | None:
         request = seq.request
         computed = seq.num_computed + len(match.blocks) * self.pool.block_size
         remaining = seq.num_tokens - computed
@@ -83,7 +97,7 @@ class DecodePlanner:
         if admitting:
             room = self.pool.can_allocate(need + 1 if self.running else need)
         else:
-            room = self._make_room(need, seq, keep=[])
+            room = self._make_room(need, seq, keep=keep or [], decodes=decodes)
         if not room:
             self.pool.release(match.blocks)
             return None
@@ -99,18 +113,22 @@ class DecodePlanner:
         seq.blocks.extend(self.pool.allocate(need))
         last = computed + chunk == seq.num_tokens
         return PrefillRow(seq.seq_id, seq.token_ids[computed:computed + chunk], computed, seq.blocks,
-                          request.output if last else None, seq.num_output_tokens,
+                          seq.last_row_output if last else None, seq.num_output_tokens,
                           history=seq.token_ids if last and request.sampling.penalizes else ())
 
     # -- preemption ---------------------------------------------------------------------------
-    def _make_room(self, need: int, seq: Sequence, keep: list[Sequence]) -> bool:
-        """Preempts the newest running sequences (never those in `keep`) until `need` blocks are
-        free. False when `seq` itself had to go or nothing else could."""
+    def _make_room(self, need: int, seq: Sequence, keep: list[Sequence],
+                   decodes: list[Sequence] | None = None) -> bool:
+        """Preempts the newest running sequences (never those in `keep`; those in `decodes`
+        leave it) until `need` blocks are free. False when `seq` itself had to go or nothing
+        else could."""
         while not self.pool.can_allocate(need):
             victim = next((s for s in reversed(self.running) if s not in keep), None)
             if victim is None:
                 return False
             self._preempt(victim)
+            if decodes is not None and victim in decodes:
+                decodes.remove(victim)
             if victim is seq:
                 return False
         return True

@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings, for streamed Decode requests."""
+"""Incremental detokenization with stop strings, for every request that generates tokens."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -18,7 +18,7 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.skip_special_tokens = skip_special_tokens
-        self.stop = tuple(s for s in stop if s)
+        self.stops = [_StopString(s) for s in stop if s]
         self.include_stop = include_stop  # the text keeps the stop string (vLLM's include_stop_str_in_output)
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
@@ -32,30 +32,64 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = step.prefix_offset, step.read_offset
         if not step.text:
             return None
-        search_from = max(0, len(self.text) - max(map(len, self.stop), default=0) + 1)
+        start = len(self.text)
         self.text += step.text
-        for stop in self.stop:
-            at = self.text.find(stop, search_from)
-            if at >= 0:
-                self.text = self.text[:at + len(stop) if self.include_stop else at]
-                return stop
+        # The first stop string the text completes ends it, as if generation had stopped right
+        # there, whatever the list's order (one token may hold two): the text before it then
+        # holds no other whole stop string.
+        for end in range(start + 1, len(self.text) + 1) if self.stops else ():
+            char = self.text[end - 1]
+            for stop in self.stops:
+                if stop.feed(char):
+                    self.text = self.text[:end if self.include_stop else end - len(stop.text)]
+                    return stop.text
         return None
 
     def emit(self, final: bool) -> str:
         """Text not yet emitted. Until the end, a tail that could still grow into a stop string
         is held back."""
         upto = len(self.text)
-        if not final and self.stop:
-            upto -= self._partial_stop_len()
+        if not final and self.stops:
+            upto -= max(stop.matched for stop in self.stops)
         delta = self.text[self.sent:upto]
         self.sent = max(self.sent, upto)
         return delta
 
-    def _partial_stop_len(self) -> int:
-        longest = 0
-        for stop in self.stop:
-            for n in range(min(len(stop) - 1, len(self.text)), longest, -1):
-                if self.text.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+
+class _StopString:
+    """One stop string, matched character by character as the text arrives (Knuth-Morris-Pratt):
+    `matched` is the longest prefix of it that the text ends with. Finding it and knowing what to
+    hold back cost O(1) per character, amortized, however long the stop string and the text;
+    searching the text and testing its suffixes for each token grew with both, on the event loop
+    (16 stop strings of 4,000 characters slowed everyone's decode steps twentyfold)."""
+
+    __slots__ = ("text", "matched", "_borders")
+
+    def __init__(self, text: str):
+        self.text = text
+        self.matched = 0
+        # _borders[j]: the longest proper prefix of text[:j + 1] that is also its suffix; filled
+        # only as far as `matched` has got, so a long stop string costs nothing up front.
+        self._borders = [0]
+
+    def feed(self, char: str) -> bool:
+        """Advances over one character of the text; whether the stop string now ends it (it is
+        not fed after that)."""
+        text, k = self.text, self.matched
+        while k and text[k] != char:
+            k = self._border(k)
+        if text[k] == char:
+            k += 1
+        self.matched = k
+        return k == len(text)
+
+    def _border(self, k: int) -> int:
+        """_borders[k - 1], computed on first use."""
+        text, borders = self.text, self._borders
+        while len(borders) < k:
+            j = len(borders)
+            b = borders[j - 1]
+            while b and text[j] != text[b]:
+                b = borders[b - 1]
+            borders.append(b + 1 if text[j] == text[b] else 0)
+        return borders[k - 1]

@@ -277,7 +277,7 @@ class Engine:
                 tracked.first_token_time = now
                 tracked.mixed = beside_decodes
                 self.stats.on_first_token(work, now)
-            out, reason = advance(tracked, result, self.tokenizer, self.eos_token_ids)
+            out, reason = advance(tracked, result, self.eos_token_ids)
             if reason is not None:
                 out.metrics = tracked.metrics(now)
             if out.token_ids or out.text or reason is not None:

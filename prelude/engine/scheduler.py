@@ -10,7 +10,9 @@ request waits for all of another's long work (engine.plan has the thresholds and
   sequences: the next tick is a step of OneShot rows alone, which the engine runs in segments,
   stepping aside for the sequences' tokens;
 - with layer preemption, short work does not join a long OneShot row's step: it runs while that
-  step is parked.
+  step is parked;
+- a row too big for what running decodes leave of the step budget (a OneShot row, a prompt that
+  cannot be split) gets the next tick, without decodes: they take their share while any runs.
 
 Never imports torch: it deals in token ids and block numbers only. It never decides that a
 request ends; the engine does, and calls `release`.
@@ -87,7 +89,7 @@ class Scheduler:
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)
         self.decode = DecodePlanner(pool, prefix, config.max_num_seqs, self.waiting, self.stats)
         self._next_id = 0
-        self._held_long_oneshot = False  # a long OneShot row was kept out of a step with decodes
+        self._held_apart = False  # a row was kept out of a step with decodes: the next has none
 
     # -- admission and removal ------------------------------------------------------------
     def add(self, request: Request) -> Work:
@@ -142,13 +144,17 @@ class Scheduler:
         return self.costs.estimate(len(work.tokens_to_compute))
 
     def has_room(self, requests: list[Request]) -> bool:
-        """Whether the waiting queue takes these requests without passing its limits. An empty
-        queue takes anything, so a single huge request is never refused forever."""
+        """Whether the waiting queue takes these requests without passing its limits. A request
+        past a limit by itself is taken while the queue is within it (an empty queue takes
+        anything): it never fits beside others, and waiting for an empty queue it was refused
+        for as long as traffic went on."""
         if not len(self.waiting):
             return True
-        tokens = sum(r.num_prompt_tokens for r in requests)
-        return (len(self.waiting) + len(requests) <= self.config.max_queued_requests
-                and self.waiting.num_tokens + tokens <= self.config.max_queued_tokens)
+        rows, tokens = len(self.waiting), self.waiting.num_tokens
+        more_rows, more_tokens = len(requests), sum(r.num_prompt_tokens for r in requests)
+        limit_rows, limit_tokens = self.config.max_queued_requests, self.config.max_queued_tokens
+        return (rows + more_rows <= limit_rows or more_rows > limit_rows > rows) and \
+            (tokens + more_tokens <= limit_tokens or more_tokens > limit_tokens > tokens)
 
     @property
     def full(self) -> bool:
@@ -176,12 +182,12 @@ class Scheduler:
             max_tokens, self.config.max_num_batched_tokens)
         budget = StepBudget(tokens, self.config.temp_memory_budget,
                             self.costs if self.config.policy == "edf" else None, now, strict=max_tokens is not None)
-        alone = self._held_long_oneshot and max_tokens is None  # a step of OneShot rows only
-        self._held_long_oneshot = False
+        alone = self._held_apart and max_tokens is None  # OneShot rows and unsplittable prompts only
+        self._held_apart = False
         decodes = [] if alone else self.decode.decodes(budget)
         if decodes and max_tokens is None:  # the streams wait for this step's prompt chunks
             budget.prefill_left = max(MIN_PROMPT_CHUNK, self.costs.tokens_within(STREAM_GAP_S))
-        chunks = [] if alone else self.decode.prefill_chunks(budget)
+        chunks = [] if alone else self.decode.prefill_chunks(budget, decodes)
         prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
         rows: list[PrefillRow] = [row for _, row in chunks]
         oneshots: list[PlannedOneShot] = []
@@ -196,12 +202,14 @@ class Scheduler:
                 continue
             if isinstance(work, OneShotJob):
                 if (decodes or chunks) and self._stalls_streams(tokens):
-                    self._held_long_oneshot = True
+                    self._held_apart = True
                     continue
                 planned = self.oneshot.plan(work, budget, pending)
                 if planned is Skip.NO_ROOM:
                     if max_tokens is not None:
                         continue  # a step of short work looks past what does not fit
+                    if (decodes or chunks) and len(rows) == len(chunks):  # only the decodes' share in its way
+                        self._held_apart = True
                     break  # the step's token / temporary-memory budget is spent
                 if planned is Skip.DEFERRED:
                     continue
@@ -212,7 +220,7 @@ class Scheduler:
                 if preemptible(self.costs, computed):
                     long_tokens = max(long_tokens, computed)
             else:
-                if decode_full or alone:
+                if decode_full or (alone and not work.request.needs_every_position):
                     continue
                 row = self.decode.admit(work, budget, pending)
                 if row is Skip.DEFERRED:
@@ -220,6 +228,9 @@ class Scheduler:
                 if row is Skip.NO_ROOM:
                     # Out of sequence slots or blocks: later Decode requests wait their turn, but
                     # OneShot work behind it needs neither and is still admitted.
+                    if (decodes or chunks) and len(rows) == len(chunks) and max_tokens is None \
+                            and self.decode.fits_alone(work, budget):
+                        self._held_apart = True
                     decode_full = True
                     continue
                 prefills.append((work, len(row.token_ids)))

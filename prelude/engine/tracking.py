@@ -17,7 +17,7 @@ from prelude.tokenizer import Tokenizer
 class Tracked:
     work: Work
     stream: RequestStream
-    detokenizer: IncrementalDetokenizer | None = None  # requests that generate several tokens
+    detokenizer: IncrementalDetokenizer | None = None  # requests that generate tokens
     first_token_time: float | None = None
     mixed: bool = False  # its prompt finished in a step beside other requests' decodes
 
@@ -25,7 +25,10 @@ class Tracked:
     def admit(cls, work: Work, tokenizer: Tokenizer) -> Tracked:
         request = work.request
         detokenizer = None
-        if isinstance(work, Sequence) and request.generates:
+        # A one-token (OneShot) answer goes through the detokenizer too: it applies the stop
+        # strings, and decodes the token after the prompt's last tokens, as a longer answer's
+        # first token is (decoded alone, a SentencePiece token loses its leading space).
+        if request.generates:
             detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids, request.sampling.stop,
                                                  request.sampling.skip_special_tokens,
                                                  request.sampling.include_stop_str_in_output)
@@ -40,7 +43,7 @@ class Tracked:
                               None if first is None else first - arrival)
 
 
-def advance(tracked: Tracked, result: RowResult, tokenizer: Tokenizer,
+def advance(tracked: Tracked, result: RowResult,
             eos_token_ids: frozenset[int]) -> tuple[RequestOutput, FinishReason | None]:
     """The increment one row's result adds to its request, and the reason it ends, if it does."""
     work, request = tracked.work, tracked.work.request
@@ -72,8 +75,6 @@ def advance(tracked: Tracked, result: RowResult, tokenizer: Tokenizer,
         reason = FinishReason.LENGTH
     if detok is not None:
         out.text = detok.emit(final=reason is not None)
-    elif token is not None and reason is not FinishReason.STOP:  # the stop token is not output text
-        out.text = tokenizer.decode(out.token_ids, sampling.skip_special_tokens)
     if reason is not None:
         out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason
     return out, reason

@@ -3,9 +3,10 @@ during its own step) or a Sequence (Decode lifecycle: keeps KV blocks across ste
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
+from prelude.contract.batch import OutputSpec
 from prelude.engine.request import Request
 
 
@@ -77,6 +78,17 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.request.num_prompt_tokens
+
+    @property
+    def last_row_output(self) -> OutputSpec:
+        """What the row ending its uncomputed tokens produces. After a preemption it recomputes
+        its prompt and generated tokens: their prompt logprobs were delivered with its first
+        token and are not computed again (over the generated tokens too, they would replace the
+        request's with a longer list)."""
+        output = self.request.output
+        if self.num_output_tokens and output.prompt_logprobs is not None:
+            return replace(output, prompt_logprobs=None)
+        return output
 
     @property
     def prefilling(self) -> bool:

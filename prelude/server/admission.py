@@ -18,9 +18,13 @@ INLINE_CHARS = 2048
 
 class Admission:
     def __init__(self, tokenizer: Tokenizer, workers: int, max_model_len: int, kv_capacity_tokens: int,
-                 max_logprobs: int, disable_oneshot: bool = False, eos_token_ids: tuple[int, ...] = ()):
+                 max_logprobs: int, disable_oneshot: bool = False, eos_token_ids: tuple[int, ...] = (),
+                 model_vocab_size: int | None = None):
         self.tokenizer = tokenizer
-        self.vocab_size = tokenizer.vocab_size
+        # The ids a request may name: those the tokenizer knows and the model embeds. A tokenizer
+        # may know more (added tokens the checkpoint's embedding never got), and such an id in a
+        # prompt, logit_bias or allowed_token_ids failed its step (500) instead of a 400.
+        self.vocab_size = min(tokenizer.vocab_size, model_vocab_size or tokenizer.vocab_size)
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
         self.max_logprobs = max_logprobs
@@ -33,15 +37,27 @@ class Admission:
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) < INLINE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens)
+            return self._embeddable(self.tokenizer.encode(text, add_special_tokens))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.tokenizer.encode, text, add_special_tokens)
+        return self._embeddable(
+            await loop.run_in_executor(self._pool, self.tokenizer.encode, text, add_special_tokens))
 
     async def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         if sum(map(len, texts)) < INLINE_CHARS:
-            return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.tokenizer.encode_batch, list(texts), add_special_tokens)
+            encoded = [self.tokenizer.encode(t, add_special_tokens) for t in texts]
+        else:
+            loop = asyncio.get_running_loop()
+            encoded = await loop.run_in_executor(self._pool, self.tokenizer.encode_batch, list(texts),
+                                                 add_special_tokens)
+        for ids in encoded:
+            self._embeddable(ids)
+        return encoded
+
+    def _embeddable(self, ids: list[int]) -> list[int]:
+        """Text encoded to ids the model embeds (checked only when the tokenizer knows more)."""
+        if self.vocab_size < self.tokenizer.vocab_size and ids and max(ids) >= self.vocab_size:
+            raise bad_request(f"the text encodes to token {max(ids)}, which this model has no embedding for")
+        return ids
 
     def check_ids(self, ids: Sequence, param: str) -> list[int]:
         if not ids:
@@ -126,7 +142,7 @@ class Admission:
             ignore_eos=body.bool("ignore_eos"),
             logprobs=logprobs,
             logit_bias=logit_bias,
-            allowed_token_ids=self._allowed_ids(body),
+            allowed_token_ids=self._allowed_ids(body, self._blocked_before_min(body, min_tokens)),
             skip_special_tokens=body.bool("skip_special_tokens", True),
             presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),
             frequency_penalty=body.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
@@ -144,8 +160,13 @@ class Admission:
         eos = () if body.bool("ignore_eos") else self.eos_token_ids
         return tuple(dict.fromkeys((*eos, *(body.int_list("stop_token_ids", hi=self.vocab_size - 1) or ()))))
 
-    def _allowed_ids(self, body: Body) -> tuple[int, ...] | None:
+    def _allowed_ids(self, body: Body, blocked: tuple[int, ...]) -> tuple[int, ...] | None:
+        """allowed_token_ids, unless they allow no token: none at all, or only ids that min_tokens
+        blocks (every logit masked, the sampler answered a token outside them)."""
         allowed = body.int_list("allowed_token_ids", hi=self.vocab_size - 1)
         if allowed is not None and not allowed:
             raise body.invalid("allowed_token_ids", "must not be empty (it would allow no token)")
+        if allowed is not None and blocked and set(allowed) <= set(blocked):
+            raise body.invalid("allowed_token_ids", "allows only tokens that end generation, which min_tokens "
+                                                    "blocks: no token could be generated")
         return allowed

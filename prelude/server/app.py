@@ -97,7 +97,7 @@ class HealthFirst:
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot,
-                          served.eos_token_ids)
+                          served.eos_token_ids, served.config.vocab_size)
     openai = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
 

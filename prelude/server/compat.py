@@ -11,11 +11,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Task
-from prelude.server.decision import MAX_ITEMS, DecisionAPI
+from prelude.server.decision import DecisionAPI
 from prelude.server.scores import required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import check_count, json_response, new_id
+from prelude.server.serving import MAX_ITEMS, check_count, json_response, new_id
 
 COHERE_EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 

@@ -17,10 +17,8 @@ from prelude.server.errors import bad_request
 from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
 from prelude.server.scores import pair_relevance, required, sigmoid, softmax
-from prelude.server.serving import Serving, check_count, json_response, new_id, prompt_usage
+from prelude.server.serving import MAX_ITEMS, Serving, check_count, json_response, new_id, prompt_usage
 
-# Most inputs (or items, or documents) one request may carry.
-MAX_ITEMS = 1024
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 
 
@@ -122,7 +120,7 @@ class DecisionAPI(Serving):
 
     # -- label-token scoring ----------------------------------------------------------------
     def _label_ids(self, body: Body) -> tuple[int, ...]:
-        ids = body.int_list("label_token_ids", lo=0, hi=self.tokenizer.vocab_size - 1)
+        ids = body.int_list("label_token_ids", lo=0, hi=self.admission.vocab_size - 1)
         if not ids:
             raise bad_request("'label_token_ids' must be a non-empty array of token ids", "label_token_ids")
         return ids
@@ -157,14 +155,20 @@ class DecisionAPI(Serving):
         wanted = body.bool("multi_item", len(items) > 1 and short)
         return wanted and self.served.multi_item_scoring and not body.bool("item_first")
 
-    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]]:
+    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]] | None:
         """Multi-item inputs: the query's ids (with special tokens, for text) and each item's
-        (without): SGLang's shape, each item tokenized on its own."""
+        (without): SGLang's shape, each item tokenized on its own. None when, packed by default,
+        they would not fit the context together: one row per item only needs query + item to."""
         query, items = body.require("query"), body.require("items")
         if isinstance(query, str):
             (query_ids,) = await self.encode_items([query], "query")
-            return query_ids, await self.admission.encode_many(items, add_special_tokens=False)
-        return self.admission.check_ids(query, "query"), [self.admission.check_ids(item, "items") for item in items]
+            item_ids = await self.admission.encode_many(items, add_special_tokens=False)
+        else:
+            query_ids = self.admission.check_ids(query, "query")
+            item_ids = [self.admission.check_ids(item, "items") for item in items]
+        if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not body.bool("multi_item"):
+            return None
+        return query_ids, item_ids
 
     def _check_label_shape(self, body: Body) -> None:
         query, items = body.require("query"), body.list("items", nonempty=True)
@@ -196,8 +200,9 @@ class DecisionAPI(Serving):
             label_ids = self._label_ids(body)
             self._check_label_shape(body)
             apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
-            if self._use_multi_item(body):
-                query, items = await self._label_inputs(body)
+            packed = await self._label_inputs(body) if self._use_multi_item(body) else None
+            if packed is not None:
+                query, items = packed
                 scores = await self._multi_item_scores(http, rid, query, items, label_ids, apply_softmax, sched)
                 usage = prompt_usage([query + [t for item in items for t in item]])
             else:

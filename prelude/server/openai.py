@@ -15,7 +15,7 @@ from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import Serving, json_response, new_id
+from prelude.server.serving import MAX_ITEMS, Serving, json_response, new_id
 from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
 from prelude.tokenizer.chat import ChatTemplateError
 
@@ -68,7 +68,7 @@ class CompletionsAPI(Serving):
     async def completions(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("text generation")
-        prompts = await self.inputs(body, "prompt")
+        prompts = await self.inputs(body, "prompt", MAX_ITEMS)
         if body.has("suffix"):
             raise bad_request("'suffix' is not supported", "suffix")
         n = body.int("n", 1, lo=1, hi=128)
@@ -96,8 +96,8 @@ class CompletionsAPI(Serving):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, include_usage,
-                                                       access_log.entry(http)),
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
+                                                       include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
         choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs, show_prompt_logprobs)
@@ -147,7 +147,7 @@ class CompletionsAPI(Serving):
             choice["prompt_logprobs"] = self._prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
-    async def _stream_completion(self, rid, created, streams, prompts, n, echo, include_usage,
+    async def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
                                  logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
@@ -155,13 +155,16 @@ class CompletionsAPI(Serving):
         try:
             async for index, out in merge(streams):
                 text = out.text
-                if echo and index not in echoed:
+                entries: list = list(out.logprobs or [])
+                if echo and index not in echoed:  # the prompt and its logprobs, as in the whole answer
                     echoed.add(index)
                     text = self.tokenizer.decode(prompts[index // n]) + text
+                    if logprobs is not None:
+                        entries = [None, *(out.prompt_logprobs or []), *entries]
                 logprobs_field = None
-                if out.logprobs:
-                    logprobs_field = self._legacy_logprobs(out.logprobs, offset=offsets[index])
-                offsets[index] += len(text)
+                if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
+                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index])
+                    offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
                 choice = {"index": index, "text": text, "logprobs": logprobs_field,
                           "finish_reason": out.finish_reason if out.finished else None,
                           "stop_reason": out.stop_reason if out.finished else None}

@@ -38,6 +38,10 @@ _ID_PREFIX = os.urandom(4).hex()
 
 
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces
+# Most inputs (prompts, items, documents) one request may carry. Each is a row with its own
+# state until the answer is sent (about 11 KB), and one 32 MiB body can list millions of
+# one-token prompts: enough rows to run the server out of memory.
+MAX_ITEMS = 1024
 
 
 def new_id(kind: str, http: HTTPRequest | None = None) -> str:

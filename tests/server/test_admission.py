@@ -100,3 +100,31 @@ def test_every_endpoint_drops_a_gone_clients_rows(demo_model):
                        if line.startswith("prelude:request_success_total{") and 'reason="abort"' in line)
         # every row of every call (the two short score items share one multi-item row)
         assert float(aborted.rsplit(" ", 1)[1]) == 1 + 3 + 1 + 1 + 2
+
+
+def test_a_request_past_the_queue_bound_by_itself_waits_only_for_room(demo_model):
+    """A request with more rows than --max-queued-requests never fits beside others: it is taken
+    while the queue is within its bound, not only when the queue is empty, which under steady
+    traffic never came (its client retried 503s forever)."""
+    with ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_queued_requests=QUEUE)) as srv:
+        gate = Gate(srv.engine.executors)
+        srv.on_loop(lambda: setattr(srv.engine, "executors", gate))
+        batch = {"input": [f"text number {i}" for i in range(2 * QUEUE)]}
+
+        async def go():
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
+                running = asyncio.create_task(client.post("/v1/completions", json=BODY))
+                await asyncio.to_thread(_wait_for, srv, lambda: srv.engine._in_flight)
+                queued = asyncio.create_task(client.post("/v1/completions", json=BODY))
+                await asyncio.to_thread(_wait_for, srv, lambda: srv.engine.scheduler.num_waiting == 1)
+                big = asyncio.create_task(client.post("/v1/embeddings", json=batch))
+                await asyncio.to_thread(_wait_for, srv, lambda: srv.engine.scheduler.num_waiting > 1 or big.done())
+                over = await client.post("/v1/completions", json=BODY)  # the queue is past its bound now
+                gate.open.set()
+                return await running, await queued, await big, over
+
+        running, queued, big, over = asyncio.run(go())
+        assert big.status_code == 200, big.text
+        assert [running.status_code, queued.status_code, over.status_code] == [200, 200, 503]
+        assert len(big.json()["data"]) == 2 * QUEUE
+        srv.wait_idle()

@@ -2,8 +2,14 @@
 block leaks."""
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import pytest
+
+from prelude.contract.config import Config
+from tests.checkpoints import make_checkpoint
+from tests.server.harness import ServerThread
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -21,6 +27,9 @@ CASES = [
     (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, 2, 99999999]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, -2]}, 400, "prompt"),
+    # As many prompts as decision inputs at most: a body listing millions of one-token prompts
+    # made as many rows, and the server ran out of memory.
+    (COMPLETIONS, {"prompt": [[5]] * 1025, "max_tokens": 1}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
@@ -36,6 +45,9 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 5.0}, 400, "frequency_penalty"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    # Only tokens min_tokens blocks: every logit masked, and the sampler answered some other token.
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 3, "min_tokens": 2, "allowed_token_ids": [5], "stop_token_ids": [5]},
+     400, "allowed_token_ids"),
     (COMPLETIONS, {"prompt": "hi", "model": "no-such-model"}, 404, "model"),
     # Numbers the engine cannot represent are refused at validation, never inside a step.
     (COMPLETIONS, {"prompt": "hi", "top_k": 2**63}, 400, "top_k"),
@@ -137,3 +149,34 @@ def test_failed_step_fails_only_its_requests(server, client):
     ok = client.completions.create(model=server.served.name, prompt="fine", max_tokens=2, temperature=0)
     assert ok.usage.completion_tokens == 2
     server.wait_idle()
+
+
+def test_ids_the_model_cannot_embed_are_400(demo_model, tmp_path):
+    """A tokenizer that knows more ids than the checkpoint embeds (the demo tokenizer's 2,048 on
+    a 1,024-row embedding): naming one, in a prompt, a sampling field or a text that encodes to
+    it, is a 400 naming the field, not a step that fails (500) and is retried beside others."""
+    path = make_checkpoint(tmp_path / "small-vocab", "qwen3", vocab_size=1024)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model / name, path / name)
+    with ServerThread(Config(model=str(path), num_kv_blocks=64, max_model_len=256)) as srv:
+        tokenizer = srv.served.tokenizer
+        text = next(t for t in (tokenizer.decode([i]) for i in range(1500, 2000))
+                    if max(tokenizer.encode(t, False)) >= 1024)
+        cases = [
+            (COMPLETIONS, {"prompt": [1500, 3], "max_tokens": 1}, "prompt"),
+            ("/v1/embeddings", {"input": [[5], [1500]]}, "input"),
+            (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "logit_bias": {"1500": 5}}, "logit_bias"),
+            (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "allowed_token_ids": [1500]}, "allowed_token_ids"),
+            (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "min_tokens": 1, "stop_token_ids": [1500]},
+             "stop_token_ids"),
+            ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [1500]}, "label_token_ids"),
+            (COMPLETIONS, {"prompt": "hi" + text, "max_tokens": 1}, None),
+        ]
+        for route, body, param in cases:
+            response = _post(srv, route, body)
+            assert response.status_code == 400, (body, response.text)
+            assert response.json()["error"]["param"] == param
+        # A top_k past the model's vocabulary cuts nothing, like one past the tokenizer's.
+        response = _post(srv, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "top_k": 1500})
+        assert response.status_code == 200, response.text
+        srv.wait_idle()

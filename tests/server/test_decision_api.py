@@ -242,6 +242,31 @@ def test_prompt_logprobs_match_log_softmax(lm):
     assert out["choices"][0]["text"] == "" and out["usage"]["completion_tokens"] == 0
 
 
+def test_prompt_logprobs_survive_a_preemption(demo_model):
+    """Sequences preempted by recompute (eight choices that outgrow a 256-token pool) keep the
+    prompt logprobs they had: one entry per prompt token, as without preemption, and the same
+    for echo + logprobs."""
+    with ServerThread(Config(model=str(demo_model), block_size=16, num_kv_blocks=16)) as srv:
+        body = dict(prompt="Once upon a time there was", max_tokens=100, ignore_eos=True, temperature=0,
+                    prompt_logprobs=1)
+        alone = post(srv, "/v1/completions", **body).json()["choices"][0]
+        crowded = post(srv, "/v1/completions", n=8, **body).json()["choices"]
+        echoed = post(srv, "/v1/completions", n=8, echo=True, logprobs=0,
+                      **{k: v for k, v in body.items() if k != "prompt_logprobs"}).json()["choices"]
+        assert srv.on_loop(lambda: srv.engine.scheduler.stats.num_preemptions) > 0
+        srv.wait_idle()
+    def entries(choice):  # {token id: logprob} at each prompt position
+        return [None if e is None else {t: v["logprob"] for t, v in e.items()} for e in choice["prompt_logprobs"]]
+
+    expected = [e if e is None else pytest.approx(e, abs=1e-4) for e in entries(alone)]  # batched rows round apart
+    for choice in crowded:
+        assert entries(choice) == expected
+        assert choice["text"] == alone["text"]
+    prompt_len = len(alone["prompt_logprobs"])
+    for choice in echoed:
+        assert len(choice["logprobs"]["tokens"]) == prompt_len + 100
+
+
 def test_echo_with_logprobs_covers_prompt_and_generated_token(lm):
     srv, reference = lm
     text = "Echo these tokens"

@@ -72,3 +72,21 @@ def test_text_query_and_items(srv):
     out = _score(srv, query="Is the following answer correct? The answer is", items=[" yes", " no", " maybe"])
     assert out.status_code == 200 and len(out.json()["scores"]) == 3
     srv.wait_idle()
+
+
+def test_items_too_long_to_pack_go_one_row_each(srv):
+    """Packed by default, items count together against the context; one row each, only query +
+    item must fit. Items that fit apart but not together are scored apart, not refused with a
+    400 about a prompt the client never sent."""
+    rng = random.Random(11)
+    limit = srv.served.max_model_len
+    query = _ids(rng, limit // 2)
+    items = [_ids(rng, limit // 3) for _ in range(3)]  # each shorter than the query: packing's default
+    before = _rows_and_tokens(srv)
+    response = _score(srv, query=query, items=items)
+    assert response.status_code == 200, response.text
+    assert _rows_and_tokens(srv)[0] - before[0] == 3
+    apart = _score(srv, query=query, items=items, multi_item=False).json()["scores"]
+    for got, want in zip(response.json()["scores"], apart):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert _score(srv, query=query, items=items, multi_item=True).status_code == 400  # packing, asked for

@@ -167,3 +167,46 @@ def test_x_request_id_is_echoed_and_names_the_response(server):
     assert embedded.status_code == 200 and embedded.headers["x-request-id"] == "trace-42"
     unnamed = httpx.post(server.base_url + "/v1/completions", json=body)
     assert "x-request-id" not in unnamed.headers and unnamed.json()["id"].startswith("cmpl-")
+
+
+def test_one_token_answer_obeys_stop_strings(client, model):
+    """A one-token completion (the OneShot path) ends at a stop string inside its token exactly as
+    the same token does in a longer completion: text cut before it, finish_reason "stop"."""
+    kw = dict(model=model, prompt="Once upon a time", temperature=0)
+    token = client.completions.create(max_tokens=1, **kw).choices[0].text
+    assert len(token) >= 2
+    stop = token[1:]
+    one = client.completions.create(max_tokens=1, stop=[stop], **kw).choices[0]
+    two = client.completions.create(max_tokens=2, stop=[stop], **kw).choices[0]
+    assert (one.text, one.finish_reason, one.stop_reason) == (token[:1], "stop", stop)
+    assert (two.text, two.finish_reason) == (one.text, one.finish_reason)
+    kept = client.completions.create(max_tokens=1, stop=[stop], extra_body={"include_stop_str_in_output": True},
+                                     **kw).choices[0]
+    assert (kept.text, kept.finish_reason) == (token, "stop")
+
+
+def test_the_earliest_stop_string_ends_the_text(client, model):
+    """Two stop strings in one token: the text ends before the one that comes first in it, not
+    the one listed first (cut at that one, the text would still hold the other)."""
+    kw = dict(model=model, prompt="Once upon a time", temperature=0)
+    token = client.completions.create(max_tokens=1, **kw).choices[0].text
+    assert len(token) >= 2
+    for max_tokens in (1, 4):
+        cut = client.completions.create(max_tokens=max_tokens, stop=[token[1:], token[:1]], **kw).choices[0]
+        assert (cut.text, cut.finish_reason, cut.stop_reason) == ("", "stop", token[:1])
+
+
+def test_streamed_echo_with_logprobs_adds_up_to_the_whole_answer(client, model):
+    """Streamed, echo + logprobs give what the whole answer gives: the prompt's tokens (their
+    logprobs) in the first chunk, and every token's text_offset into the echoed text."""
+    kw = dict(model=model, prompt=["Echo me", "And me too"], temperature=0, echo=True, logprobs=1, n=2)
+    for max_tokens in (0, 1, 4):
+        whole = client.completions.create(max_tokens=max_tokens, **kw)
+        chunks = list(client.completions.create(max_tokens=max_tokens, stream=True, **kw))
+        for choice in whole.choices:
+            mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+            assert "".join(c.text for c in mine) == choice.text
+            streamed = [c.logprobs for c in mine if c.logprobs is not None]
+            assert sum((lp.tokens for lp in streamed), []) == choice.logprobs.tokens
+            assert sum((lp.text_offset for lp in streamed), []) == choice.logprobs.text_offset
+            assert sum((lp.token_logprobs for lp in streamed), []) == pytest.approx(choice.logprobs.token_logprobs)

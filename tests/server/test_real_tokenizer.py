@@ -60,3 +60,27 @@ def test_generative_rerank_renders_the_qwen3_reranker_prompt(qwen3):
     rendered = [judge.fill("what is a KV cache?", doc) for doc in docs]
     assert rendered == expected and not judge.add_special_tokens
     assert qwen3.on_loop(lambda: qwen3.engine.scheduler.stats.prefill_tokens) > before
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory):
+    """A tiny random Llama behind Phi-3's SentencePiece-style tokenizer (tokens carry a leading
+    "▁", which a decoder drops at the start of a text)."""
+    path = make_model_dir(tmp_path_factory.mktemp("phi3-real-tok"), "llama", tokenizer_dir("phi3-mini"))
+    with ServerThread(Config(model=str(path), num_kv_blocks=64, max_model_len=256)) as srv:
+        yield srv
+
+
+def test_a_one_token_answer_keeps_its_leading_space(phi3):
+    """The same token reads the same whether the answer is one token (OneShot path) or longer:
+    " yes", decoded after the prompt, not "yes", decoded alone."""
+    # "▁yes": the tokenizer prepends the "▁" to a text's first word
+    (yes,) = httpx.post(phi3.base_url + "/tokenize", json={"prompt": "yes", "add_special_tokens": False}).json()["tokens"]
+
+    def answer(max_tokens: int) -> str:
+        body = {"prompt": "Is it good? Answer:", "max_tokens": max_tokens, "temperature": 0,
+                "allowed_token_ids": [yes]}
+        return httpx.post(phi3.base_url + "/v1/completions", json=body).json()["choices"][0]["text"]
+
+    assert answer(1) == " yes"
+    assert answer(2) == " yes yes"
