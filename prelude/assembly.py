@@ -19,7 +19,8 @@ from prelude.cache.kv_events import KVEventLog
 from prelude.contract.config import Config
 from prelude.contract.kv_events import KVEventsConfig
 from prelude.engine.engine import Engine
-from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.engine.scheduler import Scheduler
+from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
 from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
 from prelude.model.config import ModelConfig, UnsupportedModel

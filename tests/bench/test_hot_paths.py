@@ -17,7 +17,8 @@ from prelude.engine.output import RequestOutput
 from prelude.engine.request import Request
 from prelude.contract.sampling import SamplingParams
 from prelude.contract.config import Config
-from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.engine.scheduler import Scheduler
+from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.server.admission import Admission
 from prelude.server.protocol import Body
 from prelude.server.streaming import dumps, sse

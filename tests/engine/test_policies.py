@@ -11,7 +11,8 @@ from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.policy import AGING
 from prelude.engine.request import Request, Task
-from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.engine.scheduler import Scheduler
+from prelude.engine.scheduler_config import SchedulerConfig
 from tests.engine.fakes import CountingExecutor
 from tests.engine.test_scheduler import end_like_the_engine
 

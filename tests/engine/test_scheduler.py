@@ -12,7 +12,8 @@ from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import Request, Task
 from prelude.engine.plan import MIN_PROMPT_CHUNK
-from prelude.engine.scheduler import Scheduler, SchedulerConfig
+from prelude.engine.scheduler import Scheduler
+from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.engine.work import OneShotJob, Sequence, WorkStatus
 from tests.engine.fakes import CountingExecutor
 
