@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import ExecutionClass, Task, execution_class
@@ -14,6 +14,7 @@ from prelude.tokenizer import Tokenizer
 
 # Below this many characters, a thread hop costs more than encoding on the loop.
 INLINE_CHARS = 2048
+T = TypeVar("T")
 
 
 class Admission:
@@ -42,6 +43,12 @@ class Admission:
             return [self.tokenizer.encode(t, add_special_tokens) for t in texts]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.tokenizer.encode_batch, list(texts), add_special_tokens)
+
+    async def offload(self, work: Callable[[], T]) -> T:
+        """Runs a long piece of a request's preparation (a chat template over many messages) in
+        the tokenizer pool. It may hold the GIL, but the loop gets it back every switch interval
+        instead of waiting for the whole piece."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def check_ids(self, ids: Sequence, param: str) -> list[int]:
         if not ids:
