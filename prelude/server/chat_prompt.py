@@ -61,18 +61,19 @@ class ChatPrompt:
         if messages is None:
             raise bad_request("'messages' is required", "messages")
         kwargs = body.object("chat_template_kwargs")
-        render = partial(self._render, self.template, messages, body.bool("add_generation_prompt", True),
-                         body.list("tools"), kwargs.data if kwargs else {})
+        # As in vLLM, chat_template_kwargs override the request's own template fields: clients
+        # written for it send {"add_generation_prompt": false} there.
+        options = {"add_generation_prompt": body.bool("add_generation_prompt", True), "tools": body.list("tools"),
+                   **(kwargs.data if kwargs else {})}
+        render = partial(self._render, self.template, messages, options)
         if _pieces(messages) <= INLINE_PIECES:
             return render()
         return await self.admission.offload(render)
 
     @staticmethod
-    def _render(template: ChatTemplate, messages: list, add_generation_prompt: bool, tools: list | None,
-                kwargs: dict) -> str:
+    def _render(template: ChatTemplate, messages: list, options: dict) -> str:
         try:
-            return template.render(checked_messages(messages), add_generation_prompt=add_generation_prompt,
-                                   tools=tools, **kwargs)
+            return template.render(checked_messages(messages), **options)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         except TypeError as exc:

@@ -167,3 +167,17 @@ def test_x_request_id_is_echoed_and_names_the_response(server):
     assert embedded.status_code == 200 and embedded.headers["x-request-id"] == "trace-42"
     unnamed = httpx.post(server.base_url + "/v1/completions", json=body)
     assert "x-request-id" not in unnamed.headers and unnamed.json()["id"].startswith("cmpl-")
+
+
+def test_chat_template_kwargs_override_the_request_fields_as_in_vllm(server):
+    """vLLM clients turn the generation prompt off inside chat_template_kwargs; that was a 400
+    naming a Python signature ("got multiple values for keyword argument")."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = httpx.post(server.base_url + "/tokenize", json={"messages": messages, "add_generation_prompt": False})
+    inside = httpx.post(server.base_url + "/tokenize", json={
+        "messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert inside.status_code == 200, inside.text
+    assert inside.json()["tokens"] == plain.json()["tokens"]
+    chat = httpx.post(server.base_url + "/v1/chat/completions", json={
+        "messages": messages, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == plain.json()["count"]
