@@ -24,6 +24,7 @@ def test_byte_sizes(text, expected):
 
 @pytest.mark.parametrize("argv,flag", [
     (["--port", "0"], "--port"),
+    (["--port", "70000"], "--port"),  # was served on 70000 - 65536, the banner saying 70000
     (["--num-kv-blocks", "0"], "--num-kv-blocks"),
     (["--max-model-len", "-5"], "--max-model-len"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),

@@ -89,6 +89,10 @@ class Config:
             value = getattr(self, name)
             if value is not None and value <= 0:  # None: unset optional flags
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        # getaddrinfo takes a port past 65535 modulo 2**16 without a word: the server would
+        # listen somewhere else than the banner (and the operator) say.
+        if self.port > 65535:
+            raise ConfigError("--port must be at most 65535")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.shutdown_timeout < 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import ExecutionClass, Task, execution_class
@@ -14,6 +14,7 @@ from prelude.tokenizer import Tokenizer
 
 # Below this many characters, a thread hop costs more than encoding on the loop.
 INLINE_CHARS = 2048
+T = TypeVar("T")
 
 
 class Admission:
@@ -58,6 +59,12 @@ class Admission:
         if self.vocab_size < self.tokenizer.vocab_size and ids and max(ids) >= self.vocab_size:
             raise bad_request(f"the text encodes to token {max(ids)}, which this model has no embedding for")
         return ids
+
+    async def offload(self, work: Callable[[], T]) -> T:
+        """Runs a long piece of a request's preparation (a chat template over many messages) in
+        the tokenizer pool. It may hold the GIL, but the loop gets it back every switch interval
+        instead of waiting for the whole piece."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     def check_ids(self, ids: Sequence, param: str) -> list[int]:
         if not ids:

@@ -154,7 +154,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         body = await openai.body(http)
         add_special = body.bool("add_special_tokens", True)
         if body.has("messages"):
-            text = openai.render_chat(body)
+            text = await openai.chat_prompt.render(body)
             add_special = body.bool("add_special_tokens", False)
         else:
             text = body.str("prompt")

@@ -13,16 +13,16 @@ from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
 from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
+from prelude.server.chat_prompt import ChatPrompt
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import MAX_ITEMS, Serving, json_response, new_id
 from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
-from prelude.tokenizer.chat import ChatTemplateError
 
 class CompletionsAPI(Serving):
     def __init__(self, engine, admission, served, max_request_bytes: int, default_deadline_ms: float | None = None):
         super().__init__(engine, admission, served, max_request_bytes, default_deadline_ms)
-        self.chat_template = served.chat_template
+        self.chat_prompt = ChatPrompt(served.chat_template, admission)
 
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
                 logprobs: int | None, choice_ids: tuple[int, ...] | None, **fields) -> list[Request]:
@@ -189,7 +189,7 @@ class CompletionsAPI(Serving):
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("chat")
-        text = self.render_chat(body)
+        text = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding must not add another.
         ids = await self.admission.encode(text, add_special_tokens=False)
         if not ids:
@@ -220,43 +220,6 @@ class CompletionsAPI(Serving):
         return json_response({"id": rid, "object": "chat.completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(ids)])})
-
-    def render_chat(self, body: Body) -> str:
-        """The prompt text of a chat request (/v1/chat/completions, /tokenize with messages)."""
-        if self.chat_template is None:
-            raise bad_request("this model has no chat template; use /v1/completions")
-        kwargs = body.object("chat_template_kwargs")
-        try:
-            return self.chat_template.render(
-                self._messages(body), add_generation_prompt=body.bool("add_generation_prompt", True),
-                tools=body.list("tools"), **(kwargs.data if kwargs else {}))
-        except ChatTemplateError as exc:
-            raise bad_request(str(exc), "messages") from None
-        except TypeError as exc:
-            raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
-
-    def _messages(self, body: Body) -> list[dict]:
-        messages = body.list("messages", nonempty=True)
-        if messages is None:
-            raise bad_request("'messages' is required", "messages")
-        out = []
-        for i, message in enumerate(messages):
-            param = f"messages[{i}]"
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise bad_request(f"'{param}' must be an object with a string 'role'", param)
-            content = message.get("content")
-            if isinstance(content, list):
-                parts = []
-                for part in content:
-                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
-                    parts.append(part["text"])
-                message = dict(message, content="".join(parts))
-            elif content is not None and not isinstance(content, str):
-                raise bad_request(f"'{param}.content' must be a string or an array of text parts",
-                                  f"{param}.content")
-            out.append(message)
-        return out
 
     def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
         def item(token_id: int, logprob: float) -> dict:

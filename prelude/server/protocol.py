@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ _MISSING = object()
 # recursion limit.
 MAX_JSON_DEPTH = 64
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 _DEPTH_STEP = np.zeros(256, dtype=np.int8)
 for _byte, _step in _BRACKETS.items():
@@ -33,14 +32,24 @@ for _byte, _step in _BRACKETS.items():
 
 def json_depth_exceeds(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether valid JSON text nests deeper than `limit`. Almost every body has fewer brackets
-    than the limit and is cleared by two counts; the rest are measured once string contents
-    (which may hold brackets) are blanked out. Only for text orjson has accepted: in valid JSON
-    every string closes, so the string pattern matches in one linear pass (on arbitrary bytes
-    an unclosed string would make it quadratic)."""
+    than the limit and is cleared by two counts; the rest are measured in whole-array passes,
+    brackets inside strings (which may hold brackets) not counted. A regex blanking the strings
+    out cost one match per string: a 21 MB body of short strings held the event loop 2.3 s.
+    Only for text orjson has accepted: every string closes, and a quote inside one is escaped."""
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
-    structure = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    return int(np.cumsum(_DEPTH_STEP[structure], dtype=np.int64).max(initial=0)) > limit
+    data = np.frombuffer(raw, dtype=np.uint8)
+    quote = data == _QUOTE
+    if b"\\" in raw:
+        # A quote after an odd run of backslashes is escaped: it delimits nothing.
+        after_backslash = np.flatnonzero(quote[1:] & (data[:-1] == _BACKSLASH)) + 1
+        if len(after_backslash):
+            plain = np.flatnonzero(data != _BACKSLASH)  # every quote is among them
+            run = after_backslash - 1 - plain[np.searchsorted(plain, after_backslash) - 1]
+            quote[after_backslash[run % 2 == 1]] = False
+    inside = np.bitwise_xor.accumulate(quote.view(np.uint8)).view(bool)  # from an opening quote on
+    step = np.where(inside, np.int8(0), _DEPTH_STEP[data])
+    return int(np.cumsum(step, dtype=np.int32).max(initial=0)) > limit
 
 
 def parse_json(raw: bytes) -> Any:

@@ -180,3 +180,19 @@ def test_ids_the_model_cannot_embed_are_400(demo_model, tmp_path):
         response = _post(srv, COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "top_k": 1500})
         assert response.status_code == 200, response.text
         srv.wait_idle()
+
+
+def test_depth_check_sees_brackets_in_strings_and_escaped_quotes_for_what_they_are():
+    """The depth check masks strings with whole-array passes (a regex match per string had cost
+    2-3x orjson's own parse on a body of many short strings, on the event loop; its speed is
+    measured, not asserted here): brackets inside strings never count, and a quote escaped by
+    an odd run of backslashes does not end its string."""
+    import orjson
+
+    from prelude.server.protocol import MAX_JSON_DEPTH, json_depth_exceeds
+
+    assert not json_depth_exceeds(orjson.dumps({"prompt": "hi", "junk": [["x", "[[", "]"] * 8] * 1_000}))
+    deep = b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1)
+    for text in (b'["\\\\", ' + deep + b"]", b'{"a": "\\"' + b"]" * 70 + b'", "b": ' + deep + b"}"):
+        assert json_depth_exceeds(text)
+    assert not json_depth_exceeds(b'["\\"' + b"[" * 70 + b'", 1]')

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -115,3 +116,44 @@ def test_long_stop_strings_do_not_slow_other_requests(server):
             beside = time.monotonic() - began
     assert beside < 3 * alone + 0.1, (alone, beside)
     server.wait_idle()
+
+
+# A template as slow per message as a real one is on thousands (Qwen3's: ~13 us a message).
+SLOW_TEMPLATE = ("{% set ns = namespace(n=0) %}{% for message in messages %}"
+                 "{% for i in range(4000) %}{% set ns.n = ns.n + i %}{% endfor %}"
+                 "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_long_chat_render_does_not_stall_other_streams(demo_model, tmp_path):
+    """Rendering a long conversation ran on the event loop: every other stream (and /health)
+    stopped for the whole render."""
+    from prelude.contract.config import Config
+    from tests.server.harness import ServerThread
+
+    for item in demo_model.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    (tmp_path / "chat_template.jinja").write_text(SLOW_TEMPLATE)
+    with ServerThread(Config(model=str(tmp_path), num_kv_blocks=512)) as srv:
+        gaps: list[float] = []
+        with httpx.Client(base_url=srv.base_url, timeout=60) as http:
+            with http.stream("POST", "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": True,
+                    "stream": True}) as response:
+                lines = response.iter_lines()
+                for _ in range(5):
+                    next(lines)
+                long_chat = {"messages": [{"role": "user", "content": "x"}] * 120, "max_tokens": 1}
+                pool = ThreadPoolExecutor(1)
+                slow = pool.submit(httpx.post, srv.base_url + "/v1/chat/completions", json=long_chat, timeout=60)
+                began = last = time.monotonic()
+                for line in lines:
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+                    if slow.done() or now - began > 20:
+                        break
+                assert slow.result(timeout=60).status_code == 200
+                pool.shutdown()
+        assert max(gaps) < 0.5, f"a stream stalled {max(gaps):.2f}s while another request's chat rendered"
+        srv.wait_idle()

@@ -210,3 +210,17 @@ def test_streamed_echo_with_logprobs_adds_up_to_the_whole_answer(client, model):
             assert sum((lp.tokens for lp in streamed), []) == choice.logprobs.tokens
             assert sum((lp.text_offset for lp in streamed), []) == choice.logprobs.text_offset
             assert sum((lp.token_logprobs for lp in streamed), []) == pytest.approx(choice.logprobs.token_logprobs)
+
+
+def test_chat_template_kwargs_override_the_request_fields_as_in_vllm(server):
+    """vLLM clients turn the generation prompt off inside chat_template_kwargs; that was a 400
+    naming a Python signature ("got multiple values for keyword argument")."""
+    messages = [{"role": "user", "content": "hi"}]
+    plain = httpx.post(server.base_url + "/tokenize", json={"messages": messages, "add_generation_prompt": False})
+    inside = httpx.post(server.base_url + "/tokenize", json={
+        "messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert inside.status_code == 200, inside.text
+    assert inside.json()["tokens"] == plain.json()["tokens"]
+    chat = httpx.post(server.base_url + "/v1/chat/completions", json={
+        "messages": messages, "max_tokens": 1, "chat_template_kwargs": {"add_generation_prompt": False}})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == plain.json()["count"]

@@ -1,0 +1,80 @@
+"""A chat request's prompt text: its messages checked and rendered with the checkpoint's chat
+template (/v1/chat/completions, and /tokenize with `messages`)."""
+from __future__ import annotations
+
+from functools import partial
+
+from prelude.server.admission import Admission
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError
+
+# Up to this many messages and content parts a render costs well under a millisecond and runs on
+# the event loop. Past it, it runs in the tokenizer pool: a template is interpreted Python, and
+# real ones (Qwen3's) cost ~13 us a message, so a 4 MB conversation held the loop (every stream,
+# every probe) for over a second.
+INLINE_PIECES = 32
+
+
+def _pieces(messages: list) -> int:
+    """Messages plus their content parts, counted only up to the inline limit."""
+    count = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        count += len(content) if isinstance(content, list) else 1
+        if count > INLINE_PIECES:
+            break
+    return count
+
+
+def checked_messages(messages: list) -> list[dict]:
+    """The messages as the template reads them: objects with a string role, content a string
+    (text parts joined) or absent."""
+    out = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"'{param}' must be an object with a string 'role'", param)
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
+                parts.append(part["text"])
+            message = dict(message, content="".join(parts))
+        elif content is not None and not isinstance(content, str):
+            raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
+        out.append(message)
+    return out
+
+
+class ChatPrompt:
+    def __init__(self, template: ChatTemplate | None, admission: Admission):
+        self.template = template
+        self.admission = admission
+
+    async def render(self, body: Body) -> str:
+        if self.template is None:
+            raise bad_request("this model has no chat template; use /v1/completions")
+        messages = body.list("messages", nonempty=True)
+        if messages is None:
+            raise bad_request("'messages' is required", "messages")
+        kwargs = body.object("chat_template_kwargs")
+        # As in vLLM, chat_template_kwargs override the request's own template fields: clients
+        # written for it send {"add_generation_prompt": false} there.
+        options = {"add_generation_prompt": body.bool("add_generation_prompt", True), "tools": body.list("tools"),
+                   **(kwargs.data if kwargs else {})}
+        render = partial(self._render, self.template, messages, options)
+        if _pieces(messages) <= INLINE_PIECES:
+            return render()
+        return await self.admission.offload(render)
+
+    @staticmethod
+    def _render(template: ChatTemplate, messages: list, options: dict) -> str:
+        try:
+            return template.render(checked_messages(messages), **options)
+        except ChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
+        except TypeError as exc:
+            raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
