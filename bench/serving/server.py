@@ -98,6 +98,10 @@ class ServerProcess:
 
     def start(self, timeout: float = 600.0) -> float:
         """Starts the server and waits for /health 200; returns seconds from spawn to ready."""
+        if self.proc is not None and self.proc.poll() is None:
+            # A second process on the same port would answer nothing, and the first, no longer
+            # referenced, would outlive the benchmark.
+            raise ServerError(f"{self.label} is already running (pid {self.proc.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         began = time.perf_counter()

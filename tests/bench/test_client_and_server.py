@@ -89,6 +89,23 @@ def test_server_process_that_dies_reports_its_log(tmp_path):
         server.start(timeout=30)
 
 
+def test_a_running_server_is_not_started_twice(tmp_path):
+    """A second start would spawn a process that finds the port taken while the first, no longer
+    referenced, outlived the benchmark (this file's SIGTERM test once did that, and left a server
+    behind on every run)."""
+    from bench.serving.server import ServerError, ServerProcess
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    server = ServerProcess([], [sys.executable, str(script)], log_path=tmp_path / "s.log", label="fake")
+    with server:
+        first = server.pid
+        with pytest.raises(ServerError, match="already running"):
+            server.start(timeout=30)
+        assert server.pid == first
+    assert server.proc is not None and server.proc.poll() is not None
+
+
 def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
     """`timeout` stops a benchmark with SIGTERM: its server (in a session of its own, out of
     reach of that signal) must not be left running."""
@@ -104,9 +121,8 @@ from pathlib import Path
 sys.path.insert(0, {str(os.getcwd())!r})
 from bench.serving.server import ServerProcess
 server = ServerProcess([], [sys.executable, {str(script)!r}], log_path=Path({str(tmp_path / "s.log")!r}), label="fake")
-server.start(timeout=30)
-print(server.pid, flush=True)
 with server:  # a benchmark's usual shape: the server is stopped on the way out
+    print(server.pid, flush=True)
     time.sleep(60)
 """)
     with subprocess.Popen([sys.executable, str(bench)], stdout=subprocess.PIPE, text=True) as benchmark:
