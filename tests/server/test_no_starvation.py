@@ -66,20 +66,13 @@ def test_a_oneshot_row_over_the_step_budget_runs_while_a_stream_goes_on(demo_mod
 
         srv.on_loop(pin)
 
-        async def run() -> bool:
-            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
-                body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
-                async with client.stream("POST", "/v1/completions", json=body) as stream:
-                    lines = stream.aiter_lines()
-                    await anext(lines)  # the stream's first token: it is decoding
-                    ids = [(j * 13) % 500 + 3 for j in range(100)]
-                    answers = [await client.post("/v1/embeddings", json={"input": [ids]}),
-                               await client.post("/v1/completions", json={"prompt": ids[1:], "max_tokens": 1})]
-                    still_streaming = srv.on_loop(lambda: srv.engine.scheduler.num_running) == 1
-            assert [a.status_code for a in answers] == [200, 200]
-            return still_streaming
+        async def send(client: httpx.AsyncClient) -> list[httpx.Response]:
+            return [await client.post("/v1/embeddings", json={"input": [IDS]}),
+                    await client.post("/v1/completions", json={"prompt": IDS[1:], "max_tokens": 1})]
 
-        assert asyncio.run(run()), "the OneShot requests waited for the stream to end"
+        answers, still_streaming = asyncio.run(_beside_a_stream(srv, send))
+        assert [a.status_code for a in answers] == [200, 200]
+        assert still_streaming, "the OneShot requests waited for the stream to end"
         srv.wait_idle()
 
 
@@ -89,22 +82,15 @@ def test_an_unsplittable_prompt_over_the_step_budget_holds_up_no_one(demo_model)
     waited for the stream to end, and every generation queued behind it with it."""
     config = Config(model=str(demo_model), num_kv_blocks=512, max_num_batched_tokens=64)
     with ServerThread(config) as srv:
-        async def run() -> bool:
-            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
-                body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
-                async with client.stream("POST", "/v1/completions", json=body) as stream:
-                    lines = stream.aiter_lines()
-                    await anext(lines)  # the stream's first token: it is decoding
-                    ids = [(j * 13) % 500 + 3 for j in range(100)]
-                    whole = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "prompt_logprobs": 0})
-                    behind = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 3})
-                    answers = await asyncio.gather(whole, behind)
-                    still_streaming = srv.on_loop(lambda: srv.engine.scheduler.num_running) == 1
-            assert [a.status_code for a in answers] == [200, 200]
-            assert len(answers[0].json()["choices"][0]["prompt_logprobs"]) == len(ids)
-            return still_streaming
+        async def send(client: httpx.AsyncClient) -> list[httpx.Response]:
+            whole = client.post("/v1/completions", json={"prompt": IDS, "max_tokens": 3, "prompt_logprobs": 0})
+            behind = client.post("/v1/completions", json={"prompt": "hi there", "max_tokens": 3})
+            return list(await asyncio.gather(whole, behind))
 
-        assert asyncio.run(run()), "the generations waited for the stream to end"
+        answers, still_streaming = asyncio.run(_beside_a_stream(srv, send))
+        assert [a.status_code for a in answers] == [200, 200]
+        assert len(answers[0].json()["choices"][0]["prompt_logprobs"]) == len(IDS)
+        assert still_streaming, "the generations waited for the stream to end"
         srv.wait_idle()
 
 
@@ -159,3 +145,17 @@ def test_a_chunk_short_of_blocks_preempts_a_sequence_decoding_in_its_step_cleanl
         assert len(whole.json()["choices"][0]["prompt_logprobs"]) == len(short_ids)
         assert srv.on_loop(lambda: srv.engine.scheduler.stats.num_preemptions) > 0
         srv.wait_idle()
+
+
+IDS = [(j * 13) % 500 + 3 for j in range(100)]  # a 100-token prompt, over the tests' 64-token budget
+
+
+async def _beside_a_stream(srv, send) -> tuple[list[httpx.Response], bool]:
+    """`send`'s answers, sent while a long stream decodes, and whether it still did when they came."""
+    async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
+        body = {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as stream:
+            lines = stream.aiter_lines()  # kept: a dropped iterator closes the stream
+            await anext(lines)  # the stream's first token: it is decoding
+            answers = await send(client)
+            return answers, srv.on_loop(lambda: srv.engine.scheduler.num_running) == 1
