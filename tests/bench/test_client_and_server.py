@@ -15,7 +15,10 @@ from bench.serving.loadgen import shapes, split_server_args
 from bench.serving.server import ServerError, ServerProcess
 
 FAKE_SERVER = """
-import http.server, sys
+import http.server, signal, sys
+# Its own SIGINT handling, as real servers have: started from a background shell, a process
+# inherits SIGINT ignored, and Python then installs no KeyboardInterrupt.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
