@@ -32,6 +32,7 @@ def test_byte_sizes(text, expected):
     (["--pooling", "max"], "--pooling"),
     (["--max-logprobs", "-1"], "--max-logprobs"),
     (["--kv-cache-memory", "lots"], "--kv-cache-memory"),
+    (["--api-key", ""], "--api-key"),
 ])
 def test_bad_flag_is_a_usage_error_naming_it(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:

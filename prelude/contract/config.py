@@ -93,6 +93,10 @@ class Config:
         # listen somewhere else than the banner (and the operator) say.
         if self.port > 65535:
             raise ConfigError("--port must be at most 65535")
+        # An empty key turned authentication off without a word: `--api-key "$KEY"` with KEY
+        # unset served everyone.
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("--api-key must not be empty (leave the flag out for no authentication)")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.shutdown_timeout < 0:

@@ -199,6 +199,8 @@ class CompletionsAPI(Serving):
         if max_tokens is None:
             max_tokens = body.int("max_tokens", None, lo=0)
         top_logprobs = body.int("top_logprobs", None, lo=0)
+        if top_logprobs and not body.bool("logprobs"):  # silently dropped, as it was, it went unchecked
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
         stream = body.bool("stream")
         options = body.object("stream_options")

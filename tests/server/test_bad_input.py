@@ -70,6 +70,7 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,
      "logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}, 400, "top_logprobs"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
     (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
