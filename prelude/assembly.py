@@ -192,7 +192,7 @@ async def serve(config: Config, started: float | None = None) -> None:
         if drained:
             logger.warning("%s again: exiting now", name)
             os._exit(0)
-        logger.info("%s: draining (%d waiting, %d running; at most %.0fs)", name,
+        logger.info("%s: draining (%d waiting, %d running; at most %gs)", name,
                     engine.snapshot().num_waiting, engine.snapshot().num_running, config.shutdown_timeout)
         engine.begin_drain()
         drained.append(loop.create_task(drain()))
