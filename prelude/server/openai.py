@@ -32,7 +32,9 @@ class CompletionsAPI(Serving):
         if choice_ids is not None:
             max_tokens = 1  # a single-token choice is the whole answer
         prompt_param = "messages" if body.has("messages") else "prompt"
-        budgets = [self.admission.output_budget(len(ids), max_tokens, prompt_param=prompt_param) for ids in prompts]
+        # The error names the field the client sent: chat's max_completion_tokens wins over max_tokens.
+        param = "max_completion_tokens" if body.has("max_completion_tokens") else "max_tokens"
+        budgets = [self.admission.output_budget(len(ids), max_tokens, param, prompt_param) for ids in prompts]
         params = self.admission.sampling(body, budgets[0], logprobs)
         if choice_ids is not None:
             params = replace(params, allowed_token_ids=choice_ids)
