@@ -67,7 +67,7 @@ __attribute__((always_inline)) static inline void paged_item_body(const PagedDec
         const float* values = a.v_cache + table[j / a.block_size] * block_stride + (j % a.block_size) * token_stride + h0 * d;
         for (long h = 0; h < num_heads; ++h) {
             const float* value = values + (h / group) * d;
-            const v8f p = v8f{} + s[h * len + j];
+            const v8f p = splat(s[h * len + j]);
             float* oh = out + h * d;
             for (long i = 0; i < d; i += 8) store8(oh + i, load8(oh + i) + p * load8(value + i));
         }
