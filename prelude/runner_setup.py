@@ -1,6 +1,6 @@
 """The model runner the Config asks for, and the memory sizing that goes with it: how many KV
 blocks the pool gets, and what a step's activations may take (the scheduler's temp budget).
-CPU, CUDA and the benchmarks' null executor; assembly.build calls one of the first two."""
+model_runner_setup covers CPU and CUDA; null_runner_setup the benchmarks' null executor."""
 from __future__ import annotations
 
 import logging
