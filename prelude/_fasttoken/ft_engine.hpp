@@ -20,6 +20,7 @@
 #include "ft_cache.hpp"
 #include "ft_decode.hpp"
 #include "ft_model.hpp"
+#include "ft_nfc.hpp"
 #include "ft_normalize.hpp"
 #include "ft_out.hpp"
 #include "ft_parallel.hpp"

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ft_nfc.hpp"
 #include "ft_unicode.hpp"
 
 namespace ft {
