@@ -56,11 +56,19 @@ class GenerationAPI(Serving):
         return tuple(ids)
 
     def requested_prompt_logprobs(self, body: Body) -> int | None:
-        """vLLM's prompt_logprobs: the logprob of each prompt token, with this many alternatives."""
+        """vLLM's prompt_logprobs: the logprob of each prompt token, with this many alternatives.
+        Refused on a stream, as vLLM refuses them: no chunk has a place for them, and a stream
+        that dropped them looked like an answer that had them. vLLM lets 0 through (and drops
+        it); refused here too, for the same reason."""
         prompt_logprobs = body.int("prompt_logprobs", None, lo=0)
-        if prompt_logprobs is not None and prompt_logprobs > self.admission.max_logprobs:
+        if prompt_logprobs is None:
+            return None
+        if prompt_logprobs > self.admission.max_logprobs:
             raise bad_request(f"requested {prompt_logprobs} prompt logprobs; at most "
                               f"{self.admission.max_logprobs} are allowed", "prompt_logprobs")
+        if body.bool("stream"):
+            raise bad_request("'prompt_logprobs' are not available with 'stream': true (as in vLLM); "
+                              "ask for them without streaming", "prompt_logprobs")
         return prompt_logprobs
 
     def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
