@@ -3,6 +3,7 @@ checkpoint's chat template, then generated from like a completion, whole or stre
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -14,6 +15,7 @@ from prelude.server.access_log import AccessEntry
 from prelude.server.chat_prompt import ChatPrompt
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
+from prelude.server.scores import required
 from prelude.server.serving import json_response, new_id
 from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
 
@@ -39,12 +41,17 @@ class ChatAPI(GenerationAPI):
         if top_logprobs and not body.bool("logprobs"):  # silently dropped, as it was, it went unchecked
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
+        prompt_logprobs = self.requested_prompt_logprobs(body)
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
         choice = await self._choice(body)
         rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
+        if prompt_logprobs is not None:
+            # One prompt, one field in the answer: the first choice computes them, and the others
+            # stay free to reuse the prompt's cached prefix (prompt logprobs read every position).
+            requests[0] = replace(requests[0], prompt_logprobs=prompt_logprobs)
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
@@ -56,9 +63,11 @@ class ChatAPI(GenerationAPI):
                     "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
                    for i, out in enumerate(outputs)]
-        return json_response({"id": rid, "object": "chat.completion", "created": created,
-                              "model": self.model_name, "choices": choices,
-                              "usage": self.usage(outputs, [len(ids)])})
+        answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
+                  "choices": choices, "usage": self.usage(outputs, [len(ids)])}
+        if prompt_logprobs is not None:  # vLLM's place: beside the choices, the rendered prompt's
+            answer["prompt_logprobs"] = self.prompt_logprobs_field(required(outputs[0].prompt_logprobs))
+        return json_response(answer)
 
     def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
         def item(token_id: int, logprob: float) -> dict:
