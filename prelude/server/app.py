@@ -156,7 +156,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         body = await completions.body(http)
         add_special = body.bool("add_special_tokens", True)
         if body.has("messages"):
-            text = await chat.chat_prompt.render(body)
+            text = (await chat.chat_prompt.render(body)).text
             add_special = body.bool("add_special_tokens", False)
         else:
             text = body.str("prompt")

@@ -28,9 +28,9 @@ class ChatAPI(GenerationAPI):
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("chat")
-        text = await self.chat_prompt.render(body)
+        rendered = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding must not add another.
-        ids = await self.admission.encode(text, add_special_tokens=False)
+        ids = await self.admission.encode(rendered.text, add_special_tokens=False)
         if not ids:
             raise bad_request("'messages' render to an empty prompt", "messages")
         n = body.int("n", 1, lo=1, hi=128)
@@ -42,6 +42,7 @@ class ChatAPI(GenerationAPI):
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
         prompt_logprobs = self.requested_prompt_logprobs(body)
+        echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
         options = body.object("stream_options")
         include_usage = options is not None and options.bool("include_usage")
@@ -55,11 +56,11 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), include_usage,
-                                                 access_log.entry(http)),
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
+                                                 include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests)
-        choices = [{"index": i, "message": {"role": "assistant", "content": out.text},
+        choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
                     "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
                    for i, out in enumerate(outputs)]
@@ -81,7 +82,8 @@ class ChatAPI(GenerationAPI):
             content.append(row)
         return {"content": content}
 
-    async def _stream_chat(self, rid, created, streams, prompt_len, include_usage, logged: AccessEntry | None):
+    async def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
+                           logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
@@ -89,8 +91,11 @@ class ChatAPI(GenerationAPI):
                         "model": self.model_name, "choices": choices, **extra})
 
         try:
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
                           "finish_reason": None} for i in range(len(streams))])
+            if echo:  # its own chunk before any generated text, as vLLM sends it
+                yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
+                             for i in range(len(streams))])
             async for index, out in merge(streams):
                 delta = {"content": out.text} if out.text else {}
                 choice = {"index": index, "delta": delta,
