@@ -19,6 +19,7 @@ from prelude.server import access_log, metrics
 from prelude.server.access_log import AccessLog
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
+from prelude.server.chat import ChatAPI
 from prelude.server.compat import CompatAPI
 from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.listen import Listener, bind
@@ -98,7 +99,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot,
                           served.eos_token_ids, served.config.vocab_size)
-    openai = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+    completions = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+    chat = ChatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
 
     async def ping(_: HTTPRequest) -> Response:
@@ -151,10 +153,10 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
                                  media_type="text/plain; version=0.0.4")
 
     async def tokenize(http: HTTPRequest) -> Response:
-        body = await openai.body(http)
+        body = await completions.body(http)
         add_special = body.bool("add_special_tokens", True)
         if body.has("messages"):
-            text = await openai.chat_prompt.render(body)
+            text = (await chat.chat_prompt.render(body)).text
             add_special = body.bool("add_special_tokens", False)
         else:
             text = body.str("prompt")
@@ -164,7 +166,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         return json_response({"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids})
 
     async def detokenize(http: HTTPRequest) -> Response:
-        body = await openai.body(http)
+        body = await completions.body(http)
         ids = admission.check_ids(body.list("tokens", nonempty=True) or [], "tokens")
         return json_response({"prompt": served.tokenizer.decode(ids)})
 
@@ -199,7 +201,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     # The routes that queue engine work: refused unread while the engine admits nothing, and
     # logging (at debug) the fields they ignored.
     work = [Route(path, log_ignored_fields(endpoint), methods=["POST"]) for path, endpoint in (
-        ("/v1/completions", openai.completions), ("/v1/chat/completions", openai.chat),
+        ("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat),
         ("/v1/embeddings", decision.embeddings), ("/classify", decision.classify),
         ("/v1/classify", decision.classify), ("/pooling", decision.pooling), ("/score", decision.score),
         ("/v1/score", decision.score), ("/rerank", decision.rerank), ("/v1/rerank", decision.rerank),

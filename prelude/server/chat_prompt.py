@@ -2,6 +2,7 @@
 template (/v1/chat/completions, and /tokenize with `messages`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 from prelude.server.admission import Admission
@@ -14,6 +15,7 @@ from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError
 # real ones (Qwen3's) cost ~13 us a message, so a 4 MB conversation held the loop (every stream,
 # every probe) for over a second.
 INLINE_PIECES = 32
+ASSISTANT = "assistant"  # the answer's role after a generation prompt (vLLM's --response-role default)
 
 
 def _pieces(messages: list) -> int:
@@ -49,12 +51,25 @@ def checked_messages(messages: list) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedChat:
+    """A chat request's prompt text, and how its answer carries on from the messages."""
+
+    text: str
+    # The answer's role: the assistant's after a generation prompt; without one the model goes
+    # on with the last message, so that message's role (vLLM's rule).
+    role: str
+    # What vLLM's chat `echo` puts before the answer: the last message's content when the answer
+    # continues it (the same role), else nothing.
+    echo: str
+
+
 class ChatPrompt:
     def __init__(self, template: ChatTemplate | None, admission: Admission):
         self.template = template
         self.admission = admission
 
-    async def render(self, body: Body) -> str:
+    async def render(self, body: Body) -> RenderedChat:
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions")
         messages = body.list("messages", nonempty=True)
@@ -71,10 +86,15 @@ class ChatPrompt:
         return await self.admission.offload(render)
 
     @staticmethod
-    def _render(template: ChatTemplate, messages: list, options: dict) -> str:
+    def _render(template: ChatTemplate, messages: list, options: dict) -> RenderedChat:
+        checked = checked_messages(messages)
         try:
-            return template.render(checked_messages(messages), **options)
+            text = template.render(checked, **options)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         except TypeError as exc:
             raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
+        last = checked[-1]
+        # Truthiness, as the template tests it (chat_template_kwargs may set any JSON value).
+        role = ASSISTANT if options.get("add_generation_prompt") else last["role"]
+        return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "")

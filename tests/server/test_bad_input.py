@@ -74,6 +74,7 @@ CASES = [
      "logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}, 400, "top_logprobs"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "echo": "yes"}, 400, "echo"),  # was ignored unread
     (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),

@@ -1,0 +1,117 @@
+"""OpenAI's /v1/chat/completions (with vLLM's extensions): the messages rendered with the
+checkpoint's chat template, then generated from like a completion, whole or streamed."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import Response
+
+from prelude.contract.batch import TokenLogprob
+from prelude.engine.output import EngineError, RequestOutput
+from prelude.server import access_log
+from prelude.server.access_log import AccessEntry
+from prelude.server.chat_prompt import ChatPrompt
+from prelude.server.errors import bad_request
+from prelude.server.generation import GenerationAPI
+from prelude.server.scores import required
+from prelude.server.serving import json_response, new_id
+from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
+
+
+class ChatAPI(GenerationAPI):
+    def __init__(self, engine, admission, served, max_request_bytes: int, default_deadline_ms: float | None = None):
+        super().__init__(engine, admission, served, max_request_bytes, default_deadline_ms)
+        self.chat_prompt = ChatPrompt(served.chat_template, admission)
+
+    async def chat(self, http: HTTPRequest) -> Response | EventStream:
+        body = await self.body(http)
+        self.require_lm_head("chat")
+        rendered = await self.chat_prompt.render(body)
+        # The template already placed any BOS; encoding must not add another.
+        ids = await self.admission.encode(rendered.text, add_special_tokens=False)
+        if not ids:
+            raise bad_request("'messages' render to an empty prompt", "messages")
+        n = body.int("n", 1, lo=1, hi=128)
+        max_tokens = body.int("max_completion_tokens", None, lo=0)
+        if max_tokens is None:
+            max_tokens = body.int("max_tokens", None, lo=0)
+        top_logprobs = body.int("top_logprobs", None, lo=0)
+        if top_logprobs and not body.bool("logprobs"):  # silently dropped, as it was, it went unchecked
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
+        prompt_logprobs = self.requested_prompt_logprobs(body)
+        echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
+        stream = body.bool("stream")
+        options = body.object("stream_options")
+        include_usage = options is not None and options.bool("include_usage")
+        choice = await self._choice(body)
+        rid = new_id("chatcmpl", http)
+        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
+        if prompt_logprobs is not None:
+            # One prompt, one field in the answer: the first choice computes them, and the others
+            # stay free to reuse the prompt's cached prefix (prompt logprobs read every position).
+            requests[0] = replace(requests[0], prompt_logprobs=prompt_logprobs)
+        created = int(time.time())
+        if stream:
+            streams = self.submit_all(requests)
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
+                                                 include_usage, access_log.entry(http)),
+                               on_close=lambda: self.abort_unfinished(streams))
+        outputs = await self.collect(http, requests)
+        choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
+                    "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+                   for i, out in enumerate(outputs)]
+        answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
+                  "choices": choices, "usage": self.usage(outputs, [len(ids)])}
+        if prompt_logprobs is not None:  # vLLM's place: beside the choices, the rendered prompt's
+            answer["prompt_logprobs"] = self.prompt_logprobs_field(required(outputs[0].prompt_logprobs))
+        return json_response(answer)
+
+    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
+        def item(token_id: int, logprob: float) -> dict:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for entry in entries or []:
+            row = item(entry.token_id, entry.logprob)
+            row["top_logprobs"] = [item(t, lp) for t, lp in entry.top]
+            content.append(row)
+        return {"content": content}
+
+    async def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
+                           logged: AccessEntry | None):
+        finals: dict[int, RequestOutput] = {}
+
+        def chunk(choices, **extra):
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                        "model": self.model_name, "choices": choices, **extra})
+
+        try:
+            yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
+                          "finish_reason": None} for i in range(len(streams))])
+            if echo:  # its own chunk before any generated text, as vLLM sends it
+                yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
+                             for i in range(len(streams))])
+            async for index, out in merge(streams):
+                delta = {"content": out.text} if out.text else {}
+                choice = {"index": index, "delta": delta,
+                          "logprobs": self._chat_logprobs(out.logprobs) if out.logprobs else None,
+                          "finish_reason": out.finish_reason if out.finished else None}
+                if out.finished:
+                    choice["stop_reason"] = out.stop_reason
+                    finals[index] = out
+                yield chunk([choice])
+            if logged is not None:
+                logged.record(rid, finals.values())
+            if include_usage:
+                yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
+            yield SSE_DONE
+        except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
+            yield sse(stream_error(exc))
+            yield SSE_DONE

@@ -1,0 +1,83 @@
+"""What the two generation endpoints (/v1/completions and /v1/chat/completions) share: fanning
+a request out into n choices per prompt, structured single-token choices, and vLLM's
+prompt_logprobs field (read and answered the same way by both)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from prelude.contract.batch import TokenLogprob
+from prelude.engine.request import Request
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.server.serving import Serving
+
+
+class GenerationAPI(Serving):
+    def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
+                logprobs: int | None, choice_ids: tuple[int, ...] | None, **fields) -> list[Request]:
+        """n choices per prompt, all validated before any is submitted. Sampling is read from the
+        body once; each prompt gets its own output budget (it depends on the prompt's length), and
+        seeded sampling gets seed + choice index so that choices differ."""
+        if choice_ids is not None:
+            max_tokens = 1  # a single-token choice is the whole answer
+        prompt_param = "messages" if body.has("messages") else "prompt"
+        # The error names the field the client sent: chat's max_completion_tokens wins over max_tokens.
+        param = "max_completion_tokens" if body.has("max_completion_tokens") else "max_tokens"
+        budgets = [self.admission.output_budget(len(ids), max_tokens, param, prompt_param) for ids in prompts]
+        params = self.admission.sampling(body, budgets[0], logprobs)
+        if choice_ids is not None:
+            params = replace(params, allowed_token_ids=choice_ids)
+        requests = []
+        for p, (ids, budget) in enumerate(zip(prompts, budgets)):
+            prompt_params = params if budget == params.max_tokens else replace(params, max_tokens=budget)
+            for j in range(n):
+                seeded = prompt_params
+                if j and params.seed is not None:
+                    seeded = replace(prompt_params, seed=params.seed + j)
+                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, **fields))
+        return requests
+
+    async def _choice(self, body: Body) -> tuple[int, ...] | None:
+        """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the
+        answer is one of the given strings. Supported when each is a single token."""
+        structured = body.object("structured_outputs")
+        name = "structured_outputs.choice" if structured is not None else "guided_choice"
+        choices = structured.list("choice") if structured is not None else body.list("guided_choice")
+        if choices is None:
+            return None
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise bad_request(f"'{name}' must be a non-empty array of non-empty strings", name)
+        ids = []
+        for choice, encoded in zip(choices, await self.admission.encode_many(choices, add_special_tokens=False)):
+            if len(encoded) != 1:
+                raise bad_request(f"'{name}' supports single-token choices only; {choice!r} is "
+                                  f"{len(encoded)} tokens", name)
+            ids.append(encoded[0])
+        return tuple(ids)
+
+    def requested_prompt_logprobs(self, body: Body) -> int | None:
+        """vLLM's prompt_logprobs: the logprob of each prompt token, with this many alternatives.
+        Refused on a stream, as vLLM refuses them: no chunk has a place for them, and a stream
+        that dropped them looked like an answer that had them. vLLM lets 0 through (and drops
+        it); refused here too, for the same reason."""
+        prompt_logprobs = body.int("prompt_logprobs", None, lo=0)
+        if prompt_logprobs is None:
+            return None
+        if prompt_logprobs > self.admission.max_logprobs:
+            raise bad_request(f"requested {prompt_logprobs} prompt logprobs; at most "
+                              f"{self.admission.max_logprobs} are allowed", "prompt_logprobs")
+        if body.bool("stream"):
+            raise bad_request("'prompt_logprobs' are not available with 'stream': true (as in vLLM); "
+                              "ask for them without streaming", "prompt_logprobs")
+        return prompt_logprobs
+
+    def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
+        """vLLM's prompt_logprobs shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""
+        out: list = [None]
+        for entry in entries:
+            item = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": self.token_text(t)}
+                    for r, (t, lp) in enumerate(entry.top)}
+            item[str(entry.token_id)] = {"logprob": entry.logprob, "rank": entry.rank,
+                                         "decoded_token": self.token_text(entry.token_id)}
+            out.append(item)
+        return out

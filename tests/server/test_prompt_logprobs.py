@@ -1,0 +1,69 @@
+"""vLLM's prompt_logprobs through the real `openai` client (extra_body) over loopback HTTP: refused
+on a stream rather than dropped from it."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Is the sky green?"}]
+
+
+@pytest.fixture(scope="module")
+def model(server):
+    return server.served.name
+
+
+@pytest.mark.parametrize("prompt_logprobs", [0, 2])
+def test_a_streamed_completion_refuses_prompt_logprobs(client, model, prompt_logprobs):
+    """vLLM answers 400 (its stream chunks have no place for them); this stream dropped them and
+    answered 200 as if it had them. 0 asks for the prompt tokens' own logprobs: refused too."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=model, prompt="The judge says", max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": prompt_logprobs})
+    error = refused.value.body
+    assert error["param"] == "prompt_logprobs" and "stream" in error["message"], error
+    # echo + logprobs computes prompt logprobs too, for the echoed tokens: a stream still gives those.
+    chunks = list(client.completions.create(model=model, prompt="The judge says", max_tokens=2, stream=True,
+                                            echo=True, logprobs=1))
+    assert chunks[0].choices[0].logprobs.token_logprobs[0] is None  # the echoed first prompt token
+
+
+def _by_id(entries: list) -> list:
+    """prompt_logprobs entries as {token id: logprob}, for comparing two answers."""
+    return [None if e is None else {t: v["logprob"] for t, v in e.items()} for e in entries]
+
+
+@pytest.mark.parametrize("max_tokens,n", [(1, 1), (4, 2)])
+def test_chat_prompt_logprobs_are_the_rendered_prompts(client, model, server, max_tokens, n):
+    """Chat returns prompt_logprobs beside its choices (vLLM's ChatCompletionResponse field), one
+    entry per token of the chat-templated prompt: the same as /v1/completions gives for those
+    token ids. Chat ignored the field before."""
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=max_tokens, n=n,
+                                          temperature=0, extra_body={"prompt_logprobs": 2})
+    ids = httpx.post(server.base_url + "/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    same = client.completions.create(model=model, prompt=ids, max_tokens=0, extra_body={"prompt_logprobs": 2})
+    entries = chat.model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) == chat.usage.prompt_tokens and len(chat.choices) == n
+    expected = same.choices[0].model_extra["prompt_logprobs"]
+    assert [None if e is None else set(e) for e in entries] == [None if e is None else set(e) for e in expected]
+    for mine, theirs in zip(_by_id(entries[1:]), _by_id(expected[1:])):
+        assert mine == pytest.approx(theirs, abs=1e-5)
+    # Each real prompt token is there under its id, with its rank, and 2 alternatives besides.
+    for token, entry in zip(ids[1:], entries[1:]):
+        assert str(token) in entry and entry[str(token)]["rank"] >= 1 and len(entry) in (2, 3)
+    assert "prompt_logprobs" not in client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=1).model_extra  # only when asked, as in completions
+
+
+def test_chat_prompt_logprobs_are_checked_like_completions(client, model):
+    for bad in (-1, 99):  # --max-logprobs is 20
+        for create, kw in ((client.chat.completions.create, {"messages": MESSAGES}),
+                           (client.completions.create, {"prompt": "Is the sky green?"})):
+            with pytest.raises(openai.BadRequestError) as refused:
+                create(model=model, max_tokens=1, extra_body={"prompt_logprobs": bad}, **kw)
+            assert refused.value.body["param"] == "prompt_logprobs"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, stream=True,
+                                       extra_body={"prompt_logprobs": 1})
+    assert refused.value.body["param"] == "prompt_logprobs" and "stream" in refused.value.body["message"]
