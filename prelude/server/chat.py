@@ -15,6 +15,7 @@ from prelude.server.access_log import AccessEntry
 from prelude.server.chat_prompt import ChatPrompt
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
+from prelude.server.protocol import Body
 from prelude.server.scores import required
 from prelude.server.serving import json_response, new_id
 from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
@@ -28,6 +29,7 @@ class ChatAPI(GenerationAPI):
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("chat")
+        _refuse_tool_calls(body)
         rendered = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding must not add another.
         ids = await self.admission.encode(rendered.text, add_special_tokens=False)
@@ -115,3 +117,12 @@ class ChatAPI(GenerationAPI):
                 logged.request_id, logged.error = rid, str(exc)
             yield sse(stream_error(exc))
             yield SSE_DONE
+
+
+def _refuse_tool_calls(body: Body) -> None:
+    """Tools are rendered into the prompt, but answers are never parsed into tool calls: a
+    tool_choice asking for calls ("auto", "required", a named function) cannot be honoured and
+    is refused, as vLLM refuses "auto" without a tool-call parser. "none" is what happens."""
+    if body.has("tool_choice") and body.data["tool_choice"] != "none":
+        raise bad_request("'tool_choice' other than \"none\" is not supported: this server does not parse "
+                          "tool calls out of answers (tools are rendered into the prompt)", "tool_choice")

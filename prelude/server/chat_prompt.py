@@ -31,7 +31,7 @@ def _pieces(messages: list) -> int:
 
 def checked_messages(messages: list) -> list[dict]:
     """The messages as the template reads them: objects with a string role, content a string
-    (text parts joined) or absent."""
+    (text parts joined by newlines) or absent."""
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -44,7 +44,7 @@ def checked_messages(messages: list) -> list[dict]:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
                 parts.append(part["text"])
-            message = dict(message, content="".join(parts))
+            message = dict(message, content="\n".join(parts))  # vLLM's join for string-content templates
         elif content is not None and not isinstance(content, str):
             raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
         out.append(message)
@@ -80,16 +80,22 @@ class ChatPrompt:
         # written for it send {"add_generation_prompt": false} there.
         options = {"add_generation_prompt": body.bool("add_generation_prompt", True), "tools": body.list("tools"),
                    **(kwargs.data if kwargs else {})}
-        render = partial(self._render, self.template, messages, options)
+        continue_final = body.bool("continue_final_message")
+        if continue_final and options["add_generation_prompt"]:
+            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true (as in "
+                              "vLLM): send \"add_generation_prompt\": false", "continue_final_message")
+        render = partial(self._render, self.template, messages, options, continue_final)
         if _pieces(messages) <= INLINE_PIECES:
             return render()
         return await self.admission.offload(render)
 
     @staticmethod
-    def _render(template: ChatTemplate, messages: list, options: dict) -> RenderedChat:
+    def _render(template: ChatTemplate, messages: list, options: dict, continue_final: bool) -> RenderedChat:
         checked = checked_messages(messages)
         try:
             text = template.render(checked, **options)
+            if continue_final:
+                text = _left_open(text, checked[-1].get("content") or "")
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         except TypeError as exc:
@@ -98,3 +104,18 @@ class ChatPrompt:
         # Truthiness, as the template tests it (chat_template_kwargs may set any JSON value).
         role = ASSISTANT if options.get("add_generation_prompt") else last["role"]
         return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "")
+
+
+def _left_open(text: str, final: str) -> str:
+    """The rendered chat cut right after the final message's content, so that the answer carries
+    on inside that message (a prefilled "The verdict is"): what the template wrote after it (end
+    of turn, next header) goes. Cut where HF's apply_chat_template(continue_final_message=True)
+    cuts, which is what vLLM's users get: after the last occurrence of the stripped content."""
+    final = final.strip()
+    end = text.rfind(final) if final else -1
+    if end < 0:
+        problem = "is empty" if not final else "does not appear verbatim in the rendered chat template"
+        raise bad_request(f"'continue_final_message' needs the final message's content in the prompt; "
+                          f"its content {problem}", "continue_final_message")
+    return text[:end + len(final)]
+

@@ -41,6 +41,7 @@ class GenerationAPI(Serving):
         """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the
         answer is one of the given strings. Supported when each is a single token."""
         structured = body.object("structured_outputs")
+        _refuse_constraints(body, structured)
         name = "structured_outputs.choice" if structured is not None else "guided_choice"
         choices = structured.list("choice") if structured is not None else body.list("guided_choice")
         if choices is None:
@@ -81,3 +82,22 @@ class GenerationAPI(Serving):
                                          "decoded_token": self.token_text(entry.token_id)}
             out.append(item)
         return out
+
+
+# Constraints on the answer's text that need a grammar engine at every sampled token. This server
+# has none: answering free text to a request that asked for JSON looked like success, so they
+# are refused, naming the field.
+UNSUPPORTED_CONSTRAINTS = ("json", "regex", "grammar", "json_object", "structural_tag")
+
+
+def _refuse_constraints(body: Body, structured: Body | None) -> None:
+    unsupported = [f"structured_outputs.{key}" for key in UNSUPPORTED_CONSTRAINTS
+                   if structured is not None and structured.has(key)]
+    unsupported += [name for name in ("guided_json", "guided_regex", "guided_grammar") if body.has(name)]
+    response_format = body.object("response_format")
+    kind = response_format.str("type", "text") if response_format is not None else "text"
+    if kind != "text":
+        unsupported.append(f"response_format.type {kind!r}")
+    if unsupported:
+        raise bad_request(f"{unsupported[0]} is not supported: this server has no constrained decoding; "
+                          "single-token choices (structured_outputs.choice) are", unsupported[0].split(" ")[0])

@@ -75,6 +75,23 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}, 400, "top_logprobs"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "echo": "yes"}, 400, "echo"),  # was ignored unread
+    # Known fields this server cannot honour were ignored: free text answered a request for JSON,
+    # and a tool call was never parsed out of the answer.
+    (COMPLETIONS, {"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format.type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema",
+            "json_schema": {"name": "v", "schema": {"type": "object"}}}}, 400, "response_format.type"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "structured_outputs": {"json": {"type": "object"}}},
+     400, "structured_outputs.json"),
+    (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"regex": "[ab]+"}}, 400, "structured_outputs.regex"),
+    (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": "object"}}, 400, "guided_json"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto", "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, 400, "tool_choice"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "tool_choice"),
+    # vLLM's rule: continuing the final message excludes a generation prompt (on by default).
+    (CHAT, {"messages": [{"role": "assistant", "content": "So"}], "continue_final_message": True}, 400,
+     "continue_final_message"),
+    (CHAT, {"messages": [{"role": "assistant", "content": " "}], "continue_final_message": True,
+            "add_generation_prompt": False}, 400, "continue_final_message"),
     (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
