@@ -2,7 +2,8 @@
 against a bounded queue, with /health probed meanwhile.
 
 Reports accepted and refused latencies (P50/P99/max), the time each refusal spent in the
-server's app (from its access log), and /health's worst answer."""
+server's app (from its access log: until its last byte was handed to the connection, not the
+connection's teardown), and /health's worst answer."""
 from __future__ import annotations
 
 import asyncio

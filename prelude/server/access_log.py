@@ -109,14 +109,22 @@ class AccessLog:
         async def send_and_note(message: Message) -> None:
             if message["type"] == "http.response.start":
                 current.status = message["status"]
-            elif current.status >= 400:  # error bodies are small and sent whole
-                error_body.append(message.get("body", b""))
+            else:
+                if current.status >= 400:  # error bodies are small and sent whole
+                    error_body.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # The response is complete: hypercorn writes its last bytes within this send,
+                    # then may wait for the connection to close (a refusal that left its body
+                    # unread, Connection: close), and that wait, 160 ms at P50 under a
+                    # 1,000-connection herd, is no part of answering.
+                    current.total_s = time.perf_counter() - current.started
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            current.total_s = time.perf_counter() - current.started
+            if not current.total_s:  # no complete response: the time the app took
+                current.total_s = time.perf_counter() - current.started
             if current.status == 0:  # nothing was sent: the app raised past every handler
                 current.status, current.error = 500, "no response"
             elif error_body:
