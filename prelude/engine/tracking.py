@@ -32,7 +32,7 @@ class Tracked:
             detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids, request.sampling.stop,
                                                  request.sampling.skip_special_tokens,
                                                  request.sampling.include_stop_str_in_output)
-        return cls(work, RequestStream(request.request_id), detokenizer)
+        return cls(work, RequestStream(request.request_id, work.seq_id), detokenizer)
 
     def metrics(self, now: float) -> RequestMetrics:
         """Its execution class and latencies, reported with its last output."""
