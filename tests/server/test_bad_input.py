@@ -30,6 +30,8 @@ CASES = [
     # As many prompts as decision inputs at most: a body listing millions of one-token prompts
     # made as many rows, and the server ran out of memory.
     (COMPLETIONS, {"prompt": [[5]] * 1025, "max_tokens": 1}, 400, "prompt"),
+    # Nor as many choices: n multiplies the rows (1,024 prompts x n=128 queued 131,072 of them).
+    (COMPLETIONS, {"prompt": [[5]] * 9, "n": 128, "max_tokens": 1}, 400, "n"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
