@@ -121,6 +121,9 @@ def test_unknown_route_and_wrong_method(server):
     assert missing.status_code == 404 and "error" in missing.json()
     wrong = httpx.get(server.base_url + COMPLETIONS)
     assert wrong.status_code == 405 and "error" in wrong.json()
+    assert wrong.headers["allow"] == "POST"  # a 405 names the methods the route takes (it did not)
+    options = httpx.options(server.base_url + "/v1/models")
+    assert options.status_code == 405 and set(options.headers["allow"].split(", ")) == {"GET", "HEAD"}
 
 
 def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):
