@@ -115,3 +115,14 @@ def test_json_log_format_and_disable_log_requests_end_to_end(demo_model):
             ok, bad = requests
             assert ok["status"] == 200 and ok["completion_tokens"] == 2 and ok["class"] in ("Decode", "Mixed")
             assert bad["status"] == 400 and "prompt" in bad["error"]
+
+
+def test_the_logged_id_is_the_response_id(logged_server, caplog):
+    """/v2/embed and /v2/rerank answered with an id other than the one their log line carried
+    (each made a second id for the response), so a client's id could not be found in the log."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    answers = [httpx.post(url + "/v2/embed", headers=auth, json={"texts": ["a b"], "input_type": "search_query"}),
+               httpx.post(url + "/v2/rerank", headers=auth, json={"query": "q", "documents": ["a", "b"]}),
+               httpx.post(url + "/v1/rerank", headers=auth, json={"query": "q", "documents": ["a", "b"]})]
+    logged = [TEXT.match(str(r.msg))["request_id"] for r in access_records(caplog, len(answers))]
+    assert logged == [a.json()["id"] for a in answers]
