@@ -62,8 +62,15 @@ def _cohere_embedding(vector: list[float], kind: str) -> list | str:
 
 class CompatAPI(DecisionAPI):
     async def _embed_texts(self, http: HTTPRequest, rid: str, body: Body, texts: list[str], limit: int | None,
-                           side: str | None, normalize: bool) -> tuple[list[list[float]], list[list[int]]]:
+                           side: str | None, normalize: bool, refuse_over: int | None = None
+                           ) -> tuple[list[list[float]], list[list[int]]]:
+        """Embeddings of the texts, cut to `limit` tokens from `side`; a text longer than
+        `refuse_over` tokens is a 400 naming max_tokens."""
         prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
+        longest = max(map(len, prompts))
+        if refuse_over is not None and longest > refuse_over:
+            raise bad_request(f"an input has {longest} tokens, more than max_tokens ({refuse_over}); "
+                              "truncate START or END cuts it instead", "max_tokens")
         rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                           normalize=normalize, **self.scheduling(http, body))
         return [required(out.pooled) for out in await self.collect(http, rows)], prompts
@@ -156,13 +163,15 @@ class CompatAPI(DecisionAPI):
         truncate = (body.str("truncate", "END") or "END").upper()
         if truncate not in ("NONE", "START", "END"):
             raise bad_request("'truncate' must be NONE, START or END", "truncate")
-        limit = body.int("max_tokens", None, lo=1)
-        if truncate != "NONE":
-            limit = min(limit or self.served.max_model_len, self.served.max_model_len)
+        max_tokens = body.int("max_tokens", None, lo=1)
+        # NONE truncates nothing: an input past max_tokens is a 400, as past the context.
+        limit = None if truncate == "NONE" else min(max_tokens or self.served.max_model_len,
+                                                    self.served.max_model_len)
         # One id names the rows (the access log) and the response: they were two.
         rid = new_id("embed", http)
         vectors, prompts = await self._embed_texts(http, rid, body, texts, limit,
-                                                   "left" if truncate == "START" else "right", dimensions is None)
+                                                   "left" if truncate == "START" else "right", dimensions is None,
+                                                   max_tokens if truncate == "NONE" else None)
         vectors = [_matryoshka(v, dimensions, dimensions is not None) for v in vectors]
         embeddings = {kind: [_cohere_embedding(v, kind) for v in vectors] for kind in kinds}
         return json_response({
