@@ -24,7 +24,7 @@ from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
 from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
 from prelude.model.config import ModelConfig, UnsupportedModel
-from prelude.preflight import StartupError, check_model_dir, listen_error
+from prelude.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
 from prelude.runner_setup import model_runner_setup, null_runner_setup
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind
@@ -98,7 +98,7 @@ def build(config: Config) -> Built:
         model_config = ModelConfig.from_dir(model_dir)
         tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend)
         eos_ids = _eos_ids(model_dir, model_config, tokenizer)
-        max_model_len = config.max_model_len or model_config.max_position_embeddings
+        max_model_len = checked_max_model_len(config, model_config.max_position_embeddings, model_dir)
         if config.executor == "null":
             setup = null_runner_setup(config, model_config, eos_ids)
         else:

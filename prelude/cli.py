@@ -3,10 +3,11 @@ default read from Config, every flag with a help line that states its default, i
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 
 from prelude import __version__
-from prelude.contract.config import CHOICES, Config, ConfigError, parse_bytes
+from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV, CHOICES, Config, ConfigError, parse_bytes
 from prelude.contract.kv_events import KVEventsConfig, KVEventsConfigError
 
 
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default=d.device, choices=_choices("device"),
                        help="auto picks CUDA when available")
     model.add_argument("--max-model-len", type=int, metavar="N",
-                       help="prompt + output token limit (default: the model's max positions)")
+                       help="prompt + output token limit (default: the model's max positions; more is "
+                            f"refused unless {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1)")
     model.add_argument("--tokenizer-backend", default=d.tokenizer_backend, choices=_choices("tokenizer_backend"),
                        help="auto: fasttoken, or HF tokenizers where fasttoken does not support the file")
     model.add_argument("--tokenizer-workers", type=int, default=d.tokenizer_workers, metavar="N",
@@ -143,7 +145,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
     parser = build_parser()
     args = parser.parse_args(argv)
     names = {f.name for f in fields(Config)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    # An environment variable, not a flag, as vLLM's opt-in is.
+    values["allow_long_max_model_len"] = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "0").strip().lower() in (
+        "1", "true")
     try:
-        return Config(**{k: v for k, v in vars(args).items() if k in names})
+        return Config(**values)
     except ConfigError as exc:
         parser.error(str(exc))

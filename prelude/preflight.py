@@ -9,7 +9,7 @@ import os
 import socket
 from pathlib import Path
 
-from prelude.contract.config import Config
+from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV, Config
 
 
 class StartupError(Exception):
@@ -63,3 +63,18 @@ def check_model_dir(path: Path) -> None:
                            f"`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)` (transformers)")
     if not os.access(tokenizer, os.R_OK) or tokenizer.is_dir():
         raise StartupError(f"cannot read {tokenizer}; make it a readable file, e.g. chmod a+r {tokenizer}")
+
+
+def checked_max_model_len(config: Config, max_positions: int, model_dir: Path) -> int:
+    """--max-model-len, or the model's max_position_embeddings. Past those positions the model
+    never trained (its outputs degrade without a word), so asking for more is refused, as vLLM
+    refuses it, unless the operator opts in."""
+    wanted = config.max_model_len
+    if wanted is None:
+        return max_positions
+    if wanted > max_positions and not config.allow_long_max_model_len:
+        raise StartupError(f"--max-model-len {wanted} is greater than the model's max_position_embeddings "
+                           f"({max_positions} in {model_dir / 'config.json'}); positions past it may give "
+                           f"wrong outputs. Use --max-model-len {max_positions} or less, or set "
+                           f"{ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 to allow it")
+    return wanted

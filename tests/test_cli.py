@@ -17,13 +17,15 @@ import torch
 from bench.serving.server import ServerProcess, free_port, log_tail, prelude_env
 from prelude import __version__
 from prelude.cli import build_parser
+from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
 from prelude.demo import VERSION
 
 
-def run_to_exit(args: list[str], command: list[str] | None = None) -> tuple[int, str, str]:
+def run_to_exit(args: list[str], command: list[str] | None = None,
+                env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Runs `python -m prelude args` to its exit; returns the exit code, stdout and stderr. This
     checkout comes first on the path (an installed `prelude` script may belong to another)."""
-    done = subprocess.run([*(command or [sys.executable, "-m", "prelude"]), *args], env=prelude_env(),
+    done = subprocess.run([*(command or [sys.executable, "-m", "prelude"]), *args], env=env or prelude_env(),
                           capture_output=True, text=True, timeout=60, check=False)
     return done.returncode, done.stdout, done.stderr
 
@@ -88,6 +90,17 @@ def test_model_directory_without_tokenizer_is_one_line(tmp_path, demo_model):
     code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
     line = one_error_line(code, err)
     assert "no tokenizer.json" in line and "save_pretrained" in line
+
+
+def test_max_model_len_past_the_models_positions_is_one_line(demo_model):
+    """It was served without a word (positions the model never trained on, wrong outputs); as in
+    vLLM it is refused, naming both values, unless the operator opts in through the environment."""
+    env = {k: v for k, v in prelude_env().items() if k != ALLOW_LONG_MAX_MODEL_LEN_ENV}
+    code, _, err = run_to_exit(["--model", str(demo_model), "--max-model-len", "8192", "--port", str(free_port())],
+                               env=env)
+    line = one_error_line(code, err)
+    assert "--max-model-len 8192" in line and "max_position_embeddings (4096" in line
+    assert ALLOW_LONG_MAX_MODEL_LEN_ENV + "=1" in line
 
 
 def test_unreadable_model_files_are_one_line(tmp_path):

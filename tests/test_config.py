@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from prelude.cli import parse_args
-from prelude.contract.config import Config, parse_bytes
+from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV, Config, parse_bytes
 
 
 def test_flags_map_onto_config():
@@ -14,6 +14,14 @@ def test_flags_map_onto_config():
     assert (config.max_num_seqs, config.kv_cache_memory) == (8, 2 * 2**30)
     assert not config.enable_prefix_caching and config.disable_oneshot and config.pooling == "mean"
     assert parse_args([]) == Config()
+
+
+def test_long_max_model_len_opt_in_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(ALLOW_LONG_MAX_MODEL_LEN_ENV, raising=False)
+    assert not parse_args([]).allow_long_max_model_len
+    for value, allowed in (("1", True), ("true", True), ("0", False)):
+        monkeypatch.setenv(ALLOW_LONG_MAX_MODEL_LEN_ENV, value)
+        assert parse_args([]).allow_long_max_model_len is allowed
 
 
 @pytest.mark.parametrize("text,expected", [("512MB", 512 * 10**6), ("512MiB", 512 * 2**20), ("4gib", 4 * 2**30),

@@ -35,6 +35,11 @@ CHOICES: dict[str, tuple[str | None, ...]] = {
 }
 
 
+# vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: set to 1 (or true), a --max-model-len past the model's
+# max_position_embeddings is served instead of refused (positions the model never saw in training).
+ALLOW_LONG_MAX_MODEL_LEN_ENV = "PRELUDE_ALLOW_LONG_MAX_MODEL_LEN"
+
+
 class ConfigError(ValueError):
     """A flag has an invalid value; the message names the flag."""
 
@@ -54,6 +59,7 @@ class Config:
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = False  # from ALLOW_LONG_MAX_MODEL_LEN_ENV, as in vLLM
     tokenizer_backend: str = "auto"
     tokenizer_workers: int = 2
     cpu_threads: int | None = None  # None: torch's default, one per core

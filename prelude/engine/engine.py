@@ -18,7 +18,6 @@ from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.step_runner import StepRunner
 from prelude.engine.output import (
     DeadlineExceeded,
-    DuplicateRequest,
     EngineError,
     FinishReason,
     Overloaded,
@@ -46,7 +45,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.stats = EngineStats()
-        self._tracked: dict[str, Tracked] = {}
+        # By seq_id, not request_id: a client's X-Request-Id names its request, and a retry sent
+        # while the first attempt still runs reuses it (vLLM keeps the name, not as the key).
+        self._tracked: dict[int, Tracked] = {}
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._in_flight = 0  # steps running (a short one may run while a long one is parked)
@@ -132,13 +133,10 @@ class Engine:
             raise EngineError("the engine is not running")
         if self._draining or not self.scheduler.has_room(requests):
             raise self._refuse()
-        duplicate = next((r.request_id for r in requests if r.request_id in self._tracked), None)
-        if duplicate is not None or len({r.request_id for r in requests}) < len(requests):
-            raise DuplicateRequest(f"request id {duplicate!r} is already in flight")
         streams = []
         for request in requests:
             tracked = Tracked.admit(self.scheduler.add(request), self.tokenizer)
-            self._tracked[request.request_id] = tracked
+            self._tracked[tracked.work.seq_id] = tracked
             self.stats.on_arrival()
             streams.append(tracked.stream)
         self.steps.note_arrivals(requests)
@@ -172,9 +170,10 @@ class Engine:
         """Stops admitting (submit raises Overloaded); in-flight requests go on."""
         self._draining = True
 
-    def abort(self, request_id: str) -> None:
-        """Cancels a request (client went away); frees its blocks. No-op once it finished."""
-        tracked = self._tracked.get(request_id)
+    def abort(self, stream: RequestStream) -> None:
+        """Cancels the request behind the stream (client went away); frees its blocks. No-op once
+        it finished."""
+        tracked = self._tracked.get(stream.key)
         if tracked is not None:
             self._finish(tracked, FinishReason.ABORT)
 
@@ -187,7 +186,7 @@ class Engine:
         self._ready = True
         while True:
             for work in self.scheduler.late(time.monotonic()):
-                self._finish(self._tracked[work.request.request_id], FinishReason.ERROR,
+                self._finish(self._tracked[work.seq_id], FinishReason.ERROR,
                              DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
             if step is None:
@@ -247,7 +246,7 @@ class Engine:
             return
         logger.error("engine loop died", exc_info=task.exception())
         for tracked in list(self._tracked.values()):
-            self._tracked.pop(tracked.work.request.request_id, None)
+            self._tracked.pop(tracked.work.seq_id, None)
             tracked.stream.put(EngineError(f"engine failed: {task.exception()!r}"))
 
     def _fail_rows(self, step: ScheduledStep, outcome: StepOutcome) -> ScheduledStep:
@@ -259,7 +258,7 @@ class Engine:
                      ", ".join(w.request.request_id for w in failed) or "none (the retries passed)",
                      exc_info=outcome.first_error)
         for work in failed:
-            tracked = self._tracked.get(work.request.request_id)
+            tracked = self._tracked.get(work.seq_id)
             if tracked is not None:
                 error = outcome.failures[work.seq_id]
                 self._finish(tracked, FinishReason.ERROR,
@@ -270,7 +269,7 @@ class Engine:
         """`beside_decodes`: the step ran prompts beside other requests' decodes (a Mixed step)."""
         now = time.monotonic()
         for work, result in events:
-            tracked = self._tracked.get(work.request.request_id)
+            tracked = self._tracked.get(work.seq_id)
             if tracked is None:  # ended while its step ran
                 continue
             if tracked.first_token_time is None:
@@ -290,7 +289,7 @@ class Engine:
         """Ends a request, whatever ended it: frees what it holds, counts it, and closes its
         stream (the last output of a normal end was already put on it)."""
         work = tracked.work
-        if self._tracked.pop(work.request.request_id, None) is None:
+        if self._tracked.pop(work.seq_id, None) is None:
             return
         self.scheduler.release(work)
         now = time.monotonic() if now is None else now

@@ -52,10 +52,6 @@ class EngineError(RuntimeError):
     """The engine failed this request (the step it was in raised); other requests go on."""
 
 
-class DuplicateRequest(ValueError):
-    """A request id that is already in flight."""
-
-
 class Overloaded(EngineError):
     """The request was not admitted: the waiting queue is full, or the server is draining.
     Nothing was queued; the client may retry."""
@@ -70,10 +66,11 @@ class RequestStream:
     A deque and at most one waiting future: an asyncio.Queue per request costs more than the
     rest of a OneShot request's bookkeeping."""
 
-    __slots__ = ("request_id", "_items", "_waiter", "finished")
+    __slots__ = ("request_id", "key", "_items", "_waiter", "finished")
 
-    def __init__(self, request_id: str):
-        self.request_id = request_id
+    def __init__(self, request_id: str, key: int):
+        self.request_id = request_id  # the caller's name, which two requests in flight may share
+        self.key = key  # the engine's own, unique: what Engine.abort finds the request by
         self._items: deque[RequestOutput | Exception] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.finished = False

@@ -32,7 +32,7 @@ class Tracked:
             detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids, request.sampling.stop,
                                                  request.sampling.skip_special_tokens,
                                                  request.sampling.include_stop_str_in_output)
-        return cls(work, RequestStream(request.request_id), detokenizer)
+        return cls(work, RequestStream(request.request_id, work.seq_id), detokenizer)
 
     def metrics(self, now: float) -> RequestMetrics:
         """Its execution class and latencies, reported with its last output."""
@@ -67,9 +67,11 @@ def advance(tracked: Tracked, result: RowResult,
             reason = FinishReason.STOP
     out.num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
     detok = tracked.detokenizer
-    if detok is not None and token is not None and reason is None:
+    # A token that ended the request (stop_token_ids, EOS) is in the text only when the request
+    # keeps what stopped it, as vLLM's include_stop_str_in_output does for stop tokens too.
+    if detok is not None and token is not None and (reason is None or sampling.include_stop_str_in_output):
         hit = detok.add(token.token_id)
-        if hit is not None:
+        if hit is not None and reason is None:
             reason, stop_reason = FinishReason.STOP, hit
     if reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
         reason = FinishReason.LENGTH

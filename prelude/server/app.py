@@ -174,7 +174,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         return exc.response()
 
     async def on_http_error(_: HTTPRequest, exc: HTTPException) -> Response:
-        return APIError(exc.status_code, str(exc.detail)).response()
+        # Starlette's headers carry a 405's Allow, which the response must have (RFC 9110).
+        return APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})).response()
 
     async def on_disconnect(http: HTTPRequest, _: ClientDisconnect) -> Response:
         # Nobody reads this response; the request's engine work was already aborted.

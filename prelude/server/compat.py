@@ -61,10 +61,17 @@ def _cohere_embedding(vector: list[float], kind: str) -> list | str:
 
 
 class CompatAPI(DecisionAPI):
-    async def _embed_texts(self, http: HTTPRequest, body: Body, texts: list[str], limit: int | None,
-                           side: str | None, normalize: bool) -> tuple[list[list[float]], list[list[int]]]:
+    async def _embed_texts(self, http: HTTPRequest, rid: str, body: Body, texts: list[str], limit: int | None,
+                           side: str | None, normalize: bool, refuse_over: int | None = None
+                           ) -> tuple[list[list[float]], list[list[int]]]:
+        """Embeddings of the texts, cut to `limit` tokens from `side`; a text longer than
+        `refuse_over` tokens is a 400 naming max_tokens."""
         prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
-        rows = self._rows(new_id("embd", http), prompts, task=Task.EMBED, pooling=self.served.pooling,
+        longest = max(map(len, prompts))
+        if refuse_over is not None and longest > refuse_over:
+            raise bad_request(f"an input has {longest} tokens, more than max_tokens ({refuse_over}); "
+                              "truncate START or END cuts it instead", "max_tokens")
+        rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                           normalize=normalize, **self.scheduling(http, body))
         return [required(out.pooled) for out in await self.collect(http, rows)], prompts
 
@@ -84,8 +91,9 @@ class CompatAPI(DecisionAPI):
         truncate = body.bool("truncate")
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
-        vectors, _ = await self._embed_texts(http, body, texts, self.served.max_model_len if truncate else None,
-                                             None, normalize and dimensions is None)
+        vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts,
+                                             self.served.max_model_len if truncate else None, None,
+                                             normalize and dimensions is None)
         return json_response([_matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
 
     async def tei_rerank(self, body: Body, http: HTTPRequest) -> Response:
@@ -155,15 +163,19 @@ class CompatAPI(DecisionAPI):
         truncate = (body.str("truncate", "END") or "END").upper()
         if truncate not in ("NONE", "START", "END"):
             raise bad_request("'truncate' must be NONE, START or END", "truncate")
-        limit = body.int("max_tokens", None, lo=1)
-        if truncate != "NONE":
-            limit = min(limit or self.served.max_model_len, self.served.max_model_len)
-        vectors, prompts = await self._embed_texts(http, body, texts, limit, "left" if truncate == "START" else "right",
-                                                   dimensions is None)
+        max_tokens = body.int("max_tokens", None, lo=1)
+        # NONE truncates nothing: an input past max_tokens is a 400, as past the context.
+        limit = None if truncate == "NONE" else min(max_tokens or self.served.max_model_len,
+                                                    self.served.max_model_len)
+        # One id names the rows (the access log) and the response: they were two.
+        rid = new_id("embed", http)
+        vectors, prompts = await self._embed_texts(http, rid, body, texts, limit,
+                                                   "left" if truncate == "START" else "right", dimensions is None,
+                                                   max_tokens if truncate == "NONE" else None)
         vectors = [_matryoshka(v, dimensions, dimensions is not None) for v in vectors]
         embeddings = {kind: [_cohere_embedding(v, kind) for v in vectors] for kind in kinds}
         return json_response({
-            "id": new_id("embed", http), "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",
+            "id": rid, "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",
             "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": sum(map(len, prompts))}}})
 
     async def cohere_rerank(self, http: HTTPRequest) -> Response:
@@ -178,9 +190,9 @@ class CompatAPI(DecisionAPI):
             encoded = await self.admission.encode_many(documents, add_special_tokens=False)
             documents = [self.tokenizer.decode(self.truncate(ids, per_doc)) for ids in encoded]
         top_n = body.int("top_n", len(documents), lo=1)
-        relevance, prompts = await self._relevance_scores(http, new_id("rerank", http), [query] * len(documents),
-                                                          documents, body)
+        rid = new_id("rerank", http)
+        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(documents), documents, body)
         order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]
         return json_response({
-            "id": new_id("rerank", http), "results": [{"index": i, "relevance_score": relevance[i]} for i in order],
+            "id": rid, "results": [{"index": i, "relevance_score": relevance[i]} for i in order],
             "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}}})

@@ -9,7 +9,7 @@ from prelude.contract.batch import TokenLogprob
 from prelude.engine.request import Request
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import Serving
+from prelude.server.serving import MAX_ITEMS, Serving
 
 
 class GenerationAPI(Serving):
@@ -18,6 +18,11 @@ class GenerationAPI(Serving):
         """n choices per prompt, all validated before any is submitted. Sampling is read from the
         body once; each prompt gets its own output budget (it depends on the prompt's length), and
         seeded sampling gets seed + choice index so that choices differ."""
+        # n multiplies the rows: 1,024 prompts with n=128 queued 131,072 rows at once, past the
+        # queue's bound; scheduling them took 403 s and stalled other requests up to 8.5 s.
+        if len(prompts) * n > MAX_ITEMS:
+            raise bad_request(f"{len(prompts)} prompts with n={n} make {len(prompts) * n} choices; at most "
+                              f"{MAX_ITEMS} are allowed per request", "n")
         if choice_ids is not None:
             max_tokens = 1  # a single-token choice is the whole answer
         prompt_param = "messages" if body.has("messages") else "prompt"

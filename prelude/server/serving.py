@@ -16,7 +16,6 @@ from starlette.responses import Response
 from prelude.engine.engine import Engine
 from prelude.engine.output import (
     DeadlineExceeded,
-    DuplicateRequest,
     EngineError,
     Overloaded,
     RequestOutput,
@@ -202,8 +201,6 @@ class Serving:
         Retry-After when the queue is full or the server is draining)."""
         try:
             return self.engine.submit_all(requests)
-        except DuplicateRequest as exc:
-            raise bad_request(f"{exc}: an X-Request-Id may be in flight only once") from None
         except Overloaded as exc:
             raise overloaded_error(exc, self.engine.draining) from None
         except EngineError as exc:
@@ -212,7 +209,7 @@ class Serving:
     def abort_unfinished(self, streams: list[RequestStream]) -> None:
         for stream in streams:
             if not stream.finished:
-                self.engine.abort(stream.request_id)
+                self.engine.abort(stream)
 
     async def collect(self, http: HTTPRequest, requests: list[Request]) -> list[RequestOutput]:
         """Submits the rows and waits for their results. If the client goes away first, its rows

@@ -141,3 +141,14 @@ def test_total_ends_when_the_response_is_complete(caplog):
     asyncio.run(AccessLog(refusal)(scope, receive, send_then_wait_for_close))
     fields = TEXT.search(access_records(caplog, 1)[0].getMessage())
     assert fields["status"] == "503" and float(fields["total"][:-2]) < 250
+
+
+def test_the_logged_id_is_the_response_id(logged_server, caplog):
+    """/v2/embed and /v2/rerank answered with an id other than the one their log line carried
+    (each made a second id for the response), so a client's id could not be found in the log."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    answers = [httpx.post(url + "/v2/embed", headers=auth, json={"texts": ["a b"], "input_type": "search_query"}),
+               httpx.post(url + "/v2/rerank", headers=auth, json={"query": "q", "documents": ["a", "b"]}),
+               httpx.post(url + "/v1/rerank", headers=auth, json={"query": "q", "documents": ["a", "b"]})]
+    logged = [TEXT.match(str(r.msg))["request_id"] for r in access_records(caplog, len(answers))]
+    assert logged == [a.json()["id"] for a in answers]

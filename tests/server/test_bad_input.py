@@ -30,6 +30,8 @@ CASES = [
     # As many prompts as decision inputs at most: a body listing millions of one-token prompts
     # made as many rows, and the server ran out of memory.
     (COMPLETIONS, {"prompt": [[5]] * 1025, "max_tokens": 1}, 400, "prompt"),
+    # Nor as many choices: n multiplies the rows (1,024 prompts x n=128 queued 131,072 of them).
+    (COMPLETIONS, {"prompt": [[5]] * 9, "n": 128, "max_tokens": 1}, 400, "n"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, "max_tokens"),
@@ -137,6 +139,9 @@ def test_unknown_route_and_wrong_method(server):
     assert missing.status_code == 404 and "error" in missing.json()
     wrong = httpx.get(server.base_url + COMPLETIONS)
     assert wrong.status_code == 405 and "error" in wrong.json()
+    assert wrong.headers["allow"] == "POST"  # a 405 names the methods the route takes (it did not)
+    options = httpx.options(server.base_url + "/v1/models")
+    assert options.status_code == 405 and set(options.headers["allow"].split(", ")) == {"GET", "HEAD"}
 
 
 def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):

@@ -38,6 +38,12 @@ def test_cohere_v2_truncation_and_dimensions(lm):
     vector = small["embeddings"]["float"][0]
     assert len(vector) == 8 and sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
     assert post(srv, "/v2/rerank", query="q", documents=["a " * 100], max_tokens_per_doc=4).status_code == 200
+    # truncate NONE cuts nothing, max_tokens included: an input past it is a 400 (it was cut
+    # to max_tokens, as END does).
+    refused = post(srv, "/v2/embed", texts=[long_text], input_type="search_query", max_tokens=16, truncate="NONE")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    within = post(srv, "/v2/embed", texts=["hi"], input_type="search_query", max_tokens=16, truncate="NONE")
+    assert within.status_code == 200
 
 
 def test_tei_embed_rerank_and_truncate(lm):

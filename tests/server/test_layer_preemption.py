@@ -44,7 +44,8 @@ def _run(srv: ServerThread) -> tuple[list[float], list[float], float, float]:
 
 @pytest.mark.parametrize("preemption", [True, False])
 def test_short_request_overtakes_a_long_step_only_with_preemption(demo_model, preemption):
-    config = Config(model=str(demo_model), num_kv_blocks=64, max_model_len=8192, layer_preemption=preemption)
+    config = Config(model=str(demo_model), num_kv_blocks=64, max_model_len=8192, allow_long_max_model_len=True,
+                    layer_preemption=preemption)
     with ServerThread(config) as srv:
         alone_long = httpx.post(srv.base_url + "/v1/embeddings", json={"input": [LONG]}, timeout=120).json()
         alone_short = httpx.post(srv.base_url + "/v1/embeddings", json={"input": [SHORT]}).json()
@@ -91,7 +92,8 @@ def test_short_request_queued_behind_a_long_one_runs_beside_it(demo_model):
     filling the step budget) steps in as soon as the long step starts, not only when some other
     short request arrives during it."""
     long_done, short_done = _queued_behind_a_busy_step(Config(
-        model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, max_num_batched_tokens=6000,
+        model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, allow_long_max_model_len=True,
+        max_num_batched_tokens=6000,
         scheduling_policy="fcfs"))
     assert short_done < long_done
 
@@ -101,14 +103,15 @@ def test_a_short_request_is_not_batched_into_a_long_ones_step(demo_model):
     not share (and wait for) the long one's step."""
     for policy in ("fcfs", "edf"):
         long_done, short_done = _queued_behind_a_busy_step(Config(
-            model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, scheduling_policy=policy))
+            model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, allow_long_max_model_len=True,
+            scheduling_policy=policy))
         assert long_done - short_done > 0.2, (policy, long_done, short_done)  # the long step takes ~1 s
 
 
 def test_a_running_stream_keeps_its_tokens_coming_beside_a_long_request(demo_model):
     """A long OneShot row does not share a step with running decodes (the stream would stall for
     all of it): it runs in a step of its own, which steps aside for the stream's next tokens."""
-    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192)
+    config = Config(model=str(demo_model), num_kv_blocks=1024, max_model_len=8192, allow_long_max_model_len=True)
 
     async def go(srv: ServerThread) -> list[float]:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as client:

@@ -25,7 +25,8 @@ def _embed_and_score(srv: ServerThread) -> tuple[list[float], list[float]]:
 
 
 def test_oneshot_longer_than_the_kv_pool_equals_a_roomy_server(demo_model):
-    common = dict(model=str(demo_model), block_size=16, max_model_len=TOKENS + 64)
+    common = dict(model=str(demo_model), block_size=16, max_model_len=TOKENS + 64,
+                  allow_long_max_model_len=True)  # past the demo model's 4,096 positions
     with ServerThread(Config(num_kv_blocks=TOKENS // 16 // 8, **common)) as small:  # 1,024 tokens
         got = _embed_and_score(small)
         # Decode work still has to fit the pool; OneShot work does not.

@@ -169,6 +169,44 @@ def test_x_request_id_is_echoed_and_names_the_response(server):
     assert "x-request-id" not in unnamed.headers and unnamed.json()["id"].startswith("cmpl-")
 
 
+def test_a_reused_x_request_id_in_flight_serves_both_requests(server):
+    """A retry sent while the first attempt still runs reuses its X-Request-Id (client-side
+    timeouts, proxies): it was a 400. Both are served under the caller's id, and the first one's
+    disconnect ends only the first (the engine keys requests by its own id, as vLLM does)."""
+    import asyncio
+    import json
+
+    headers = {"X-Request-Id": "retry-7"}
+    body = {"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    async def events(response: httpx.Response) -> list[dict]:
+        return [json.loads(line[6:]) async for line in response.aiter_lines()
+                if line.startswith("data: {")]
+
+    async def go() -> tuple[list[dict], httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+            async with client.stream("POST", "/v1/completions", json=body, headers=headers) as first:
+                assert first.status_code == 200 and first.headers["x-request-id"] == "retry-7"
+                await first.aiter_lines().__anext__()  # under way
+                async with client.stream("POST", "/v1/completions", json=body, headers=headers) as retry:
+                    assert retry.status_code == 200 and retry.headers["x-request-id"] == "retry-7"
+                    await first.aclose()  # the first attempt's client goes away mid-stream
+                    retried = await events(retry)
+            plain = await client.post("/v1/completions", headers=headers,
+                                      json={"prompt": "hi", "max_tokens": 2})
+            return retried, plain
+
+    aborted = server.engine.stats.finished.get("abort", 0)
+    retried, plain = asyncio.run(go())
+    assert {e["id"] for e in retried} == {"cmpl-retry-7"}
+    assert retried[-2]["choices"][0]["finish_reason"] == "length"
+    assert retried[-1]["usage"]["completion_tokens"] == 300  # the retry ran to its end
+    assert plain.status_code == 200 and plain.json()["id"] == "cmpl-retry-7"
+    assert server.engine.stats.finished.get("abort", 0) == aborted + 1  # the first attempt, alone
+    server.wait_idle()
+
+
 def test_one_token_answer_obeys_stop_strings(client, model):
     """A one-token completion (the OneShot path) ends at a stop string inside its token exactly as
     the same token does in a longer completion: text cut before it, finish_reason "stop"."""

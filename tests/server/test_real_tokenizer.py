@@ -17,7 +17,7 @@ MESSAGES = [{"role": "user", "content": "Summarize: 你好世界, naïve café, 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("qwen3-real-tok"), "qwen3", tokenizer_dir("qwen3"))
-    with ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=1024)) as srv:
+    with ServerThread(Config(model=str(path), num_kv_blocks=512, max_model_len=512)) as srv:
         yield srv
 
 

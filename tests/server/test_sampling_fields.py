@@ -2,6 +2,8 @@
 applied by hand to transformers' logits), min_tokens, include_stop_str_in_output."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -64,3 +66,22 @@ def test_include_stop_str_in_output(lm):
     kept = post(srv, "/v1/completions", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
                 stop=[stop], include_stop_str_in_output=True).json()["choices"][0]
     assert kept["text"] == cut["text"] + stop and kept["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("max_tokens", [1, 8])  # the OneShot path and the decode path
+def test_include_stop_str_in_output_keeps_a_stop_token(lm, max_tokens):
+    """As in vLLM, a token of stop_token_ids that ends the answer is in its text only with
+    include_stop_str_in_output (it was dropped either way), the stream's text included."""
+    srv, _ = lm
+    prompt = ids_of(srv, "Judge: is this answer relevant?")
+    full = post(srv, "/v1/completions", prompt=prompt, max_tokens=3, temperature=0, ignore_eos=True).json()
+    ids = srv.served.tokenizer.encode(full["choices"][0]["text"], False)
+    stop_id = ids[0] if max_tokens == 1 else ids[1]
+    body = dict(prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True, stop_token_ids=[stop_id])
+    cut = post(srv, "/v1/completions", **body).json()["choices"][0]
+    kept = post(srv, "/v1/completions", include_stop_str_in_output=True, **body).json()["choices"][0]
+    assert cut["stop_reason"] == kept["stop_reason"] == stop_id and kept["finish_reason"] == "stop"
+    assert kept["text"] == cut["text"] + srv.served.tokenizer.decode([stop_id]) != cut["text"]
+    streamed = post(srv, "/v1/completions", include_stop_str_in_output=True, stream=True, **body).text
+    chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == kept["text"]
