@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Callable, Sequence, TypeVar
 
 from prelude.contract.sampling import SamplingParams
@@ -14,6 +15,9 @@ from prelude.tokenizer import Tokenizer
 
 # Below this many characters, a thread hop costs more than encoding on the loop.
 INLINE_CHARS = 2048
+# Below this many token ids, checking or decoding them on the loop costs less than 0.3 ms (about
+# 50 ns an id each); a 32 MiB body holds 5M ids, 0.27 s to check and 0.29 s to decode.
+INLINE_IDS = 4096
 T = TypeVar("T")
 
 
@@ -66,6 +70,24 @@ class Admission:
         instead of waiting for the whole piece."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
+    async def checked_ids(self, ids: Sequence, param: str) -> list[int]:
+        """check_ids, in the tokenizer pool when the list is long."""
+        if len(ids) <= INLINE_IDS:
+            return self.check_ids(ids, param)
+        return await self.offload(partial(self.check_ids, ids, param))
+
+    async def decode(self, ids: list[int]) -> str:
+        if len(ids) <= INLINE_IDS:
+            return self.tokenizer.decode(ids)
+        return await self.offload(partial(self.tokenizer.decode, ids))
+
+    def check_context(self, num_prompt_tokens: int, prompt_param: str = "prompt") -> None:
+        """Every prompt must fit the context (checked before anything else about it)."""
+        if num_prompt_tokens > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"prompt has {num_prompt_tokens} tokens. Please reduce the length of the prompt.", prompt_param)
+
     def check_ids(self, ids: Sequence, param: str) -> list[int]:
         if not ids:
             raise bad_request(f"'{param}' must not be empty", param)
@@ -84,10 +106,7 @@ class Admission:
         Every request must fit the context. Only Decode work keeps KV across steps, so only it
         must also fit the KV pool: a OneShot row (one forward) computes without storing what
         the pool cannot hold."""
-        if num_prompt_tokens > self.max_model_len:
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                f"prompt has {num_prompt_tokens} tokens. Please reduce the length of the prompt.", prompt_param)
+        self.check_context(num_prompt_tokens, prompt_param)
         room = self.max_model_len - num_prompt_tokens
         oneshot = max_tokens is not None and \
             execution_class(task, max_tokens, self.disable_oneshot) is ExecutionClass.ONESHOT

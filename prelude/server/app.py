@@ -167,8 +167,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
 
     async def detokenize(http: HTTPRequest) -> Response:
         body = await completions.body(http)
-        ids = admission.check_ids(body.list("tokens", nonempty=True) or [], "tokens")
-        return json_response({"prompt": served.tokenizer.decode(ids)})
+        ids = await admission.checked_ids(body.list("tokens", nonempty=True) or [], "tokens")
+        return json_response({"prompt": await admission.decode(ids)})
 
     async def on_api_error(_: HTTPRequest, exc: APIError) -> Response:
         return exc.response()

@@ -196,6 +196,13 @@ class Body:
 
     def _check_range(self, name: builtins.str, value, lo, hi) -> None:
         if lo is not None and value < lo:
-            raise self.invalid(name, f"must be >= {lo}, got {value}")
+            raise self.invalid(name, f"must be >= {lo}, got {_shown(value)}")
         if hi is not None and value > hi:
-            raise self.invalid(name, f"must be <= {hi}, got {value}")
+            raise self.invalid(name, f"must be <= {hi}, got {_shown(value)}")
+
+
+def _shown(value) -> builtins.str:
+    """A number as an error message quotes it: 1e308 sent for an integer field is a 309-digit
+    int once it passes the integer check, and was printed whole."""
+    text = builtins.str(value)
+    return text if len(text) <= 24 else f"{float(value):.6g}"

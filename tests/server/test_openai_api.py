@@ -153,6 +153,11 @@ def test_tokenize_and_detokenize(server):
     assert ids == server.served.tokenizer.encode("Hello world")
     text = httpx.post(server.base_url + "/detokenize", json={"tokens": ids}).json()["prompt"]
     assert text == "Hello world"
+    # Long lists are checked and decoded in the tokenizer pool: the same answer.
+    many = ids * 2500
+    assert httpx.post(server.base_url + "/detokenize", json={"tokens": many}).json()["prompt"] == "Hello world" * 2500
+    bad = httpx.post(server.base_url + "/detokenize", json={"tokens": many + [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
 def test_x_request_id_is_echoed_and_names_the_response(server):
