@@ -12,6 +12,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k cut
+    min_p: float = 0.0  # vLLM's: drop tokens less likely than min_p x the most likely one (0 = no cut)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

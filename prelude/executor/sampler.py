@@ -87,13 +87,15 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
 
 
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
-    """Exact sampling from each row's tempered, top-k / top-p filtered distribution by inverse
-    CDF: one uniform per row and one cumulative sum, instead of one random draw per vocabulary
-    entry. The sum runs in float64 so that tail tokens keep their exact share. Without top-k or
-    top-p, fp32 rows on the CPU are drawn by the native kernel (kernels/cpu/sample.hpp)."""
+    """Exact sampling from each row's tempered, min-p / top-k / top-p filtered distribution (in
+    vLLM's order) by inverse CDF: one uniform per row and one cumulative sum, instead of one
+    random draw per vocabulary entry. The sum runs in float64 so that tail tokens keep their
+    exact share. Without a cut, fp32 rows on the CPU are drawn by the native kernel
+    (kernels/cpu/sample.hpp)."""
     top_ks = [p.top_k for p in params]
     if (sample_tokens is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.stride(-1) == 1 and all(k <= 0 and p.top_p >= 1.0 for k, p in zip(top_ks, params))):
+            and logits.stride(-1) == 1
+            and all(k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for k, p in zip(top_ks, params))):
         inverse_temperatures = torch.tensor([1.0 / p.temperature for p in params], dtype=torch.float32)
         uniforms = _uniforms(params, steps, logits.device)
         chosen = torch.empty(len(params), dtype=torch.long)
@@ -103,6 +105,10 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temps[:, None]
+    if any(p.min_p > 0.0 for p in params):
+        # p >= min_p * p_max is logit >= max logit + log(min_p); log(0) = -inf keeps every token.
+        floors = torch.tensor([p.min_p for p in params], device=logits.device, dtype=logits.dtype).log()
+        logits = logits.masked_fill(logits < logits.amax(dim=-1, keepdim=True) + floors[:, None], float("-inf"))
     if any(k > 0 for k in top_ks):
         # k-th largest logit per row from one topk over the largest k asked (not a full sort);
         # rows without a cut keep everything.

@@ -162,6 +162,7 @@ class Admission:
             temperature=body.float("temperature", 1.0, lo=0.0),
             top_p=body.float("top_p", 1.0, lo=1e-9, hi=1.0),
             top_k=0 if top_k >= self.vocab_size else max(top_k, 0),
+            min_p=body.float("min_p", 0.0, lo=0.0, hi=1.0),
             seed=body.int("seed"),
             stop=body.str_list("stop", max_items=16),
             stop_token_ids=body.int_list("stop_token_ids", hi=self.vocab_size - 1) or (),

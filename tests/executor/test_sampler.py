@@ -29,6 +29,9 @@ def expected(params: SamplingParams) -> torch.Tensor:
     for token, bias in params.logit_bias:
         logits[token] += bias
     logits = logits / params.temperature
+    if params.min_p > 0:
+        probs = logits.softmax(-1)
+        logits[probs < params.min_p * probs.max()] = float("-inf")
     if params.top_k > 0:
         logits[logits < logits.topk(params.top_k).values[-1]] = float("-inf")
     probs = logits.softmax(-1)
@@ -47,7 +50,9 @@ def expected(params: SamplingParams) -> torch.Tensor:
     SamplingParams(temperature=1.0, top_p=0.8),
     SamplingParams(temperature=0.7, top_k=5, top_p=0.9),
     SamplingParams(temperature=1.0, logit_bias=((7, 5.0),), allowed_token_ids=(0, 3, 7)),
-], ids=["t1", "t0.5", "t2-k3", "p0.8", "t0.7-k5-p0.9", "bias-allowed"])
+    SamplingParams(temperature=1.5, min_p=0.1),
+    SamplingParams(temperature=1.0, min_p=0.05, top_p=0.9),
+], ids=["t1", "t0.5", "t2-k3", "p0.8", "t0.7-k5-p0.9", "bias-allowed", "t1.5-minp0.1", "minp0.05-p0.9"])
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_draws_follow_the_distribution(params, kernel, monkeypatch):
     """Both the native draw (fp32 on the CPU without top-k/top-p) and the torch one."""

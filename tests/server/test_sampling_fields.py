@@ -85,3 +85,17 @@ def test_include_stop_str_in_output_keeps_a_stop_token(lm, max_tokens):
     streamed = post(srv, "/v1/completions", include_stop_str_in_output=True, stream=True, **body).text
     chunks = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
     assert "".join(c["choices"][0]["text"] for c in chunks) == kept["text"]
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(lm):
+    """min_p (vLLM's) was ignored as an unknown field: sampling at temperature 1 drew tokens it
+    cuts. At 1.0 it keeps only the best token, so any seed samples the greedy answer."""
+    srv, _ = lm
+    prompt = ids_of(srv, "Judge: is this answer relevant?")
+    greedy = post(srv, "/v1/completions", prompt=prompt, max_tokens=6, temperature=0).json()["choices"][0]["text"]
+    for seed in range(4):
+        sampled = post(srv, "/v1/completions", prompt=prompt, max_tokens=6, temperature=1.0, min_p=1.0,
+                       seed=seed).json()
+        assert sampled["choices"][0]["text"] == greedy, seed
+    error = post(srv, "/v1/completions", prompt=prompt, max_tokens=1, min_p=1.5).json()["error"]
+    assert error["param"] == "min_p"
