@@ -31,8 +31,8 @@ class ChatAPI(GenerationAPI):
         self.require_lm_head("chat")
         _refuse_tool_calls(body)
         rendered = await self.chat_prompt.render(body)
-        # The template already placed any BOS; encoding must not add another.
-        ids = await self.admission.encode(rendered.text, add_special_tokens=False)
+        # The template already placed any BOS; encoding adds none unless asked (vLLM's default).
+        ids = await self.admission.encode(rendered.text, add_special_tokens=body.bool("add_special_tokens", False))
         if not ids:
             raise bad_request("'messages' render to an empty prompt", "messages")
         n = body.int("n", 1, lo=1, hi=128)

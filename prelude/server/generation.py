@@ -106,3 +106,11 @@ def _refuse_constraints(body: Body, structured: Body | None) -> None:
     if unsupported:
         raise bad_request(f"{unsupported[0]} is not supported: this server has no constrained decoding; "
                           "single-token choices (structured_outputs.choice) are", unsupported[0].split(" ")[0])
+    # vLLM's other ways to shape the answer that this server does not have: beam search, banned
+    # word sequences, server-side logits processors. Each was ignored as unknown.
+    if body.bool("use_beam_search"):
+        raise bad_request("'use_beam_search' is not supported: this server samples or decodes greedily",
+                          "use_beam_search")
+    for name in ("bad_words", "logits_processors"):
+        if body.list(name):
+            raise bad_request(f"'{name}' is not supported by this server", name)

@@ -162,15 +162,17 @@ class Serving:
                 raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids",
                                   name)
         limit = self.truncation_limit(body)
-        encoded = await self.encode_items(items, name, whole=limit is None)
+        encoded = await self.encode_items(items, name, whole=limit is None,
+                                          add_special_tokens=body.bool("add_special_tokens", True))
         return encoded if limit is None else [self.truncate(ids, limit, "left") for ids in encoded]
 
-    async def encode_items(self, items: list, name: str, whole: bool = False) -> list[list[int]]:
+    async def encode_items(self, items: list, name: str, whole: bool = False,
+                           add_special_tokens: bool = True) -> list[list[int]]:
         """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked,
         in the pool when long). `whole`: no truncation will cut the ids, so a list past the
         context is refused before its ids are walked (5M of them held the loop 0.6 s for that 400)."""
         texts = [item for item in items if isinstance(item, str)]
-        encoded = iter(await self.admission.encode_many(texts) if texts else [])
+        encoded = iter(await self.admission.encode_many(texts, add_special_tokens) if texts else [])
         out = []
         for item in items:
             if isinstance(item, list) and whole:

@@ -84,3 +84,29 @@ def test_a_one_token_answer_keeps_its_leading_space(phi3):
 
     assert answer(1) == " yes"
     assert answer(2) == " yes yes"
+
+
+@pytest.fixture(scope="module")
+def llama32(tmp_path_factory):
+    path = make_model_dir(tmp_path_factory.mktemp("llama32-real-tok"), "llama", tokenizer_dir("llama3.2-vision"))
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with ServerThread(Config(model=str(path), num_kv_blocks=256, max_model_len=256)) as srv:
+        yield srv
+
+
+def test_add_special_tokens_is_honoured(llama32):
+    """vLLM's add_special_tokens (completions and pooling: default true; chat: false) was ignored:
+    a prompt already carrying <|begin_of_text|> got a second one. Llama 3.2 Vision's tokenizer.json adds BOS."""
+    url, text = llama32.base_url, "<|begin_of_text|>Is this relevant?"
+
+    def prompt_tokens(path: str, **body) -> int:
+        response = httpx.post(url + path, json={"max_tokens": 1, **body})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens("/v1/completions", prompt=text)
+    assert prompt_tokens("/v1/completions", prompt=text, add_special_tokens=False) == plain - 1
+    assert prompt_tokens("/v1/embeddings", input=text, add_special_tokens=False) == plain - 1
+    chat = [{"role": "user", "content": "hi"}]
+    assert prompt_tokens("/v1/chat/completions", messages=chat, add_special_tokens=True) == \
+        prompt_tokens("/v1/chat/completions", messages=chat) + 1
