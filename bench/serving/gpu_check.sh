@@ -3,8 +3,10 @@
 # apache-tvm-ffi, and the server's starlette/hypercorn stack, which the GPU image lacks), run
 # the CUDA tests, the kernel micro-benchmark and the serving table. Results go to $OUT.
 #   usage (repo root): bash bench/serving/gpu_check.sh [gpu_table2.py flags]
-# Stage time limits keep the whole call under the 10-minute device limit; override with
-# TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT / CPU_TIMEOUT (seconds).
+# Each stage has a time limit (TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT /
+# CPU_TIMEOUT, seconds), cut to what is left of BUDGET (570 s: the device kills a call at 600 s)
+# less RESERVE (40 s) for saving the flashinfer modules and the logs at exit, so a slow stage
+# costs the later ones their time, never the results already written.
 #
 # Preparing the carried folders on a machine with network access (the device has none):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -28,9 +30,17 @@ OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 export OUT PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export MAX_JOBS=${MAX_JOBS:-16}  # parallel nvcc jobs for flashinfer's JIT
+export XZ_OPT=${XZ_OPT:--T0}  # the modules and logs are packed in the reserve: every core
 PY=${PY:-python3}
 start=$(date +%s)
+BUDGET=${BUDGET:-570}; RESERVE=${RESERVE:-40}
 stage() { echo "== $1 (t=$(( $(date +%s) - start ))s)"; }
+# The stage's own limit, or what the budget has left if that is less (at least 1 s).
+limit() {
+  local left=$(( BUDGET - RESERVE - ($(date +%s) - start) ))
+  (( left < 1 )) && left=1
+  echo $(( $1 < left ? $1 : left ))
+}
 
 stage "wheels"
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -76,27 +86,27 @@ for name in ("triton", "flashinfer", "starlette", "hypercorn"):
 PY
 
 stage "CUDA tests"
-timeout "${TEST_TIMEOUT:-240}" $PY -m pytest tests/kernels tests/executor -q -rs -x -p no:cacheprovider \
+timeout "$(limit "${TEST_TIMEOUT:-240}")" $PY -m pytest tests/kernels tests/executor -q -rs -x -p no:cacheprovider \
   > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?"; tail -n 15 "$OUT/pytest.log"
 
 stage "kernel micro-benchmark"
-timeout "${BENCH_TIMEOUT:-60}" $PY -m kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt"
+timeout "$(limit "${BENCH_TIMEOUT:-60}")" $PY -m kernels.bench --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.txt"
 
 stage "serving table"
 tok=.tok
 [ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
-timeout "${TABLE_TIMEOUT:-330}" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
+timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
 echo "gpu_table2 exit $?"
 
 stage "multi-item scoring"
 # /v1/score with 1-200 short items: one masked forward (flashinfer's custom mask) against a row
 # per item, on the random-weight 0.6B; after the table, so its figures come back even if this fails.
-timeout "${MULTI_TIMEOUT:-90}" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
+timeout "$(limit "${MULTI_TIMEOUT:-90}")" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
   --json "$OUT/multi_item.json"
 
 stage "server CPU per request"
 # The null executor's server on this host's CPU (#14 item 5), to set beside the table's step times.
-timeout "${CPU_TIMEOUT:-60}" $PY -m bench.serving.cpu_cost --num-requests 300 --no-progress \
+timeout "$(limit "${CPU_TIMEOUT:-60}")" $PY -m bench.serving.cpu_cost --num-requests 300 --no-progress \
   --log-dir /tmp/cpu-cost-logs --json "$OUT/cpu_cost.json"
 stage "done"
