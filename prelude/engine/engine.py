@@ -72,7 +72,7 @@ class Engine:
         return not self._tracked and not self._in_flight
 
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions)
+        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions, len(self._tracked))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
