@@ -18,6 +18,9 @@ class StartupError(Exception):
 
 def listen_error(config: Config, exc: OSError) -> StartupError:
     """What a failed bind means, and what to do about it."""
+    if config.uds is not None and exc.errno == errno.EADDRINUSE:
+        return StartupError(f"Unix socket {config.uds} is in use by a running server; stop that server or "
+                            "choose another path with --uds")
     if config.uds is not None:
         return StartupError(f"cannot listen on Unix socket {config.uds}: {exc.strerror or exc}; "
                             "choose a writable path with --uds")

@@ -88,7 +88,7 @@ class DecodePlanner:
         remaining = seq.num_tokens - computed
         # Rows whose outputs read every prompt position are never split.
         chunk = remaining if request.needs_every_position else min(remaining, budget.tokens_left, budget.prefill_left)
-        if chunk <= 0 or not budget.fits(chunk, deadline=request.deadline):
+        if chunk <= 0 or not budget.fits(chunk, deadline=seq.open_deadline):
             return None
         self.pool.acquire(match.blocks)
         need = self.pool.blocks_for(computed + chunk) - len(seq.blocks) - len(match.blocks)
@@ -101,7 +101,7 @@ class DecodePlanner:
         if not room:
             self.pool.release(match.blocks)
             return None
-        budget.take(chunk, deadline=request.deadline)
+        budget.take(chunk, deadline=seq.open_deadline)
         budget.prefill_left -= chunk
         if admitting:
             seq.blocks = list(match.blocks)

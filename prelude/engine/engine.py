@@ -23,6 +23,7 @@ from prelude.engine.output import (
     Overloaded,
     RequestOutput,
     RequestStream,
+    ShutDown,
 )
 from prelude.engine.plan import ScheduledStep, StepEvent
 from prelude.engine.request import Request
@@ -72,7 +73,7 @@ class Engine:
         return not self._tracked and not self._in_flight
 
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions)
+        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions, len(self._tracked))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -112,7 +113,7 @@ class Engine:
     def end_all(self) -> None:
         """Ends every request in flight with an error (shutdown): their clients get it now."""
         for tracked in list(self._tracked.values()):
-            self._finish(tracked, FinishReason.ERROR, EngineError("the server shut down before this request finished"))
+            self._finish(tracked, FinishReason.ERROR, ShutDown("the server shut down before this request finished"))
 
     async def wait_idle(self, timeout: float) -> bool:
         """Waits until no request is in flight, at most `timeout` seconds; whether it got there."""

@@ -29,9 +29,9 @@ class OneShotPlanner:
         suffix = len(prompt) - num_cached * bs
         logits_rows = len(prompt) if request.prompt_logprobs is not None else max(1, len(request.item_lengths))
         temp = suffix * self.temp_bytes_per_token + logits_rows * self.temp_bytes_per_logits_row
-        if not budget.fits(suffix, temp, request.deadline):
+        if not budget.fits(suffix, temp, job.open_deadline):
             return Skip.NO_ROOM
-        budget.take(suffix, temp, request.deadline)
+        budget.take(suffix, temp, job.open_deadline)
         self.pool.acquire(match.blocks)
         self.pool.record_query(len(prompt), num_cached * bs)
         job.num_cached_tokens = num_cached * bs

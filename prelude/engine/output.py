@@ -61,6 +61,11 @@ class DeadlineExceeded(EngineError):
     """The request could no longer meet its deadline and was shed before running."""
 
 
+class ShutDown(EngineError):
+    """The server shut down (its drain timed out) before the request finished: nothing was
+    wrong with the request, and another replica may serve it."""
+
+
 class RequestStream:
     """Async iterator over one request's outputs, fed by the engine loop (same event loop).
     A deque and at most one waiting future: an asyncio.Queue per request costs more than the

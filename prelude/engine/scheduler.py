@@ -139,11 +139,11 @@ class Scheduler:
 
     def late(self, now: float) -> list[Work]:
         """Waiting work that can no longer meet its deadline, even if it started now (only when
-        shedding late requests is on)."""
+        shedding late requests is on; a preempted sequence met its deadline with its first token)."""
         if not self.config.shed_late:
             return []
-        late = [w for w in self.waiting if w.request.deadline is not None
-                and now + self._estimate(w) > w.request.deadline]
+        late = [w for w in self.waiting if (deadline := w.open_deadline) is not None
+                and now + self._estimate(w) > deadline]
         self.stats.num_late += len(late)
         return late
 

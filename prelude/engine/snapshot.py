@@ -24,9 +24,16 @@ class EngineSnapshot:
     scheduler: SchedulerStats
     stats: EngineStats
     layer_preemptions: int = 0  # times a long OneShot step stepped aside between layers
+    # Admitted rows neither waiting nor finished: Decode sequences and the OneShot rows of the
+    # steps in flight. What a router reads as the requests running: OneShot rows hold no KV
+    # across steps, so counting sequences alone showed a replica computing long embeddings
+    # for seconds as idle (0 running, 0 waiting).
+    num_rows_running: int = 0
 
 
-def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: int = 0) -> EngineSnapshot:
+def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: int = 0,
+                  num_admitted: int = 0) -> EngineSnapshot:
+    """`num_admitted`: rows the engine admitted that have not finished."""
     pool = scheduler.pool
     return EngineSnapshot(
         num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
@@ -34,4 +41,5 @@ def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: i
         kv_blocks_total=pool.num_blocks, kv_blocks_in_use=pool.num_used_blocks,
         kv_blocks_cached=pool.num_cached_blocks, kv_usage=pool.usage,
         prefix_query_tokens=pool.queries_tokens, prefix_hit_tokens=pool.hit_tokens,
-        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats), layer_preemptions=layer_preemptions)
+        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats), layer_preemptions=layer_preemptions,
+        num_rows_running=max(0, num_admitted - scheduler.num_waiting))

@@ -43,6 +43,10 @@ class OneShotJob:
         return 0  # a sampled token lives in the step's result, not in the job
 
     @property
+    def open_deadline(self) -> float | None:
+        return self.request.deadline  # its one result is what the deadline is for
+
+    @property
     def tokens_to_compute(self) -> tuple[int, ...] | list[int]:
         return self.request.prompt_ids
 
@@ -78,6 +82,13 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.request.num_prompt_tokens
+
+    @property
+    def open_deadline(self) -> float | None:
+        """The request's deadline while it is still to be met: it is for the first token, so a
+        sequence that gave one and waits or recomputes after a preemption has none left (its
+        past deadline got it shed mid-stream, and a future one capped other rows' step)."""
+        return None if self.num_output_tokens else self.request.deadline
 
     @property
     def last_row_output(self) -> OutputSpec:

@@ -2,6 +2,7 @@
 second, not after the weights are read. Hypercorn gets the bound socket as `fd://N`."""
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -57,9 +58,12 @@ def bind(config: Config) -> Listener:
 
 def _bind_unix(path: str) -> Listener:
     # A socket file left by a previous run is stale once nothing listens on it; any other file
-    # at that path is not ours to remove.
+    # at that path is not ours to remove. One a live server listens on is that server's: removing
+    # it left the running server unreachable for good (and its exit later removed ours).
     try:
         if stat.S_ISSOCK(os.stat(path).st_mode):
+            if _listening(path):
+                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE), path)
             os.unlink(path)
     except FileNotFoundError:
         pass
@@ -70,3 +74,13 @@ def _bind_unix(path: str) -> Listener:
         sock.close()
         raise
     return Listener(sock.detach(), f"unix:{path}", path)
+
+
+def _listening(path: str) -> bool:
+    """Whether a server accepts connections on the Unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:  # ECONNREFUSED: nothing listens; the file is left over
+            return False
+    return True

@@ -89,7 +89,7 @@ def render(snap: EngineSnapshot, model: str) -> str:
 def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     """The signals routers read, as vLLM v1 names them."""
     w, stats = _Writer(model, "vllm"), snap.stats
-    w.metric("num_requests_running", "gauge", "Requests running on the engine.", snap.num_running)
+    w.metric("num_requests_running", "gauge", "Requests running on the engine.", snap.num_rows_running)
     w.metric("num_requests_waiting", "gauge", "Requests waiting to be scheduled.", snap.num_waiting)
     w.metric("kv_cache_usage_perc", "gauge", "KV-cache usage; 1 means 100 percent.", snap.kv_usage)
     w.metric("prefix_cache_queries_total", "counter", "Prefix-cache queries, in tokens.", snap.prefix_query_tokens)

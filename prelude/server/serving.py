@@ -15,7 +15,6 @@ from starlette.responses import Response
 
 from prelude.engine.engine import Engine
 from prelude.engine.output import (
-    DeadlineExceeded,
     EngineError,
     Overloaded,
     RequestOutput,
@@ -28,7 +27,7 @@ from prelude.server.early_refusal import overloaded_error
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, read_json
 from prelude.server.served_model import ServedModel
-from prelude.server.streaming import dumps, wait_disconnect
+from prelude.server.streaming import dumps, engine_error, wait_disconnect
 
 logger = logging.getLogger(__name__)
 BODY_KEY = "prelude.body"  # the request's Body in its ASGI scope
@@ -227,10 +226,8 @@ class Serving:
         watcher = asyncio.create_task(self._abort_when_gone(http, streams))
         try:
             outputs = await self._collect_all(streams)
-        except DeadlineExceeded as exc:
-            raise APIError(503, str(exc), code="deadline_exceeded") from None
         except EngineError as exc:
-            raise APIError(500, str(exc)) from None
+            raise engine_error(exc) from None
         finally:
             watcher.cancel()
             self.abort_unfinished(streams)

@@ -7,7 +7,7 @@ from typing import AsyncGenerator, AsyncIterator, Callable
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from prelude.engine.output import DeadlineExceeded, RequestOutput, RequestStream
+from prelude.engine.output import DeadlineExceeded, EngineError, RequestOutput, RequestStream, ShutDown
 from prelude.server.errors import APIError
 
 
@@ -99,8 +99,17 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
             task.cancel()
 
 
-def stream_error(exc: Exception) -> dict:
-    """The error event that ends a stream the engine failed (its 200 was already sent)."""
+def engine_error(exc: EngineError) -> APIError:
+    """What a request the engine ended with an error answers: 503 when the request was not at
+    fault and may be retried (shed for its deadline; cut by the shutdown, with Retry-After and
+    Connection: close, as a draining server refuses new work), else 500."""
     if isinstance(exc, DeadlineExceeded):
-        return APIError(503, str(exc), code="deadline_exceeded").body()
-    return APIError(500, str(exc)).body()
+        return APIError(503, str(exc), code="deadline_exceeded")
+    if isinstance(exc, ShutDown):
+        return APIError(503, str(exc), code="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+    return APIError(500, str(exc))
+
+
+def stream_error(exc: EngineError) -> dict:
+    """The error event that ends a stream the engine failed (its 200 was already sent)."""
+    return engine_error(exc).body()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -75,3 +76,28 @@ def test_second_signal_exits_at_once(demo_model):
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(10)
         assert time.monotonic() - began < 2
+
+
+def test_shutdown_timeout_answers_a_cut_request_503_with_retry_after(demo_model):
+    """A whole-answer request the shutdown timeout ends was not at fault: 503 with Retry-After
+    (another replica may serve it), as a draining server refuses new work; it was a 500."""
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--shutdown-timeout", "0.3"],
+                           env=prelude_env())
+    with server, ThreadPoolExecutor(1) as pool:
+        cut = pool.submit(httpx.post, server.base_url + "/v1/completions",
+                          json={"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}, timeout=60)
+        deadline = time.monotonic() + 30
+        while not _running(server.base_url):
+            assert time.monotonic() < deadline and not cut.done()
+            time.sleep(0.02)
+        server.proc.send_signal(signal.SIGTERM)
+        response = cut.result()
+        code = server.proc.wait(60)
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert code == 0 and "Traceback" not in server.log_path.read_text()
+
+
+def _running(url: str) -> bool:
+    return any(line.startswith("prelude:num_requests_running{") and not line.endswith(" 0")
+               for line in httpx.get(url + "/metrics").text.splitlines())

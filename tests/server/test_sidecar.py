@@ -58,6 +58,25 @@ def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model):
     assert not os.path.exists(path), "the socket file is removed on exit"
 
 
+def test_a_second_server_on_a_live_socket_refuses_to_start(tmp_path, demo_model):
+    """The socket of a running server is not a stale file: a second server given the same --uds
+    exits 2 naming it, and the first stays reachable (it used to be unlinked and replaced, the
+    first server left running where no client could reach it)."""
+    path = str(tmp_path / "prelude.sock")
+    args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", path]
+    first = subprocess.Popen(args, env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://prelude", timeout=30) as http:
+            wait_ready(http, path, first)
+            second = subprocess.run(args, env=prelude_env(), capture_output=True, text=True, timeout=60)
+            assert second.returncode == 2, second.stderr
+            assert f"Unix socket {path} is in use" in second.stderr and "Traceback" not in second.stderr
+            assert http.get("/ready").status_code == 200
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.wait(30)
+
+
 def test_ready_answers_503_until_the_warm_up_is_done(demo_model):
     gate = threading.Event()
     srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_model_len=512), started_at="/health")

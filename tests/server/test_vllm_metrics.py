@@ -2,7 +2,12 @@
 dashboards read them unchanged; Prelude's own names stay."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
+
+from prelude.contract.config import Config
+from tests.server.harness import ServerThread
 
 
 def test_metrics_speak_vllms_names(server):
@@ -13,3 +18,26 @@ def test_metrics_speak_vllms_names(server):
                  "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count"):
         assert any(line.startswith(name + '{model_name="') for line in text.splitlines()), name
     assert "prelude:num_requests_running" in text
+
+
+def _running(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return float(next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")).split()[-1])
+
+
+def test_requests_running_counts_oneshot_rows_in_flight(demo_model):
+    """A replica computing long embeddings is busy: vllm:num_requests_running counts their rows
+    while their step runs (it counted Decode sequences only, so a router read the replica as
+    idle, 0 running and 0 waiting, for the seconds the step took)."""
+    config = Config(model=str(demo_model), block_size=4, num_kv_blocks=256, max_model_len=4096)
+    long_ids = [(7 * i) % 1500 + 10 for i in range(3000)]
+    with ServerThread(config) as srv, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, srv.base_url + "/v1/embeddings",
+                              json={"input": [long_ids, long_ids[1:]]}, timeout=120)
+        seen = 0.0
+        while not pending.done():
+            seen = max(seen, _running(srv.base_url))
+        assert pending.result().status_code == 200
+        assert seen >= 1
+        srv.wait_idle()
+        assert _running(srv.base_url) == 0
