@@ -24,9 +24,10 @@ NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 
 class DecisionAPI(Serving):
     # -- helpers ----------------------------------------------------------------------------
-    def _rows(self, rid: str, prompts: list[list[int]], task: Task, **fields) -> list[Request]:
+    def _rows(self, rid: str, prompts: list[list[int]], task: Task, param: str = "input", **fields) -> list[Request]:
+        """`param`: the request field a too-long prompt is blamed on."""
         for ids in prompts:
-            self.check_length(ids, "input", task)
+            self.check_length(ids, param, task)
         return [Request(f"{rid}-{i}", ids, NO_GENERATION, task=task, **fields) for i, ids in enumerate(prompts)]
 
     def _require_classifier(self) -> None:
@@ -126,11 +127,11 @@ class DecisionAPI(Serving):
         return ids
 
     async def _label_scores(self, http, rid: str, prompts: list[list[int]], label_ids: tuple[int, ...],
-                            apply_softmax: bool, sched: dict) -> list[list[float]]:
+                            apply_softmax: bool, sched: dict, param: str = "items") -> list[list[float]]:
         """For each prompt, the probability of each label token at the next position: normalized
         over the label tokens alone (apply_softmax: the compact head computes just their rows of
         the LM head) or over the whole vocabulary."""
-        rows = self._rows(rid, prompts, task=Task.SCORE, label_token_ids=label_ids,
+        rows = self._rows(rid, prompts, task=Task.SCORE, param=param, label_token_ids=label_ids,
                           label_vocab_normalized=not apply_softmax, **sched)
         outputs = await self.collect(http, rows)
         return [[math.exp(lp) for lp in required(out.label_logprobs)] for out in outputs]
@@ -140,7 +141,7 @@ class DecisionAPI(Serving):
         """All items in one row behind the shared query: one forward, each item masked to see
         the query and itself only, read at its own last token."""
         prompt = query + [t for item in items for t in item]
-        rows = self._rows(rid, [prompt], task=Task.SCORE, label_token_ids=label_ids,
+        rows = self._rows(rid, [prompt], task=Task.SCORE, param="items", label_token_ids=label_ids,
                           label_vocab_normalized=not apply_softmax, item_lengths=tuple(map(len, items)), **sched)
         (out,) = await self.collect(http, rows)
         return [[math.exp(lp) for lp in item] for item in required(out.item_label_logprobs)]
@@ -249,7 +250,8 @@ class DecisionAPI(Serving):
         judge = JudgePrompt(self.served.chat_template, body.str("instruction", RERANK_INSTRUCTION))
         texts = [judge.fill(q, d) for q, d in zip(queries, documents)]
         prompts = await self.admission.encode_many(texts, add_special_tokens=judge.add_special_tokens)
-        scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body))
+        scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body),
+                                          param="documents")
         return [s[1] for s in scores], prompts
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------

@@ -97,6 +97,11 @@ CASES = [
      "continue_final_message"),
     (CHAT, {"messages": [{"role": "assistant", "content": " "}], "continue_final_message": True,
             "add_generation_prompt": False}, 400, "continue_final_message"),
+    # Many short items packed behind one query (multi-item scoring) past the context: the error
+    # named 'input', a field /v1/score does not have.
+    ("/v1/score", {"query": "which one of these is the best?", "items": ["alpha beta gamma"] * 250,
+                    "label_token_ids": [5, 6], "multi_item": True}, 400,
+     "items"),
     (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
