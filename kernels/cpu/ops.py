@@ -19,11 +19,14 @@ built = _native is not None
 decode_step = _native.decode_step if _native is not None else None
 
 
-# Heads of 128 over more than ~1K keys stay on torch's flash kernel, which is faster there
-# (`python -m bench.serving.prefill_attention`, 2 threads: Qwen3-0.6B's heads at 2,048 tokens
-# 126 against 173 ms, a 256-token chunk over 4,096 cached 65 against 100 ms; at 512 tokens the
-# native kernel's 9.6 against 14.0 ms). Heads of 32 and 64 are as fast or faster at every length.
-WIDE_HEAD, WIDE_HEAD_MAX_KEYS = 128, 1024
+# Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's
+# flash kernel, which is faster there (2 threads, Qwen3-0.6B's heads, against the row's torch
+# path, context gathered: 2,048 tokens 149 against 127 ms, 1,024 over 1,024 cached 108 against
+# 92, 1,024 over 3,072 255 against 197). Shorter chunks are as fast or faster natively at any
+# context (16 over 4,096 cached 5.8 against 34 ms, 256 over 4,096 74 against 86, 512 over 1,024
+# 42 against 42), and so are rows of up to 1,024 tokens (34 against 39 ms). Heads of 32 and 64
+# are faster at every length.
+WIDE_HEAD, WIDE_HEAD_MAX_KEYS, WIDE_HEAD_MAX_QUERIES = 128, 1024, 512
 
 
 class CachedContext(NamedTuple):
@@ -59,7 +62,8 @@ def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     fresh, kv_heads = k.shape[0], k.shape[1]
     past = 0 if context is None else context.length
     if (not all(_native_fp32(x) and x.stride(1) == dim for x in (q, k, v)) or dim % 8 or heads % kv_heads
-            or v.shape != k.shape or fresh < n or n < 1 or (dim >= WIDE_HEAD and past + fresh > WIDE_HEAD_MAX_KEYS)):
+            or v.shape != k.shape or fresh < n or n < 1
+            or (dim >= WIDE_HEAD and past + fresh > WIDE_HEAD_MAX_KEYS and n > WIDE_HEAD_MAX_QUERIES)):
         return None
     k_cache = v_cache = blocks = k  # no context: the kernel reads none of them
     block_size = block_stride = token_stride = 1

@@ -127,6 +127,14 @@ __attribute__((always_inline)) static inline void key_rows(const PrefillAttentio
     }
 }
 
+// A KV head's consecutive keys lie a token's heads apart (4 KB with Qwen3-0.6B's), each on a page
+// of its own: asked for a block ahead (values at the block's start, keys a block before), their
+// page walks and misses overlap the arithmetic. Heads of 128 ran 5-10% faster.
+__attribute__((always_inline)) static inline void prefetch_rows(const float* const* rows, long nk, long d) {
+    for (long j = 0; j < nk; ++j)
+        for (long x = 0; x < d; x += 16) __builtin_prefetch(rows[j] + x);
+}
+
 // One KV head g, queries [i0, i1). Rows of the item are (query, head of the group), query-major;
 // a row's scores, top and total are one lane of a vector of 8 rows (`lanes` of them, the rows
 // past the last padding).
@@ -155,9 +163,17 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
     const long keys_end = past + i1;  // one past the last key any row of the item sees
     const float* keys[kKeys];
     const float* values[kKeys];
+    const float* next_keys[kKeys];
+    const float* next_values[kKeys];
     for (long j0 = 0; j0 < keys_end; j0 += block) {
         const long nk = keys_end - j0 < block ? keys_end - j0 : block;
         key_rows(a, g, j0, nk, keys, values);
+        prefetch_rows(values, nk, d);
+        if (j0 + block < keys_end) {
+            const long next = keys_end - j0 - block < block ? keys_end - j0 - block : block;
+            key_rows(a, g, j0 + block, next, next_keys, next_values);
+            prefetch_rows(next_keys, next, d);
+        }
         // Scores, kRows keys at a time (the last group repeats its last key).
         for (long j = 0; j < nk; j += kRows) {
             const float* kr[kRows];

@@ -1,8 +1,8 @@
 """The torch reference backend's prompt rows over a cached prefix whose KV blocks are scattered in
 the cache (not contiguous, not in order, the last one partial) equal softmax(q K^T / sqrt(d)) V
 over the prefix and the row, whole and a KV head and query chunk at a time (a segmented
-forward), for GQA groups and heads of 32, 64 and 128: rows that store their K/V, and rows that
-store none."""
+forward), for GQA groups and heads of 32, 64 and 128, on the native kernel and on torch's: rows
+that store their K/V, and rows that store none."""
 from __future__ import annotations
 
 import pytest
@@ -37,7 +37,8 @@ def _row(heads, kv_heads, dim, prefix, n, stores, seed):
     return attention, q, k, v, past_k, past_v
 
 
-CASES = [(8, 4, 32, 37, 20), (8, 2, 64, 300, 33), (16, 8, 128, 37, 20), (8, 4, 128, 1000, 16)]
+# the last: a chunk long enough for torch's kernel (kernels.cpu.ops.WIDE_HEAD), over the gathered context
+CASES = [(8, 4, 32, 37, 20), (8, 2, 64, 300, 33), (16, 8, 128, 37, 20), (8, 4, 128, 2000, 32), (8, 2, 128, 600, 520)]
 
 
 # a one-token row that stores its K/V is a decode row; one that stores none, a prompt row

@@ -74,11 +74,13 @@ def test_reads_a_slice_of_the_cache_heads(dim):
 
 
 def test_declines_what_it_does_not_compute():
-    """Other dtypes, head sizes that are not multiples of 8, and heads of 128 over many keys
-    (torch's kernel is faster there) are left to the caller's reference attention."""
+    """Other dtypes, head sizes that are not multiples of 8, and long chunks of heads of 128 over
+    many keys (torch's kernel is faster there) are left to the caller's reference attention."""
     q, k = torch.randn(4, 4, 16), torch.randn(4, 2, 16)
     assert ops.causal_prefill(q.double(), k.double(), k.double()) is None
     assert ops.causal_prefill(torch.randn(4, 4, 12), torch.randn(4, 2, 12), torch.randn(4, 2, 12)) is None
-    wide, context = torch.randn(4, 2, 128), torch.randn(ops.WIDE_HEAD_MAX_KEYS, 2, 128)
-    assert ops.causal_prefill(wide, wide, wide, ops.CachedContext.whole(context, context)) is None
-    assert ops.causal_prefill(wide, wide, wide, ops.CachedContext.whole(context[:100], context[:100])) is not None
+    long, context = torch.randn(ops.WIDE_HEAD_MAX_QUERIES + 1, 2, 128), torch.randn(ops.WIDE_HEAD_MAX_KEYS, 2, 128)
+    assert ops.causal_prefill(long, long, long, ops.CachedContext.whole(context, context)) is None
+    assert ops.causal_prefill(long, long, long, ops.CachedContext.whole(context[:100], context[:100])) is not None
+    short = long[:ops.WIDE_HEAD_MAX_QUERIES]
+    assert ops.causal_prefill(short, short, short, ops.CachedContext.whole(context, context)) is not None
