@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,23 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen, enable_gqa=True)
 
 
+def _measure(shapes: list[tuple[int, int]], repeats: int) -> tuple[list[list], list[dict]]:
+    """(table rows, JSON results) of every head shape at every (tokens, context)."""
+    rows, results = [], []
+    for name, (heads, kv_heads, dim) in HEADS.items():
+        for n, past in shapes:
+            q = torch.randn(n, heads, dim)
+            k, v = torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
+            flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
+            paged = _paged(k, v, past) if past else None
+            plain = best_us(lambda: torch_attention(q, k, v), repeats)
+            ours = best_us(lambda: _native(q, k[past:], v[past:], paged), repeats)
+            rows.append([name, f"{heads}/{kv_heads} x {dim}", n, past, plain, ours, plain / ours,
+                         flops / ours / 1e3])
+            results.append({"heads": name, "tokens": n, "context": past, "torch_us": plain, "prelude_us": ours})
+    return rows, results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
     p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
@@ -63,22 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not start(args, ops.built):
         return 1
-    ops.WIDE_HEAD_MAX_KEYS = sys.maxsize  # the kernel's own figures at every length
     shapes = [(n, 0) for n in map(int, args.tokens.split(","))]
     if args.chunk:
         shapes += [tuple(map(int, chunk.split(":"))) for chunk in args.chunk.split(",")]
-    rows, results = [], []
-    for name, (heads, kv_heads, dim) in HEADS.items():
-        for n, past in shapes:
-            q = torch.randn(n, heads, dim)
-            k, v = torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
-            flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
-            paged = _paged(k, v, past) if past else None
-            plain = best_us(lambda: torch_attention(q, k, v), args.repeats)
-            ours = best_us(lambda: _native(q, k[past:], v[past:], paged), args.repeats)
-            rows.append([name, f"{heads}/{kv_heads} x {dim}", n, past, plain, ours, plain / ours,
-                         flops / ours / 1e3])
-            results.append({"heads": name, "tokens": n, "context": past, "torch_us": plain, "prelude_us": ours})
+    with patch.object(ops, "WIDE_HEAD_MAX_KEYS", sys.maxsize):  # the kernel's own figures at every length
+        rows, results = _measure(shapes, args.repeats)
     print(f"{torch.get_num_threads()} threads")
     print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
                         "prelude GFLOPS"], rows))
