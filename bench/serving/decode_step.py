@@ -57,16 +57,17 @@ def step_ms(runner: ModelRunner, context: int, rows: int, steps: int) -> float:
     return 1000 * (time.perf_counter() - began) / steps
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.decode_step", description=__doc__)
+def add_step_flags(p: argparse.ArgumentParser, json_name: str, steps: int) -> None:
+    """The flags the in-process step benchmarks (this one, suffix_step) share."""
     p.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
-    p.add_argument("--rows", type=int, default=4)
-    p.add_argument("--context", type=int, default=150)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=100, help="steps timed per round")
-    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "decode_step.json")
-    args = p.parse_args(argv)
+    p.add_argument("--steps", type=int, default=steps, help="steps timed per round")
+    p.add_argument("--json", type=Path, default=report.RESULTS_DIR / json_name)
+
+
+def start_steps(args: argparse.Namespace) -> None:
+    """Applies --threads, sets the allocator up as the server does, and resolves --model."""
     if args.threads:
         torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the server does at startup
@@ -74,6 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prelude.demo import ensure_demo_model
 
         args.model = str(ensure_demo_model())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.decode_step", description=__doc__)
+    p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--context", type=int, default=150)
+    add_step_flags(p, "decode_step.json", steps=100)
+    args = p.parse_args(argv)
+    start_steps(args)
     runners = {name: runner_for(args.model, name, args.context, args.rows) for name in OPS}
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(args.rounds):

@@ -1,13 +1,17 @@
 """`python -m bench.serving.prefill_attention`: one prompt row's causal attention on the CPU,
 torch's flash kernel (`scaled_dot_product_attention`) against Prelude's native kernel
 (kernels/cpu/prefill_attention.hpp), for the heads of the demo model, checkpoint B and
-Qwen3-0.6B over prompt lengths, and for a chunk over a cached context. Times are the minimum of
-the repeats (the least-disturbed run on a shared machine); GFLOPS count the causal products."""
+Qwen3-0.6B over prompt lengths, and for chunks over a cached context. The context lies in KV
+blocks of 16 tokens in shuffled order, as a prefix-cache hit's do, and Prelude's figure is its
+whole path from there. Times are the minimum of the repeats (the least-disturbed run on a shared
+machine); GFLOPS count the causal products."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -16,24 +20,30 @@ from bench.charts import write_chart
 from bench.serving import report
 from bench.serving.microbench import add_flags, best_seconds, start
 
-try:
-    from kernels.cpu import _native as native
-except ImportError:  # not built
-    native = None  # type: ignore[assignment]
+from kernels.cpu import ops
 
 HEADS = {"demo": (8, 4, 32), "B": (8, 4, 64), "0.6B": (16, 8, 128)}
+BLOCK = 16
 
 
 def best_us(fn: Callable[[], object], repeats: int) -> float:
     return 1e6 * best_seconds(fn, repeats)
 
 
-def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
-    """The kernel itself, also where Prelude declines it (kernels.cpu.ops.WIDE_HEAD)."""
-    out = torch.empty_like(q)
-    n, heads, dim = q.shape
-    native.causal_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, past + n, heads, k.shape[1],
-                          dim, q.stride(0), k.stride(0), v.stride(0), dim ** -0.5, torch.get_num_threads())
+def _paged(k: torch.Tensor, v: torch.Tensor, past: int) -> ops.CachedContext:
+    """The first `past` keys and values in a KV cache's blocks, in shuffled order."""
+    blocks = -(-past // BLOCK)
+    table = torch.randperm(blocks)
+    k_cache, v_cache = (torch.zeros(blocks, BLOCK, *k.shape[1:]) for _ in range(2))
+    slots = table.repeat_interleave(BLOCK)[:past] * BLOCK + torch.arange(past) % BLOCK
+    k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots] = k[:past], v[:past]
+    return ops.CachedContext(k_cache, v_cache, table, past)
+
+
+def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: ops.CachedContext | None) -> torch.Tensor:
+    """Prelude's path from the cache, also where it declines the kernel (ops.WIDE_HEAD)."""
+    out = ops.causal_prefill(q, k, v, context)
+    assert out is not None
     return out
 
 
@@ -45,29 +55,37 @@ def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seen, enable_gqa=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
-    p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
-    p.add_argument("--chunk", default="256:4096", help="QUERIES:CONTEXT, a chunk over a cached context ('' to skip)")
-    add_flags(p, "prefill_attention.json")
-    args = p.parse_args(argv)
-    if not start(args, native is not None):
-        return 1
-    shapes = [(n, 0) for n in map(int, args.tokens.split(","))]
-    if args.chunk:
-        queries, context = map(int, args.chunk.split(":"))
-        shapes.append((queries, context))
+def _measure(shapes: list[tuple[int, int]], repeats: int) -> tuple[list[list], list[dict]]:
+    """(table rows, JSON results) of every head shape at every (tokens, context)."""
     rows, results = [], []
     for name, (heads, kv_heads, dim) in HEADS.items():
         for n, past in shapes:
             q = torch.randn(n, heads, dim)
             k, v = torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
             flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
-            plain = best_us(lambda: torch_attention(q, k, v), args.repeats)
-            ours = best_us(lambda: _native(q, k, v, past), args.repeats)
+            paged = _paged(k, v, past) if past else None
+            plain = best_us(lambda: torch_attention(q, k, v), repeats)
+            ours = best_us(lambda: _native(q, k[past:], v[past:], paged), repeats)
             rows.append([name, f"{heads}/{kv_heads} x {dim}", n, past, plain, ours, plain / ours,
                          flops / ours / 1e3])
             results.append({"heads": name, "tokens": n, "context": past, "torch_us": plain, "prelude_us": ours})
+    return rows, results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
+    p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
+    p.add_argument("--chunk", default="256:4096,16:1024,64:1024,16:4096,64:4096",
+                   help="QUERIES:CONTEXT,..., chunks over a cached context ('' to skip)")
+    add_flags(p, "prefill_attention.json")
+    args = p.parse_args(argv)
+    if not start(args, ops.built):
+        return 1
+    shapes = [(n, 0) for n in map(int, args.tokens.split(","))]
+    if args.chunk:
+        shapes += [tuple(map(int, chunk.split(":"))) for chunk in args.chunk.split(",")]
+    with patch.object(ops, "WIDE_HEAD_MAX_KEYS", sys.maxsize):  # the kernel's own figures at every length
+        rows, results = _measure(shapes, args.repeats)
     print(f"{torch.get_num_threads()} threads")
     print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
                         "prelude GFLOPS"], rows))

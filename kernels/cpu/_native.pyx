@@ -52,19 +52,29 @@ cdef extern from "prefill_attention.hpp" namespace "prelude_cpu" nogil:
         float* out
         long n, m, heads, kv_heads, dim, q_stride, k_stride, v_stride
         float scale
+        const float* k_cache
+        const float* v_cache
+        const long* block_table
+        long context, block_size, cache_block_stride, cache_token_stride
     void prefill_attention(const PrefillAttention& a, int threads)
 
 
-def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long m, long heads,
-                   long kv_heads, long dim, long q_stride, long k_stride, long v_stride, float scale,
-                   int threads) -> None:
-    """out[i, h] = softmax(q[i, h] . K^T * scale) V over keys [0, m - n + i] of K/V's head
-    h // (heads / kv_heads); q [n, heads, dim], k/v [m, kv_heads, dim], each with its token
-    stride (heads contiguous within a token), out [n, heads, dim] contiguous; fp32, dim % 8 == 0."""
+def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long fresh, long heads,
+                   long kv_heads, long dim, long q_stride, long k_stride, long v_stride, size_t k_cache_ptr,
+                   size_t v_cache_ptr, size_t table_ptr, long context, long block_size, long block_stride,
+                   long token_stride, float scale, int threads) -> None:
+    """out[i, h] = softmax(q[i, h] . K^T * scale) V over keys [0, context + fresh - n + i] of K/V's
+    head h // (heads / kv_heads): the first `context` keys in the KV cache's blocks (table int64:
+    token j in block table[j // block_size]; blocks block_stride floats apart, tokens
+    token_stride), then the `fresh` rows of k/v, whose last n are q's tokens. q [n, heads, dim],
+    k/v [fresh, kv_heads, dim], each with its token stride (heads contiguous within a token, in
+    the cache too), out [n, heads, dim] contiguous; fp32, dim % 8 == 0."""
     cdef PrefillAttention a
     a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr
-    a.n, a.m, a.heads, a.kv_heads, a.dim = n, m, heads, kv_heads, dim
+    a.n, a.m, a.heads, a.kv_heads, a.dim = n, context + fresh, heads, kv_heads, dim
     a.q_stride, a.k_stride, a.v_stride, a.scale = q_stride, k_stride, v_stride, scale
+    a.k_cache, a.v_cache, a.block_table = <const float*>k_cache_ptr, <const float*>v_cache_ptr, <const long*>table_ptr
+    a.context, a.block_size, a.cache_block_stride, a.cache_token_stride = context, block_size, block_stride, token_stride
     with nogil:
         prefill_attention(a, threads)
 

@@ -3,6 +3,8 @@
 kernels do not take (another dtype or device, odd sizes, unusual strides) goes to the reference."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kernels import reference
@@ -17,32 +19,66 @@ built = _native is not None
 decode_step = _native.decode_step if _native is not None else None
 
 
-# Heads of 128 over more than ~1K keys stay on torch's flash kernel, which is faster there
-# (`python -m bench.serving.prefill_attention`, 2 threads: Qwen3-0.6B's heads at 2,048 tokens
-# 126 against 173 ms, a 256-token chunk over 4,096 cached 65 against 100 ms; at 512 tokens the
-# native kernel's 9.6 against 14.0 ms). Heads of 32 and 64 are as fast or faster at every length.
-WIDE_HEAD, WIDE_HEAD_MAX_KEYS = 128, 1024
+# Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's
+# flash kernel, which is faster there (2 threads, Qwen3-0.6B's heads, against the row's torch
+# path, context gathered: 2,048 tokens 149 against 127 ms, 1,024 over 1,024 cached 108 against
+# 92, 1,024 over 3,072 255 against 197). Shorter chunks are as fast or faster natively at any
+# context (16 over 4,096 cached 5.8 against 34 ms, 256 over 4,096 74 against 86, 512 over 1,024
+# 42 against 42), and so are rows of up to 1,024 tokens (34 against 39 ms). Heads of 32 and 64
+# are faster at every length.
+WIDE_HEAD, WIDE_HEAD_MAX_KEYS, WIDE_HEAD_MAX_QUERIES = 128, 1024, 512
 
 
-def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None = None,
-                   past_v: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Causal attention of a row's n new tokens (q, k, v: [n, heads or kv_heads, dim]) over a
-    cached context seen whole (past_k/v: [p, kv_heads, dim]) and themselves: query i sees keys
-    [0, p + i] (kernels/cpu/prefill_attention.hpp). fp32 on the CPU, each token's heads
-    contiguous. None where the kernel does not apply; the caller's reference attention answers
-    then."""
+class CachedContext(NamedTuple):
+    """A row's cached context where it lies: its first `length` tokens' K/V in the blocks of
+    k_cache/v_cache ([blocks, block_size, kv_heads, dim], maybe a slice of the heads) that
+    `blocks` (int64) lists in order."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    blocks: torch.Tensor
+    length: int
+
+    @classmethod
+    def whole(cls, k: torch.Tensor, v: torch.Tensor) -> CachedContext:
+        """Keys and values already in one run ([length, kv_heads, dim]), as one block."""
+        return cls(k.unsqueeze(0), v.unsqueeze(0), torch.zeros(1, dtype=torch.long, device=k.device), len(k))
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The context's keys and values copied out of its blocks, [length, kv_heads, dim]: for
+        the attentions that take them whole."""
+        return (self.k_cache[self.blocks].flatten(0, 1)[:self.length],
+                self.v_cache[self.blocks].flatten(0, 1)[:self.length])
+
+
+def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   context: CachedContext | None = None) -> torch.Tensor | None:
+    """Causal attention of a row's last n new tokens (q: [n, heads, dim]) over its cached context
+    (seen whole, read from its blocks) and its new keys and values (k, v: [fresh >= n, kv_heads,
+    dim], the queries' own last): query i sees everything before the n queries and new keys up to
+    its own (kernels/cpu/prefill_attention.hpp). fp32 on the CPU, each token's heads contiguous.
+    None where the kernel does not apply; the caller's reference attention answers then."""
     n, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    past = 0 if past_k is None or past_v is None else len(past_k)
+    fresh, kv_heads = k.shape[0], k.shape[1]
+    past = 0 if context is None else context.length
     if (not all(_native_fp32(x) and x.stride(1) == dim for x in (q, k, v)) or dim % 8 or heads % kv_heads
-            or v.shape != k.shape or len(k) != n or n < 1 or (dim >= WIDE_HEAD and past + n > WIDE_HEAD_MAX_KEYS)):
+            or v.shape != k.shape or fresh < n or n < 1
+            or (dim >= WIDE_HEAD and past + fresh > WIDE_HEAD_MAX_KEYS and n > WIDE_HEAD_MAX_QUERIES)):
         return None
-    if past:
-        assert past_k is not None and past_v is not None
-        k, v = torch.cat([past_k, k]), torch.cat([past_v, v])
+    k_cache = v_cache = blocks = k  # no context: the kernel reads none of them
+    block_size = block_stride = token_stride = 1
+    if context is not None and past:
+        k_cache, v_cache, blocks = context.k_cache, context.v_cache, context.blocks
+        block_size, block_stride, token_stride = k_cache.shape[1], k_cache.stride(0), k_cache.stride(1)
+        if (not all(_native_fp32(x) and x.stride(2) == dim for x in (k_cache, v_cache))
+                or v_cache.stride() != k_cache.stride() or k_cache.shape[2:] != k.shape[1:]
+                or blocks.dtype != torch.long or not blocks.is_contiguous() or len(blocks) * block_size < past):
+            return None
     out = torch.empty(n, heads, dim)
-    _native.causal_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, past + n, heads, kv_heads,
-                           dim, q.stride(0), k.stride(0), v.stride(0), dim ** -0.5, torch.get_num_threads())
+    _native.causal_prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), n, fresh, heads, kv_heads, dim,
+                           q.stride(0), k.stride(0), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                           blocks.data_ptr(), past, block_size, block_stride, token_stride, dim ** -0.5,
+                           torch.get_num_threads())
     return out
 
 

@@ -74,6 +74,17 @@ def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
     assert "median ms" in capsys.readouterr().out
 
 
+def test_suffix_step_bench_times_a_suffix_over_a_cached_prefix(demo_model, tmp_path, capsys):
+    from bench.serving import suffix_step
+
+    out = tmp_path / "suffix_step.json"
+    code = suffix_step.main(["--model", str(demo_model), "--prefix", "40", "--suffix", "8", "--rounds", "2",
+                             "--steps", "1", "--json", str(out)])
+    assert code == 0
+    assert all(t > 0 for t in json.loads(out.read_text())["rounds_ms"])
+    assert "median ms" in capsys.readouterr().out
+
+
 def test_prefill_attention_bench_writes_its_table_json_and_chart(tmp_path, capsys):
     from bench.serving import prefill_attention
     from kernels.cpu.ops import built

@@ -1,8 +1,8 @@
 """The torch reference's multi-item attention (row_attention.items_attention), on both of its paths (one dense mask for short
 rows, flash attentions merged by log-sum-exp for long ones), equals one attention under the mask
 that defines multi-item rows (model.attention.own_token_mask, the cached context seen by every
-token): with and without cached context, a shared part or none (the whole query cached), equal
-and unequal items, grouped query heads."""
+token): with and without cached context (in scattered KV blocks), a shared part or none (the
+whole query cached), equal and unequal items, grouped query heads."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from prelude.executor.attention import row_attention
 from prelude.model.attention import own_token_mask
+from tests.executor.scattered_blocks import scattered_context
 
 
 def _dense(q, k, v, past_k, past_v, items):
@@ -38,5 +39,6 @@ def test_items_attention_equals_the_dense_mask(monkeypatch, ctx, shared, items, 
     q = torch.randn(n, heads, dim, generator=gen)
     k, v = (torch.randn(n, kv_heads, dim, generator=gen) for _ in range(2))
     past_k, past_v = (torch.randn(ctx, kv_heads, dim, generator=gen) for _ in range(2)) if ctx else (None, None)
-    got = row_attention.items_attention(q, k, v, past_k, past_v, items)
+    context = scattered_context(past_k, past_v, 4, gen) if ctx else None
+    got = row_attention.items_attention(q, k, v, context, items)
     torch.testing.assert_close(got, _dense(q, k, v, past_k, past_v, items), atol=1e-5, rtol=1e-5)

@@ -1,12 +1,15 @@
 """The CPU prefill attention kernel equals softmax(q K^T / sqrt(d)) V with query i of n seeing
 keys [0, m - n + i] of m, for GQA groups, head sizes, rows shorter and longer than its tiles
-and key blocks, a cached context before the row, and q read from a wider projection output."""
+and key blocks, a cached context before the row read from KV blocks scattered in the cache
+(the last one partial, the cache maybe a slice of its heads), new keys before the queries, and
+q read from a wider projection output."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from kernels.cpu import ops
+from tests.executor.scattered_blocks import scattered_context
 
 
 def reference(q, k, v):
@@ -20,33 +23,64 @@ def reference(q, k, v):
     return torch.einsum("hnm,mhd->nhd", scores.softmax(-1), values.double()).float()
 
 
-@pytest.mark.skipif(not ops.built, reason="kernels.cpu is not built")
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 8), (8, 4, 32), (16, 8, 64), (16, 2, 128), (6, 1, 40)])
-@pytest.mark.parametrize("n,past", [(1, 0), (17, 0), (128, 0), (150, 0), (5, 300), (70, 33)])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_equals_causal_attention_over_the_context_and_the_row(heads, kv_heads, dim, n, past, threads):
-    gen = torch.Generator().manual_seed(heads * 1000 + dim * 10 + n + past)
-    # q as the model has it: a view into the fused q/k/v projection's output, tokens wider apart
-    qkv = torch.randn(n, heads + 2 * kv_heads, dim, generator=gen)
-    q = qkv[:, :heads]
-    k = torch.randn(past + n, kv_heads, dim, generator=gen)
-    v = torch.randn(past + n, kv_heads, dim, generator=gen)
+def _threads(threads, fn):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = ops.causal_prefill(q, k[past:], v[past:], k[:past], v[:past])
+        return fn()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not ops.built, reason="kernels.cpu is not built")
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 4, 8), (8, 4, 32), (16, 8, 64), (16, 2, 128), (6, 1, 40)])
+# (queries, new keys, cached context, KV block size): a row from its start, a short suffix over a
+# long context, new keys before the queries (a later segment of a segmented row)
+@pytest.mark.parametrize("n,fresh,past,block_size", [
+    (1, 1, 0, 16), (17, 17, 0, 16), (128, 128, 0, 16), (150, 150, 0, 16), (3, 20, 0, 16),
+    (5, 5, 300, 16), (70, 70, 33, 16), (70, 70, 33, 5), (16, 16, 1000, 16), (64, 64, 960, 7), (9, 40, 37, 16),
+])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_equals_causal_attention_over_the_context_and_the_row(heads, kv_heads, dim, n, fresh, past, block_size,
+                                                              threads):
+    gen = torch.Generator().manual_seed(heads * 1000 + dim * 10 + n + past + block_size)
+    # q as the model has it: a view into the fused q/k/v projection's output, tokens wider apart
+    qkv = torch.randn(n, heads + 2 * kv_heads, dim, generator=gen)
+    q = qkv[:, :heads]
+    k = torch.randn(past + fresh, kv_heads, dim, generator=gen)
+    v = torch.randn(past + fresh, kv_heads, dim, generator=gen)
+    context = scattered_context(k[:past], v[:past], block_size, gen) if past else None
+    out = _threads(threads, lambda: ops.causal_prefill(q, k[past:], v[past:], context))
     assert out is not None
     torch.testing.assert_close(out, reference(q, k, v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not ops.built, reason="kernels.cpu is not built")
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_reads_a_slice_of_the_cache_heads(dim):
+    """A segmented forward attends one KV head at a time: the cache is a view of some of its heads."""
+    gen = torch.Generator().manual_seed(dim)
+    n, past, kv_heads, group = 24, 100, 4, 2
+    k = torch.randn(past + n, kv_heads, dim, generator=gen)
+    v = torch.randn(past + n, kv_heads, dim, generator=gen)
+    q = torch.randn(n, kv_heads * group, dim, generator=gen)
+    whole = scattered_context(k[:past], v[:past], 16, gen)
+    for h in range(kv_heads):
+        heads = slice(h * group, (h + 1) * group)
+        context = ops.CachedContext(whole.k_cache[:, :, h:h + 1], whole.v_cache[:, :, h:h + 1], whole.blocks, past)
+        out = ops.causal_prefill(q[:, heads], k[past:, h:h + 1], v[past:, h:h + 1], context)
+        assert out is not None
+        torch.testing.assert_close(out, reference(q[:, heads], k[:, h:h + 1], v[:, h:h + 1]), rtol=1e-5, atol=1e-5)
+
+
 def test_declines_what_it_does_not_compute():
-    """Other dtypes, head sizes that are not multiples of 8, and heads of 128 over many keys
-    (torch's kernel is faster there) are left to the caller's reference attention."""
+    """Other dtypes, head sizes that are not multiples of 8, and long chunks of heads of 128 over
+    many keys (torch's kernel is faster there) are left to the caller's reference attention."""
     q, k = torch.randn(4, 4, 16), torch.randn(4, 2, 16)
     assert ops.causal_prefill(q.double(), k.double(), k.double()) is None
     assert ops.causal_prefill(torch.randn(4, 4, 12), torch.randn(4, 2, 12), torch.randn(4, 2, 12)) is None
-    wide, context = torch.randn(4, 2, 128), torch.randn(ops.WIDE_HEAD_MAX_KEYS, 2, 128)
-    assert ops.causal_prefill(wide, wide, wide, context, context) is None
-    assert ops.causal_prefill(wide, wide, wide, context[:100], context[:100]) is not None
+    long, context = torch.randn(ops.WIDE_HEAD_MAX_QUERIES + 1, 2, 128), torch.randn(ops.WIDE_HEAD_MAX_KEYS, 2, 128)
+    assert ops.causal_prefill(long, long, long, ops.CachedContext.whole(context, context)) is None
+    assert ops.causal_prefill(long, long, long, ops.CachedContext.whole(context[:100], context[:100])) is not None
+    short = long[:ops.WIDE_HEAD_MAX_QUERIES]
+    assert ops.causal_prefill(short, short, short, ops.CachedContext.whole(context, context)) is not None

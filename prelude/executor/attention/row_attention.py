@@ -1,15 +1,16 @@
-"""One prefill row's attention over its own new tokens and, seen whole, its cached context, on
-whole tensors ([tokens, heads, D]): the torch reference backend's math. In fp32 on the CPU a
-native kernel (kernels/cpu/prefill_attention.hpp) attends a causal row over its context in one
-call; elsewhere torch's CPU flash kernel where it applies, with partial attentions over disjoint
-keys merged by their log-sum-exps, which keeps every call on the flash path where one masked
-call would take torch's quadratic math path."""
+"""One prefill row's attention over its own new tokens ([tokens, heads, D]) and, seen whole, its
+cached context: the torch reference backend's math. In fp32 on the CPU a native kernel
+(kernels/cpu/prefill_attention.hpp) attends a causal row over its context in one call, reading
+the context from its KV blocks; elsewhere the context is gathered and torch's CPU flash kernel
+runs where it applies, with partial attentions over disjoint keys merged by their log-sum-exps,
+which keeps every call on the flash path where one masked call would take torch's quadratic
+math path."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.ops import causal_prefill
+from kernels.cpu.ops import CachedContext, causal_prefill
 from prelude.model.attention import own_token_mask
 
 # Multi-item rows seeing at most this many keys attend under one dense mask; longer ones in
@@ -17,28 +18,34 @@ from prelude.model.attention import own_token_mask
 DENSE_ITEM_TOKENS = 512
 
 
-def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
-                     past_v: torch.Tensor | None) -> torch.Tensor:
-    """Causal attention of a chunk of queries over its own keys and all the keys before it
-    (past_k/v, seen whole), as two flash attentions merged by their log-sum-exps: the same work
-    as the chunk's rows of one causal attention, where a mask over all keys cost twice that
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    context: CachedContext | None) -> torch.Tensor:
+    """Causal attention of a chunk of queries (the last len(q) of the new keys k/v) over its own
+    keys and all the keys before it: the cached context and the new keys before the chunk, seen
+    whole. Off the native kernel, two flash attentions merged by their log-sum-exps: the same
+    work as the chunk's rows of one causal attention, where a mask over all keys cost twice that
     (2,048 queries over 6,144 cached keys, demo model's heads: 120 against 214 ms)."""
-    native = causal_prefill(q, k, v, past_k, past_v)
+    native = causal_prefill(q, k, v, context)
     if native is not None:
         return native
     n, heads = q.shape[0], q.shape[1]
     group = heads // k.shape[1]
+    before = [context.gathered()] if context is not None and context.length else []
+    if len(k) > n:
+        before.append((k[:-n], v[:-n]))
+    k, v = k[-n:], v[-n:]
     qt = _heads_first(q)
     out, lse = _flash_with_lse(qt, _heads_first(k, group), _heads_first(v, group), True)
-    if past_k is not None and past_v is not None and len(past_k):
+    if before:
+        past_k, past_v = (torch.cat(x) if len(x) > 1 else x[0] for x in zip(*before))
         out = _merged(out, lse, *_flash_with_lse(qt, _heads_first(past_k, group), _heads_first(past_v, group), False))
     return out[0].transpose(0, 1).reshape(n, heads, -1)
 
 
-def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor | None,
-                     past_v: torch.Tensor | None, items: tuple[int, ...]) -> torch.Tensor:
+def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: CachedContext | None,
+                    items: tuple[int, ...]) -> torch.Tensor:
     """A multi-item row's own tokens (the shared part, then the items) over its cached context
-    (past_k/v) and themselves, as model.attention.own_token_mask says.
+    and themselves, as model.attention.own_token_mask says.
 
     Up to DENSE_ITEM_TOKENS keys, one attention under that mask. Beyond, where the mask's
     quadratic math path costs most, the shared part attends as any chunk does; the items'
@@ -49,6 +56,7 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
     (16/8 x 128) at 200 items 280 -> 60-66 ms, at 50 items 33-37 -> 28-31 ms, at 10 items
     (400 keys) 9.5-9.9 ms dense against 13-16 ms merged; demo model's heads at 200 items 82 -> 13 ms."""
     n, heads = q.shape[0], q.shape[1]
+    past_k, past_v = context.gathered() if context is not None and context.length else (None, None)
     keys_seen = n + (0 if past_k is None else len(past_k))
     if keys_seen <= DENSE_ITEM_TOKENS:
         return _masked_attention(q, k, v, past_k, past_v, own_token_mask(n, items, q.device))
@@ -56,7 +64,7 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
     shared = n - sum(items)
     out = torch.empty_like(q)
     if shared:
-        out[:shared] = chunk_attention(q[:shared], k[:shared], v[:shared], past_k, past_v)
+        out[:shared] = chunk_attention(q[:shared], k[:shared], v[:shared], context)
     # Each item's tokens in a [items, longest] grid; a padding slot repeats the item's last token.
     longest = max(items)
     lengths = torch.tensor(items, device=q.device)

@@ -6,6 +6,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.ops import CachedContext
 from prelude.executor.kv_cache import KVCache
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
 from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
@@ -19,7 +20,7 @@ except ImportError:  # the extension is not built (a source checkout before `pip
 
 
 class TorchAttention(AttentionBackend):
-    """Prefill rows attend one at a time (cached prefix gathered from blocks + own tokens);
+    """Prefill rows attend one at a time (cached prefix in its blocks + own tokens);
     single-token rows that store their K/V are batched: on the CPU in fp32 a native kernel reads
     their blocks where they lie (kernels/cpu/paged_attention.hpp), elsewhere one padded attention
     over gathered blocks. A prefill row's attention over its own tokens and its context is in
@@ -108,11 +109,10 @@ class TorchAttention(AttentionBackend):
         start, end, ctx, prefix, items = self.prefills[row]
         if items:
             return start, end, self._attend_row(k_cache, v_cache, q, k, v, start, end, ctx, prefix, items)
-        past_k = past_v = None
-        if prefix is not None or a:
-            past_k, past_v = _with_prefix(k_cache, v_cache, prefix, ctx, k[start:start + a], v[start:start + a])
-        own = slice(start + a, start + b)
-        return start + a, start + b, chunk_attention(q[own], k[own], v[own], past_k, past_v)
+        # the chunk's queries over the context, the row's tokens before them and their own
+        context = CachedContext(k_cache, v_cache, prefix, ctx) if prefix is not None else None
+        return start + a, start + b, chunk_attention(q[start + a:start + b], k[start:start + b],
+                                                     v[start:start + b], context)
 
     def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:
@@ -139,10 +139,10 @@ class TorchAttention(AttentionBackend):
         if prefix is None and not items:
             return causal_attention(q[start:end], k[start:end], v[start:end])
         # a cached context: a prefix-cache hit, or the earlier chunks of the prompt
-        past_k, past_v = _context(k_cache, v_cache, prefix, ctx) if prefix is not None else (None, None)
+        context = CachedContext(k_cache, v_cache, prefix, ctx) if prefix is not None else None
         if items:
-            return items_attention(q[start:end], k[start:end], v[start:end], past_k, past_v, items)
-        return chunk_attention(q[start:end], k[start:end], v[start:end], past_k, past_v)
+            return items_attention(q[start:end], k[start:end], v[start:end], context, items)
+        return chunk_attention(q[start:end], k[start:end], v[start:end], context)
 
     @staticmethod
     def _native_decode_cache(k_cache: torch.Tensor) -> bool:
@@ -167,18 +167,3 @@ class TorchAttention(AttentionBackend):
                      self.batched_tables.shape[1], dim ** -0.5, torch.get_num_threads())
         return result
 
-
-def _with_prefix(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor | None, ctx: int,
-                 k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The row's cached context (its first `ctx` tokens, gathered from its prefix blocks) followed
-    by the keys and values k, v."""
-    if prefix is None:
-        return k, v
-    past_k, past_v = _context(k_cache, v_cache, prefix, ctx)
-    return torch.cat([past_k, k]), torch.cat([past_v, v])
-
-
-def _context(k_cache: torch.Tensor, v_cache: torch.Tensor, prefix: torch.Tensor,
-             ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values of a row's first `ctx` tokens, gathered from its prefix blocks."""
-    return k_cache[prefix].flatten(0, 1)[:ctx], v_cache[prefix].flatten(0, 1)[:ctx]
