@@ -9,7 +9,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.contract.batch import TokenLogprob
-from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.output import RequestOutput
 from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
 from prelude.server.chat_prompt import ChatPrompt
@@ -18,7 +18,7 @@ from prelude.server.generation import GenerationAPI
 from prelude.server.protocol import Body
 from prelude.server.scores import required
 from prelude.server.serving import json_response, new_id
-from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
+from prelude.server.streaming import EventStream, merge, sse
 
 
 class ChatAPI(GenerationAPI):
@@ -84,15 +84,15 @@ class ChatAPI(GenerationAPI):
             content.append(row)
         return {"content": content}
 
-    async def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
-                           logged: AccessEntry | None):
+    def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
+                     logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                         "model": self.model_name, "choices": choices, **extra})
 
-        try:
+        async def chunks():
             yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
                           "finish_reason": None} for i in range(len(streams))])
             if echo:  # its own chunk before any generated text, as vLLM sends it
@@ -107,16 +107,9 @@ class ChatAPI(GenerationAPI):
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out
                 yield chunk([choice])
-            if logged is not None:
-                logged.record(rid, finals.values())
-            if include_usage:
-                yield chunk([], usage=self.usage([finals[i] for i in sorted(finals)], [prompt_len]))
-            yield SSE_DONE
-        except EngineError as exc:
-            if logged is not None:
-                logged.request_id, logged.error = rid, str(exc)
-            yield sse(stream_error(exc))
-            yield SSE_DONE
+
+        usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
+        return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged)
 
 
 def _refuse_tool_calls(body: Body) -> None:

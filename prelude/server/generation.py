@@ -4,12 +4,16 @@ prompt_logprobs field (read and answered the same way by both)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import AsyncIterator, Callable
 
 from prelude.contract.batch import TokenLogprob
+from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
+from prelude.server.access_log import AccessEntry
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import MAX_ITEMS, Serving
+from prelude.server.streaming import SSE_DONE, sse, stream_error
 
 
 class GenerationAPI(Serving):
@@ -76,6 +80,26 @@ class GenerationAPI(Serving):
             raise bad_request("'prompt_logprobs' are not available with 'stream': true (as in vLLM); "
                               "ask for them without streaming", "prompt_logprobs")
         return prompt_logprobs
+
+    async def framed(self, rid: str, chunks: AsyncIterator[bytes], finals: dict[int, RequestOutput],
+                     prompt_lens: list[int], usage_chunk: Callable[[dict], bytes] | None,
+                     logged: AccessEntry | None) -> AsyncIterator[bytes]:
+        """A stream's chunks (which fill `finals`, index -> last output), then its access-log
+        record, the usage chunk when asked for, and [DONE]; an engine error ends it with an
+        error event and [DONE] instead."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+            if logged is not None:
+                logged.record(rid, finals.values())
+            if usage_chunk is not None:
+                yield usage_chunk(self.usage([finals[i] for i in sorted(finals)], prompt_lens))
+            yield SSE_DONE
+        except EngineError as exc:
+            if logged is not None:
+                logged.request_id, logged.error = rid, str(exc)
+            yield sse(stream_error(exc))
+            yield SSE_DONE
 
     def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
         """vLLM's prompt_logprobs shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""

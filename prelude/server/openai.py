@@ -8,13 +8,13 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.contract.batch import TokenLogprob
-from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.output import RequestOutput
 from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
 from prelude.server.serving import MAX_ITEMS, json_response, new_id
-from prelude.server.streaming import SSE_DONE, EventStream, merge, sse, stream_error
+from prelude.server.streaming import EventStream, merge, sse
 
 
 class CompletionsAPI(GenerationAPI):
@@ -86,12 +86,17 @@ class CompletionsAPI(GenerationAPI):
             choice["prompt_logprobs"] = self.prompt_logprobs_field(out.prompt_logprobs)
         return choice
 
-    async def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
-                                 logged: AccessEntry | None):
+    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
+                           logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         offsets = [0] * len(streams)
-        try:
+
+        def chunk(choices, **extra):
+            return sse({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                        "choices": choices, **extra})
+
+        async def chunks():
             async for index, out in merge(streams):
                 text = out.text
                 entries: list = list(out.logprobs or [])
@@ -104,22 +109,11 @@ class CompletionsAPI(GenerationAPI):
                 if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
                     logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index])
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
-                choice = {"index": index, "text": text, "logprobs": logprobs_field,
-                          "finish_reason": out.finish_reason if out.finished else None,
-                          "stop_reason": out.stop_reason if out.finished else None}
-                yield sse({"id": rid, "object": "text_completion", "created": created,
-                           "model": self.model_name, "choices": [choice]})
+                yield chunk([{"index": index, "text": text, "logprobs": logprobs_field,
+                              "finish_reason": out.finish_reason if out.finished else None,
+                              "stop_reason": out.stop_reason if out.finished else None}])
                 if out.finished:
                     finals[index] = out
-            if logged is not None:
-                logged.record(rid, finals.values())
-            if include_usage:
-                usage = self.usage([finals[i] for i in sorted(finals)], [len(p) for p in prompts])
-                yield sse({"id": rid, "object": "text_completion", "created": created,
-                           "model": self.model_name, "choices": [], "usage": usage})
-            yield SSE_DONE
-        except EngineError as exc:
-            if logged is not None:
-                logged.request_id, logged.error = rid, str(exc)
-            yield sse(stream_error(exc))
-            yield SSE_DONE
+
+        usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
+        return self.framed(rid, chunks(), finals, [len(p) for p in prompts], usage_chunk, logged)
