@@ -87,7 +87,11 @@ class HealthFirst:
         self.engine = engine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/health" and scope["method"] in ("GET", "HEAD"):
+        if scope["type"] == "http" and scope["path"] == "/health":
+            if scope["method"] not in ("GET", "HEAD"):  # no route to say 405: it was a 404
+                response = APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"}).response()
+                await response(scope, receive, send)
+                return
             await send({"type": "http.response.start", "status": 200 if self.engine.healthy else 503,
                         "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})

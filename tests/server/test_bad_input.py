@@ -164,6 +164,8 @@ def test_unknown_route_and_wrong_method(server):
     assert wrong.headers["allow"] == "POST"  # a 405 names the methods the route takes (it did not)
     options = httpx.options(server.base_url + "/v1/models")
     assert options.status_code == 405 and set(options.headers["allow"].split(", ")) == {"GET", "HEAD"}
+    health = httpx.post(server.base_url + "/health")  # answered before routing: it said 404
+    assert health.status_code == 405 and health.headers["allow"] == "GET, HEAD" and "error" in health.json()
 
 
 def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):
