@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from starlette.requests import Request as HTTPRequest
@@ -49,9 +50,14 @@ class CompletionsAPI(GenerationAPI):
             return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
                                                        include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
+        if n > 1 and prompt_logprobs is not None:
+            # A prompt's logprobs are the same for each of its choices: the first computes them,
+            # and the others stay free to reuse its cached prefix (prompt logprobs read every
+            # position, so every choice computed the whole prompt again).
+            requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
         outputs = await self.collect(http, requests)
-        choices = [self._completion_choice(i, out, prompts[i // n], echo, logprobs, show_prompt_logprobs)
-                   for i, out in enumerate(outputs)]
+        choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
+                                           logprobs, show_prompt_logprobs) for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
@@ -73,17 +79,17 @@ class CompletionsAPI(GenerationAPI):
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
-    def _completion_choice(self, index: int, out: RequestOutput, prompt: list[int], echo: bool,
-                           logprobs: int | None, show_prompt_logprobs: bool) -> dict:
+    def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
+                           prompt: list[int], echo: bool, logprobs: int | None, show_prompt_logprobs: bool) -> dict:
         prompt_text = self.tokenizer.decode(prompt) if echo else ""
         logprobs_field = None
         if logprobs is not None:
-            entries: list = [None, *(out.prompt_logprobs or [])] if echo else []
+            entries: list = [None, *(prompt_logprobs or [])] if echo else []
             logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
         choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-        if show_prompt_logprobs and out.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = self.prompt_logprobs_field(out.prompt_logprobs)
+        if show_prompt_logprobs and prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs_field(prompt_logprobs)
         return choice
 
     def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,

@@ -67,3 +67,22 @@ def test_chat_prompt_logprobs_are_checked_like_completions(client, model):
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2, stream=True,
                                        extra_body={"prompt_logprobs": 1})
     assert refused.value.body["param"] == "prompt_logprobs" and "stream" in refused.value.body["message"]
+
+
+def test_choices_share_their_prompts_logprobs(server, client, model):
+    """With n > 1 every choice computed the whole prompt again for the same prompt_logprobs
+    (they read every position, so no choice could reuse the cached prefix); now the first
+    computes them and every choice carries them."""
+    prompt = "A long enough judge prompt to span several blocks of the cache: is the answer relevant here?"
+    alone = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                      extra_body={"prompt_logprobs": 1}).choices[0].model_extra["prompt_logprobs"]
+    before = server.on_loop(lambda: server.engine.scheduler.stats.prefill_tokens)
+    answer = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, n=3,
+                                       extra_body={"prompt_logprobs": 1})
+    computed = server.on_loop(lambda: server.engine.scheduler.stats.prefill_tokens) - before
+    shared = [c.model_extra["prompt_logprobs"] for c in answer.choices]
+    assert shared[1] == shared[2] == shared[0] and len(shared[0]) == len(alone)
+    for got, want in zip(shared[0][1:], alone[1:]):
+        assert got.keys() == want.keys()
+        assert all(abs(got[t]["logprob"] - want[t]["logprob"]) < 1e-4 for t in got)
+    assert computed < 2 * answer.usage.prompt_tokens, computed
