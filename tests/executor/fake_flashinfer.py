@@ -145,7 +145,7 @@ class BatchDecodeWithPagedKVCacheWrapper(base._Wrapper):
                  backend="auto", jit_args=None):
         self._setup(float_workspace_buffer, kv_layout, backend)
         _defaults(jit_args=jit_args)
-        self.use_cuda_graph = use_cuda_graph
+        self.use_cuda_graph, self.use_tensor_cores = use_cuda_graph, use_tensor_cores
         if use_cuda_graph:
             base._graph_buffers(paged_kv_indptr_buffer=paged_kv_indptr_buffer,
                                 paged_kv_indices_buffer=paged_kv_indices_buffer,
@@ -164,6 +164,10 @@ class BatchDecodeWithPagedKVCacheWrapper(base._Wrapper):
                   o_data_type=o_data_type, data_type=data_type, sm_scale=sm_scale, block_tables=block_tables,
                   seq_lens=seq_lens, fixed_split_size=fixed_split_size)
         self._check_pages(indptr, indices, last_page_len, page_size)
+        # The CUDA-core decode kernel is instantiated for these query heads per KV head only
+        # (utils.cuh DISPATCH_GQA_GROUP_SIZE); the tensor-core one takes any.
+        group = num_qo_heads // num_kv_heads
+        assert self.use_tensor_cores or group in (1, 2, 3, 4, 8), f"Unsupported group_size: {group}"
         if self.use_cuda_graph:
             assert len(self.last) == self.fixed_batch, "The batch size should be fixed in cudagraph mode"
             assert len(self.indices) <= self.indices_capacity, "indices exceed the allocated buffer"
