@@ -10,13 +10,15 @@
 #
 # Preparing the carried folders on a machine with network access (the device has none):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 -d .whl flashinfer-python==0.6.6 \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux_2_12_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
-#     priority wsproto cython
+#     priority wsproto cython nvidia-ml-py ninja tokenizers
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 # then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
-# (62 MB): the device call carries at most 64 MiB. Its other requirements are either in the GPU
-# image (nvidia-ml-py, einops, ninja, numpy, requests, click, tqdm, tabulate) or only imported by
+# (62 MB): the device call carries at most 64 MiB. nvidia-ml-py and ninja are carried and installed
+# where the image lacks them; its other requirements are in the GPU image (einops, numpy,
+# requests, click, tqdm, tabulate) or only imported by
 # paths Prelude does not use (cudnn frontend, cutlass DSL).
 #
 # flashinfer's JIT modules outlive the call: at exit every module compiled here (with those
@@ -43,8 +45,21 @@ limit() {
 }
 
 stage "wheels"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-deps --no-index --disable-pip-version-check .whl/*.whl 2>&1 | grep -v WARNING
+# flashinfer's own imports (pynvml from nvidia-ml-py; ninja for its JIT) and HF tokenizers (the
+# table's checkpoint builder) are installed only where the image lacks them: replacing the
+# image's copies could break what it pinned them for (transformers pins tokenizers).
+wheels=()
+for whl in .whl/*.whl; do
+  [ -f "$whl" ] || continue
+  case "$(basename "$whl")" in
+    nvidia_ml_py-*) $PY -c "import pynvml" 2>/dev/null && continue ;;
+    ninja-*) $PY -c "import ninja" 2>/dev/null && continue ;;
+    tokenizers-*) $PY -c "import tokenizers" 2>/dev/null && continue ;;
+  esac
+  wheels+=("$whl")
+done
+if (( ${#wheels[@]} )); then
+  $PY -m pip install -q --no-deps --no-index --disable-pip-version-check "${wheels[@]}" 2>&1 | grep -v WARNING
 fi
 stage "flashinfer modules of earlier runs"
 FI_AOT=; FI_JIT=; FI_KEEP=/tmp/fi-aot  # FI_KEEP: every module to save, as <name>/<name>.so
@@ -83,6 +98,9 @@ for name in ("triton", "flashinfer", "starlette", "hypercorn"):
         print(name, importlib.import_module(name).__version__)
     except Exception as exc:
         print(name, "NOT IMPORTABLE:", exc)
+        if name == "flashinfer" and torch.cuda.is_available():  # the backend would fall back quietly
+            print("ERROR: without flashinfer the CUDA executor runs the torch reference attention; "
+                  "the table below does not measure Prelude's CUDA path")
 PY
 
 stage "CUDA tests"
