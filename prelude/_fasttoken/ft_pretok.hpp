@@ -130,6 +130,16 @@ private:
     template <class Emit>
     size_t deepseek(size_t begin, size_t end, size_t stop, Emit&& emit) {
         size_t i = begin, gap = begin;
+        // An earlier call already swept past `begin` and found no number or CJK before
+        // clear_to_: resume there. Each call ran its own sweep to the next one, and split_bits
+        // calls once per 64-byte window that holds a non-ASCII byte, so a long stretch without
+        // numbers or CJK (emoji and letters) was swept again per window: quadratic, 20,000
+        // "😀x" took a second where HF takes 40 ms.
+        size_t sweep = i;  // no number or CJK in [sweep, i)
+        if (clear_end_ == end && clear_from_ <= begin && begin < clear_to_) {
+            sweep = clear_from_;
+            i = clear_to_;
+        }
         while (i < end) {
             while (i + 8 <= end) {  // ASCII other than digits is never a stop
                 const uint64_t stop = swar::digits_or_high(swar::load(s_ + i));
@@ -143,6 +153,7 @@ private:
             uint32_t cp;
             size_t next;
             const uint8_t c = at(i, cp, next);
+            if ((c & kNumber) || cjk(cp)) remember_clear(sweep, i, end);
             if (c & kNumber) {
                 const size_t reached = main_pieces(gap, i, stop, emit);
                 if (reached < i) return reached;
@@ -151,7 +162,7 @@ private:
                     emit(i, last);
                     i = last;
                 }
-                gap = i;
+                gap = sweep = i;
                 if (i >= stop) return i;
             } else if (cjk(cp)) {
                 const size_t reached = main_pieces(gap, i, stop, emit);
@@ -163,14 +174,22 @@ private:
                     j = k;
                 }
                 emit(i, j);
-                i = gap = j;
+                i = gap = sweep = j;
                 if (i >= stop) return i;
             } else {
                 i = next;
             }
         }
+        remember_clear(sweep, end, end);
         return main_pieces(gap, end, stop, emit);
     }
+    void remember_clear(size_t from, size_t to, size_t end) {
+        clear_from_ = from;
+        clear_to_ = to;
+        clear_end_ = end;
+    }
+    // [clear_from_, clear_to_) of the text ending at clear_end_ holds no number or CJK.
+    size_t clear_from_ = 0, clear_to_ = 0, clear_end_ = 0;
     // The main regex over [begin, end); returns where it stopped (end unless `stop` came first).
     template <class Emit>
     FT_INLINE size_t main_pieces(size_t begin, size_t end, size_t stop, Emit&& emit) {

@@ -3,16 +3,14 @@ TEI's /embed, /rerank (with `texts`) and /predict, and Cohere's v2 /v2/embed and
 Each answers in its own server's response shape."""
 from __future__ import annotations
 
-import base64
 import math
-import struct
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Task
 from prelude.server.decision import DecisionAPI
-from prelude.server.scores import required, sigmoid, softmax
+from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import MAX_ITEMS, check_count, json_response, new_id
@@ -27,15 +25,6 @@ def _texts(body: Body, name: str) -> list[str]:
         raise bad_request(f"'{name}' must be a non-empty string or array of non-empty strings", name)
     check_count(name, len(texts), MAX_ITEMS)
     return texts
-
-
-def _matryoshka(vector: list[float], dimensions: int | None, normalize: bool) -> list[float]:
-    if dimensions is not None:
-        vector = vector[:dimensions]
-    if normalize:
-        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-        vector = [v / norm for v in vector]
-    return vector
 
 
 def _packed_bits(vector: list[float], signed: bool) -> list[int]:
@@ -57,7 +46,7 @@ def _cohere_embedding(vector: list[float], kind: str) -> list | str:
         return [max(0, min(255, round((v + 1) * 127.5))) for v in vector]
     if kind in ("binary", "ubinary"):
         return _packed_bits(vector, signed=kind == "binary")
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return packed_float32(vector)
 
 
 class CompatAPI(DecisionAPI):
@@ -94,7 +83,7 @@ class CompatAPI(DecisionAPI):
         vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts,
                                              self.served.max_model_len if truncate else None, None,
                                              normalize and dimensions is None)
-        return json_response([_matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
+        return json_response([matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
 
     async def tei_rerank(self, body: Body, http: HTTPRequest) -> Response:
         """TEI /rerank: `query`, `texts`, `raw_scores`, `return_text`; a bare array sorted by
@@ -172,7 +161,7 @@ class CompatAPI(DecisionAPI):
         vectors, prompts = await self._embed_texts(http, rid, body, texts, limit,
                                                    "left" if truncate == "START" else "right", dimensions is None,
                                                    max_tokens if truncate == "NONE" else None)
-        vectors = [_matryoshka(v, dimensions, dimensions is not None) for v in vectors]
+        vectors = [matryoshka(v, dimensions, dimensions is not None) for v in vectors]
         embeddings = {kind: [_cohere_embedding(v, kind) for v in vectors] for kind in kinds}
         return json_response({
             "id": rid, "embeddings": embeddings, "texts": texts, "response_type": "embeddings_by_type",

@@ -2,9 +2,7 @@
 pair scoring, reranking and label-token scoring. A list input is one admission of many rows."""
 from __future__ import annotations
 
-import base64
 import math
-import struct
 import time
 from typing import Any
 
@@ -16,7 +14,7 @@ from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
-from prelude.server.scores import pair_relevance, required, sigmoid, softmax
+from prelude.server.scores import matryoshka, packed_float32, pair_relevance, required, sigmoid, softmax
 from prelude.server.serving import MAX_ITEMS, Serving, check_count, json_response, new_id, prompt_usage
 
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
@@ -67,16 +65,8 @@ class DecisionAPI(Serving):
                           normalize=normalize and dimensions is None, **self.scheduling(http, body))
         data = []
         for i, out in enumerate(await self.collect(http, rows)):
-            vector = required(out.pooled)
-            embedding: list[float] | str = vector
-            if dimensions is not None:  # Matryoshka: keep the leading dimensions, renormalize
-                vector = vector[:dimensions]
-                if normalize:
-                    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-                    vector = [v / norm for v in vector]
-                embedding = vector
-            if encoding == "base64":
-                embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            vector = matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
+            embedding: list[float] | str = packed_float32(vector) if encoding == "base64" else vector
             data.append({"object": "embedding", "index": i, "embedding": embedding})
         response = self._envelope(rid, data, prompts)
         del response["created"], response["id"]

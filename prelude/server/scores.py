@@ -1,7 +1,11 @@
-"""Head outputs as API scores: the probabilities and relevance the decision endpoints report."""
+"""Head outputs as API values: the probabilities and relevance the decision endpoints report, and
+the embedding vectors they return (Matryoshka cut, float32 packing)."""
 from __future__ import annotations
 
+import base64
 import math
+import struct
+from array import array
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -27,3 +31,21 @@ def sigmoid(x: float) -> float:
 def pair_relevance(logits: list[float]) -> float:
     """Cross-encoder relevance: sigmoid of a single logit, else the probability of label 1."""
     return sigmoid(logits[0]) if len(logits) == 1 else softmax(logits)[1]
+
+
+def matryoshka(vector: list[float], dimensions: int | None, normalize: bool) -> list[float]:
+    """The leading `dimensions` of an embedding, renormalized when `normalize` (vLLM's
+    `dimensions`, Cohere's `output_dimension`), in float32 like every other embedding the server
+    returns: renormalized in float64, the float format listed values its base64 (float32) could
+    not hold, so the two formats disagreed."""
+    if dimensions is not None:
+        vector = vector[:dimensions]
+    if normalize:
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        vector = array("f", [v / norm for v in vector]).tolist()
+    return vector
+
+
+def packed_float32(vector: list[float]) -> str:
+    """base64 of the vector as little-endian float32 (OpenAI's and Cohere's base64 format)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -3,6 +3,9 @@ ClientV2, TEI's /embed, /rerank (with `texts`) and /predict, and vLLM's truncate
 Each gives the same numbers as the server's own endpoints."""
 from __future__ import annotations
 
+import base64
+import struct
+
 import httpx
 import pytest
 
@@ -37,6 +40,9 @@ def test_cohere_v2_truncation_and_dimensions(lm):
     small = post(srv, "/v2/embed", texts=["hi"], input_type="search_query", output_dimension=8).json()
     vector = small["embeddings"]["float"][0]
     assert len(vector) == 8 and sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
+    both = post(srv, "/v2/embed", texts=["hi"], input_type="search_query", output_dimension=8,
+                embedding_types=["float", "base64"]).json()["embeddings"]
+    assert list(struct.unpack("<8f", base64.b64decode(both["base64"][0]))) == both["float"][0] == vector
     assert post(srv, "/v2/rerank", query="q", documents=["a " * 100], max_tokens_per_doc=4).status_code == 200
     # truncate NONE cuts nothing, max_tokens included: an input past it is a 400 (it was cut
     # to max_tokens, as END does).

@@ -88,6 +88,12 @@ def test_embeddings_token_ids_base64_and_dimensions(lm):
     truncated = torch.nn.functional.normalize(torch.tensor(floats[:8]), dim=-1)
     assert short == pytest.approx(truncated.tolist(), abs=1e-5)
     assert math.isclose(sum(v * v for v in short), 1.0, rel_tol=1e-5)
+    # base64 packs the very floats the float format lists (float32, as vLLM's tensors): with
+    # "dimensions" the renormalized vector was float64 in JSON and float32 in base64.
+    for body in ({"input": TEXTS[0], "dimensions": 8}, {"input": TEXTS[0], "dimensions": 8, "normalize": False}):
+        listed = post(srv, "/v1/embeddings", **body).json()["data"][0]["embedding"]
+        packed = post(srv, "/v1/embeddings", encoding_format="base64", **body).json()["data"][0]["embedding"]
+        assert list(struct.unpack(f"<{len(listed)}f", base64.b64decode(packed))) == listed
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls"])

@@ -89,7 +89,10 @@ def test_a_one_token_answer_keeps_its_leading_space(phi3):
 @pytest.fixture(scope="module")
 def llama32(tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("llama32-real-tok"), "llama", tokenizer_dir("llama3.2-vision"))
-    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    # HF's {% generation %} tag (assistant-token masks), as SmolLM3's template has it
+    (path / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{% generation %}[{{ m['content'] }}]"
+        "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}{% endfor %}")
     with ServerThread(Config(model=str(path), num_kv_blocks=256, max_model_len=256)) as srv:
         yield srv
 
@@ -110,3 +113,15 @@ def test_add_special_tokens_is_honoured(llama32):
     chat = [{"role": "user", "content": "hi"}]
     assert prompt_tokens("/v1/chat/completions", messages=chat, add_special_tokens=True) == \
         prompt_tokens("/v1/chat/completions", messages=chat) + 1
+
+
+def test_a_template_with_generation_blocks_renders(llama32):
+    """A template using HF's {% generation %} tag did not compile: the checkpoint could not start.
+    The tag renders its body, as in HF."""
+    messages = [{"role": "user", "content": "Is it good?"}, {"role": "assistant", "content": "Yes"}]
+    tokens = httpx.post(llama32.base_url + "/tokenize", json={"messages": messages}).json()["tokens"]
+    ref = hf_reference_tokenizer("llama3.2-vision")
+    text = ref.apply_chat_template(messages, chat_template=llama32.served.chat_template.source, tokenize=False)
+    assert text == "Is it good?[Yes]" and tokens == ref.encode(text, add_special_tokens=False)
+    response = httpx.post(llama32.base_url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == len(tokens)

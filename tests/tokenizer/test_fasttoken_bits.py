@@ -62,3 +62,22 @@ def test_str_kinds(name: str) -> None:
             fast.encode(bad)
         with pytest.raises(UnicodeEncodeError):
             fast.encode_batch(["fine", bad])
+
+
+@pytest.mark.parametrize("unit", ["\U0001F600x", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\u00e9\u2014 "])
+def test_deepseek_long_stretch_without_numbers_is_linear(unit: str) -> None:
+    """DeepSeek-V3's scanner swept to the next number or CJK character once per 64-byte window
+    that holds a non-ASCII byte: a long stretch with neither (emoji and letters) cost
+    quadratic time, 40,000 characters about a second, 80,000 four (HF: 40 ms). Timed against HF
+    on the same text, so a loaded machine slows both."""
+    import time
+
+    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir("deepseek-v3")))
+    text = unit * (80_000 // len(unit))
+    started = time.perf_counter()
+    want = hf.encode(text, False)
+    hf_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    got = fast.encode(text, False)
+    assert got == want
+    assert time.perf_counter() - started < 2 * hf_seconds + 0.05
