@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -129,10 +130,13 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             return Response(status_code=200)
         return APIError(409, "cached blocks are in use; retry when the server is idle").response()
 
+    # When the model was loaded, as vLLM reports it (0 read as 1970 in clients that show it).
+    loaded_at = int(time.time())
+
     async def models(_: HTTPRequest) -> Response:
         return json_response({"object": "list", "data": [{
-            "id": served.name, "object": "model", "created": 0, "owned_by": "prelude",
-            "root": str(served.path), "max_model_len": served.max_model_len,
+            "id": served.name, "object": "model", "created": loaded_at, "owned_by": "prelude",
+            "root": str(served.path), "parent": None, "max_model_len": served.max_model_len,
             "capabilities": served.capabilities}]})
 
     # SGLang's worker discovery (sglang-router asks for it): the model's id, and where its

@@ -11,7 +11,10 @@ def model(client):
 
 def test_health_and_models(server, client):
     assert httpx.get(server.base_url + "/health").status_code == 200
-    assert [m.id for m in client.models.list().data] == [server.served.name]
+    models = client.models.list().data
+    assert [m.id for m in models] == [server.served.name]
+    # vLLM's fields: created when the model was loaded (it said 0, shown as 1970), and parent
+    assert models[0].created > 1_700_000_000 and models[0].model_extra["parent"] is None
 
 
 def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
