@@ -171,11 +171,17 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             if text is None:
                 raise bad_request("'prompt' (a string) or 'messages' is required", "prompt")
         ids = await admission.encode(text, add_special)
-        return json_response({"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids})
+        # vLLM's return_token_strs: each id's vocabulary string (convert_ids_to_tokens), else null
+        strs = [served.tokenizer.id_to_token(i) for i in ids] if body.bool("return_token_strs") else None
+        return json_response({"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids,
+                              "token_strs": strs})
 
     async def detokenize(http: HTTPRequest) -> Response:
         body = await completions.body(http)
-        ids = await admission.checked_ids(body.list("tokens", nonempty=True) or [], "tokens")
+        tokens = body.list("tokens")
+        if tokens is None:
+            raise bad_request("'tokens' is required", "tokens")
+        ids = await admission.checked_ids(tokens, "tokens") if tokens else []  # no tokens: "", as vLLM
         return json_response({"prompt": await admission.decode(ids)})
 
     async def on_api_error(_: HTTPRequest, exc: APIError) -> Response:

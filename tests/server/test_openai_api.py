@@ -161,6 +161,11 @@ def test_tokenize_and_detokenize(server):
     assert httpx.post(server.base_url + "/detokenize", json={"tokens": many}).json()["prompt"] == "Hello world" * 2500
     bad = httpx.post(server.base_url + "/detokenize", json={"tokens": many + [-1]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    # vLLM's answers: no tokens decode to "" (it was a 400), and return_token_strs names each id
+    assert httpx.post(server.base_url + "/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+    named = httpx.post(server.base_url + "/tokenize", json={"prompt": "Hello world", "return_token_strs": True})
+    assert named.json()["token_strs"] == [server.served.tokenizer.id_to_token(i) for i in ids]
+    assert all(isinstance(s, str) for s in named.json()["token_strs"])
 
 
 def test_x_request_id_is_echoed_and_names_the_response(server):
