@@ -43,17 +43,13 @@ class Admission:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) < INLINE_CHARS:
             return self._embeddable(self.tokenizer.encode(text, add_special_tokens))
-        loop = asyncio.get_running_loop()
-        return self._embeddable(
-            await loop.run_in_executor(self._pool, self.tokenizer.encode, text, add_special_tokens))
+        return self._embeddable(await self.offload(partial(self.tokenizer.encode, text, add_special_tokens)))
 
     async def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         if sum(map(len, texts)) < INLINE_CHARS:
             encoded = [self.tokenizer.encode(t, add_special_tokens) for t in texts]
         else:
-            loop = asyncio.get_running_loop()
-            encoded = await loop.run_in_executor(self._pool, self.tokenizer.encode_batch, list(texts),
-                                                 add_special_tokens)
+            encoded = await self.offload(partial(self.tokenizer.encode_batch, list(texts), add_special_tokens))
         for ids in encoded:
             self._embeddable(ids)
         return encoded
@@ -65,9 +61,9 @@ class Admission:
         return ids
 
     async def offload(self, work: Callable[[], T]) -> T:
-        """Runs a long piece of a request's preparation (a chat template over many messages) in
-        the tokenizer pool. It may hold the GIL, but the loop gets it back every switch interval
-        instead of waiting for the whole piece."""
+        """Runs a long piece of a request's preparation (a long text to encode, a chat template
+        over many messages, a long id list) in the tokenizer pool. It may hold the GIL, but the
+        loop gets it back every switch interval instead of waiting for the whole piece."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     async def checked_ids(self, ids: Sequence, param: str) -> list[int]:
