@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from bench.charts import write_chart
 from bench.serving import report
 from bench.serving.microbench import add_flags, best_seconds, start
+from bench.serving.scattered_blocks import scattered_context
 
 from kernels.cpu import ops
 
@@ -28,16 +29,6 @@ BLOCK = 16
 
 def best_us(fn: Callable[[], object], repeats: int) -> float:
     return 1e6 * best_seconds(fn, repeats)
-
-
-def _paged(k: torch.Tensor, v: torch.Tensor, past: int) -> ops.CachedContext:
-    """The first `past` keys and values in a KV cache's blocks, in shuffled order."""
-    blocks = -(-past // BLOCK)
-    table = torch.randperm(blocks)
-    k_cache, v_cache = (torch.zeros(blocks, BLOCK, *k.shape[1:]) for _ in range(2))
-    slots = table.repeat_interleave(BLOCK)[:past] * BLOCK + torch.arange(past) % BLOCK
-    k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots] = k[:past], v[:past]
-    return ops.CachedContext(k_cache, v_cache, table, past)
 
 
 def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: ops.CachedContext | None) -> torch.Tensor:
@@ -63,7 +54,9 @@ def _measure(shapes: list[tuple[int, int]], repeats: int) -> tuple[list[list], l
             q = torch.randn(n, heads, dim)
             k, v = torch.randn(past + n, kv_heads, dim), torch.randn(past + n, kv_heads, dim)
             flops = 4 * heads * dim * (n * past + n * (n + 1) / 2)
-            paged = _paged(k, v, past) if past else None
+            paged = None
+            if past:  # the context in shuffled blocks of a cache, as a prefix-cache hit finds it
+                paged = scattered_context(k[:past], v[:past], BLOCK, torch.Generator().manual_seed(past))
             plain = best_us(lambda: torch_attention(q, k, v), repeats)
             ours = best_us(lambda: _native(q, k[past:], v[past:], paged), repeats)
             rows.append([name, f"{heads}/{kv_heads} x {dim}", n, past, plain, ours, plain / ours,

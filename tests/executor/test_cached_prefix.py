@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.serving.scattered_blocks import scatter, scattered_table
 from prelude.contract.batch import PrefillRow
 from prelude.executor.attention import torch_ref
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
-from tests.executor.scattered_blocks import scatter, scattered_table
 from tests.executor.test_prefill_attention import reference
 
 BLOCK = 16

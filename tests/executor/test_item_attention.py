@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.serving.scattered_blocks import scattered_context
 from prelude.executor.attention import row_attention
 from prelude.model.attention import own_token_mask
-from tests.executor.scattered_blocks import scattered_context
 
 
 def _dense(q, k, v, past_k, past_v, items):

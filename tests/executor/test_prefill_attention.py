@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bench.serving.scattered_blocks import scattered_context
 from kernels.cpu import ops
-from tests.executor.scattered_blocks import scattered_context
 
 
 def reference(q, k, v):

@@ -1,5 +1,6 @@
 """A row's cached context laid out as a prefix-cache hit finds it: in KV blocks neither contiguous
-nor in order in the cache, among blocks of other rows (random data), the last one partial."""
+nor in order in the cache, among blocks of other rows (random data), the last one partial. The
+prefill-attention benchmark times the kernel on it; the attention tests check it there."""
 from __future__ import annotations
 
 import torch
