@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -35,26 +35,38 @@ BLOCK = 16
 OPS = ("torch", "native ops", "fused step")
 
 
-def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:
+def cpu_runner(path: str, max_positions: int, blocks: int, ops=None, fused_decode: bool = True) -> ModelRunner:
+    """A float32 CPU runner of the checkpoint (the server's ops unless `ops`; without the one-call
+    decode step unless `fused_decode`) over a KV cache of `blocks` blocks, as the in-process step
+    benchmarks (this one, suffix_step) time it."""
     config = ModelConfig.from_dir(path)
-    ops = TORCH_OPS if ops_name == "torch" else select_ops(torch.device("cpu"))
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=context + 2, ops=ops)
-    if ops_name == "native ops":
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=max_positions,
+                       ops=ops or select_ops(torch.device("cpu")))
+    if not fused_decode:
         model.fused_decode = None
-    blocks = rows * -(-(context + 1) // BLOCK)
     shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
     return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
+
+
+def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:
+    return cpu_runner(path, context + 2, rows * -(-(context + 1) // BLOCK),
+                      TORCH_OPS if ops_name == "torch" else None, fused_decode=ops_name != "native ops")
+
+
+def mean_ms(step: Callable[[], object], steps: int) -> float:
+    """Milliseconds per call over `steps` calls, after one untimed call."""
+    step()
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return 1000 * (time.perf_counter() - began) / steps
 
 
 def step_ms(runner: ModelRunner, context: int, rows: int, steps: int) -> float:
     per_row = -(-(context + 1) // BLOCK)
     spec = OutputSpec(sample=SamplingParams())
     batch = [DecodeRow(i, 5, context, list(range(i * per_row, (i + 1) * per_row)), spec) for i in range(rows)]
-    runner.run((), batch, "decode")
-    began = time.perf_counter()
-    for _ in range(steps):
-        runner.run((), batch, "decode")
-    return 1000 * (time.perf_counter() - began) / steps
+    return mean_ms(lambda: runner.run((), batch, "decode"), steps)
 
 
 def add_step_flags(p: argparse.ArgumentParser, json_name: str, steps: int) -> None:

@@ -8,23 +8,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Sequence
 
 import torch
 
 from bench.serving import report
-from bench.serving.decode_step import add_step_flags, start_steps
+from bench.serving.decode_step import BLOCK, add_step_flags, cpu_runner, mean_ms, start_steps
 from prelude.contract.batch import OutputSpec, PrefillRow
 from prelude.contract.sampling import SamplingParams
-from prelude.executor.attention.torch_ref import TorchAttention
-from prelude.executor.kv_cache import KVCache, KVCacheShape
-from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig
-from prelude.model.loader import load_model
-from prelude.model.ops import select_ops
-
-BLOCK = 16
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,25 +26,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_step_flags(p, "suffix_step.json", steps=20)
     args = p.parse_args(argv)
     start_steps(args)
-    config = ModelConfig.from_dir(args.model)
     total = args.prefix + args.suffix
-    model = load_model(args.model, config, torch.float32, torch.device("cpu"), max_positions=total + 1,
-                       ops=select_ops(torch.device("cpu")))
     blocks = -(-total // BLOCK)
-    shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
-    runner = ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
-    ids = torch.randint(0, config.vocab_size, (total,), generator=torch.Generator().manual_seed(0)).tolist()
+    runner = cpu_runner(args.model, total + 1, blocks)
+    vocab = ModelConfig.from_dir(args.model).vocab_size
+    ids = torch.randint(0, vocab, (total,), generator=torch.Generator().manual_seed(0)).tolist()
     # The prefix's blocks in reverse order: a prefix-cache hit's blocks are wherever the pool had them.
     table = list(reversed(range(blocks)))
     runner.run([PrefillRow(0, ids[:args.prefix], 0, table, None)], ())
     request = [PrefillRow(1, ids[args.prefix:], args.prefix, table, OutputSpec(sample=SamplingParams()))]
-    runner.run(request, ())
-    times = []
-    for _ in range(args.rounds):
-        began = time.perf_counter()
-        for _ in range(args.steps):
-            runner.run(request, ())
-        times.append(1000 * (time.perf_counter() - began) / args.steps)
+    times = [mean_ms(lambda: runner.run(request, ()), args.steps) for _ in range(args.rounds)]
     print(f"{args.model}: {args.suffix} new tokens over {args.prefix} cached, {torch.get_num_threads()} threads")
     print(report.table(["best ms", "median ms"], [[min(times), statistics.median(times)]]))
     path = report.write_json(args.json, {"tool": "bench.serving.suffix_step", "model": args.model,
