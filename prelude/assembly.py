@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,10 @@ class Built:
                       listen_url, seconds_to_ready)
 
 
-def build(config: Config) -> Built:
+def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     """The engine and what the server knows about the model, ready to serve (the engine warms
-    the runner up when it starts). Problems an operator can fix raise StartupError."""
+    the runner up when it starts, then calls `on_ready`). Problems an operator can fix raise
+    StartupError."""
     start = time.perf_counter()
     keep_freed_memory()
     compute_threads = set_compute_threads(config.cpu_threads)
@@ -115,7 +117,8 @@ def build(config: Config) -> Built:
         temp_bytes_per_logits_row=2 * 4 * model_config.vocab_size,
         temp_memory_budget=setup.temp_budget, kv_capacity_tokens=num_blocks * config.block_size), pool)
     engine = Engine(scheduler, Executors.over(setup.runner), tokenizer, eos_ids, warmup=setup.runner.warmup,
-                    kv_events=_kv_publisher(events, setup.device) if publishing and events else None)
+                    kv_events=_kv_publisher(events, setup.device) if publishing and events else None,
+                    on_ready=on_ready)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),
@@ -163,15 +166,20 @@ async def serve(config: Config, started: float | None = None) -> None:
     """Binds the listening address first (a port in use fails in a second), builds the engine,
     and serves until SIGTERM or SIGINT, then drains: new requests get 503 (Connection: close),
     in-flight ones get up to --shutdown-timeout to finish, and the server exits 0. A second
-    signal exits at once. The banner is logged once the engine is warm; `started` is when the
-    process began (perf_counter), for its "ready in"."""
+    signal exits at once. The banner is logged once the engine is warm, before /health answers
+    200; `started` is when the process began (perf_counter), for its "ready in"."""
     started = time.perf_counter() if started is None else started
     try:
         listener = bind(config)
     except OSError as exc:
         raise listen_error(config, exc) from exc
+
+    def announce() -> None:  # in the engine loop, once warm, before /health answers 200
+        freeze_startup_objects()
+        logger.info(built.banner(config, listener.url, time.perf_counter() - started))
+
     try:
-        built = build(config)
+        built = build(config, on_ready=announce)
     except BaseException:
         listener.close()
         raise
@@ -203,15 +211,11 @@ async def serve(config: Config, started: float | None = None) -> None:
                                            shutdown_trigger=stop.wait, listener=listener))
     ready = asyncio.create_task(engine.wait_ready())
     await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if ready.done() and ready.result():
-        freeze_startup_objects()
-        logger.info(built.banner(config, listener.url, time.perf_counter() - started))
-    elif ready.done():
+    if ready.done() and not ready.result():
         # The engine loop died warming up (its error is logged): this server would answer 503
         # forever, so it stops, and the process exits with the startup error status.
         stop.set()
         await server
         raise StartupError("the engine failed while warming up (the error is logged above)")
-    else:
-        ready.cancel()
+    ready.cancel()
     await server

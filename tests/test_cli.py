@@ -135,7 +135,10 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         finally:
             exit_code = server.stop(timeout=20)  # SIGINT: the server's own clean shutdown
         assert exit_code == 0, log_tail(server.log_path)
-        banner = banner_lines(server.log_path.read_text())
+        log = server.log_path.read_text()
+        # Logged before /health answers 200, so before the first request, however quick the client
+        assert log.index(f"Prelude {__version__} ready in ") < log.index("POST /v1/completions")
+        banner = banner_lines(log)
         assert banner[0].startswith(f"Prelude {__version__} ready in ") and banner[0].endswith("s")
         fields = dict(line.split(None, 1) for line in banner[1:])
         assert fields["model"] == f"{tmp_path / 'cache' / f'demo-v{VERSION}'} (Qwen3ForCausalLM), served as prelude-demo"

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
                  eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
-                 kv_events: KVEventSink | None = None):
+                 kv_events: KVEventSink | None = None, on_ready: Callable[[], None] | None = None):
         self.scheduler = scheduler
         self.steps = StepRunner(executors, scheduler)
         self.tokenizer = tokenizer
@@ -57,6 +57,9 @@ class Engine:
         # is done the engine is not ready (/ready answers 503), though requests may queue.
         self._warmup = warmup
         self._ready = False
+        # Run in the loop once warm, just before readiness shows (/health 200): what it logs comes
+        # before any client can be served, however fast that client is.
+        self._on_ready = on_ready
         self._kv_events = kv_events
 
     @property
@@ -184,6 +187,8 @@ class Engine:
             started = time.perf_counter()
             await self.steps.in_worker(self._warmup)
             logger.debug("warm-up in %.2fs", time.perf_counter() - started)
+        if self._on_ready is not None and not self._ready:
+            self._on_ready()
         self._ready = True
         while True:
             for work in self.scheduler.late(time.monotonic()):
