@@ -1,7 +1,8 @@
 """`python -m bench.serving.long_short`: short score requests (128 tokens) mixed with long
 embedding requests (8K tokens), Poisson arrivals at about 70% of capacity, against one server
 per scheduling policy, with and without deadlines on the short requests, and first against plain
-FCFS (`fcfs` without layer preemption, the baseline the policies are measured against). Then an
+FCFS (`fcfs` without layer preemption, the baseline the policies are measured against) and the
+short requests alone at the same rate (their own queueing, the floor of their P99). Then an
 overload run: 1,000 concurrent requests against a bounded queue.
 
 Reports, per policy: short-request latency P50/P99 (a OneShot result is its first token),
@@ -29,6 +30,9 @@ from bench.serving.stats import percentile, poisson_arrivals
 
 SHORT_TOKENS, LONG_TOKENS = 128, 8192
 BASELINE = "fcfs-whole-steps"  # fcfs with --no-layer-preemption: a long step runs to its end
+# The short requests alone at the same rate: what their own Poisson queueing costs the P99, the
+# floor no policy can go below with long requests beside them.
+SHORTS_ALONE = "shorts alone"
 
 
 def _ids(n: int, rng: random.Random) -> list[int]:
@@ -135,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default="fcfs,sjf,edf")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                    help="also run fcfs with --no-layer-preemption, the plain FCFS the policies are measured against")
+    p.add_argument("--shorts-alone", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the short requests alone at the same arrival rate (first policy): the "
+                        "queueing floor of their P99, with no long request to wait for")
     p.add_argument("--seconds", type=float, default=30.0, help="length of each mixed run")
     p.add_argument("--load", type=float, default=0.7, help="offered load as a share of capacity")
     p.add_argument("--long-share", type=float, default=0.5, help="share of the offered work that is long")
@@ -198,10 +205,13 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
     runs = [(policy, policy, deadlines) for policy in args.policies.split(",") for deadlines in (False, True)]
     if args.baseline:  # deadlines change nothing for it: fcfs ignores them and nothing is shed
         runs.insert(0, (BASELINE, "fcfs", False))
+    if args.shorts_alone:
+        runs.insert(0, (SHORTS_ALONE, args.policies.split(",")[0], False))
     for label, policy, deadlines in progress.each(runs, "policy runs", not args.no_progress, unit="run"):
         extra = ["--no-layer-preemption"] if label == BASELINE else []
         with ServerProcess(server_args(args, policy, extra), env=env, label=label) as server:
-            outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate, long_rate,
+            outcomes = asyncio.run(mixed_run(server.base_url, args.seconds, short_rate,
+                                             0.0 if label == SHORTS_ALONE else long_rate,
                                              1000 * deadline_s if deadlines else None, args.seed, args.long_tokens))
         results.append(summarize(label, deadlines, outcomes, deadline_s, args.seconds))
     rows = [[r.policy, "yes" if r.deadlines else "no", r.short_p50_ms, r.short_p99_ms,
