@@ -65,36 +65,52 @@ def special_token_text(value: Any) -> str | None:
     return value
 
 
+# The special tokens transformers hands a template by name (its special_tokens_map: the ones set).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def special_tokens(config: dict) -> dict[str, Any]:
+    """The special tokens tokenizer_config.json sets, by the names a template uses; one not set
+    stays undefined in the template, which renders it as "" and tests it as false."""
+    return {name: special_token_text(config[name]) for name in SPECIAL_TOKEN_NAMES if config.get(name)}
+
+
 class ChatTemplate:
-    def __init__(self, source: str, bos_token: str | None = None, eos_token: str | None = None):
+    """A checkpoint's template, and its tool-use variant where it has named templates with one
+    ("tool_use", used when the request has tools, as transformers picks it)."""
+
+    def __init__(self, source: str, special: dict[str, Any] | None = None, tool_use: str | None = None):
         self.source = source
-        self.bos_token = bos_token or ""
-        self.eos_token = eos_token or ""
+        self.special = special or {}
+        self.tool_use = tool_use
         self._template = _compile(source)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatTemplate | None:
         """The template of a model directory: chat_template.jinja, else tokenizer_config.json's
-        chat_template (a string, or a list of named templates of which "default" is used)."""
+        chat_template (a string, or a list of named templates: "default", and "tool_use" for
+        requests with tools)."""
         model_dir = Path(model_dir)
         config = tokenizer_config(model_dir)
         jinja_path = model_dir / "chat_template.jinja"
         source = jinja_path.read_text(encoding="utf-8") if jinja_path.is_file() else config.get("chat_template")
+        tool_use = None
         if isinstance(source, list):
             named = {t.get("name"): t.get("template") for t in source}
             source = named.get("default") or next(iter(named.values()), None)
+            tool_use = named.get("tool_use")
         if not source:
             return None
-        return cls(source, special_token_text(config.get("bos_token")),
-                   special_token_text(config.get("eos_token")))
+        return cls(source, special_tokens(config), tool_use)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:
+        """As apply_chat_template(tokenize=False): the request's template kwargs override the
+        special tokens of the same name."""
+        template = _compile(self.tool_use) if tools is not None and self.tool_use else self._template
         try:
-            return self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                bos_token=self.bos_token, eos_token=self.eos_token, **kwargs,
-            )
+            return template.render({**self.special, **kwargs, "messages": messages,
+                                    "add_generation_prompt": add_generation_prompt, "tools": tools})
         except ChatTemplateError:
             raise
         except Exception as exc:  # jinja errors name the template problem

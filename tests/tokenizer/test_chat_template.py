@@ -41,3 +41,40 @@ def test_template_errors_are_chat_template_errors():
     template = ChatTemplate("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         template.render([{"role": "user", "content": "x"}])
+
+
+def _with_template(tmp_path, name: str, template) -> ChatTemplate:
+    """A copy of a real tokenizer's files with this chat_template in its tokenizer_config.json."""
+    import json
+    import shutil
+
+    source = tokenizer_dir(name)
+    shutil.copy(source / "tokenizer.json", tmp_path / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = template
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return ChatTemplate.from_dir(tmp_path)
+
+
+def _transformers_tokenizer(path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def test_templates_see_every_special_token_as_in_transformers(tmp_path):
+    ours = _with_template(tmp_path, "qwen3", "{{ pad_token }}|{{ eos_token }}|{{ bos_token }}|{{ unk_token }}|"
+                                             "{{ bos_token is defined }}|{{ messages[0]['content'] }}")
+    expected = _transformers_tokenizer(tmp_path).apply_chat_template(CONVERSATIONS[0], tokenize=False)
+    assert ours.render(CONVERSATIONS[0]) == expected == "<|endoftext|>|<|im_end|>|||False|Hello!"
+
+
+def test_requests_with_tools_get_the_tool_use_template_as_in_transformers(tmp_path):
+    named = [{"name": "default", "template": "plain {{ messages[0]['content'] }}"},
+             {"name": "tool_use", "template": "tools {{ tools | length }} {{ messages[0]['content'] }}"}]
+    ours = _with_template(tmp_path, "qwen3", named)
+    ref = _transformers_tokenizer(tmp_path)
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    for request_tools in (None, tools):
+        expected = ref.apply_chat_template(CONVERSATIONS[0], tools=request_tools, tokenize=False)
+        assert ours.render(CONVERSATIONS[0], tools=request_tools) == expected
+    assert ours.render(CONVERSATIONS[0], tools=tools) == "tools 1 Hello!"
