@@ -1,15 +1,18 @@
 """A layer of a long input run in short segments, for cooperative preemption (FlowPrefill).
 
 Stopping only between layers left a short request waiting for a whole layer: at 8K tokens on
-the demo model that is ~0.4 s, most of it attention. A segment is one of: the input norm and
-the q/k/v projection; the attention of one KV head and the query heads it serves (when the
-backend can attend head ranges); the output projection with the post-attention norm; one
-SEGMENT_TOKENS chunk of the MLP. Attention is split by KV head and, within one, by chunks of
-queries (the backend merges a chunk's causal part and its earlier keys by their log-sum-exps),
-so a segmented forward equals an uninterrupted one within float32 rounding; the projections,
-norms and MLP chunks are computed in the same pieces as in a whole layer."""
+the demo model that is ~0.4 s, most of it attention. A segment is one of: the q/k/v projection
+of SEGMENT_TOKENS tokens (the first also runs the input norm); the attention of one KV head and
+the query heads it serves for a chunk of queries of about SEGMENT_PAIRS (query, key) pairs (when
+the backend can attend head ranges); the output projection and post-attention norm of
+SEGMENT_TOKENS tokens; the MLP of SEGMENT_TOKENS tokens. The backend merges a query chunk's
+causal part and its earlier keys by their log-sum-exps, and the projections and norms act on
+each token alone, so a segmented forward equals an uninterrupted one within float32 rounding.
+Its longest segment on the demo model at 8K tokens went from ~40 ms (the last query chunk with
+the whole output projection; the whole q/k/v projection took ~25 ms) to ~7 ms."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,28 +21,53 @@ import torch
 from prelude.model.attention import AttentionBackend
 from prelude.model.layers import MLP_CHUNK_TOKENS
 
-# Tokens per MLP segment, and queries per attention segment (the backend's query chunks). A short
+# Tokens per projection and MLP segment, and the most queries of an attention segment. A short
 # request waits for at most one segment: beside 8K-token embeddings on the demo model its P99 fell
 # from 82-87 ms at 2,048 to 56-58 ms at 1,024 (bench.serving.long_short, fcfs), for 3% more time
 # on the long step run alone; 512 gave the same P99 for 12% more.
 SEGMENT_TOKENS = 1024
+# An attention segment's work, in (query, key) pairs: a chunk of queries late in a long input
+# sees many more keys than an early one, so chunks are sized by pairs, not by queries. Two
+# SEGMENT_TOKENS-square blocks: about the time of an MLP segment on the demo model (~7 ms). With
+# fixed 1,024-query chunks the last ones of an 8K input took 4x that (27 ms, attention only).
+SEGMENT_PAIRS = 2 * SEGMENT_TOKENS * SEGMENT_TOKENS
 
 if TYPE_CHECKING:  # the decoder imports this module
     from prelude.model.decoder import DecoderLayer, LayerState
 
 
+def query_chunks(context: int, tokens: int) -> list[tuple[int, int]]:
+    """A row's queries [start, end) in attention segments of about SEGMENT_PAIRS causal (query,
+    key) pairs each (at most SEGMENT_TOKENS queries): over `context` cached keys, query i sees
+    context + i + 1 keys."""
+    chunks, start = [], 0
+    while start < tokens:
+        # the largest end with (end - start) * (context + end) <= SEGMENT_PAIRS
+        span = context - start
+        end = int((-span + math.sqrt(span * span + 4 * (start * context + SEGMENT_PAIRS))) / 2)
+        end = min(tokens, start + SEGMENT_TOKENS, max(end, start + 1))
+        chunks.append((start, end))
+        start = end
+    return chunks
+
+
 @dataclass(slots=True)
 class LayerProgress:
-    """How far a layer got: its attention's q/k/v and output so far (heads by KV head), then the
-    MLP's input and output so far (tokens)."""
+    """How far a layer got: the input norm, then its q/k/v projected so far (tokens), attended so
+    far (heads by KV head), through the output projection and post-attention norm so far
+    (tokens), then the MLP's output so far (tokens)."""
 
+    normed: torch.Tensor | None = None
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    projected: int = 0
     attended: torch.Tensor | None = None
     kv_heads_done: int = 0
     chunks_done: int = 0  # of the current KV head's query chunks
+    residual_out: torch.Tensor | None = None  # the residual stream after the attention
     mlp_input: torch.Tensor | None = None
+    out_done: int = 0  # tokens of mlp_input written (output projection and norm)
     mlp_output: torch.Tensor | None = None
-    tokens_done: int = 0
+    tokens_done: int = 0  # tokens of mlp_output written
 
 
 def worth_segmenting(tokens: int) -> bool:
@@ -54,23 +82,46 @@ def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBack
     progress = state.progress
     if progress.mlp_input is None and progress.qkv is None:
         if attention.supports_head_ranges and not attention.fuses_rope:
-            _project(layer, state, progress)
+            _begin_projection(layer, state, progress)
         else:  # the backend attends all heads in one call: the attention is one segment
             progress.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention, keep)
+            progress.out_done = len(progress.mlp_input)
             progress.mlp_output = torch.empty_like(progress.mlp_input)
-    elif progress.mlp_input is None:
+    elif progress.qkv is not None and progress.projected < len(progress.qkv[0]):
+        _project_chunk(layer, state, progress)
+    elif progress.qkv is not None:
         _attend_kv_head(layer, state, progress, attention, keep)
+    elif progress.mlp_input is not None and progress.out_done < len(progress.mlp_input):
+        _output_chunk(layer, state, progress, keep)
     else:
         _mlp_chunk(layer, state, progress)
 
 
-def _project(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
+def _begin_projection(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
+    """The input norm (cheap: one pass over the tokens), and the first chunk's q/k/v."""
     if state.residual is None:
-        state.residual, x = state.x, layer.input_layernorm(state.x)
+        state.residual, progress.normed = state.x, layer.input_layernorm(state.x)
     else:
-        x, state.residual = layer.input_layernorm(state.x, state.residual)
-    progress.qkv = layer.self_attn.project(x, state.rope)
+        progress.normed, state.residual = layer.input_layernorm(state.x, state.residual)
+    attn = layer.self_attn
+    tokens, dtype, device = len(state.x), state.x.dtype, state.x.device
+    progress.qkv = (torch.empty(tokens, attn.num_heads, attn.head_dim, dtype=dtype, device=device),
+                    torch.empty(tokens, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device),
+                    torch.empty(tokens, attn.num_kv_heads, attn.head_dim, dtype=dtype, device=device))
     progress.attended = torch.empty_like(progress.qkv[0])
+    _project_chunk(layer, state, progress)
+
+
+def _project_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
+    assert progress.normed is not None and progress.qkv is not None
+    start, end = progress.projected, progress.projected + SEGMENT_TOKENS
+    cos, sin = state.rope
+    for whole, part in zip(progress.qkv, layer.self_attn.project(progress.normed[start:end],
+                                                                 (cos[start:end], sin[start:end]))):
+        whole[start:end] = part
+    progress.projected = min(end, len(progress.normed))
+    if progress.projected == len(progress.normed):
+        progress.normed = None
 
 
 def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgress,
@@ -93,10 +144,25 @@ def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgr
         assert residual is not None, "the input norm set the residual"
         if keep is not None:
             attended, residual = attended[keep], residual[keep]
-        out = layer.self_attn.o_proj(attended)
-        progress.mlp_input, state.residual = layer.post_attention_layernorm(out, residual)
-        progress.mlp_output = torch.empty_like(progress.mlp_input)
-        progress.qkv = progress.attended = None
+        progress.attended, state.residual = attended, residual
+        progress.mlp_input = torch.empty_like(residual)
+        progress.residual_out = torch.empty_like(residual)
+        progress.mlp_output = torch.empty_like(residual)
+        progress.qkv = None
+
+
+def _output_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress, keep: torch.Tensor | None) -> None:
+    """The output projection and the post-attention norm of a chunk of tokens. The residual
+    stream's new value goes to its own tensor: later chunks still read the old one."""
+    assert progress.attended is not None and progress.mlp_input is not None and progress.residual_out is not None
+    assert state.residual is not None
+    start, end = progress.out_done, progress.out_done + SEGMENT_TOKENS
+    out = layer.self_attn.o_proj(progress.attended[start:end])
+    progress.mlp_input[start:end], progress.residual_out[start:end] = layer.post_attention_layernorm(
+        out, state.residual[start:end])
+    progress.out_done = min(end, len(progress.mlp_input))
+    if progress.out_done == len(progress.mlp_input):
+        state.residual, progress.residual_out, progress.attended = progress.residual_out, None, None
 
 
 def _mlp_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:

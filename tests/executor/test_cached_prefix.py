@@ -10,7 +10,7 @@ import torch
 
 from bench.serving.scattered_blocks import scatter, scattered_table
 from prelude.contract.batch import PrefillRow
-from prelude.executor.attention import torch_ref
+from prelude.model import segments
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
@@ -53,7 +53,9 @@ def test_row_over_a_scattered_prefix(heads, kv_heads, dim, prefix, n, stores):
 
 @pytest.mark.parametrize("heads,kv_heads,dim,prefix,n", CASES)
 def test_segmented_row_over_a_scattered_prefix(monkeypatch, heads, kv_heads, dim, prefix, n):
-    monkeypatch.setattr(torch_ref, "SEGMENT_TOKENS", 8)  # chunks of queries after new keys
+    # chunks of at most 8 queries, fewer as they see more keys (one query each past 128 keys)
+    monkeypatch.setattr(segments, "SEGMENT_TOKENS", 8)
+    monkeypatch.setattr(segments, "SEGMENT_PAIRS", 128)
     attention, q, k, v, past_k, past_v = _row(heads, kv_heads, dim, prefix, n, True, dim + prefix)
     group = heads // kv_heads
     out = torch.full_like(q, float("nan"))

@@ -1,8 +1,8 @@
-"""A long input run in preemptible segments (each layer's projection, its attention a chunk of
-queries of one KV head at a time, then its MLP a chunk of tokens at a time) gives the
-uninterrupted forward within float32 rounding and stores the same K/V, however often it is
-stopped: fresh rows, rows that keep their K/V, rows over a cached prefix, and steps whose heads
-read only some tokens (the last layer runs its MLP for those alone)."""
+"""A long input run in preemptible segments (each layer's projection a chunk of tokens at a time,
+its attention a chunk of queries of one KV head at a time, then its output projection and MLP a
+chunk of tokens at a time) gives the uninterrupted forward within float32 rounding and stores the
+same K/V, however often it is stopped: fresh rows, rows that keep their K/V, rows over a cached
+prefix, and steps whose heads read only some tokens (the last layer runs its MLP for those alone)."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +14,7 @@ from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.layers import MLP_CHUNK_TOKENS
-from prelude.model.segments import SEGMENT_TOKENS
+from prelude.model.segments import SEGMENT_TOKENS, query_chunks
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
 from tests.checkpoints import make_checkpoint
@@ -60,11 +60,12 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
         while not model.run_layers(state, attention, should_stop=lambda: True):
             resumes += 1
         segmented = model.finish(state)
-    # per layer: the projection, the query chunks of each KV head (one for a multi-item row, which
-    # attends under its mask whole; the last with o_proj and the norm), the MLP chunks
-    chunks = 1 if items else SEGMENTS
-    skipped_mlp_chunks = SEGMENTS - 1 if keep is not None else 0  # the last layer's MLP: two tokens, one chunk
-    assert resumes == config.num_layers * (1 + chunks * config.num_kv_heads + SEGMENTS) - skipped_mlp_chunks
+    # per layer: the projection's token chunks, the query chunks of each KV head (one for a
+    # multi-item row, which attends under its mask whole), the output projection's token chunks,
+    # the MLP's token chunks
+    chunks = 1 if items else len(query_chunks(start, TOKENS))
+    skipped = 2 * (SEGMENTS - 1) if keep is not None else 0  # the last layer's output and MLP: two tokens, one chunk
+    assert resumes == config.num_layers * (3 * SEGMENTS + chunks * config.num_kv_heads) - skipped
     torch.testing.assert_close(segmented, whole if keep is None else whole[keep], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ from kernels.cpu.ops import CachedContext
 from prelude.executor.kv_cache import KVCache
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
 from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
-from prelude.model.segments import SEGMENT_TOKENS
+from prelude.model.segments import query_chunks
 
 paged_decode: Callable[..., None] | None
 try:
@@ -54,9 +54,8 @@ class TorchAttention(AttentionBackend):
             items = layout.item_lengths[row] if layout.item_lengths is not None else ()
             self.prefills.append((start, layout.query_starts[row + 1], ctx, prefix, items))
         # A segmented forward attends a KV head's queries a segment at a time (multi-item rows whole).
-        self.query_chunks = [(i, a, end - start if items else min(a + SEGMENT_TOKENS, end - start))
-                             for i, (start, end, _, _, items) in enumerate(self.prefills)
-                             for a in ((0,) if items else range(0, end - start, SEGMENT_TOKENS))]
+        self.query_chunks = [(i, a, b) for i, (start, end, ctx, _, items) in enumerate(self.prefills)
+                             for a, b in ([(0, end - start)] if items else query_chunks(ctx, end - start))]
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
