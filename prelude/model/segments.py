@@ -2,14 +2,14 @@
 
 Stopping only between layers left a short request waiting for a whole layer: at 8K tokens on
 the demo model that is ~0.4 s, most of it attention. A segment is one of: the q/k/v projection
-of SEGMENT_TOKENS tokens (the first also runs the input norm); the attention of one KV head and
-the query heads it serves for a chunk of queries of about SEGMENT_PAIRS (query, key) pairs (when
-the backend can attend head ranges); the output projection and post-attention norm of
-SEGMENT_TOKENS tokens; the MLP of SEGMENT_TOKENS tokens. The backend merges a query chunk's
-causal part and its earlier keys by their log-sum-exps, and the projections and norms act on
-each token alone, so a segmented forward equals an uninterrupted one within float32 rounding.
-Its longest segment on the demo model at 8K tokens went from ~40 ms (the last query chunk with
-the whole output projection; the whole q/k/v projection took ~25 ms) to ~7 ms."""
+of a chunk of tokens (the first also runs the input norm); the attention of one KV head and the
+query heads it serves for a chunk of queries (when the backend can attend head ranges); the
+output projection and post-attention norm of a chunk of tokens; the MLP of a chunk of tokens.
+Chunks are sized by their work (segment_tokens, query_chunks), not by a count. The backend
+merges a query chunk's causal part and its earlier keys by their log-sum-exps, and projections
+and norms act on each token alone, so a segmented forward equals an uninterrupted one within
+float32 rounding. Its longest segment on the demo model at 8K tokens went from ~40 ms (the last
+query chunk with the whole output projection; the whole q/k/v projection took ~20 ms) to ~15."""
 from __future__ import annotations
 
 import math
@@ -19,32 +19,40 @@ from typing import TYPE_CHECKING
 import torch
 
 from prelude.model.attention import AttentionBackend
-from prelude.model.layers import MLP_CHUNK_TOKENS
 
-# Tokens per projection and MLP segment, and the most queries of an attention segment. A short
-# request waits for at most one segment: beside 8K-token embeddings on the demo model its P99 fell
-# from 82-87 ms at 2,048 to 56-58 ms at 1,024 (bench.serving.long_short, fcfs), for 3% more time
-# on the long step run alone; 512 gave the same P99 for 12% more.
+# A segment's work, sized on the demo model where a short request's wait was measured: at most
+# SEGMENT_TOKENS tokens, and for wider models as many as make SEGMENT_MLP_MACS of MLP (Qwen3-0.6B:
+# 64 tokens, not 1,024 of 16x the work). Beside 8K-token embeddings on the demo model a short
+# request's P99 fell from 82-87 ms at 2,048 tokens to 56-58 ms at 1,024 (bench.serving.long_short,
+# fcfs), for 3% more time on the long step run alone; 512 gave the same P99 for 12% more.
 SEGMENT_TOKENS = 1024
-# An attention segment's work, in (query, key) pairs: a chunk of queries late in a long input
-# sees many more keys than an early one, so chunks are sized by pairs, not by queries. Two
-# SEGMENT_TOKENS-square blocks: about the time of an MLP segment on the demo model (~7 ms). With
+SEGMENT_MLP_MACS = 3 * 256 * 768 * SEGMENT_TOKENS
+MIN_SEGMENT_TOKENS = 64  # below, the matmuls lose more than a shorter wait gains
+# An attention segment's work, in (query, key) pairs times head_dim: a chunk of queries late in a
+# long input sees many more keys than an early one, so chunks are sized by pairs, not queries.
+# Two 1,024-square blocks at the demo's head_dim (32): about an MLP segment's time (~7 ms). With
 # fixed 1,024-query chunks the last ones of an 8K input took 4x that (27 ms, attention only).
-SEGMENT_PAIRS = 2 * SEGMENT_TOKENS * SEGMENT_TOKENS
+SEGMENT_PAIR_DIMS = 2 * SEGMENT_TOKENS * SEGMENT_TOKENS * 32
 
 if TYPE_CHECKING:  # the decoder imports this module
     from prelude.model.decoder import DecoderLayer, LayerState
 
 
-def query_chunks(context: int, tokens: int) -> list[tuple[int, int]]:
-    """A row's queries [start, end) in attention segments of about SEGMENT_PAIRS causal (query,
-    key) pairs each (at most SEGMENT_TOKENS queries): over `context` cached keys, query i sees
-    context + i + 1 keys."""
+def segment_tokens(hidden: int, intermediate: int) -> int:
+    """Tokens per projection and MLP segment of a layer of these sizes."""
+    return max(MIN_SEGMENT_TOKENS, min(SEGMENT_TOKENS, SEGMENT_MLP_MACS // (3 * hidden * intermediate)))
+
+
+def query_chunks(context: int, tokens: int, head_dim: int) -> list[tuple[int, int]]:
+    """A row's queries [start, end) in attention segments of about SEGMENT_PAIR_DIMS / head_dim
+    causal (query, key) pairs each (at most SEGMENT_TOKENS queries): over `context` cached keys,
+    query i sees context + i + 1 keys."""
+    pairs = SEGMENT_PAIR_DIMS // head_dim
     chunks, start = [], 0
     while start < tokens:
-        # the largest end with (end - start) * (context + end) <= SEGMENT_PAIRS
+        # the largest end with (end - start) * (context + end) <= pairs
         span = context - start
-        end = int((-span + math.sqrt(span * span + 4 * (start * context + SEGMENT_PAIRS))) / 2)
+        end = int((-span + math.sqrt(span * span + 4 * (start * context + pairs))) / 2)
         end = min(tokens, start + SEGMENT_TOKENS, max(end, start + 1))
         chunks.append((start, end))
         start = end
@@ -70,9 +78,9 @@ class LayerProgress:
     tokens_done: int = 0  # tokens of mlp_output written
 
 
-def worth_segmenting(tokens: int) -> bool:
-    """Below one MLP chunk a layer is short enough to run whole."""
-    return tokens > MLP_CHUNK_TOKENS
+def worth_segmenting(layer: DecoderLayer, tokens: int) -> bool:
+    """Within one segment's tokens a layer is short enough to run whole."""
+    return tokens > _tokens(layer)
 
 
 def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBackend,
@@ -114,7 +122,7 @@ def _begin_projection(layer: DecoderLayer, state: LayerState, progress: LayerPro
 
 def _project_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
     assert progress.normed is not None and progress.qkv is not None
-    start, end = progress.projected, progress.projected + SEGMENT_TOKENS
+    start, end = progress.projected, progress.projected + _tokens(layer)
     cos, sin = state.rope
     for whole, part in zip(progress.qkv, layer.self_attn.project(progress.normed[start:end],
                                                                  (cos[start:end], sin[start:end]))):
@@ -156,7 +164,7 @@ def _output_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgres
     stream's new value goes to its own tensor: later chunks still read the old one."""
     assert progress.attended is not None and progress.mlp_input is not None and progress.residual_out is not None
     assert state.residual is not None
-    start, end = progress.out_done, progress.out_done + SEGMENT_TOKENS
+    start, end = progress.out_done, progress.out_done + _tokens(layer)
     out = layer.self_attn.o_proj(progress.attended[start:end])
     progress.mlp_input[start:end], progress.residual_out[start:end] = layer.post_attention_layernorm(
         out, state.residual[start:end])
@@ -167,10 +175,15 @@ def _output_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgres
 
 def _mlp_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
     assert progress.mlp_input is not None and progress.mlp_output is not None
-    start, end = progress.tokens_done, progress.tokens_done + SEGMENT_TOKENS
+    start, end = progress.tokens_done, progress.tokens_done + _tokens(layer)
     progress.mlp_output[start:end] = layer.mlp(progress.mlp_input[start:end])
     progress.tokens_done = min(end, progress.mlp_input.shape[0])
     if progress.tokens_done == progress.mlp_input.shape[0]:
         state.x = progress.mlp_output
         state.progress = LayerProgress()
         state.next_layer += 1
+
+
+def _tokens(layer: DecoderLayer) -> int:
+    intermediate2, hidden = layer.mlp.gate_up_proj.weight.shape
+    return segment_tokens(hidden, intermediate2 // 2)

@@ -55,7 +55,7 @@ def test_row_over_a_scattered_prefix(heads, kv_heads, dim, prefix, n, stores):
 def test_segmented_row_over_a_scattered_prefix(monkeypatch, heads, kv_heads, dim, prefix, n):
     # chunks of at most 8 queries, fewer as they see more keys (one query each past 128 keys)
     monkeypatch.setattr(segments, "SEGMENT_TOKENS", 8)
-    monkeypatch.setattr(segments, "SEGMENT_PAIRS", 128)
+    monkeypatch.setattr(segments, "SEGMENT_PAIR_DIMS", 128 * dim)
     attention, q, k, v, past_k, past_v = _row(heads, kv_heads, dim, prefix, n, True, dim + prefix)
     group = heads // kv_heads
     out = torch.full_like(q, float("nan"))

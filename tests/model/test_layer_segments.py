@@ -14,21 +14,27 @@ from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.layers import MLP_CHUNK_TOKENS
-from prelude.model.segments import SEGMENT_TOKENS, query_chunks
+from prelude.model import segments
+from prelude.model.segments import SEGMENT_TOKENS
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
 from tests.checkpoints import make_checkpoint
 
 TOKENS = max(2 * SEGMENT_TOKENS, MLP_CHUNK_TOKENS) + 5  # long enough to segment
-SEGMENTS = -(-TOKENS // SEGMENT_TOKENS)  # MLP chunks, and query chunks per KV head
 PREFIX = 37
 BLOCK = 16
 
 
 @pytest.mark.parametrize("case", ["fresh", "stores_kv", "cached_prefix", "multi_item", "reads_two_tokens"])
-def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
+@pytest.mark.parametrize("wide", [False, True])
+def test_stopping_at_every_segment_changes_nothing(tmp_path, monkeypatch, case, wide):
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     config = ModelConfig.from_dir(path)
+    if wide:  # segments sized as for a model whose MLP is ~3x the work per token: 700 tokens
+        monkeypatch.setattr(segments, "SEGMENT_MLP_MACS", 3 * config.hidden_size * config.intermediate_size * 700)
+    segment = segments.segment_tokens(config.hidden_size, config.intermediate_size)
+    assert segment == (700 if wide else SEGMENT_TOKENS)
+    token_chunks = -(-TOKENS // segment)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=PREFIX + TOKENS,
                        ops=select_ops(torch.device("cpu")))
     blocks = -(-(PREFIX + TOKENS) // BLOCK)
@@ -63,9 +69,9 @@ def test_stopping_at_every_segment_changes_nothing(tmp_path, case):
     # per layer: the projection's token chunks, the query chunks of each KV head (one for a
     # multi-item row, which attends under its mask whole), the output projection's token chunks,
     # the MLP's token chunks
-    chunks = 1 if items else len(query_chunks(start, TOKENS))
-    skipped = 2 * (SEGMENTS - 1) if keep is not None else 0  # the last layer's output and MLP: two tokens, one chunk
-    assert resumes == config.num_layers * (3 * SEGMENTS + chunks * config.num_kv_heads) - skipped
+    chunks = 1 if items else len(segments.query_chunks(start, TOKENS, config.head_dim))
+    skipped = 2 * (token_chunks - 1) if keep is not None else 0  # the last layer's output and MLP: two tokens, one chunk
+    assert resumes == config.num_layers * (3 * token_chunks + chunks * config.num_kv_heads) - skipped
     torch.testing.assert_close(segmented, whole if keep is None else whole[keep], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.k, whole_attention.kv_cache.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attention.kv_cache.v, whole_attention.kv_cache.v, rtol=1e-5, atol=1e-5)

@@ -54,8 +54,9 @@ class TorchAttention(AttentionBackend):
             items = layout.item_lengths[row] if layout.item_lengths is not None else ()
             self.prefills.append((start, layout.query_starts[row + 1], ctx, prefix, items))
         # A segmented forward attends a KV head's queries a segment at a time (multi-item rows whole).
+        head_dim = self.kv_cache.shape.head_dim
         self.query_chunks = [(i, a, b) for i, (start, end, ctx, _, items) in enumerate(self.prefills)
-                             for a, b in ([(0, end - start)] if items else query_chunks(ctx, end - start))]
+                             for a, b in ([(0, end - start)] if items else query_chunks(ctx, end - start, head_dim))]
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
