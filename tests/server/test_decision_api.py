@@ -138,6 +138,20 @@ def test_pooling_returns_raw_classifier_logits(classifier):
     assert got["object"] == "pooling" and got["data"] == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+def test_pooling_honours_encoding_format(lm):
+    """vLLM's /pooling answers encoding_format "base64" with packed float32, as /v1/embeddings
+    does: the field was ignored, and a base64 client got a list it could not decode."""
+    srv, _ = lm
+    floats = post(srv, "/pooling", input=TEXTS[:2]).json()["data"]
+    packed = post(srv, "/pooling", input=TEXTS[:2], encoding_format="base64").json()["data"]
+    for plain, item in zip(floats, packed):
+        raw = base64.b64decode(item["data"])
+        vector = struct.unpack(f"<{len(raw) // 4}f", raw)
+        assert list(vector) == pytest.approx(plain["data"], rel=1e-6)
+    bad = post(srv, "/pooling", input="x", encoding_format="hex")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "encoding_format"
+
+
 def test_reward_model_returns_the_scalar(reward):
     srv, reference = reward
     out = post(srv, "/classify", input=TEXTS).json()["data"]
