@@ -75,7 +75,6 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,
      "logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}, 400, "top_logprobs"),
-    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "echo": "yes"}, 400, "echo"),  # was ignored unread
     # Known fields this server cannot honour were ignored: free text answered a request for JSON,
     # and a tool call was never parsed out of the answer.
@@ -102,7 +101,6 @@ CASES = [
     ("/v1/score", {"query": "which one of these is the best?", "items": ["alpha beta gamma"] * 250,
                     "label_token_ids": [5, 6], "multi_item": True}, 400,
      "items"),
-    (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
 ]
