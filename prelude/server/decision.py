@@ -261,7 +261,7 @@ class DecisionAPI(Serving):
         if len(texts) != len(documents):
             raise bad_request("'documents' must be non-empty strings or objects with a 'text'", "documents")
         check_count("documents", len(texts), MAX_ITEMS)
-        top_n = body.int("top_n", len(texts), lo=1)
+        top_n = requested_top_n(body, len(texts))
         return_documents = body.bool("return_documents", True)
         rid = new_id("rerank", http)
         relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body)
@@ -283,3 +283,10 @@ def _encoding_format(body: Body) -> str:
     if encoding not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
     return encoding
+
+
+def requested_top_n(body: Body, count: int) -> int:
+    """How many ranked results to return: top_n, where 0 (vLLM's default, which clients built on
+    its schema send) or less means all of them, as in vLLM."""
+    top_n = body.int("top_n", count)
+    return top_n if top_n > 0 else count

@@ -243,6 +243,20 @@ def test_generative_rerank_uses_yes_no_probability(lm):
         assert "document" not in result
 
 
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_rerank_top_n_zero_means_all(lm, path):
+    """vLLM's rerank schema defaults top_n to 0, meaning every document, and clients built on it
+    send that 0: it was a 400 ('top_n' must be >= 1)."""
+    srv, _ = lm
+    docs = ["blocks and caches", "a recipe for soup", "paged attention"]
+    every = post(srv, path, query="what is a KV cache?", documents=docs).json()["results"]
+    zero = post(srv, path, query="what is a KV cache?", documents=docs, top_n=0)
+    assert zero.status_code == 200, zero.text
+    assert [r["index"] for r in zero.json()["results"]] == [r["index"] for r in every] and len(every) == 3
+    one = post(srv, path, query="what is a KV cache?", documents=docs, top_n=1).json()["results"]
+    assert [r["index"] for r in one] == [every[0]["index"]]
+
+
 # -- one forward, prompt logprobs and restricted choices ---------------------------------------------
 def test_prompt_logprobs_match_log_softmax(lm):
     srv, reference = lm
