@@ -76,6 +76,13 @@ class ChatPrompt:
     async def render(self, body: Body) -> RenderedChat:
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions")
+        if body.str("chat_template") is not None:
+            # vLLM refuses a request's own template unless --trust-request-chat-template (it is
+            # code the server runs); this server has no such flag. Ignored, the checkpoint's
+            # template rendered a prompt the client did not write.
+            raise bad_request("'chat_template' in a request is not supported: the server renders with the "
+                              "model's chat template (vLLM refuses it too without "
+                              "--trust-request-chat-template)", "chat_template")
         messages = body.list("messages", nonempty=True)
         if messages is None:
             raise bad_request("'messages' is required", "messages")
