@@ -23,9 +23,11 @@ class IncrementalDetokenizer:
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
 
-    def add(self, token_id: int) -> str | None:
+    def add(self, token_id: int, stops_armed: bool = True) -> str | None:
         """Adds a token; returns the stop string when the text now contains one (the text is cut
-        before it), else None."""
+        before it), else None. Unarmed (the answer is still short of min_tokens), the token's text
+        cannot end a stop string, as in vLLM: one that ends in a later token's text still counts
+        the characters before it."""
         self.ids.append(token_id)
         step = self.tokenizer.decode_step(self.ids, self.prefix_offset, self.read_offset,
                                           self.skip_special_tokens)
@@ -41,6 +43,9 @@ class IncrementalDetokenizer:
             char = self.text[end - 1]
             for stop in self.stops:
                 if stop.feed(char):
+                    if not stops_armed:
+                        stop.rearm()
+                        continue
                     self.text = self.text[:end if self.include_stop else end - len(stop.text)]
                     return stop.text
         return None
@@ -82,6 +87,11 @@ class _StopString:
             k += 1
         self.matched = k
         return k == len(text)
+
+    def rearm(self) -> None:
+        """After a whole match that did not count: matching goes on from its longest border, as
+        if the last character had not completed it."""
+        self.matched = self._border(len(self.text))
 
     def _border(self, k: int) -> int:
         """_borders[k - 1], computed on first use."""

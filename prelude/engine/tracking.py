@@ -70,7 +70,7 @@ def advance(tracked: Tracked, result: RowResult,
     # A token that ended the request (stop_token_ids, EOS) is in the text only when the request
     # keeps what stopped it, as vLLM's include_stop_str_in_output does for stop tokens too.
     if detok is not None and token is not None and (reason is None or sampling.include_stop_str_in_output):
-        hit = detok.add(token.token_id)
+        hit = detok.add(token.token_id, stops_armed=out.num_output_tokens > sampling.min_tokens)
         if hit is not None and reason is None:
             reason, stop_reason = FinishReason.STOP, hit
     if reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):

@@ -30,8 +30,10 @@ def _pieces(messages: list) -> int:
 
 
 def checked_messages(messages: list) -> list[dict]:
-    """The messages as the template reads them: objects with a string role, content a string
-    (text parts joined by newlines) or absent."""
+    """The messages as the template reads them: objects with a string role and string content
+    (text parts joined by newlines; null or absent is "", as vLLM renders it: an assistant turn
+    replayed with tool_calls has "content": null, and templates that concatenate the content,
+    ChatML ones among them, fail on None)."""
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -45,7 +47,9 @@ def checked_messages(messages: list) -> list[dict]:
                     raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
                 parts.append(part["text"])
             message = dict(message, content="\n".join(parts))  # vLLM's join for string-content templates
-        elif content is not None and not isinstance(content, str):
+        elif content is None:
+            message = dict(message, content="")
+        elif not isinstance(content, str):
             raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
         out.append(message)
     return out
@@ -72,6 +76,13 @@ class ChatPrompt:
     async def render(self, body: Body) -> RenderedChat:
         if self.template is None:
             raise bad_request("this model has no chat template; use /v1/completions")
+        if body.str("chat_template") is not None:
+            # vLLM refuses a request's own template unless --trust-request-chat-template (it is
+            # code the server runs); this server has no such flag. Ignored, the checkpoint's
+            # template rendered a prompt the client did not write.
+            raise bad_request("'chat_template' in a request is not supported: the server renders with the "
+                              "model's chat template (vLLM refuses it too without "
+                              "--trust-request-chat-template)", "chat_template")
         messages = body.list("messages", nonempty=True)
         if messages is None:
             raise bad_request("'messages' is required", "messages")

@@ -9,7 +9,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Task
-from prelude.server.decision import DecisionAPI
+from prelude.server.decision import DecisionAPI, requested_top_n
 from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
@@ -178,7 +178,7 @@ class CompatAPI(DecisionAPI):
         if per_doc is not None:  # the documents' own tokens, cut at the tokenizer's truncation side
             encoded = await self.admission.encode_many(documents, add_special_tokens=False)
             documents = [self.tokenizer.decode(self.truncate(ids, per_doc)) for ids in encoded]
-        top_n = body.int("top_n", len(documents), lo=1)
+        top_n = requested_top_n(body, len(documents))
         rid = new_id("rerank", http)
         relevance, prompts = await self._relevance_scores(http, rid, [query] * len(documents), documents, body)
         order = sorted(range(len(documents)), key=lambda i: -relevance[i])[:top_n]

@@ -55,9 +55,7 @@ class DecisionAPI(Serving):
     async def embeddings(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS)
-        encoding = body.str("encoding_format", "float")
-        if encoding not in ("float", "base64"):
-            raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        encoding = _encoding_format(body)
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
         rid = new_id("embd", http)
@@ -98,6 +96,7 @@ class DecisionAPI(Serving):
         the pooled final hidden state (not normalized unless asked)."""
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS)
+        encoding = _encoding_format(body)
         rid = new_id("pool", http)
         sched = self.scheduling(http, body)
         if self.served.has_classifier:
@@ -106,7 +105,8 @@ class DecisionAPI(Serving):
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                               normalize=body.bool("normalize", False), **sched)
             outputs = [required(out.pooled) for out in await self.collect(http, rows)]
-        data = [{"index": i, "object": "pooling", "data": out} for i, out in enumerate(outputs)]
+        data = [{"index": i, "object": "pooling", "data": packed_float32(out) if encoding == "base64" else out}
+                for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 
     # -- label-token scoring ----------------------------------------------------------------
@@ -261,7 +261,7 @@ class DecisionAPI(Serving):
         if len(texts) != len(documents):
             raise bad_request("'documents' must be non-empty strings or objects with a 'text'", "documents")
         check_count("documents", len(texts), MAX_ITEMS)
-        top_n = body.int("top_n", len(texts), lo=1)
+        top_n = requested_top_n(body, len(texts))
         return_documents = body.bool("return_documents", True)
         rid = new_id("rerank", http)
         relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body)
@@ -274,3 +274,19 @@ class DecisionAPI(Serving):
             results.append(result)
         return json_response({"id": rid, "model": self.model_name, "results": results,
                               "usage": prompt_usage(prompts)})
+
+
+def _encoding_format(body: Body) -> str:
+    """OpenAI's encoding_format, which vLLM honours on /v1/embeddings and /pooling alike: a
+    base64 client decodes whatever comes back, so a list where it asked for base64 breaks it."""
+    encoding = body.str("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    return encoding
+
+
+def requested_top_n(body: Body, count: int) -> int:
+    """How many ranked results to return: top_n, where 0 (vLLM's default, which clients built on
+    its schema send) or less means all of them, as in vLLM."""
+    top_n = body.int("top_n", count)
+    return top_n if top_n > 0 else count

@@ -86,20 +86,29 @@ class GenerationAPI(Serving):
                      logged: AccessEntry | None) -> AsyncIterator[bytes]:
         """A stream's chunks (which fill `finals`, index -> last output), then its access-log
         record, the usage chunk when asked for, and [DONE]; an engine error ends it with an
-        error event and [DONE] instead."""
+        error event and [DONE] instead. A client that goes away mid-stream still gets its line:
+        the response id and what finished, marked as such: the line said 200 with no id and no
+        tokens, so a client's aborted stream could not be found in the log."""
+        recorded = False
         try:
             async for chunk in chunks:
                 yield chunk
             if logged is not None:
                 logged.record(rid, finals.values())
+                recorded = True
             if usage_chunk is not None:
                 yield usage_chunk(self.usage([finals[i] for i in sorted(finals)], prompt_lens))
             yield SSE_DONE
         except EngineError as exc:
             if logged is not None:
                 logged.request_id, logged.error = rid, str(exc)
+                recorded = True
             yield sse(stream_error(exc))
             yield SSE_DONE
+        finally:
+            if logged is not None and not recorded:  # cancelled or closed: the client went away
+                logged.record(rid, finals.values())
+                logged.error = "client went away"
 
     def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
         """vLLM's prompt_logprobs shape: None for the first token, then {id: {logprob, rank, decoded_token}}."""

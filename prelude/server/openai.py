@@ -73,11 +73,20 @@ class CompletionsAPI(GenerationAPI):
             text = self.token_text(token_id)
             tokens.append(text)
             token_logprobs.append(None if entry is None else entry.logprob)
-            top_logprobs.append(None if entry is None else {self.token_text(t): lp for t, lp in entry.top})
+            top_logprobs.append(None if entry is None else self._top_with_own(entry))
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
+
+    def _top_with_own(self, entry: TokenLogprob) -> dict[str, float]:
+        """An entry's top_logprobs with the token itself among them: OpenAI's legacy logprobs
+        (and vLLM's) always carry the chosen token, so up to logprobs + 1 entries, and clients
+        read top_logprobs[i][tokens[i]]."""
+        top = {self.token_text(t): lp for t, lp in entry.top}
+        if all(t != entry.token_id for t, _ in entry.top):
+            top[self.token_text(entry.token_id)] = entry.logprob
+        return top
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
                            prompt: list[int], echo: bool, logprobs: int | None, show_prompt_logprobs: bool) -> dict:

@@ -152,3 +152,16 @@ def test_the_logged_id_is_the_response_id(logged_server, caplog):
                httpx.post(url + "/v1/rerank", headers=auth, json={"query": "q", "documents": ["a", "b"]})]
     logged = [TEXT.match(str(r.msg))["request_id"] for r in access_records(caplog, len(answers))]
     assert logged == [a.json()["id"] for a in answers]
+
+
+def test_a_stream_the_client_left_is_logged_with_its_id(logged_server, caplog):
+    """A stream closed by its client mid-answer was logged as 200 with no request id and no
+    tokens: it could not be told from a success, nor found by the id the client had seen."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    body = {"prompt": "a long answer", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", headers=auth, json=body) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    seen_id = json.loads(first[6:])["id"]
+    fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
+    assert fields["request_id"] == seen_id and json.loads(fields["error"]) == "client went away"
+    logged_server.wait_idle()

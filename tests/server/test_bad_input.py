@@ -75,8 +75,12 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,
      "logprobs"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 5}, 400, "top_logprobs"),
-    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages"),  # the template fails on a missing content
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "echo": "yes"}, 400, "echo"),  # was ignored unread
+    # A request's own chat template (vLLM refuses it without --trust-request-chat-template): ignored,
+    # the checkpoint's template rendered a prompt the client did not write.
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages[0].content }}"}, 400,
+     "chat_template"),
+    (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 1 }}"}, 400, "chat_template"),
     # Known fields this server cannot honour were ignored: free text answered a request for JSON,
     # and a tool call was never parsed out of the answer.
     (COMPLETIONS, {"prompt": "hi", "response_format": {"type": "json_object"}}, 400, "response_format.type"),
@@ -102,7 +106,6 @@ CASES = [
     ("/v1/score", {"query": "which one of these is the best?", "items": ["alpha beta gamma"] * 250,
                     "label_token_ids": [5, 6], "multi_item": True}, 400,
      "items"),
-    (TOKENIZE, {"messages": [{"role": "user"}]}, 400, "messages"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
 ]

@@ -1,7 +1,7 @@
 """vLLM's chat `continue_final_message` through the real `openai` client over loopback HTTP: the
 prompt stops right after the final message's content, so the answer carries on inside that
 message (a judge's prefilled "The verdict is"), instead of the template closing it and opening
-a new one. And text parts join with newlines, as vLLM joins them."""
+a new one. And text parts join with newlines, and null content is "", as vLLM renders them."""
 from __future__ import annotations
 
 import httpx
@@ -50,3 +50,17 @@ def test_text_parts_join_with_newlines(server):
     parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
     assert _ids(server, {"messages": [{"role": "user", "content": parts}]}) == \
         _ids(server, {"messages": [{"role": "user", "content": "first\nsecond"}]})
+
+
+def test_null_or_absent_content_renders_as_empty(server, client, model):
+    """An assistant turn replayed with tool_calls has "content": null (the openai SDK's own
+    message dump); vLLM renders it, and a missing content, as "". The demo's ChatML template
+    concatenates the content, as many checkpoints' do, and failed on None (a 400)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    replay = [{"role": "user", "content": "Look it up"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "content": "42", "tool_call_id": "call_1"}]
+    empty = [replay[0], {**replay[1], "content": ""}, replay[2]]
+    assert _ids(server, {"messages": replay}) == _ids(server, {"messages": empty})
+    answer = client.chat.completions.create(model=model, messages=replay, max_tokens=2, temperature=0)
+    assert answer.choices[0].finish_reason == "length"
+    assert _ids(server, {"messages": [{"role": "user"}]}) == _ids(server, {"messages": [{"role": "user", "content": ""}]})

@@ -138,6 +138,20 @@ def test_pooling_returns_raw_classifier_logits(classifier):
     assert got["object"] == "pooling" and got["data"] == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+def test_pooling_honours_encoding_format(lm):
+    """vLLM's /pooling answers encoding_format "base64" with packed float32, as /v1/embeddings
+    does: the field was ignored, and a base64 client got a list it could not decode."""
+    srv, _ = lm
+    floats = post(srv, "/pooling", input=TEXTS[:2]).json()["data"]
+    packed = post(srv, "/pooling", input=TEXTS[:2], encoding_format="base64").json()["data"]
+    for plain, item in zip(floats, packed):
+        raw = base64.b64decode(item["data"])
+        vector = struct.unpack(f"<{len(raw) // 4}f", raw)
+        assert list(vector) == pytest.approx(plain["data"], rel=1e-6)
+    bad = post(srv, "/pooling", input="x", encoding_format="hex")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "encoding_format"
+
+
 def test_reward_model_returns_the_scalar(reward):
     srv, reference = reward
     out = post(srv, "/classify", input=TEXTS).json()["data"]
@@ -227,6 +241,20 @@ def test_generative_rerank_uses_yes_no_probability(lm):
         lp = lm_logprobs(reference, tok.encode(text, False))[-1, [no, yes]]
         assert result["relevance_score"] == pytest.approx(float(torch.softmax(lp, 0)[1]), abs=1e-5)
         assert "document" not in result
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
+def test_rerank_top_n_zero_means_all(lm, path):
+    """vLLM's rerank schema defaults top_n to 0, meaning every document, and clients built on it
+    send that 0: it was a 400 ('top_n' must be >= 1)."""
+    srv, _ = lm
+    docs = ["blocks and caches", "a recipe for soup", "paged attention"]
+    every = post(srv, path, query="what is a KV cache?", documents=docs).json()["results"]
+    zero = post(srv, path, query="what is a KV cache?", documents=docs, top_n=0)
+    assert zero.status_code == 200, zero.text
+    assert [r["index"] for r in zero.json()["results"]] == [r["index"] for r in every] and len(every) == 3
+    one = post(srv, path, query="what is a KV cache?", documents=docs, top_n=1).json()["results"]
+    assert [r["index"] for r in one] == [every[0]["index"]]
 
 
 # -- one forward, prompt logprobs and restricted choices ---------------------------------------------

@@ -92,6 +92,23 @@ def test_logprobs_of_generated_tokens(client, model):
     assert "".join(lp.tokens) == out.choices[0].text
 
 
+def test_legacy_top_logprobs_carry_the_chosen_token(client, model):
+    """OpenAI's legacy logprobs (and vLLM's) always list the chosen token among top_logprobs,
+    so up to logprobs + 1 entries: clients read top_logprobs[i][tokens[i]]. Sampled tokens are
+    often not the most likely, and logprobs=0 asks for the chosen token's alone."""
+    for logprobs in (0, 1):
+        out = client.completions.create(model=model, prompt="Once upon", max_tokens=8, temperature=1.5,
+                                        seed=3, logprobs=logprobs, echo=True)
+        lp = out.choices[0].logprobs
+        for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+            assert top[token] == pytest.approx(logprob) and logprobs <= len(top) <= logprobs + 1
+        streamed = client.completions.create(model=model, prompt="Once upon", max_tokens=8, temperature=1.5,
+                                             seed=3, logprobs=logprobs, stream=True)
+        tops = [top for c in streamed if c.choices and c.choices[0].logprobs
+                for top in c.choices[0].logprobs.top_logprobs]
+        assert tops == lp.top_logprobs[-8:]
+
+
 def test_n_choices(client, model):
     out = client.completions.create(model=model, prompt="Pick", max_tokens=4, n=3, temperature=1.0, seed=5)
     assert [c.index for c in out.choices] == [0, 1, 2]

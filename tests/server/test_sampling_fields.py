@@ -55,6 +55,34 @@ def test_min_tokens_blocks_the_stop_token_until_reached(lm):
     assert held["usage"]["completion_tokens"] >= 5
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_holds_back_stop_strings_too(lm, stream):
+    """As in vLLM, a stop string ends the answer only in the text of a token past min_tokens (it
+    may start earlier): a stop string in the first tokens' text ended the answer short of
+    min_tokens."""
+    srv, _ = lm
+    prompt = ids_of(srv, "Judge: is this answer relevant?")
+    full = post(srv, "/v1/completions", prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True,
+                logprobs=0).json()["choices"][0]
+    tokens = full["logprobs"]["tokens"]
+    stop, min_tokens = tokens[1][-2:], 4
+    assert full["text"].startswith("".join(tokens[:min_tokens]))
+    boundary = len("".join(tokens[:min_tokens]))
+    ends = [end for end in range(boundary + 1, len(full["text"]) + 1) if full["text"][:end].endswith(stop)]
+    want = full["text"][:ends[0] - len(stop)] if ends else full["text"]
+    body = dict(prompt=prompt, max_tokens=12, temperature=0, ignore_eos=True, stop=[stop], min_tokens=min_tokens)
+    early = post(srv, "/v1/completions", **{**body, "min_tokens": 0}).json()["choices"][0]
+    assert len(early["text"]) < boundary  # without min_tokens the stop string cuts inside the first tokens
+    if stream:
+        response = post(srv, "/v1/completions", **body, stream=True)
+        events = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: {")]
+        assert "".join(e["choices"][0]["text"] for e in events) == want
+    else:
+        held = post(srv, "/v1/completions", **body).json()["choices"][0]
+        assert held["text"] == want and held["finish_reason"] == ("stop" if ends else "length")
+
+
 def test_include_stop_str_in_output(lm):
     srv, _ = lm
     prompt = ids_of(srv, "Judge: is this answer relevant?")
