@@ -144,6 +144,9 @@ class CompatAPI(DecisionAPI):
         the same way), `embedding_types`, `output_dimension`, `max_tokens`, `truncate`
         (NONE: over-long input is a 400; START / END: drop tokens from that end)."""
         body = await self.body(http)
+        for field in ("images", "inputs"):  # embedded as texts alone, they would answer other vectors
+            if body.list(field):
+                raise bad_request(f"'{field}' is not supported: this server embeds 'texts' only", field)
         texts = _texts(body, "texts")
         kinds = body.list("embedding_types") or ["float"]
         if not all(k in COHERE_EMBEDDING_TYPES for k in kinds):

@@ -52,6 +52,18 @@ def test_cohere_v2_truncation_and_dimensions(lm):
     assert within.status_code == 200
 
 
+def test_cohere_v2_images_and_mixed_inputs_are_refused_not_dropped(lm):
+    """Cohere v2 also embeds images and mixed `inputs`; this server embeds text alone, so those
+    are a 400 naming the field (they were dropped: texts and images got only the texts' vectors)."""
+    srv, _ = lm
+    image = "data:image/png;base64,iVBORw0KGgo="
+    inputs = [{"content": [{"type": "text", "text": "hi"}]}]
+    for field, value in (("images", [image]), ("inputs", inputs)):
+        refused = post(srv, "/v2/embed", texts=["hi"], input_type="image", embedding_types=["float"], **{field: value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+    assert post(srv, "/v2/embed", texts=["hi"], input_type="search_query").status_code == 200
+
+
 def test_tei_embed_rerank_and_truncate(lm):
     srv, _ = lm
     vectors = httpx.post(srv.base_url + "/embed", json={"inputs": TEXTS}).json()
