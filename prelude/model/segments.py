@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prelude.model.attention import AttentionBackend
+from prelude.model.layers import MLP_CHUNK_TOKENS
 
 # A segment's work, sized on the demo model where a short request's wait was measured: at most
 # SEGMENT_TOKENS tokens, and for wider models as many as make SEGMENT_MLP_MACS of MLP (Qwen3-0.6B:
@@ -78,9 +79,11 @@ class LayerProgress:
     tokens_done: int = 0  # tokens of mlp_output written
 
 
-def worth_segmenting(layer: DecoderLayer, tokens: int) -> bool:
-    """Within one segment's tokens a layer is short enough to run whole."""
-    return tokens > _tokens(layer)
+def worth_segmenting(tokens: int) -> bool:
+    """Up to one MLP chunk a layer runs whole: such steps are batches of short rows (c=16 of
+    128 tokens), where nothing is short enough beside them to step aside for, and finer pieces
+    would only cost time."""
+    return tokens > MLP_CHUNK_TOKENS
 
 
 def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBackend,
