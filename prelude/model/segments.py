@@ -188,5 +188,10 @@ def _mlp_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) 
 
 
 def _tokens(layer: DecoderLayer) -> int:
-    intermediate2, hidden = layer.mlp.gate_up_proj.weight.shape
+    weight = layer.mlp.gate_up_proj.weight
+    if weight.device.type != "cpu":
+        # The work budget is the CPU's: a GPU runs 1,024 tokens of any of these layers in well
+        # under a millisecond, and smaller pieces would only add kernel launches.
+        return SEGMENT_TOKENS
+    intermediate2, hidden = weight.shape
     return segment_tokens(hidden, intermediate2 // 2)
