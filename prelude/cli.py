@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import fields
 
 from prelude import __version__
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "/ready, /version and /metrics (default: none)")
     server.add_argument("--backlog", type=int, default=d.backlog, metavar="N",
                         help="pending connections the listening socket queues")
-    server.add_argument("--max-request-bytes", type=parse_bytes, default=d.max_request_bytes, metavar="BYTES",
+    server.add_argument("--max-request-bytes", type=_bytes, default=d.max_request_bytes, metavar="BYTES",
                         help="largest request body, e.g. 32MiB; larger ones get 413 (default: 32MiB)")
     server.add_argument("--max-logprobs", type=int, default=d.max_logprobs, metavar="N",
                         help="largest logprobs / top_logprobs / prompt_logprobs a request may ask for")
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, metavar="F",
                        help="fraction of GPU memory for weights, activations and the KV cache")
     cache.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv_cache_memory",
-                       type=parse_bytes, metavar="BYTES",
+                       type=_bytes, metavar="BYTES",
                        help="KV cache size, e.g. 2GiB (default: 512MiB on CPU; on CUDA what "
                             "--gpu-memory-utilization leaves)")
     cache.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
@@ -141,8 +142,31 @@ def _kv_events_config(text: str) -> KVEventsConfig:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-events-config: ")) from exc
 
 
+def _bytes(text: str) -> int:
+    """parse_bytes with its own message: argparse words a ValueError after the function's name,
+    "invalid parse_bytes value: '12XB'"."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _as_typed(message: str, parser: argparse.ArgumentParser, argv: list[str]) -> str:
+    """A ConfigError names a flag after its Config field (--num-kv-blocks, --kv-cache-memory,
+    the older aliases); name it as the command line gave it, else by its first (vLLM's) name,
+    so that `--num-gpu-blocks-override 0` is not answered about a flag nobody typed."""
+    for action in parser._actions:
+        field_flag = "--" + action.dest.replace("_", "-")
+        if len(action.option_strings) < 2 or not message.startswith(field_flag + " "):
+            continue
+        typed = [o for o in action.option_strings if any(a == o or a.startswith(o + "=") for a in argv)]
+        return (typed[-1] if typed else action.option_strings[0]) + message[len(field_flag):]
+    return message
+
+
 def parse_args(argv: list[str] | None = None) -> Config:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     names = {f.name for f in fields(Config)}
     values = {k: v for k, v in vars(args).items() if k in names}
@@ -152,4 +176,4 @@ def parse_args(argv: list[str] | None = None) -> Config:
     try:
         return Config(**values)
     except ConfigError as exc:
-        parser.error(str(exc))
+        parser.error(_as_typed(str(exc), parser, argv))

@@ -173,3 +173,19 @@ def test_missing_model_directory_is_a_clear_startup_error(tmp_path):
 def test_bad_flag_value_names_the_flag():
     code, _, err = run_to_exit(["--max-num-seqs", "0"])
     assert code == 2 and "--max-num-seqs" in err
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--num-gpu-blocks-override", "0"], "error: --num-gpu-blocks-override must be positive"),
+    (["--num-kv-blocks=0"], "error: --num-kv-blocks must be positive"),
+    (["--kv-cache-memory-bytes", "0"], "error: --kv-cache-memory-bytes must be positive"),
+    (["--kv-cache-memory-bytes", "12XB"], "not a byte size: '12XB'"),
+    (["--max-request-bytes", "lots"], "not a byte size: 'lots'"),
+])
+def test_bad_flag_value_is_named_as_typed(args, expected):
+    """An error names the flag the operator typed (the field's older alias, --num-kv-blocks, was
+    named for --num-gpu-blocks-override) and a bad byte size says what it expects (argparse said
+    "invalid parse_bytes value")."""
+    code, _, err = run_to_exit(args)
+    assert code == 2 and expected in err, err
+    assert "parse_bytes" not in err

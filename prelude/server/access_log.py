@@ -47,15 +47,18 @@ class AccessEntry:
     total_s: float = 0.0
     error: str | None = None
 
-    def record(self, request_id: str, outputs: Iterable[RequestOutput]) -> None:
-        """The engine's side of the request: tokens summed over its rows, the longest queue
-        wait, the earliest first output."""
+    def record(self, request_id: str, rows: Iterable[tuple[int, RequestOutput]], choices_per_prompt: int = 1) -> None:
+        """The engine's side of the request: tokens summed over its rows (row index, output;
+        rows are prompt-major), the longest queue wait, the earliest first output. A prompt's
+        tokens count once however many choices (n) it has, as usage counts them: counted per
+        row, n=4 logged four times the prompt tokens the response's usage reported."""
         self.request_id = request_id
         classes = set()
-        for out in outputs:
-            self.prompt_tokens += out.num_prompt_tokens
+        for index, out in rows:
+            if index % choices_per_prompt == 0:
+                self.prompt_tokens += out.num_prompt_tokens
+                self.cached_tokens += out.num_cached_tokens
             self.completion_tokens += out.num_output_tokens
-            self.cached_tokens += out.num_cached_tokens
             metrics = out.metrics
             if metrics is None:
                 continue

@@ -61,7 +61,7 @@ class ChatAPI(GenerationAPI):
             return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
                                                  include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
-        outputs = await self.collect(http, requests)
+        outputs = await self.collect(http, requests, n)
         choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
                     "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
@@ -109,7 +109,7 @@ class ChatAPI(GenerationAPI):
                 yield chunk([choice])
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
-        return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged)
+        return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged, len(streams))
 
 
 def _refuse_tool_calls(body: Body) -> None:

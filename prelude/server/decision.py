@@ -207,9 +207,11 @@ class DecisionAPI(Serving):
         return json_response(self._envelope(rid, data, prompts))
 
     def _pairs(self, body: Body) -> tuple[list[str], list[str]]:
-        """vLLM's text_1/text_2 (or query/items): 1-to-N or N-to-N pairs of texts."""
-        first_name = "text_1" if body.has("text_1") else "query"
-        second_name = "text_2" if body.has("text_2") else "items" if body.has("items") else "documents"
+        """1-to-1, 1-to-N or N-to-N pairs of texts, under any of vLLM's field pairs: text_1/text_2,
+        queries/documents (its current documented form, which answered 400 "'query' is
+        required"), queries/items, data_1/data_2; or query/items|documents."""
+        first_name = next((n for n in ("text_1", "queries", "data_1") if body.has(n)), "query")
+        second_name = next((n for n in ("text_2", "documents", "items", "data_2") if body.has(n)), "documents")
         first, second = body.require(first_name), body.require(second_name)
         first = [first] if isinstance(first, str) else first
         second = [second] if isinstance(second, str) else second

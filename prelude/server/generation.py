@@ -83,18 +83,19 @@ class GenerationAPI(Serving):
 
     async def framed(self, rid: str, chunks: AsyncIterator[bytes], finals: dict[int, RequestOutput],
                      prompt_lens: list[int], usage_chunk: Callable[[dict], bytes] | None,
-                     logged: AccessEntry | None) -> AsyncIterator[bytes]:
+                     logged: AccessEntry | None, n: int = 1) -> AsyncIterator[bytes]:
         """A stream's chunks (which fill `finals`, index -> last output), then its access-log
         record, the usage chunk when asked for, and [DONE]; an engine error ends it with an
         error event and [DONE] instead. A client that goes away mid-stream still gets its line:
         the response id and what finished, marked as such: the line said 200 with no id and no
-        tokens, so a client's aborted stream could not be found in the log."""
+        tokens, so a client's aborted stream could not be found in the log. `n`: choices per
+        prompt."""
         recorded = False
         try:
             async for chunk in chunks:
                 yield chunk
             if logged is not None:
-                logged.record(rid, finals.values())
+                logged.record(rid, finals.items(), n)
                 recorded = True
             if usage_chunk is not None:
                 yield usage_chunk(self.usage([finals[i] for i in sorted(finals)], prompt_lens))
@@ -107,7 +108,7 @@ class GenerationAPI(Serving):
             yield SSE_DONE
         finally:
             if logged is not None and not recorded:  # cancelled or closed: the client went away
-                logged.record(rid, finals.values())
+                logged.record(rid, finals.items(), n)
                 logged.error = "client went away"
 
     def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:

@@ -101,4 +101,10 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
         w.sample("request_success_total", count, finished_reason=reason)
     w.histogram("time_to_first_token_seconds", "Time to first token.", stats.ttft)
     w.histogram("e2e_request_latency_seconds", "End-to-end request latency.", stats.e2e)
+    # The queue and prefill panels and the preemption count of vLLM's Grafana dashboard read
+    # these names; Prelude measures them (under prelude:), so they were empty panels.
+    w.histogram("request_queue_time_seconds", "Time spent in the WAITING phase.", stats.queue_time)
+    w.histogram("request_prefill_time_seconds", "Time spent in the PREFILL phase.", stats.prefill_time)
+    w.metric("num_preemptions_total", "counter", "Cumulative number of preemptions.",
+             snap.scheduler.num_preemptions)
     return w.lines

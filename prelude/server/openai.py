@@ -55,7 +55,7 @@ class CompletionsAPI(GenerationAPI):
             # and the others stay free to reuse its cached prefix (prompt logprobs read every
             # position, so every choice computed the whole prompt again).
             requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
-        outputs = await self.collect(http, requests)
+        outputs = await self.collect(http, requests, n)
         choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
                                            logprobs, show_prompt_logprobs) for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
@@ -131,4 +131,4 @@ class CompletionsAPI(GenerationAPI):
                     finals[index] = out
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
-        return self.framed(rid, chunks(), finals, [len(p) for p in prompts], usage_chunk, logged)
+        return self.framed(rid, chunks(), finals, [len(p) for p in prompts], usage_chunk, logged, n)

@@ -216,9 +216,10 @@ class Serving:
             if not stream.finished:
                 self.engine.abort(stream)
 
-    async def collect(self, http: HTTPRequest, requests: list[Request]) -> list[RequestOutput]:
+    async def collect(self, http: HTTPRequest, requests: list[Request], n: int = 1) -> list[RequestOutput]:
         """Submits the rows and waits for their results. If the client goes away first, its rows
-        are aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised."""
+        are aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised.
+        `n`: choices per prompt (rows are prompt-major), for the access log's prompt tokens."""
         logged = access_log.entry(http)
         if logged is not None:  # row ids are "<request id>-<row>" (fan_out, DecisionAPI._rows)
             logged.request_id = requests[0].request_id.rpartition("-")[0]
@@ -234,7 +235,7 @@ class Serving:
         if watcher.done() and not watcher.cancelled():
             raise ClientDisconnect()
         if logged is not None:
-            logged.record(logged.request_id or "", outputs)
+            logged.record(logged.request_id or "", enumerate(outputs), n)
         return outputs
 
     async def _abort_when_gone(self, http: HTTPRequest, streams: list[RequestStream]) -> None:

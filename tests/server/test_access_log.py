@@ -165,3 +165,26 @@ def test_a_stream_the_client_left_is_logged_with_its_id(logged_server, caplog):
     fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
     assert fields["request_id"] == seen_id and json.loads(fields["error"]) == "client went away"
     logged_server.wait_idle()
+
+
+def test_prompt_tokens_count_once_per_prompt_whatever_n(logged_server, caplog):
+    """usage counts a prompt's tokens once however many choices it has; the log line must agree
+    (it counted them once per choice: n=3 logged three times the usage's prompt tokens)."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    usages = []
+    for body in ({"prompt": ["one two three", "four five"], "n": 3, "max_tokens": 2, "temperature": 1},
+                 {"prompt": "one two three", "n": 3, "max_tokens": 2, "stream": True,
+                  "stream_options": {"include_usage": True}},
+                 {"messages": [{"role": "user", "content": "hi there"}], "n": 2, "max_tokens": 2}):
+        route = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        response = httpx.post(url + route, headers=auth, json={"ignore_eos": True, **body}, timeout=60)
+        response.raise_for_status()
+        if body.get("stream"):
+            chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                      if line.startswith("data: {")]
+            usages.append(chunks[-1]["usage"])
+        else:
+            usages.append(response.json()["usage"])
+    lines = [TEXT.match(str(r.msg)).groupdict() for r in access_records(caplog, 3)]
+    assert [int(line["prompt"]) for line in lines] == [u["prompt_tokens"] for u in usages]
+    assert [int(line["completion"]) for line in lines] == [u["completion_tokens"] for u in usages]

@@ -181,6 +181,24 @@ def test_cross_encoder_score_and_rerank(classifier):
     assert ranked[0]["document"]["text"] == docs[order[0]]
 
 
+
+def test_score_takes_each_of_vllms_field_pairs(classifier):
+    """vLLM's /score reads text_1/text_2, queries/documents (its documented form), queries/items
+    and data_1/data_2 alike; queries/documents answered 400 "'query' is required"."""
+    srv, _ = classifier
+    query, docs = "which is positive?", TEXTS
+    expected = [s["score"] for s in post(srv, "/score", text_1=query, text_2=docs).json()["data"]]
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        for path in ("/score", "/v1/score"):
+            response = post(srv, path, **{first: query, second: docs})
+            assert response.status_code == 200, (first, second, response.text)
+            assert [s["score"] for s in response.json()["data"]] == pytest.approx(expected, abs=1e-6)
+    pairs = post(srv, "/v1/score", queries=[query] * 3, documents=docs).json()["data"]  # N:N
+    assert [s["score"] for s in pairs] == pytest.approx(expected, abs=1e-6)
+    uneven = post(srv, "/v1/score", queries=[query] * 2, documents=docs)
+    assert uneven.status_code == 400 and uneven.json()["error"]["param"] == "documents"
+
+
 # -- label-token scoring ---------------------------------------------------------------------
 def test_label_token_scoring_matches_lm_logprobs_and_shares_the_query(lm):
     srv, reference = lm

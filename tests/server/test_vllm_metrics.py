@@ -15,7 +15,10 @@ def test_metrics_speak_vllms_names(server):
     text = httpx.get(server.base_url + "/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count"):
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+                 # vLLM's Grafana dashboard's queue-time, prefill-time and preemption panels
+                 "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_sum",
+                 "vllm:num_preemptions_total"):
         assert any(line.startswith(name + '{model_name="') for line in text.splitlines()), name
     assert "prelude:num_requests_running" in text
 
@@ -41,3 +44,27 @@ def test_requests_running_counts_oneshot_rows_in_flight(demo_model):
         assert seen >= 1
         srv.wait_idle()
         assert _running(srv.base_url) == 0
+
+
+def test_metrics_text_is_valid_exposition(server):
+    """Each family is declared once (HELP, TYPE), each sample belongs to a declared family,
+    counters end in _total, histograms carry _bucket up to le="+Inf", _sum and _count."""
+    httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    text = httpx.get(server.base_url + "/metrics").text
+    types: dict[str, str] = {}
+    samples: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name not in types, f"{name} declared twice"
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            name = line.split("{")[0]
+            family = next(f for f in (name, name.rsplit("_", 1)[0]) if f in types)
+            samples.setdefault(family, set()).add(name[len(family):] + ('+Inf' if 'le="+Inf"' in line else ""))
+            float(line.rsplit(" ", 1)[1])
+    for name, kind in types.items():
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        if kind == "histogram":
+            assert {"_bucket+Inf", "_sum", "_count"} <= samples[name], name
