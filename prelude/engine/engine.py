@@ -299,7 +299,7 @@ class Engine:
             return
         self.scheduler.release(work)
         now = time.monotonic() if now is None else now
-        self.stats.on_finish(work, num_output_tokens, reason, now)
+        self.stats.on_finish(work, num_output_tokens, reason, now, tracked.first_token_time)
         if error is not None:
             tracked.stream.put(error)
         elif reason is FinishReason.ABORT:

@@ -30,6 +30,8 @@ class EngineStats:
     e2e: Histogram = field(default_factory=Histogram)
     queue_time: Histogram = field(default_factory=Histogram)
     prefill_time: Histogram = field(default_factory=Histogram)
+    decode_time: Histogram = field(default_factory=Histogram)  # first token to finish
+    time_per_output_token: Histogram = field(default_factory=Histogram)  # a request's mean after its first
     step_time: Histogram = field(default_factory=Histogram)
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -53,12 +55,17 @@ class EngineStats:
             self.queue_time.observe(work.first_scheduled - request.arrival_time)
             self.prefill_time.observe(now - work.first_scheduled)
 
-    def on_finish(self, work: Work, num_output_tokens: int, reason: FinishReason, now: float) -> None:
+    def on_finish(self, work: Work, num_output_tokens: int, reason: FinishReason, now: float,
+                  first_token_time: float | None = None) -> None:
         self.finished[reason.value] = self.finished.get(reason.value, 0) + 1
         if reason in (FinishReason.ABORT, FinishReason.ERROR):
             return
         request = work.request
         self.e2e.observe(now - request.arrival_time)
+        if first_token_time is not None:
+            self.decode_time.observe(now - first_token_time)
+            if num_output_tokens > 1:
+                self.time_per_output_token.observe((now - first_token_time) / (num_output_tokens - 1))
         self.prompt_tokens += request.num_prompt_tokens
         self.cached_tokens += work.num_cached_tokens
         self.generation_tokens += num_output_tokens

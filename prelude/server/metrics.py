@@ -82,6 +82,9 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.histogram("e2e_request_latency_seconds", "Arrival to finish.", stats.e2e)
     w.histogram("request_queue_time_seconds", "Arrival to first scheduled.", stats.queue_time)
     w.histogram("request_prefill_time_seconds", "First scheduled to first token.", stats.prefill_time)
+    w.histogram("request_decode_time_seconds", "First token to finish.", stats.decode_time)
+    w.histogram("request_time_per_output_token_seconds", "A request's mean time per output token after "
+                "its first (requests of two tokens or more).", stats.time_per_output_token)
     w.histogram("step_duration_seconds", "Forward step wall time.", stats.step_time)
     return "\n".join(w.lines + _vllm_names(snap, model)) + "\n"
 
@@ -107,4 +110,8 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     w.histogram("request_prefill_time_seconds", "Time spent in the PREFILL phase.", stats.prefill_time)
     w.metric("num_preemptions_total", "counter", "Cumulative number of preemptions.",
              snap.scheduler.num_preemptions)
+    # The decode-time and time-per-output-token panels (vLLM v1's per-request names).
+    w.histogram("request_decode_time_seconds", "Time spent in the DECODE phase.", stats.decode_time)
+    w.histogram("request_time_per_output_token_seconds", "Time per output token, per request.",
+                stats.time_per_output_token)
     return w.lines

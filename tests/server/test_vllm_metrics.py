@@ -10,17 +10,27 @@ from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 
+def _count(text: str, name: str) -> float:
+    return float(next(line for line in text.splitlines() if line.startswith(name + "{")).split()[-1])
+
+
 def test_metrics_speak_vllms_names(server):
-    httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    before = httpx.get(server.base_url + "/metrics").text
+    httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "ignore_eos": True})
     text = httpx.get(server.base_url + "/metrics").text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
                  # vLLM's Grafana dashboard's queue-time, prefill-time and preemption panels
                  "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_sum",
-                 "vllm:num_preemptions_total"):
+                 "vllm:num_preemptions_total",
+                 # its decode-time and time-per-output-token panels
+                 "vllm:request_decode_time_seconds_bucket", "vllm:request_time_per_output_token_seconds_sum"):
         assert any(line.startswith(name + '{model_name="') for line in text.splitlines()), name
     assert "prelude:num_requests_running" in text
+    # a two-token answer is one observation of each (a request of one token has no TPOT)
+    for name in ("vllm:request_decode_time_seconds_count", "vllm:request_time_per_output_token_seconds_count"):
+        assert _count(text, name) == _count(before, name) + 1, name
 
 
 def _running(url: str) -> float:
