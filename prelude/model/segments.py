@@ -96,14 +96,13 @@ def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBack
             _begin_projection(layer, state, progress)
         else:  # the backend attends all heads in one call: the attention is one segment
             progress.mlp_input, state.residual = layer.attend(state.x, state.residual, state.rope, attention, keep)
-            progress.out_done = len(progress.mlp_input)
             progress.mlp_output = torch.empty_like(progress.mlp_input)
-    elif progress.qkv is not None and progress.projected < len(progress.qkv[0]):
+    elif progress.normed is not None:  # tokens left to project
         _project_chunk(layer, state, progress)
     elif progress.qkv is not None:
         _attend_kv_head(layer, state, progress, attention, keep)
-    elif progress.mlp_input is not None and progress.out_done < len(progress.mlp_input):
-        _output_chunk(layer, state, progress, keep)
+    elif progress.attended is not None:  # tokens left through the output projection
+        _output_chunk(layer, state, progress)
     else:
         _mlp_chunk(layer, state, progress)
 
@@ -162,7 +161,7 @@ def _attend_kv_head(layer: DecoderLayer, state: LayerState, progress: LayerProgr
         progress.qkv = None
 
 
-def _output_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress, keep: torch.Tensor | None) -> None:
+def _output_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) -> None:
     """The output projection and the post-attention norm of a chunk of tokens. The residual
     stream's new value goes to its own tensor: later chunks still read the old one."""
     assert progress.attended is not None and progress.mlp_input is not None and progress.residual_out is not None
