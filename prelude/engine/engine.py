@@ -282,6 +282,10 @@ class Engine:
                 tracked.first_token_time = now
                 tracked.mixed = beside_decodes
                 self.stats.on_first_token(work, now)
+            elif result.token is not None and tracked.last_token_time is not None:
+                self.stats.inter_token.observe(now - tracked.last_token_time)
+            if result.token is not None:
+                tracked.last_token_time = now
             out, reason = advance(tracked, result, self.eos_token_ids)
             if reason is not None:
                 out.metrics = tracked.metrics(now)

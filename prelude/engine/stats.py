@@ -32,6 +32,7 @@ class EngineStats:
     prefill_time: Histogram = field(default_factory=Histogram)
     decode_time: Histogram = field(default_factory=Histogram)  # first token to finish
     time_per_output_token: Histogram = field(default_factory=Histogram)  # a request's mean after its first
+    inter_token: Histogram = field(default_factory=Histogram)  # each gap between a request's tokens
     step_time: Histogram = field(default_factory=Histogram)
     prompt_tokens: int = 0
     generation_tokens: int = 0

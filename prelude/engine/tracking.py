@@ -19,6 +19,7 @@ class Tracked:
     stream: RequestStream
     detokenizer: IncrementalDetokenizer | None = None  # requests that generate tokens
     first_token_time: float | None = None
+    last_token_time: float | None = None  # for the gap to its next token (inter-token latency)
     mixed: bool = False  # its prompt finished in a step beside other requests' decodes
 
     @classmethod

@@ -85,6 +85,8 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.histogram("request_decode_time_seconds", "First token to finish.", stats.decode_time)
     w.histogram("request_time_per_output_token_seconds", "A request's mean time per output token after "
                 "its first (requests of two tokens or more).", stats.time_per_output_token)
+    w.histogram("inter_token_latency_seconds", "Each gap between two consecutive output tokens of a "
+                "request.", stats.inter_token)
     w.histogram("step_duration_seconds", "Forward step wall time.", stats.step_time)
     return "\n".join(w.lines + _vllm_names(snap, model)) + "\n"
 
@@ -114,4 +116,5 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     w.histogram("request_decode_time_seconds", "Time spent in the DECODE phase.", stats.decode_time)
     w.histogram("request_time_per_output_token_seconds", "Time per output token, per request.",
                 stats.time_per_output_token)
+    w.histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.inter_token)
     return w.lines

@@ -33,6 +33,18 @@ def test_metrics_speak_vllms_names(server):
         assert _count(text, name) == _count(before, name) + 1, name
 
 
+def test_inter_token_latency_counts_each_gap(server):
+    """vLLM's dashboard plots inter-token latency from vllm:inter_token_latency_seconds, one
+    observation per gap between two tokens of a request: a 5-token answer adds four."""
+    before = httpx.get(server.base_url + "/metrics").text
+    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 5
+    text = httpx.get(server.base_url + "/metrics").text
+    for prefix in ("vllm", "prelude"):
+        name = f"{prefix}:inter_token_latency_seconds_count"
+        assert _count(text, name) == _count(before, name) + 4, name
+
+
 def _running(url: str) -> float:
     text = httpx.get(url + "/metrics").text
     return float(next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")).split()[-1])
