@@ -114,3 +114,21 @@ def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
     runs = json.loads(out.read_text())["results"]
     assert len(runs) == 4 and all(r["completed"] == 60 and r["errors"] == 0 for r in runs), runs
     assert all(r["server_cpu_s"] > 0 for r in runs)
+
+
+def test_long_short_bench_runs_a_policy_and_the_overload(tmp_path, capsys):
+    """bench.serving.long_short, shrunk: calibration, one policy with and without deadlines, and
+    an overload herd against a bound of 8 (the rest answered 503, none failing otherwise)."""
+    from bench.serving import long_short
+
+    out = tmp_path / "long_short.json"
+    code = long_short.main(["--policies", "edf", "--no-baseline", "--no-shorts-alone", "--seconds", "1",
+                            "--long-tokens", "512", "--overload", "30", "--max-queued-requests", "8",
+                            "--no-progress", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [(r["policy"], r["deadlines"]) for r in report["results"]] == [("edf", False), ("edf", True)]
+    assert all(r["errors"] == 0 for r in report["results"]), report["results"]
+    overload = report["overload"]
+    assert overload["accepted"] >= 8 and overload["refused"] > 0 and overload["other"] == 0, overload
+    assert "SLO %" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
