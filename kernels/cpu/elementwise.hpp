@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "simd.hpp"
-#include "team.hpp"
+#include "parallel.hpp"
 
 namespace prelude_cpu {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "simd.hpp"
-#include "team.hpp"
+#include "parallel.hpp"
 
 namespace prelude_cpu {
 

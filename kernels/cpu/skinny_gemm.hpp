@@ -10,7 +10,7 @@
 // 4x2 register tile below does better.
 #pragma once
 #include "simd.hpp"
-#include "team.hpp"
+#include "parallel.hpp"
 
 namespace prelude_cpu {
 
