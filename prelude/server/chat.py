@@ -46,8 +46,7 @@ class ChatAPI(GenerationAPI):
         prompt_logprobs = self.requested_prompt_logprobs(body)
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
-        options = body.object("stream_options")
-        include_usage = options is not None and options.bool("include_usage")
+        include_usage, continuous_usage = self.stream_usage(body)
         choice = await self._choice(body)
         rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
@@ -59,7 +58,7 @@ class ChatAPI(GenerationAPI):
         if stream:
             streams = self.submit_all(requests)
             return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
-                                                 include_usage, access_log.entry(http)),
+                                                 include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
         choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
@@ -85,19 +84,23 @@ class ChatAPI(GenerationAPI):
         return {"content": content}
 
     def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
-                     logged: AccessEntry | None):
+                     continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                         "model": self.model_name, "choices": choices, **extra})
 
+        # continuous_usage_stats: every chunk carries its choice's usage so far (0 before any token).
+        usage = (lambda completion: self.usage_so_far(prompt_len, completion)) if continuous_usage \
+            else (lambda completion: {})
+
         async def chunks():
             yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(len(streams))])
+                          "finish_reason": None} for i in range(len(streams))], **usage(0))
             if echo:  # its own chunk before any generated text, as vLLM sends it
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
-                             for i in range(len(streams))])
+                             for i in range(len(streams))], **usage(0))
             async for index, out in merge(streams):
                 delta = {"content": out.text} if out.text else {}
                 choice = {"index": index, "delta": delta,
@@ -106,7 +109,7 @@ class ChatAPI(GenerationAPI):
                 if out.finished:
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out
-                yield chunk([choice])
+                yield chunk([choice], **usage(out.num_output_tokens))
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
         return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged, len(streams))

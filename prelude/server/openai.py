@@ -38,8 +38,7 @@ class CompletionsAPI(GenerationAPI):
         if echo and logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = logprobs
         stream = body.bool("stream")
-        options = body.object("stream_options")
-        include_usage = options is not None and options.bool("include_usage")
+        include_usage, continuous_usage = self.stream_usage(body)
         choice = await self._choice(body)
         rid = new_id("cmpl", http)
         requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
@@ -48,7 +47,7 @@ class CompletionsAPI(GenerationAPI):
         if stream:
             streams = self.submit_all(requests)
             return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
-                                                       include_usage, access_log.entry(http)),
+                                                       include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         if n > 1 and prompt_logprobs is not None:
             # A prompt's logprobs are the same for each of its choices: the first computes them,
@@ -102,7 +101,7 @@ class CompletionsAPI(GenerationAPI):
         return choice
 
     def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
-                           logged: AccessEntry | None):
+                           continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         offsets = [0] * len(streams)
@@ -124,9 +123,10 @@ class CompletionsAPI(GenerationAPI):
                 if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
                     logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index])
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
+                usage = self.usage_so_far(len(prompts[index // n]), out.num_output_tokens) if continuous_usage else {}
                 yield chunk([{"index": index, "text": text, "logprobs": logprobs_field,
                               "finish_reason": out.finish_reason if out.finished else None,
-                              "stop_reason": out.stop_reason if out.finished else None}])
+                              "stop_reason": out.stop_reason if out.finished else None}], **usage)
                 if out.finished:
                     finals[index] = out
 
