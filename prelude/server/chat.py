@@ -43,6 +43,7 @@ class ChatAPI(GenerationAPI):
         if top_logprobs and not body.bool("logprobs"):  # silently dropped, as it was, it went unchecked
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
+        as_ids = body.bool("return_tokens_as_token_ids")
         prompt_logprobs = self.requested_prompt_logprobs(body)
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
@@ -57,12 +58,12 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
+            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo, as_ids,
                                                  include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
         choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
-                    "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
+                    "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
                    for i, out in enumerate(outputs)]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -71,9 +72,9 @@ class ChatAPI(GenerationAPI):
             answer["prompt_logprobs"] = self.prompt_logprobs_field(required(outputs[0].prompt_logprobs))
         return json_response(answer)
 
-    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
+    def _chat_logprobs(self, entries: list[TokenLogprob] | None, as_ids: bool) -> dict:
         def item(token_id: int, logprob: float) -> dict:
-            text = self.token_text(token_id)
+            text = self.logprob_token(token_id, as_ids)  # "token_id:<id>" with return_tokens_as_token_ids
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
         content = []
@@ -83,7 +84,7 @@ class ChatAPI(GenerationAPI):
             content.append(row)
         return {"content": content}
 
-    def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
+    def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, as_ids: bool, include_usage,
                      continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
 
@@ -104,7 +105,7 @@ class ChatAPI(GenerationAPI):
             async for index, out in merge(streams):
                 delta = {"content": out.text} if out.text else {}
                 choice = {"index": index, "delta": delta,
-                          "logprobs": self._chat_logprobs(out.logprobs) if out.logprobs else None,
+                          "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": out.finish_reason if out.finished else None}
                 if out.finished:
                     choice["stop_reason"] = out.stop_reason

@@ -31,6 +31,7 @@ class CompletionsAPI(GenerationAPI):
         max_tokens = body.int("max_tokens", 16, lo=0)
         logprobs = body.int("logprobs", None, lo=0)
         echo = body.bool("echo")
+        as_ids = body.bool("return_tokens_as_token_ids")
         prompt_logprobs = self.requested_prompt_logprobs(body)
         # prompt_logprobs appears in the answer only when asked for; echo + logprobs computes
         # them too, for the echoed tokens' entries in `logprobs`.
@@ -46,7 +47,7 @@ class CompletionsAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs, as_ids,
                                                        include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         if n > 1 and prompt_logprobs is not None:
@@ -56,51 +57,53 @@ class CompletionsAPI(GenerationAPI):
             requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
         outputs = await self.collect(http, requests, n)
         choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
-                                           logprobs, show_prompt_logprobs) for i, out in enumerate(outputs)]
+                                           logprobs, as_ids, show_prompt_logprobs) for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
 
     def _legacy_logprobs(self, entries: Sequence[TokenLogprob | None], first_token: int | None = None,
-                         offset: int = 0) -> dict:
+                         offset: int = 0, as_ids: bool = False) -> dict:
         """OpenAI's legacy logprobs object. A None entry is the echoed first prompt token, which
-        has no logprob."""
+        has no logprob. `as_ids`: tokens named "token_id:<id>" (vLLM's return_tokens_as_token_ids;
+        offsets then count those names, as vLLM's do)."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for entry in entries:
             token_id = first_token if entry is None else entry.token_id
             assert token_id is not None, "an echoed entry comes with the prompt's first token"
-            text = self.token_text(token_id)
+            text = self.logprob_token(token_id, as_ids)
             tokens.append(text)
             token_logprobs.append(None if entry is None else entry.logprob)
-            top_logprobs.append(None if entry is None else self._top_with_own(entry))
+            top_logprobs.append(None if entry is None else self._top_with_own(entry, as_ids))
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
-    def _top_with_own(self, entry: TokenLogprob) -> dict[str, float]:
+    def _top_with_own(self, entry: TokenLogprob, as_ids: bool) -> dict[str, float]:
         """An entry's top_logprobs with the token itself among them: OpenAI's legacy logprobs
         (and vLLM's) always carry the chosen token, so up to logprobs + 1 entries, and clients
         read top_logprobs[i][tokens[i]]."""
-        top = {self.token_text(t): lp for t, lp in entry.top}
+        top = {self.logprob_token(t, as_ids): lp for t, lp in entry.top}
         if all(t != entry.token_id for t, _ in entry.top):
-            top[self.token_text(entry.token_id)] = entry.logprob
+            top[self.logprob_token(entry.token_id, as_ids)] = entry.logprob
         return top
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
-                           prompt: list[int], echo: bool, logprobs: int | None, show_prompt_logprobs: bool) -> dict:
+                           prompt: list[int], echo: bool, logprobs: int | None, as_ids: bool,
+                           show_prompt_logprobs: bool) -> dict:
         prompt_text = self.tokenizer.decode(prompt) if echo else ""
         logprobs_field = None
         if logprobs is not None:
             entries: list = [None, *(prompt_logprobs or [])] if echo else []
-            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
+            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0], as_ids=as_ids)
         choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if show_prompt_logprobs and prompt_logprobs is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs_field(prompt_logprobs)
         return choice
 
-    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
+    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, as_ids: bool, include_usage,
                            continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
@@ -121,7 +124,8 @@ class CompletionsAPI(GenerationAPI):
                         entries = [None, *(out.prompt_logprobs or []), *entries]
                 logprobs_field = None
                 if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
-                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index])
+                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index],
+                                                           as_ids=as_ids)
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
                 usage = self.usage_so_far(len(prompts[index // n]), out.num_output_tokens) if continuous_usage else {}
                 yield chunk([{"index": index, "text": text, "logprobs": logprobs_field,

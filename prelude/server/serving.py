@@ -129,6 +129,12 @@ class Serving:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def logprob_token(self, token_id: int, as_id: bool) -> str:
+        """How a logprobs entry names a token: its text, or with vLLM's
+        return_tokens_as_token_ids "token_id:<id>", which names tokens whose text is no whole
+        character (a byte-level piece decodes to U+FFFD) or is shared by several ids."""
+        return f"token_id:{token_id}" if as_id else self.token_text(token_id)
+
     def truncate(self, ids: list[int], limit: int | None, side: str | None = None) -> list[int]:
         """At most `limit` tokens, dropping from the tokenizer's truncation side (or `side`)."""
         if limit is None or len(ids) <= limit:
