@@ -33,6 +33,9 @@ class ChatAPI(GenerationAPI):
         rendered = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding adds none unless asked (vLLM's default).
         ids = await self.admission.encode(rendered.text, add_special_tokens=body.bool("add_special_tokens", False))
+        # vLLM's truncate_prompt_tokens keeps the rendered prompt's last k tokens, as for completions
+        # (it was ignored here: a chat past the context was a 400 the client had asked to avoid).
+        ids = self.truncate(ids, self.truncation_limit(body), "left")
         if not ids:
             raise bad_request("'messages' render to an empty prompt", "messages")
         n = body.int("n", 1, lo=1, hi=128)
