@@ -47,6 +47,7 @@ class ChatAPI(GenerationAPI):
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
         as_ids = body.bool("return_tokens_as_token_ids")
+        return_ids = body.bool("return_token_ids")  # vLLM's: prompt_token_ids beside choices, token_ids in each
         prompt_logprobs = self.requested_prompt_logprobs(body)
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
@@ -61,18 +62,21 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo, as_ids,
+            return EventStream(self._stream_chat(rid, created, streams, ids, rendered.role, echo, as_ids, return_ids,
                                                  include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
         choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
                     "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
-                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                    **({"token_ids": out.token_ids} if return_ids else {})}
                    for i, out in enumerate(outputs)]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                   "choices": choices, "usage": self.usage(outputs, [len(ids)])}
         if prompt_logprobs is not None:  # vLLM's place: beside the choices, the rendered prompt's
             answer["prompt_logprobs"] = self.prompt_logprobs_field(required(outputs[0].prompt_logprobs))
+        if return_ids:
+            answer["prompt_token_ids"] = ids
         return json_response(answer)
 
     def _chat_logprobs(self, entries: list[TokenLogprob] | None, as_ids: bool) -> dict:
@@ -87,9 +91,10 @@ class ChatAPI(GenerationAPI):
             content.append(row)
         return {"content": content}
 
-    def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, as_ids: bool, include_usage,
-                     continuous_usage: bool, logged: AccessEntry | None):
+    def _stream_chat(self, rid, created, streams, prompt: list[int], role: str, echo: str, as_ids: bool,
+                     return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
+        prompt_len = len(prompt)
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
@@ -100,8 +105,10 @@ class ChatAPI(GenerationAPI):
             else (lambda completion: {})
 
         async def chunks():
+            # return_token_ids: the prompt's ids come with the role chunk, as vLLM's first chunk has them.
             yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(len(streams))], **usage(0))
+                          "finish_reason": None} for i in range(len(streams))], **usage(0),
+                        **({"prompt_token_ids": prompt} if return_ids else {}))
             if echo:  # its own chunk before any generated text, as vLLM sends it
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
                              for i in range(len(streams))], **usage(0))
@@ -110,6 +117,8 @@ class ChatAPI(GenerationAPI):
                 choice = {"index": index, "delta": delta,
                           "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": out.finish_reason if out.finished else None}
+                if return_ids:
+                    choice["token_ids"] = out.token_ids
                 if out.finished:
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out

@@ -32,6 +32,7 @@ class CompletionsAPI(GenerationAPI):
         logprobs = body.int("logprobs", None, lo=0)
         echo = body.bool("echo")
         as_ids = body.bool("return_tokens_as_token_ids")
+        return_ids = body.bool("return_token_ids")  # vLLM's: prompt_token_ids and token_ids in each choice
         prompt_logprobs = self.requested_prompt_logprobs(body)
         # prompt_logprobs appears in the answer only when asked for; echo + logprobs computes
         # them too, for the echoed tokens' entries in `logprobs`.
@@ -48,7 +49,8 @@ class CompletionsAPI(GenerationAPI):
         if stream:
             streams = self.submit_all(requests)
             return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs, as_ids,
-                                                       include_usage, continuous_usage, access_log.entry(http)),
+                                                       return_ids, include_usage, continuous_usage,
+                                                       access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         if n > 1 and prompt_logprobs is not None:
             # A prompt's logprobs are the same for each of its choices: the first computes them,
@@ -57,7 +59,8 @@ class CompletionsAPI(GenerationAPI):
             requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
         outputs = await self.collect(http, requests, n)
         choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
-                                           logprobs, as_ids, show_prompt_logprobs) for i, out in enumerate(outputs)]
+                                           logprobs, as_ids, show_prompt_logprobs, return_ids)
+                   for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
@@ -91,7 +94,7 @@ class CompletionsAPI(GenerationAPI):
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
                            prompt: list[int], echo: bool, logprobs: int | None, as_ids: bool,
-                           show_prompt_logprobs: bool) -> dict:
+                           show_prompt_logprobs: bool, return_ids: bool) -> dict:
         prompt_text = self.tokenizer.decode(prompt) if echo else ""
         logprobs_field = None
         if logprobs is not None:
@@ -101,12 +104,15 @@ class CompletionsAPI(GenerationAPI):
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if show_prompt_logprobs and prompt_logprobs is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs_field(prompt_logprobs)
+        if return_ids:
+            choice.update(prompt_token_ids=prompt, token_ids=out.token_ids)
         return choice
 
-    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, as_ids: bool, include_usage,
-                           continuous_usage: bool, logged: AccessEntry | None):
+    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, as_ids: bool, return_ids: bool,
+                           include_usage, continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
+        started: set[int] = set()  # choices whose first chunk went out (with return_ids, the prompt's ids)
         offsets = [0] * len(streams)
 
         def chunk(choices, **extra):
@@ -128,9 +134,15 @@ class CompletionsAPI(GenerationAPI):
                                                            as_ids=as_ids)
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
                 usage = self.usage_so_far(len(prompts[index // n]), out.num_output_tokens) if continuous_usage else {}
-                yield chunk([{"index": index, "text": text, "logprobs": logprobs_field,
-                              "finish_reason": out.finish_reason if out.finished else None,
-                              "stop_reason": out.stop_reason if out.finished else None}], **usage)
+                choice = {"index": index, "text": text, "logprobs": logprobs_field,
+                          "finish_reason": out.finish_reason if out.finished else None,
+                          "stop_reason": out.stop_reason if out.finished else None}
+                if return_ids:  # vLLM's: the prompt's ids in a choice's first chunk, each chunk's new ids
+                    if index not in started:
+                        choice["prompt_token_ids"] = prompts[index // n]
+                    choice["token_ids"] = out.token_ids
+                started.add(index)
+                yield chunk([choice], **usage)
                 if out.finished:
                     finals[index] = out
 

@@ -1,8 +1,8 @@
-"""vLLM's return_tokens_as_token_ids through the real `openai` client: logprobs entries name
-their tokens "token_id:<id>" instead of by text, in completions (whole, streamed, echoed) and
-chat (whole, streamed), top alternatives included. RL and eval clients send it to recover the
-exact ids (a byte-level piece's text is U+FFFD, and ids can share a text); it was ignored, and
-their "token_id:" parsing failed on plain text."""
+"""vLLM's token-id fields through the real `openai` client. return_tokens_as_token_ids: logprobs
+entries name their tokens "token_id:<id>" instead of by text, in completions (whole, streamed,
+echoed) and chat (whole, streamed), top alternatives included; RL and eval clients send it to
+recover the exact ids (a byte-level piece's text is U+FFFD, and ids can share a text).
+return_token_ids: prompt_token_ids and token_ids in the answer. Both were ignored."""
 from __future__ import annotations
 
 import httpx
@@ -57,3 +57,46 @@ def test_chat_logprobs_name_token_ids(server, client, model):
     streamed = list(client.chat.completions.create(**kwargs, stream=True, extra_body=AS_IDS))
     assert [e.token for c in streamed if c.choices and c.choices[0].logprobs
             for e in c.choices[0].logprobs.content] == [e.token for e in named]
+
+
+def _tokenized(server, **body) -> list[int]:
+    return httpx.post(server.base_url + "/tokenize", json=body).json()["tokens"]
+
+
+def _logprob_ids(names: list[str]) -> list[int]:
+    return [_id(n) for n in names]
+
+
+def test_completion_return_token_ids(server, client, model):
+    """vLLM's return_token_ids: each choice carries its prompt's ids and its own output ids;
+    streamed, the prompt's ids come once in a choice's first chunk and each chunk has its new
+    ids. It was ignored, so clients reading choice.token_ids (agent RL stacks) found none."""
+    prompts = ["Return the ids", "of two prompts"]
+    kwargs = dict(model=model, prompt=prompts, max_tokens=5, n=2, seed=1, logprobs=0,
+                  extra_body={"return_token_ids": True, **AS_IDS, "ignore_eos": True})
+    whole = client.completions.create(**kwargs).model_dump()["choices"]
+    for choice in whole:
+        assert choice["prompt_token_ids"] == _tokenized(server, prompt=prompts[choice["index"] // 2])
+        assert choice["token_ids"] == _logprob_ids(choice["logprobs"]["tokens"])
+    firsts, streamed = {}, {c["index"]: [] for c in whole}
+    for chunk in client.completions.create(**kwargs, stream=True):
+        (choice,) = chunk.model_dump()["choices"]
+        if choice.get("prompt_token_ids") is not None:
+            assert choice["index"] not in firsts
+            firsts[choice["index"]] = choice["prompt_token_ids"]
+        streamed[choice["index"]] += choice["token_ids"]
+    assert firsts == {c["index"]: c["prompt_token_ids"] for c in whole}
+    assert streamed == {c["index"]: c["token_ids"] for c in whole}
+
+
+def test_chat_return_token_ids(server, client, model):
+    messages = [{"role": "user", "content": "Return the ids"}]
+    kwargs = dict(model=model, messages=messages, max_tokens=5, temperature=0, logprobs=True,
+                  extra_body={"return_token_ids": True, **AS_IDS, "ignore_eos": True})
+    whole = client.chat.completions.create(**kwargs).model_dump()
+    assert whole["prompt_token_ids"] == _tokenized(server, messages=messages)
+    (choice,) = whole["choices"]
+    assert choice["token_ids"] == _logprob_ids([e["token"] for e in choice["logprobs"]["content"]])
+    chunks = [c.model_dump() for c in client.chat.completions.create(**kwargs, stream=True)]
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert [t for c in chunks[1:] for t in c["choices"][0]["token_ids"]] == choice["token_ids"]
