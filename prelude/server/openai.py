@@ -31,6 +31,9 @@ class CompletionsAPI(GenerationAPI):
         max_tokens = body.int("max_tokens", 16, lo=0)
         logprobs = body.int("logprobs", None, lo=0)
         echo = body.bool("echo")
+        # What echo puts before each answer: the prompt as sent, as in vLLM (even when
+        # truncate_prompt_tokens cut its tokens).
+        echoed = self.sent_texts(body, "prompt", prompts) if echo else None
         as_ids = body.bool("return_tokens_as_token_ids")
         return_ids = body.bool("return_token_ids")  # vLLM's: prompt_token_ids and token_ids in each choice
         prompt_logprobs = self.requested_prompt_logprobs(body)
@@ -48,7 +51,7 @@ class CompletionsAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs, as_ids,
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echoed, logprobs, as_ids,
                                                        return_ids, include_usage, continuous_usage,
                                                        access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
@@ -58,7 +61,8 @@ class CompletionsAPI(GenerationAPI):
             # position, so every choice computed the whole prompt again).
             requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
         outputs = await self.collect(http, requests, n)
-        choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
+        choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n],
+                                           None if echoed is None else echoed[i // n],
                                            logprobs, as_ids, show_prompt_logprobs, return_ids)
                    for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
@@ -93,14 +97,14 @@ class CompletionsAPI(GenerationAPI):
         return top
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
-                           prompt: list[int], echo: bool, logprobs: int | None, as_ids: bool,
+                           prompt: list[int], echoed: str | None, logprobs: int | None, as_ids: bool,
                            show_prompt_logprobs: bool, return_ids: bool) -> dict:
-        prompt_text = self.tokenizer.decode(prompt) if echo else ""
+        """`echoed`: the prompt's text when echoing (its tokens then lead the logprobs), else None."""
         logprobs_field = None
         if logprobs is not None:
-            entries: list = [None, *(prompt_logprobs or [])] if echo else []
+            entries: list = [None, *(prompt_logprobs or [])] if echoed is not None else []
             logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0], as_ids=as_ids)
-        choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
+        choice = {"index": index, "text": (echoed or "") + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if show_prompt_logprobs and prompt_logprobs is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs_field(prompt_logprobs)
@@ -108,8 +112,8 @@ class CompletionsAPI(GenerationAPI):
             choice.update(prompt_token_ids=prompt, token_ids=out.token_ids)
         return choice
 
-    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, as_ids: bool, return_ids: bool,
-                           include_usage, continuous_usage: bool, logged: AccessEntry | None):
+    def _stream_completion(self, rid, created, streams, prompts, n, echo_texts: list[str] | None, logprobs, as_ids: bool,
+                           return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         started: set[int] = set()  # choices whose first chunk went out (with return_ids, the prompt's ids)
@@ -123,9 +127,9 @@ class CompletionsAPI(GenerationAPI):
             async for index, out in merge(streams):
                 text = out.text
                 entries: list = list(out.logprobs or [])
-                if echo and index not in echoed:  # the prompt and its logprobs, as in the whole answer
+                if echo_texts is not None and index not in echoed:  # the prompt and its logprobs, as whole
                     echoed.add(index)
-                    text = self.tokenizer.decode(prompts[index // n]) + text
+                    text = echo_texts[index // n] + text
                     if logprobs is not None:
                         entries = [None, *(out.prompt_logprobs or []), *entries]
                 logprobs_field = None

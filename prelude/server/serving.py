@@ -171,6 +171,14 @@ class Serving:
                                           add_special_tokens=body.bool("add_special_tokens", True))
         return encoded if limit is None else [self.truncate(ids, limit, "left") for ids in encoded]
 
+    def sent_texts(self, body: Body, name: str, encoded: list[list[int]]) -> list[str]:
+        """Each input of a prompt field `inputs` read, as the client sent it: a string as is, token
+        ids decoded (vLLM's echo text). Decoding a string's ids added what tokenization adds, a
+        BOS token's text ("<|begin_of_text|>Hello" for "Hello") or normalization."""
+        value = body.data[name]
+        items = [value] if isinstance(value, str) or _is_ids(value) else value
+        return [item if isinstance(item, str) else self.tokenizer.decode(ids) for item, ids in zip(items, encoded)]
+
     async def encode_items(self, items: list, name: str, whole: bool = False,
                            add_special_tokens: bool = True) -> list[list[int]]:
         """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked,
