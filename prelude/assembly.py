@@ -24,7 +24,7 @@ from prelude.engine.scheduler import Scheduler
 from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
 from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
-from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
 from prelude.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
 from prelude.runner_setup import model_runner_setup, null_runner_setup
 from prelude.server.app import create_app, serve_app
@@ -125,11 +125,22 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                          multi_item_scoring=config.multi_item_scoring and setup.runner.attention.supports_items
                          and not config.disable_oneshot,
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
-                         eos_token_ids=eos_ids)
+                         eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir))
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
     return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads)
+
+
+def _sampling_defaults(config: Config, model_dir: Path) -> dict[str, float]:
+    """generation_config.json's sampling defaults under --generation-config auto, said once at
+    startup as vLLM says it: a request that omits them does not sample at temperature 1."""
+    defaults = sampling_defaults(model_dir) if config.generation_config == "auto" else {}
+    if defaults:
+        logger.info("default sampling parameters from the model's generation_config.json: %s "
+                    "(--generation-config vllm for neutral defaults)",
+                    ", ".join(f"{k}={v}" for k, v in defaults.items()))
+    return defaults
 
 
 def _kv_publisher(events: KVEventsConfig, device: str):

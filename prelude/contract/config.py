@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str | None, ...]] = {
     "log_level": ("debug", "info", "warning", "error", "critical"),
     "log_format": ("text", "json"),
     "pooling": (None, "last", "mean", "cls"),
+    "generation_config": ("auto", "vllm"),
 }
 
 
@@ -84,6 +85,9 @@ class Config:
     max_logprobs: int = 20
     max_request_bytes: int = 32 * 2**20
     pooling: str | None = None
+    # vLLM's: auto takes generation_config.json's sampling fields as request defaults; vllm
+    # ignores them (temperature 1, no top-k / top-p / min-p cut, no repetition penalty).
+    generation_config: str = "auto"
     seed: int = 0
     kv_events_config: KVEventsConfig | None = None  # None: no KV-cache events
 

@@ -113,6 +113,23 @@ class ModelConfig:
         return config
 
 
+# generation_config.json's sampling fields vLLM (--generation-config auto, its default) takes as
+# the defaults of requests that leave them out, and transformers' own defaults for them: vLLM
+# reads the file's difference from those (GenerationConfig.to_diff_dict), so a field left at
+# transformers' default (top_k 50 among them) is no default of vLLM's.
+SAMPLING_DEFAULT_FIELDS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None, "repetition_penalty": 1.0}
+
+
+def sampling_defaults(model_dir: str | Path) -> dict[str, float]:
+    """The model's own defaults for temperature, top_p, top_k, min_p and repetition_penalty
+    (Qwen3's file: temperature 0.6, top_p 0.95, top_k 20), as vLLM applies them."""
+    path = Path(model_dir) / "generation_config.json"
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    return {name: raw[name] for name, hf_default in SAMPLING_DEFAULT_FIELDS.items()
+            if isinstance(raw.get(name), (int, float)) and not isinstance(raw[name], bool)
+            and raw[name] != hf_default}
+
+
 def _split_architecture(architecture: str | None) -> tuple[str, str] | None:
     if architecture is None:
         return None

@@ -24,7 +24,7 @@ T = TypeVar("T")
 class Admission:
     def __init__(self, tokenizer: Tokenizer, workers: int, max_model_len: int, kv_capacity_tokens: int,
                  max_logprobs: int, disable_oneshot: bool = False, eos_token_ids: tuple[int, ...] = (),
-                 model_vocab_size: int | None = None):
+                 model_vocab_size: int | None = None, sampling_defaults: dict[str, float] | None = None):
         self.tokenizer = tokenizer
         # The ids a request may name: those the tokenizer knows and the model embeds. A tokenizer
         # may know more (added tokens the checkpoint's embedding never got), and such an id in a
@@ -35,6 +35,8 @@ class Admission:
         self.max_logprobs = max_logprobs
         self.disable_oneshot = disable_oneshot
         self.eos_token_ids = eos_token_ids
+        # The model's generation_config.json defaults for fields a request leaves out, as in vLLM.
+        self.defaults = sampling_defaults or {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prelude-tokenize")
 
     def close(self) -> None:
@@ -152,13 +154,14 @@ class Admission:
                 items.append((token, bias.float(key, lo=-100.0, hi=100.0)))
             logit_bias = tuple(items)
         # top_k: -1 or 0 turn the cut off; a cut wider than the vocabulary is no cut (clamped).
-        top_k = body.int("top_k", 0, lo=-1)
+        defaults = self.defaults
+        top_k = body.int("top_k", int(defaults.get("top_k", 0)), lo=-1)
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=body.float("temperature", 1.0, lo=0.0),
-            top_p=body.float("top_p", 1.0, lo=1e-9, hi=1.0),
+            temperature=body.float("temperature", float(defaults.get("temperature", 1.0)), lo=0.0),
+            top_p=body.float("top_p", float(defaults.get("top_p", 1.0)), lo=1e-9, hi=1.0),
             top_k=0 if top_k >= self.vocab_size else max(top_k, 0),
-            min_p=body.float("min_p", 0.0, lo=0.0, hi=1.0),
+            min_p=body.float("min_p", float(defaults.get("min_p", 0.0)), lo=0.0, hi=1.0),
             seed=body.int("seed"),
             stop=body.str_list("stop", max_items=16),
             stop_token_ids=body.int_list("stop_token_ids", hi=self.vocab_size - 1) or (),
@@ -169,7 +172,8 @@ class Admission:
             skip_special_tokens=body.bool("skip_special_tokens", True),
             presence_penalty=body.float("presence_penalty", 0.0, lo=-2.0, hi=2.0),
             frequency_penalty=body.float("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
-            repetition_penalty=body.float("repetition_penalty", 1.0, lo=0.01, hi=10.0),
+            repetition_penalty=body.float("repetition_penalty", float(defaults.get("repetition_penalty", 1.0)),
+                                          lo=0.01, hi=10.0),
             min_tokens=min_tokens,
             min_tokens_blocked=self._blocked_before_min(body, min_tokens),
             include_stop_str_in_output=body.bool("include_stop_str_in_output"),

@@ -103,7 +103,7 @@ class HealthFirst:
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot,
-                          served.eos_token_ids, served.config.vocab_size)
+                          served.eos_token_ids, served.config.vocab_size, served.sampling_defaults)
     completions = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     chat = ChatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)

@@ -33,6 +33,9 @@ class ChatAPI(GenerationAPI):
         rendered = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding adds none unless asked (vLLM's default).
         ids = await self.admission.encode(rendered.text, add_special_tokens=body.bool("add_special_tokens", False))
+        # vLLM's truncate_prompt_tokens keeps the rendered prompt's last k tokens, as for completions
+        # (it was ignored here: a chat past the context was a 400 the client had asked to avoid).
+        ids = self.truncate(ids, self.truncation_limit(body), "left")
         if not ids:
             raise bad_request("'messages' render to an empty prompt", "messages")
         n = body.int("n", 1, lo=1, hi=128)
@@ -43,11 +46,12 @@ class ChatAPI(GenerationAPI):
         if top_logprobs and not body.bool("logprobs"):  # silently dropped, as it was, it went unchecked
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         logprobs = (top_logprobs or 0) if body.bool("logprobs") else None
+        as_ids = body.bool("return_tokens_as_token_ids")
+        return_ids = body.bool("return_token_ids")  # vLLM's: prompt_token_ids beside choices, token_ids in each
         prompt_logprobs = self.requested_prompt_logprobs(body)
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
-        options = body.object("stream_options")
-        include_usage = options is not None and options.bool("include_usage")
+        include_usage, continuous_usage = self.stream_usage(body)
         choice = await self._choice(body)
         rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
@@ -58,23 +62,26 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
-                                                 include_usage, access_log.entry(http)),
+            return EventStream(self._stream_chat(rid, created, streams, ids, rendered.role, echo, as_ids, return_ids,
+                                                 include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
         choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
-                    "logprobs": self._chat_logprobs(out.logprobs) if logprobs is not None else None,
-                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+                    "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
+                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                    **({"token_ids": out.token_ids} if return_ids else {})}
                    for i, out in enumerate(outputs)]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                   "choices": choices, "usage": self.usage(outputs, [len(ids)])}
         if prompt_logprobs is not None:  # vLLM's place: beside the choices, the rendered prompt's
             answer["prompt_logprobs"] = self.prompt_logprobs_field(required(outputs[0].prompt_logprobs))
+        if return_ids:
+            answer["prompt_token_ids"] = ids
         return json_response(answer)
 
-    def _chat_logprobs(self, entries: list[TokenLogprob] | None) -> dict:
+    def _chat_logprobs(self, entries: list[TokenLogprob] | None, as_ids: bool) -> dict:
         def item(token_id: int, logprob: float) -> dict:
-            text = self.token_text(token_id)
+            text = self.logprob_token(token_id, as_ids)  # "token_id:<id>" with return_tokens_as_token_ids
             return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
         content = []
@@ -84,29 +91,38 @@ class ChatAPI(GenerationAPI):
             content.append(row)
         return {"content": content}
 
-    def _stream_chat(self, rid, created, streams, prompt_len, role: str, echo: str, include_usage,
-                     logged: AccessEntry | None):
+    def _stream_chat(self, rid, created, streams, prompt: list[int], role: str, echo: str, as_ids: bool,
+                     return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
+        prompt_len = len(prompt)
 
         def chunk(choices, **extra):
             return sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                         "model": self.model_name, "choices": choices, **extra})
 
+        # continuous_usage_stats: every chunk carries its choice's usage so far (0 before any token).
+        usage = (lambda completion: self.usage_so_far(prompt_len, completion)) if continuous_usage \
+            else (lambda completion: {})
+
         async def chunks():
+            # return_token_ids: the prompt's ids come with the role chunk, as vLLM's first chunk has them.
             yield chunk([{"index": i, "delta": {"role": role, "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(len(streams))])
+                          "finish_reason": None} for i in range(len(streams))], **usage(0),
+                        **({"prompt_token_ids": prompt} if return_ids else {}))
             if echo:  # its own chunk before any generated text, as vLLM sends it
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
-                             for i in range(len(streams))])
+                             for i in range(len(streams))], **usage(0))
             async for index, out in merge(streams):
                 delta = {"content": out.text} if out.text else {}
                 choice = {"index": index, "delta": delta,
-                          "logprobs": self._chat_logprobs(out.logprobs) if out.logprobs else None,
+                          "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": out.finish_reason if out.finished else None}
+                if return_ids:
+                    choice["token_ids"] = out.token_ids
                 if out.finished:
                     choice["stop_reason"] = out.stop_reason
                     finals[index] = out
-                yield chunk([choice])
+                yield chunk([choice], **usage(out.num_output_tokens))
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
         return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged, len(streams))

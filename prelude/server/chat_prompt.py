@@ -2,6 +2,7 @@
 template (/v1/chat/completions, and /tokenize with `messages`)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import partial
 
@@ -51,8 +52,33 @@ def checked_messages(messages: list) -> list[dict]:
             message = dict(message, content="")
         elif not isinstance(content, str):
             raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
+        if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
+            message = _with_parsed_tool_calls(message, param)
         out.append(message)
     return out
+
+
+def _with_parsed_tool_calls(message: dict, param: str) -> dict:
+    """An assistant message's tool calls as vLLM hands them to the template: each call's
+    `function.arguments` parsed from the OpenAI wire format's JSON string into an object (absent
+    or empty: {}), and an empty list dropped. Templates that write the arguments with `tojson`
+    (Qwen2.5's, Llama 3.1's) rendered the string quoted and escaped, a prompt unlike vLLM's."""
+    if not message["tool_calls"]:
+        return {key: value for key, value in message.items() if key != "tool_calls"}
+    calls = []
+    for j, call in enumerate(message["tool_calls"]):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and not isinstance(function.get("arguments"), (dict, list)):
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    name = f"{param}.tool_calls[{j}].function.arguments"
+                    raise bad_request(f"'{name}' must be a JSON object encoded as a string", name) from None
+            call = dict(call, function=dict(function, arguments=arguments))
+        calls.append(call)
+    return dict(message, tool_calls=calls)
 
 
 @dataclass(frozen=True, slots=True)

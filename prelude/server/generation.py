@@ -65,6 +65,23 @@ class GenerationAPI(Serving):
             ids.append(encoded[0])
         return tuple(ids)
 
+    @staticmethod
+    def stream_usage(body: Body) -> tuple[bool, bool]:
+        """stream_options' include_usage (a usage chunk before [DONE]) and vLLM's
+        continuous_usage_stats (with it, every chunk carries its choice's usage so far, as vLLM's
+        do; ignored, a client reading per-chunk token counts found none)."""
+        options = body.object("stream_options")
+        if options is None:
+            return False, False
+        include_usage = options.bool("include_usage")
+        return include_usage, include_usage and options.bool("continuous_usage_stats")
+
+    @staticmethod
+    def usage_so_far(prompt_tokens: int, completion_tokens: int) -> dict:
+        """One choice's usage at a chunk of a stream with continuous_usage_stats."""
+        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
     def requested_prompt_logprobs(self, body: Body) -> int | None:
         """vLLM's prompt_logprobs: the logprob of each prompt token, with this many alternatives.
         Refused on a stream, as vLLM refuses them: no chunk has a place for them, and a stream

@@ -31,6 +31,11 @@ class CompletionsAPI(GenerationAPI):
         max_tokens = body.int("max_tokens", 16, lo=0)
         logprobs = body.int("logprobs", None, lo=0)
         echo = body.bool("echo")
+        # What echo puts before each answer: the prompt as sent, as in vLLM (even when
+        # truncate_prompt_tokens cut its tokens).
+        echoed = self.sent_texts(body, "prompt", prompts) if echo else None
+        as_ids = body.bool("return_tokens_as_token_ids")
+        return_ids = body.bool("return_token_ids")  # vLLM's: prompt_token_ids and token_ids in each choice
         prompt_logprobs = self.requested_prompt_logprobs(body)
         # prompt_logprobs appears in the answer only when asked for; echo + logprobs computes
         # them too, for the echoed tokens' entries in `logprobs`.
@@ -38,8 +43,7 @@ class CompletionsAPI(GenerationAPI):
         if echo and logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = logprobs
         stream = body.bool("stream")
-        options = body.object("stream_options")
-        include_usage = options is not None and options.bool("include_usage")
+        include_usage, continuous_usage = self.stream_usage(body)
         choice = await self._choice(body)
         rid = new_id("cmpl", http)
         requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
@@ -47,8 +51,9 @@ class CompletionsAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
-            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
-                                                       include_usage, access_log.entry(http)),
+            return EventStream(self._stream_completion(rid, created, streams, prompts, n, echoed, logprobs, as_ids,
+                                                       return_ids, include_usage, continuous_usage,
+                                                       access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
         if n > 1 and prompt_logprobs is not None:
             # A prompt's logprobs are the same for each of its choices: the first computes them,
@@ -56,55 +61,62 @@ class CompletionsAPI(GenerationAPI):
             # position, so every choice computed the whole prompt again).
             requests = [r if k % n == 0 else replace(r, prompt_logprobs=None) for k, r in enumerate(requests)]
         outputs = await self.collect(http, requests, n)
-        choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n], echo,
-                                           logprobs, show_prompt_logprobs) for i, out in enumerate(outputs)]
+        choices = [self._completion_choice(i, out, outputs[i - i % n].prompt_logprobs, prompts[i // n],
+                                           None if echoed is None else echoed[i // n],
+                                           logprobs, as_ids, show_prompt_logprobs, return_ids)
+                   for i, out in enumerate(outputs)]
         return json_response({"id": rid, "object": "text_completion", "created": created,
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
 
     def _legacy_logprobs(self, entries: Sequence[TokenLogprob | None], first_token: int | None = None,
-                         offset: int = 0) -> dict:
+                         offset: int = 0, as_ids: bool = False) -> dict:
         """OpenAI's legacy logprobs object. A None entry is the echoed first prompt token, which
-        has no logprob."""
+        has no logprob. `as_ids`: tokens named "token_id:<id>" (vLLM's return_tokens_as_token_ids;
+        offsets then count those names, as vLLM's do)."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for entry in entries:
             token_id = first_token if entry is None else entry.token_id
             assert token_id is not None, "an echoed entry comes with the prompt's first token"
-            text = self.token_text(token_id)
+            text = self.logprob_token(token_id, as_ids)
             tokens.append(text)
             token_logprobs.append(None if entry is None else entry.logprob)
-            top_logprobs.append(None if entry is None else self._top_with_own(entry))
+            top_logprobs.append(None if entry is None else self._top_with_own(entry, as_ids))
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
-    def _top_with_own(self, entry: TokenLogprob) -> dict[str, float]:
+    def _top_with_own(self, entry: TokenLogprob, as_ids: bool) -> dict[str, float]:
         """An entry's top_logprobs with the token itself among them: OpenAI's legacy logprobs
         (and vLLM's) always carry the chosen token, so up to logprobs + 1 entries, and clients
         read top_logprobs[i][tokens[i]]."""
-        top = {self.token_text(t): lp for t, lp in entry.top}
+        top = {self.logprob_token(t, as_ids): lp for t, lp in entry.top}
         if all(t != entry.token_id for t, _ in entry.top):
-            top[self.token_text(entry.token_id)] = entry.logprob
+            top[self.logprob_token(entry.token_id, as_ids)] = entry.logprob
         return top
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
-                           prompt: list[int], echo: bool, logprobs: int | None, show_prompt_logprobs: bool) -> dict:
-        prompt_text = self.tokenizer.decode(prompt) if echo else ""
+                           prompt: list[int], echoed: str | None, logprobs: int | None, as_ids: bool,
+                           show_prompt_logprobs: bool, return_ids: bool) -> dict:
+        """`echoed`: the prompt's text when echoing (its tokens then lead the logprobs), else None."""
         logprobs_field = None
         if logprobs is not None:
-            entries: list = [None, *(prompt_logprobs or [])] if echo else []
-            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0])
-        choice = {"index": index, "text": prompt_text + out.text, "logprobs": logprobs_field,
+            entries: list = [None, *(prompt_logprobs or [])] if echoed is not None else []
+            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0], as_ids=as_ids)
+        choice = {"index": index, "text": (echoed or "") + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if show_prompt_logprobs and prompt_logprobs is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs_field(prompt_logprobs)
+        if return_ids:
+            choice.update(prompt_token_ids=prompt, token_ids=out.token_ids)
         return choice
 
-    def _stream_completion(self, rid, created, streams, prompts, n, echo, logprobs, include_usage,
-                           logged: AccessEntry | None):
+    def _stream_completion(self, rid, created, streams, prompts, n, echo_texts: list[str] | None, logprobs, as_ids: bool,
+                           return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
+        started: set[int] = set()  # choices whose first chunk went out (with return_ids, the prompt's ids)
         offsets = [0] * len(streams)
 
         def chunk(choices, **extra):
@@ -115,18 +127,26 @@ class CompletionsAPI(GenerationAPI):
             async for index, out in merge(streams):
                 text = out.text
                 entries: list = list(out.logprobs or [])
-                if echo and index not in echoed:  # the prompt and its logprobs, as in the whole answer
+                if echo_texts is not None and index not in echoed:  # the prompt and its logprobs, as whole
                     echoed.add(index)
-                    text = self.tokenizer.decode(prompts[index // n]) + text
+                    text = echo_texts[index // n] + text
                     if logprobs is not None:
                         entries = [None, *(out.prompt_logprobs or []), *entries]
                 logprobs_field = None
                 if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
-                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index])
+                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index],
+                                                           as_ids=as_ids)
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
-                yield chunk([{"index": index, "text": text, "logprobs": logprobs_field,
-                              "finish_reason": out.finish_reason if out.finished else None,
-                              "stop_reason": out.stop_reason if out.finished else None}])
+                usage = self.usage_so_far(len(prompts[index // n]), out.num_output_tokens) if continuous_usage else {}
+                choice = {"index": index, "text": text, "logprobs": logprobs_field,
+                          "finish_reason": out.finish_reason if out.finished else None,
+                          "stop_reason": out.stop_reason if out.finished else None}
+                if return_ids:  # vLLM's: the prompt's ids in a choice's first chunk, each chunk's new ids
+                    if index not in started:
+                        choice["prompt_token_ids"] = prompts[index // n]
+                    choice["token_ids"] = out.token_ids
+                started.add(index)
+                yield chunk([choice], **usage)
                 if out.finished:
                     finals[index] = out
 

@@ -2,7 +2,7 @@
 template, and the limits admission checks requests against."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prelude.model.config import ModelConfig
@@ -23,6 +23,8 @@ class ServedModel:
     multi_item_scoring: bool = False  # /v1/score may pack items into one masked row
     truncation_side: str = "right"
     eos_token_ids: tuple[int, ...] = ()  # tokenizer_config.json's: which end truncation drops
+    # Sampling fields' defaults from generation_config.json (--generation-config auto).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @property
     def has_lm_head(self) -> bool:

@@ -129,6 +129,12 @@ class Serving:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def logprob_token(self, token_id: int, as_id: bool) -> str:
+        """How a logprobs entry names a token: its text, or with vLLM's
+        return_tokens_as_token_ids "token_id:<id>", which names tokens whose text is no whole
+        character (a byte-level piece decodes to U+FFFD) or is shared by several ids."""
+        return f"token_id:{token_id}" if as_id else self.token_text(token_id)
+
     def truncate(self, ids: list[int], limit: int | None, side: str | None = None) -> list[int]:
         """At most `limit` tokens, dropping from the tokenizer's truncation side (or `side`)."""
         if limit is None or len(ids) <= limit:
@@ -164,6 +170,14 @@ class Serving:
         encoded = await self.encode_items(items, name, whole=limit is None,
                                           add_special_tokens=body.bool("add_special_tokens", True))
         return encoded if limit is None else [self.truncate(ids, limit, "left") for ids in encoded]
+
+    def sent_texts(self, body: Body, name: str, encoded: list[list[int]]) -> list[str]:
+        """Each input of a prompt field `inputs` read, as the client sent it: a string as is, token
+        ids decoded (vLLM's echo text). Decoding a string's ids added what tokenization adds, a
+        BOS token's text ("<|begin_of_text|>Hello" for "Hello") or normalization."""
+        value = body.data[name]
+        items = [value] if isinstance(value, str) or _is_ids(value) else value
+        return [item if isinstance(item, str) else self.tokenizer.decode(ids) for item, ids in zip(items, encoded)]
 
     async def encode_items(self, items: list, name: str, whole: bool = False,
                            add_special_tokens: bool = True) -> list[list[int]]:
