@@ -3,7 +3,8 @@
 ratio Prelude / peer, plus a JSON file and a PNG.
 
 Workloads (token-id prompts, so both servers see exactly the same tokens; no temperature is
-sent, so both sample at their default T=1, as vLLM's own benchmark client does):
+sent, so both sample at their default, as vLLM's own benchmark client does: the model's
+generation_config.json, T=1 for the bench checkpoints, which set none):
 
   one-token  128 in / 1 out   c=1   TTFT P50, P99 and P99/P50 (unstreamed: TTFT = E2E)
   one-token  128 in / 1 out   c=16  req/s
