@@ -6,11 +6,11 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 
-def cython_extensions(package_dir: str, threading: str) -> list[Extension]:
+def cython_extensions(package_dir: str) -> list[Extension]:
     """One C++17 extension per .pyx of the package, rebuilt when one of its headers (.hpp, .pxd)
-    changes. `threading`: how its code runs on several threads (fasttoken's batch encode on
-    std::threads; the CPU kernels on torch's OpenMP team, kernels/cpu/parallel.hpp). No -march:
-    the kernels carry a baseline and an AVX2+FMA variant and pick one at run time."""
+    changes.
+    -pthread: fasttoken's batch encode and the CPU kernels' row ranges run on std::threads. No
+    -march: the kernels carry a baseline and an AVX2+FMA variant and pick one at run time."""
     return [
         Extension(
             package_dir.replace("/", ".") + "." + Path(source).stem,
@@ -18,14 +18,14 @@ def cython_extensions(package_dir: str, threading: str) -> list[Extension]:
             language="c++",
             include_dirs=[package_dir],
             depends=sorted(glob(f"{package_dir}/*.hpp") + glob(f"{package_dir}/*.pxd")),
-            extra_compile_args=["-O3", "-std=c++17", threading],
-            extra_link_args=[threading],
+            extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+            extra_link_args=["-pthread"],
         )
         for source in sorted(glob(f"{package_dir}/*.pyx"))
     ]
 
 
-extensions = cython_extensions("prelude/_fasttoken", "-pthread") + cython_extensions("kernels/cpu", "-fopenmp")
+extensions = cython_extensions("prelude/_fasttoken") + cython_extensions("kernels/cpu")
 
 setup(
     ext_modules=cythonize(

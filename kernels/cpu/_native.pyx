@@ -92,7 +92,7 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
     void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out, int threads)
     void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads)
 
-cdef extern from "parallel.hpp" namespace "prelude_cpu" nogil:
+cdef extern from "team.hpp" namespace "prelude_cpu" nogil:
     int threads_worth(long floats, int threads)
 
 

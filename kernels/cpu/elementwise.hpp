@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "simd.hpp"
-#include "parallel.hpp"
+#include "team.hpp"
 
 namespace prelude_cpu {
 

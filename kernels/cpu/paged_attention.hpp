@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "simd.hpp"
-#include "parallel.hpp"
+#include "team.hpp"
 
 namespace prelude_cpu {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "simd.hpp"
-#include "parallel.hpp"
+#include "team.hpp"
 
 namespace prelude_cpu {
 

@@ -10,7 +10,7 @@
 // 4x2 register tile below does better.
 #pragma once
 #include "simd.hpp"
-#include "parallel.hpp"
+#include "team.hpp"
 
 namespace prelude_cpu {
 

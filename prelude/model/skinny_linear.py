@@ -68,7 +68,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.reshape(rows, width).contiguous()
     out_features = weight.shape[0]
     out = flat.new_empty(rows, out_features)
-    # The kernel keeps a small weight on one thread (kernels/cpu/parallel.hpp, threads_worth).
+    # The kernel keeps a small weight on one thread (kernels/cpu/team.hpp, threads_worth).
     skinny_matmul(flat.data_ptr(), rows, weight.data_ptr(), width, out.data_ptr(), out_features,
                   torch.get_num_threads())
     if bias is not None:

@@ -161,7 +161,7 @@ class TorchAttention(AttentionBackend):
         result = torch.empty_like(queries)
         rows, heads, dim = queries.shape
         _, block_size, kv_heads, _ = k_cache.shape
-        # The kernel keeps few keys on one thread (kernels/cpu/parallel.hpp, threads_worth).
+        # The kernel keeps few keys on one thread (kernels/cpu/team.hpp, threads_worth).
         paged_decode(queries.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), self.batched_tables.data_ptr(),
                      self.batched_lengths.data_ptr(), result.data_ptr(), rows, heads, kv_heads, dim, block_size,
                      self.batched_tables.shape[1], dim ** -0.5, torch.get_num_threads())

@@ -1,0 +1,119 @@
+// A persistent team of worker threads for the CPU kernels' parallel ranges. Starting a
+// std::thread costs ~30 µs, and a decode step of a small model runs dozens of parallel pieces
+// (every linear layer, the attention, the LM head) of 20-300 µs each: spawning per piece cost
+// more than it saved, so the small ones ran on one thread. The team's workers spin briefly after
+// each piece (the next one usually follows within microseconds) and then sleep on a condition
+// variable, so an idle server does not burn the cores it shares with the event loop.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace prelude_cpu {
+
+class Team {
+   public:
+    // Runs job(t) for t in [0, threads): t = 0 on the caller, the rest on workers. One job at a
+    // time: a caller that finds the team busy (another Python thread's kernel) runs all the
+    // pieces itself.
+    void run(int threads, const std::function<void(int)>& job) {
+        std::unique_lock<std::mutex> exclusive(busy_, std::try_to_lock);
+        if (threads <= 1 || !exclusive.owns_lock()) {
+            for (int t = 0; t < threads || t == 0; ++t) job(t);
+            return;
+        }
+        grow(threads - 1);
+        job_ = &job;
+        pending_.store(threads - 1, std::memory_order_relaxed);
+        {
+            std::lock_guard<std::mutex> lock(sleep_);
+            const uint64_t next = (signal_.load(std::memory_order_relaxed) >> 32) + 1;
+            signal_.store(next << 32 | (uint64_t)(threads - 1), std::memory_order_release);
+        }
+        wake_.notify_all();
+        job(0);
+        for (long spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+            if (spins > kSpinLimit) std::this_thread::yield();
+        }
+        job_ = nullptr;
+    }
+
+   private:
+    static constexpr long kSpinLimit = 1 << 14;  // ~20-50 µs of polling before sleeping
+
+    void grow(int workers) {
+        if (owner_ != getpid()) {  // a forked child inherits the vector, not the threads
+            workers_.clear();
+            owner_ = getpid();
+        }
+        while ((int)workers_.size() < workers) {
+            const int index = (int)workers_.size() + 1;
+            // The generation it has seen is read here, before this job's bump: read in the new
+            // thread it could already include the bump, and the job would wait for it forever.
+            const uint64_t seen = signal_.load(std::memory_order_acquire) >> 32;
+            workers_.emplace_back([this, index, seen] { work(index, seen); });
+            workers_.back().detach();
+        }
+    }
+
+    [[noreturn]] void work(int index, uint64_t seen) {
+        for (;;) {
+            uint64_t now = signal_.load(std::memory_order_acquire);
+            for (long spins = 0; now >> 32 == seen && spins < kSpinLimit; ++spins) now = signal_.load(std::memory_order_acquire);
+            if (now >> 32 == seen) {
+                std::unique_lock<std::mutex> lock(sleep_);
+                wake_.wait(lock, [&] { return signal_.load(std::memory_order_acquire) >> 32 != seen; });
+                now = signal_.load(std::memory_order_acquire);
+            }
+            seen = now >> 32;
+            if (index <= (int)(now & 0xffffffffu)) {
+                (*job_)(index);
+                pending_.fetch_sub(1, std::memory_order_acq_rel);
+            }
+        }
+    }
+
+    std::mutex busy_;   // held by the caller for the whole job
+    std::mutex sleep_;  // guards the sleepers' wake-up
+    std::condition_variable wake_;
+    std::vector<std::thread> workers_;  // detached; kept for their count
+    pid_t owner_ = 0;
+    // A job's generation (high 32 bits) and how many workers it takes, in one word so that a
+    // worker reads the count of the generation it saw, never of a later one.
+    std::atomic<uint64_t> signal_{0};
+    std::atomic<int> pending_{0};  // workers of the current job not yet done
+    const std::function<void(int)>* job_ = nullptr;
+};
+
+static Team& team() {
+    // The process's one team, started on first use and never destroyed: its workers sleep
+    // through interpreter shutdown instead of being joined from a static destructor.
+    static Team& shared = *new Team;
+    return shared;
+}
+
+// Below this many floats read, a piece runs on the caller alone: handing it to the team costs a
+// few µs, more than such a piece takes. Each kernel asks here, so the decision is made once.
+constexpr long kTeamMinFloats = 1 << 16;
+
+static int threads_worth(long floats, int threads) { return floats >= kTeamMinFloats ? threads : 1; }
+
+// Runs fn(begin, end) over [0, count) split into at most `threads` ranges whose starts are
+// multiples of `align`, on the team.
+template <typename Fn>
+static void parallel_ranges(long count, int threads, long align, Fn fn) {
+    if (threads < 1) threads = 1;
+    const long per = ((count + threads - 1) / threads + align - 1) / align * align;
+    const int used = per > 0 ? (int)((count + per - 1) / per) : 1;
+    team().run(used, [&](int t) {
+        const long begin = t * per, end = begin + per < count ? begin + per : count;
+        if (begin < end) fn(begin, end);
+    });
+}
+
+}  // namespace prelude_cpu
