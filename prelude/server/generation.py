@@ -165,3 +165,8 @@ def _refuse_constraints(body: Body, structured: Body | None) -> None:
     for name in ("bad_words", "logits_processors"):
         if body.list(name):
             raise bad_request(f"'{name}' is not supported by this server", name)
+    # vLLM's per-tenant prefix-cache salt. Ignored, a tenant relying on it to keep its prompts'
+    # cache hits (and their timing) from other tenants was not isolated at all.
+    if body.has("cache_salt"):
+        raise bad_request("'cache_salt' is not supported: this server's prefix cache is shared by every "
+                          "request (start it with --no-enable-prefix-caching to share nothing)", "cache_salt")

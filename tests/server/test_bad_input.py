@@ -93,6 +93,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "use_beam_search": True, "n": 2}, 400, "use_beam_search"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "bad_words": ["no"]}, 400, "bad_words"),
     (COMPLETIONS, {"prompt": "hi", "logits_processors": ["x"]}, 400, "logits_processors"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-a"}, 400, "cache_salt"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, 400, "tool_choice"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "tool_choice"),
