@@ -142,6 +142,9 @@ class DecodePlanner:
         seq.num_computed = 0
         seq.num_published = 0
         seq.status = WorkStatus.WAITING
+        # Its tokens and its open deadline changed since it last waited: the ordering policy's
+        # estimate is made again (while the pool's cache is unchanged it would be kept).
+        seq.estimate = None
         self.waiting.push_front(seq)
         self.stats.num_preemptions += 1
 

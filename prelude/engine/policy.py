@@ -173,7 +173,11 @@ class EDF(SJF):
     time it can start and still finish (deadline - estimated cost); one without, as under SJF."""
 
     def order_key(self, item: Work, seconds: float) -> float:
-        deadline = item.request.deadline
+        # The deadline still to be met: a sequence preempted after its first token has none
+        # left. Keyed by its past first-token deadline, a stream with a generous one went
+        # behind every request that arrived before that deadline: stalled mid-answer for as
+        # long as such work kept coming.
+        deadline = item.open_deadline
         return super().order_key(item, seconds) if deadline is None else deadline - seconds
 
 
