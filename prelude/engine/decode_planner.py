@@ -1,6 +1,7 @@
 """Plans Decode work: the running sequences' next tokens, chunked prefill of admitted prompts,
 admission of waiting sequences by sequence slots and KV blocks, and preemption by recompute
-when blocks run out (the newest sequence goes back to the queue front)."""
+when blocks run out (the newest sequence, under priority the least urgent, goes back to the
+queue front)."""
 from __future__ import annotations
 
 from prelude.cache.block_pool import BlockKey, BlockPool, PrefixMatch
@@ -119,13 +120,15 @@ class DecodePlanner:
     # -- preemption ---------------------------------------------------------------------------
     def _make_room(self, need: int, seq: Sequence, keep: list[Sequence],
                    decodes: list[Sequence] | None = None) -> bool:
-        """Preempts the newest running sequences (never those in `keep`; those in `decodes`
-        leave it) until `need` blocks are free. False when `seq` itself had to go or nothing
-        else could."""
+        """Preempts running sequences in the queue policy's order (the newest first; under
+        priority, the least urgent) until `need` blocks are free, never those in `keep`; those
+        in `decodes` leave it. False when `seq` itself had to go or nothing else could."""
         while not self.pool.can_allocate(need):
-            victim = next((s for s in reversed(self.running) if s not in keep), None)
-            if victim is None:
+            kept = set(map(id, keep))
+            candidates = [s for s in self.running if id(s) not in kept]
+            if not candidates:
                 return False
+            victim = self.waiting.victim(candidates)
             self._preempt(victim)
             if decodes is not None and victim in decodes:
                 decodes.remove(victim)

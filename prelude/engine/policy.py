@@ -22,7 +22,7 @@ from typing import Iterator
 
 from prelude.cache.block_pool import BlockPool
 from prelude.engine.cost_model import StepCostModel
-from prelude.engine.work import Estimate, Work
+from prelude.engine.work import Estimate, Sequence, Work
 
 POLICY_NAMES = ("fcfs", "priority", "sjf", "edf")
 # sjf/edf: a request's key is its arrival time plus AGING x its estimated cost, so a request is
@@ -70,6 +70,11 @@ class QueuePolicy(ABC):
 
     @abstractmethod
     def __len__(self) -> int: ...
+
+    def victim(self, candidates: list[Sequence]) -> Sequence:
+        """Which running sequence (oldest first in `candidates`) is preempted when blocks run
+        out: the newest, whose recompute costs least."""
+        return candidates[-1]
 
 
 class FCFS(QueuePolicy):
@@ -129,6 +134,12 @@ class _Keyed(QueuePolicy):
 class Priority(_Keyed):
     def key(self, item: Work) -> float:
         return item.request.priority
+
+    def victim(self, candidates: list[Sequence]) -> Sequence:
+        """The newest of the least urgent, as vLLM's priority scheduling preempts: the newest
+        alone was most often the urgent request just admitted beside older, less urgent ones,
+        so it finished after all of them."""
+        return max(reversed(candidates), key=lambda seq: seq.request.priority)
 
 
 class SJF(_Keyed):
