@@ -24,13 +24,15 @@ class DecodePlanner:
 
     # -- running sequences ------------------------------------------------------------------
     def decodes(self, budget: StepBudget) -> list[Sequence]:
-        """Running sequences in their decode phase that get a block for their next token."""
+        """Running sequences in their decode phase that get a block for their next token. One
+        already given its block may still be preempted for a later one (it leaves the list):
+        under priority a less urgent one, which was older and so came first."""
         scheduled: list[Sequence] = []
         for seq in list(self.running):
             if seq.status is not WorkStatus.RUNNING or seq.prefilling:
                 continue
             need = self.pool.blocks_for(seq.num_tokens) - len(seq.blocks)
-            if not self._make_room(need, seq, keep=scheduled):
+            if not self._make_room(need, seq, keep=[], decodes=scheduled):
                 continue
             seq.blocks.extend(self.pool.allocate(need))
             scheduled.append(seq)
