@@ -58,6 +58,7 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
+            await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_chat(rid, created, streams, len(ids), rendered.role, echo,
                                                  include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))

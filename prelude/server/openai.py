@@ -47,6 +47,7 @@ class CompletionsAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
+            await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_completion(rid, created, streams, prompts, n, echo, logprobs,
                                                        include_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))
