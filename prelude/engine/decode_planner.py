@@ -1,6 +1,7 @@
 """Plans Decode work: the running sequences' next tokens, chunked prefill of admitted prompts,
 admission of waiting sequences by sequence slots and KV blocks, and preemption by recompute
-when blocks run out (the newest sequence goes back to the queue front)."""
+when blocks run out (the newest sequence, under priority the least urgent, goes back to the
+queue front)."""
 from __future__ import annotations
 
 from prelude.cache.block_pool import BlockKey, BlockPool, PrefixMatch
@@ -23,13 +24,15 @@ class DecodePlanner:
 
     # -- running sequences ------------------------------------------------------------------
     def decodes(self, budget: StepBudget) -> list[Sequence]:
-        """Running sequences in their decode phase that get a block for their next token."""
+        """Running sequences in their decode phase that get a block for their next token. One
+        already given its block may still be preempted for a later one (it leaves the list):
+        under priority a less urgent one, which was older and so came first."""
         scheduled: list[Sequence] = []
         for seq in list(self.running):
             if seq.status is not WorkStatus.RUNNING or seq.prefilling:
                 continue
             need = self.pool.blocks_for(seq.num_tokens) - len(seq.blocks)
-            if not self._make_room(need, seq, keep=scheduled):
+            if not self._make_room(need, seq, keep=[], decodes=scheduled):
                 continue
             seq.blocks.extend(self.pool.allocate(need))
             scheduled.append(seq)
@@ -119,13 +122,15 @@ class DecodePlanner:
     # -- preemption ---------------------------------------------------------------------------
     def _make_room(self, need: int, seq: Sequence, keep: list[Sequence],
                    decodes: list[Sequence] | None = None) -> bool:
-        """Preempts the newest running sequences (never those in `keep`; those in `decodes`
-        leave it) until `need` blocks are free. False when `seq` itself had to go or nothing
-        else could."""
+        """Preempts running sequences in the queue policy's order (the newest first; under
+        priority, the least urgent) until `need` blocks are free, never those in `keep`; those
+        in `decodes` leave it. False when `seq` itself had to go or nothing else could."""
         while not self.pool.can_allocate(need):
-            victim = next((s for s in reversed(self.running) if s not in keep), None)
-            if victim is None:
+            kept = set(map(id, keep))
+            candidates = [s for s in self.running if id(s) not in kept]
+            if not candidates:
                 return False
+            victim = self.waiting.victim(candidates)
             self._preempt(victim)
             if decodes is not None and victim in decodes:
                 decodes.remove(victim)
@@ -142,6 +147,9 @@ class DecodePlanner:
         seq.num_computed = 0
         seq.num_published = 0
         seq.status = WorkStatus.WAITING
+        # Its tokens and its open deadline changed since it last waited: the ordering policy's
+        # estimate is made again (while the pool's cache is unchanged it would be kept).
+        seq.estimate = None
         self.waiting.push_front(seq)
         self.stats.num_preemptions += 1
 

@@ -170,6 +170,10 @@ class Engine:
     def draining(self) -> bool:
         return self._draining
 
+    @property
+    def sheds_late(self) -> bool:  # --shed-late-requests
+        return self.scheduler.config.shed_late
+
     def begin_drain(self) -> None:
         """Stops admitting (submit raises Overloaded); in-flight requests go on."""
         self._draining = True

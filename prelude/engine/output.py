@@ -105,6 +105,21 @@ class RequestStream:
         self.finished = item.finished
         return item
 
+    async def first(self) -> None:
+        """Waits until the stream holds an output, without taking it; raises the error that
+        ended the stream instead, if that came first."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        head = self._items[0]
+        if isinstance(head, Exception):
+            self._items.popleft()
+            self.finished = True
+            raise head
+
     async def collect(self) -> RequestOutput:
         """Waits for the end and merges every increment into one output."""
         merged: RequestOutput | None = None

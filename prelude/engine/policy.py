@@ -22,7 +22,7 @@ from typing import Iterator
 
 from prelude.cache.block_pool import BlockPool
 from prelude.engine.cost_model import StepCostModel
-from prelude.engine.work import Estimate, Work
+from prelude.engine.work import Estimate, Sequence, Work
 
 POLICY_NAMES = ("fcfs", "priority", "sjf", "edf")
 # sjf/edf: a request's key is its arrival time plus AGING x its estimated cost, so a request is
@@ -70,6 +70,11 @@ class QueuePolicy(ABC):
 
     @abstractmethod
     def __len__(self) -> int: ...
+
+    def victim(self, candidates: list[Sequence]) -> Sequence:
+        """Which running sequence (oldest first in `candidates`) is preempted when blocks run
+        out: the newest, whose recompute costs least."""
+        return candidates[-1]
 
 
 class FCFS(QueuePolicy):
@@ -130,6 +135,12 @@ class Priority(_Keyed):
     def key(self, item: Work) -> float:
         return item.request.priority
 
+    def victim(self, candidates: list[Sequence]) -> Sequence:
+        """The newest of the least urgent, as vLLM's priority scheduling preempts: the newest
+        alone was most often the urgent request just admitted beside older, less urgent ones,
+        so it finished after all of them."""
+        return max(reversed(candidates), key=lambda seq: seq.request.priority)
+
 
 class SJF(_Keyed):
     """Shortest estimated job first with aging. The key is arrival + AGING x estimated seconds,
@@ -173,7 +184,11 @@ class EDF(SJF):
     time it can start and still finish (deadline - estimated cost); one without, as under SJF."""
 
     def order_key(self, item: Work, seconds: float) -> float:
-        deadline = item.request.deadline
+        # The deadline still to be met: a sequence preempted after its first token has none
+        # left. Keyed by its past first-token deadline, a stream with a generous one went
+        # behind every request that arrived before that deadline: stalled mid-answer for as
+        # long as such work kept coming.
+        deadline = item.open_deadline
         return super().order_key(item, seconds) if deadline is None else deadline - seconds
 
 

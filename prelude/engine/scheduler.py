@@ -1,8 +1,8 @@
 """The class-aware scheduler: each tick it turns waiting and running work into one typed
 ForwardBatch, and after the step folds the results back in.
 
-Order within a tick: running decodes first (one token each; the newest sequence is preempted by
-recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
+Order within a tick: running decodes first (one token each; the newest sequence, under priority
+the least urgent, is preempted by recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
 order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). So that no
 request waits for all of another's long work (engine.plan has the thresholds and the figures):
 - beside running decodes, prompts come in chunks of MIN_PROMPT_CHUNK tokens (or STREAM_GAP_S);

@@ -62,6 +62,7 @@ class ChatAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
+            await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_chat(rid, created, streams, ids, rendered.role, echo, as_ids, return_ids,
                                                  include_usage, continuous_usage, access_log.entry(http)),
                                on_close=lambda: self.abort_unfinished(streams))

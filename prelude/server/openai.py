@@ -51,6 +51,7 @@ class CompletionsAPI(GenerationAPI):
         created = int(time.time())
         if stream:
             streams = self.submit_all(requests)
+            await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_completion(rid, created, streams, prompts, n, echoed, logprobs, as_ids,
                                                        return_ids, include_usage, continuous_usage,
                                                        access_log.entry(http)),

@@ -252,6 +252,24 @@ class Serving:
             logged.record(logged.request_id or "", enumerate(outputs), n)
         return outputs
 
+    async def first_outputs(self, http: HTTPRequest, requests: list[Request], streams: list[RequestStream]) -> None:
+        """With --shed-late-requests, a stream's 200 waits until each row with a deadline has
+        its first output. Shedding only ends work that has given none, so a shed stream now
+        answers 503 deadline_exceeded as a whole answer does, which clients and routers retry
+        elsewhere: it answered 200 and then an error event, which they do not retry."""
+        if not (self.engine.sheds_late and any(r.deadline is not None for r in requests)):
+            return
+        watcher = asyncio.create_task(self._abort_when_gone(http, streams))
+        try:
+            await asyncio.gather(*(s.first() for s in streams))
+        except EngineError as exc:
+            self.abort_unfinished(streams)
+            raise engine_error(exc) from None
+        finally:
+            watcher.cancel()
+        if watcher.done() and not watcher.cancelled():
+            raise ClientDisconnect()
+
     async def _abort_when_gone(self, http: HTTPRequest, streams: list[RequestStream]) -> None:
         await wait_disconnect(http.receive)
         self.abort_unfinished(streams)

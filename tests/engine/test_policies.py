@@ -42,6 +42,30 @@ def test_priority_runs_lower_values_first_then_arrival():
     assert first_rows(scheduler) == ["d", "b", "a", "c"]
 
 
+def test_priority_preempts_the_least_urgent_even_when_it_got_its_block_first():
+    # Three less urgent sequences, older, get their next blocks first in a tick; the urgent one
+    # then needs one and none is free. Preempting only what had no block yet preempted the
+    # urgent one itself, and it finished last.
+    scheduler = Scheduler(SchedulerConfig.from_config(Config(scheduling_policy="priority")), BlockPool(40, BS))
+    executor, finished = CountingExecutor(), []
+    for i in range(3):
+        scheduler.add(Request(f"low{i}", [100 * (i + 1)], SamplingParams(max_tokens=60), priority=10))
+
+    def tick() -> bool:
+        step = scheduler.schedule()
+        if step is not None:
+            events = scheduler.update(step, executor.execute(step.batch))
+            end_like_the_engine(scheduler, events)
+            finished.extend(w.request.request_id for w, _ in events if w.status.value == "finished")
+        return step is not None
+
+    tick()
+    scheduler.add(Request("urgent", [400, 2, 3], SamplingParams(max_tokens=60), priority=-10))
+    while tick():
+        pass
+    assert scheduler.stats.num_preemptions and finished[-1] != "urgent", finished
+
+
 def test_sjf_serves_short_uncached_work_first_and_counts_cached_tokens_as_free():
     scheduler = make("sjf", max_num_batched_tokens=100)
     executor = CountingExecutor()
