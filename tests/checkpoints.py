@@ -1,7 +1,10 @@
 """Tiny random-weight checkpoints in the exact HF layout, written by `transformers` itself."""
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -71,3 +74,14 @@ def load_reference(path: Path):
     config = transformers.AutoConfig.from_pretrained(path)
     model_cls = getattr(transformers, config.architectures[0])
     return model_cls.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def edited_copy(model_dir: Path, path: Path, filename: str, edit: Callable[[dict], None]) -> Path:
+    """A copy of model_dir at path whose JSON file `filename` went through edit (in place)."""
+    for item in model_dir.iterdir():
+        shutil.copy(item, path / item.name)
+    target = path / filename
+    content = json.loads(target.read_text(encoding="utf-8")) if target.is_file() else {}
+    edit(content)
+    target.write_text(json.dumps(content), encoding="utf-8")
+    return path

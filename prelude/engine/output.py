@@ -89,15 +89,19 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
+    async def _holding(self) -> None:
+        """Waits until the stream holds an item."""
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        await self._holding()
         item = self._items.popleft()
         if isinstance(item, Exception):
             self.finished = True
@@ -108,12 +112,7 @@ class RequestStream:
     async def first(self) -> None:
         """Waits until the stream holds an output, without taking it; raises the error that
         ended the stream instead, if that came first."""
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+        await self._holding()
         head = self._items[0]
         if isinstance(head, Exception):
             self._items.popleft()

@@ -5,13 +5,12 @@ arguments with `| tojson` (Qwen2.5's, Llama 3.1's) otherwise render them as a qu
 string: a prompt the model was never trained on, unlike vLLM's."""
 from __future__ import annotations
 
-import json
-import shutil
 
 import httpx
 import pytest
 
 from prelude.contract.config import Config
+from tests.checkpoints import edited_copy
 from tests.server.harness import ServerThread
 
 # The tool-call part of Qwen2.5-Instruct's template, which writes the arguments with tojson.
@@ -26,12 +25,8 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tool_server(demo_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tojson-template")
-    for item in demo_model.iterdir():
-        shutil.copy(item, path / item.name)
-    config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    config["chat_template"] = TEMPLATE
-    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    path = edited_copy(demo_model, tmp_path_factory.mktemp("tojson-template"), "tokenizer_config.json",
+                       lambda config: config.update(chat_template=TEMPLATE))
     with ServerThread(Config(model=str(path), block_size=4, max_model_len=512, num_kv_blocks=256)) as srv:
         yield srv
 

@@ -5,12 +5,12 @@ and `text[len(prompt):]`, the usual way to cut the answer out, cut it wrong."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
 from prelude.contract.config import Config
+from tests.checkpoints import edited_copy
 from tests.server.harness import ServerThread
 
 BOS = "<|endoftext|>"  # the demo's id 0, added before every encoded text by this copy's tokenizer
@@ -18,16 +18,14 @@ BOS = "<|endoftext|>"  # the demo's id 0, added before every encoded text by thi
 
 @pytest.fixture(scope="module")
 def bos_server(demo_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("bos-model")
-    for item in demo_model.iterdir():
-        shutil.copy(item, path / item.name)
-    tokenizer = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
-    bos = {"SpecialToken": {"id": BOS, "type_id": 0}}
-    tokenizer["post_processor"] = {"type": "Sequence", "processors": [tokenizer["post_processor"], {
-        "type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {BOS: {"id": BOS, "ids": [0], "tokens": [BOS]}}}]}
-    (path / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    def add_bos(tokenizer: dict) -> None:
+        bos = {"SpecialToken": {"id": BOS, "type_id": 0}}
+        tokenizer["post_processor"] = {"type": "Sequence", "processors": [tokenizer["post_processor"], {
+            "type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {BOS: {"id": BOS, "ids": [0], "tokens": [BOS]}}}]}
+
+    path = edited_copy(demo_model, tmp_path_factory.mktemp("bos-model"), "tokenizer.json", add_bos)
     with ServerThread(Config(model=str(path), block_size=4, max_model_len=256, num_kv_blocks=256)) as srv:
         yield srv
 

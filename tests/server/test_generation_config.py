@@ -6,7 +6,6 @@ a field the request sets wins either way."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 
 from prelude.contract.config import Config
 from prelude.model.config import sampling_defaults
+from tests.checkpoints import edited_copy
 from tests.server.harness import ServerThread
 
 PROMPT = "Once upon a time"
@@ -24,11 +24,8 @@ GENERATION_CONFIG = {"eos_token_id": [2, 0], "top_k": 1, "temperature": 0.7, "to
 
 @pytest.fixture(scope="module")
 def model_dir(demo_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("generation-config")
-    for item in demo_model.iterdir():
-        shutil.copy(item, path / item.name)
-    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG), encoding="utf-8")
-    return path
+    return edited_copy(demo_model, tmp_path_factory.mktemp("generation-config"), "generation_config.json",
+                       lambda config: config.update(GENERATION_CONFIG))
 
 
 def _texts(server, **fields) -> list[str]:
