@@ -73,6 +73,7 @@ def _is_ids(value: Any) -> bool:
 
 
 Answer = TypeVar("Answer")  # an endpoint's response: a Response, or a stream
+Awaited = TypeVar("Awaited")
 
 
 def log_ignored_fields(
@@ -238,16 +239,10 @@ class Serving:
         if logged is not None:  # row ids are "<request id>-<row>" (fan_out, DecisionAPI._rows)
             logged.request_id = requests[0].request_id.rpartition("-")[0]
         streams = self.submit_all(requests)
-        watcher = asyncio.create_task(self._abort_when_gone(http, streams))
         try:
-            outputs = await self._collect_all(streams)
-        except EngineError as exc:
-            raise engine_error(exc) from None
+            outputs = await self._watching(http, streams, self._collect_all(streams))
         finally:
-            watcher.cancel()
             self.abort_unfinished(streams)
-        if watcher.done() and not watcher.cancelled():
-            raise ClientDisconnect()
         if logged is not None:
             logged.record(logged.request_id or "", enumerate(outputs), n)
         return outputs
@@ -259,16 +254,26 @@ class Serving:
         elsewhere: it answered 200 and then an error event, which they do not retry."""
         if not (self.engine.sheds_late and any(r.deadline is not None for r in requests)):
             return
+        try:
+            await self._watching(http, streams, asyncio.gather(*(s.first() for s in streams)))
+        except APIError:
+            self.abort_unfinished(streams)
+            raise
+
+    async def _watching(self, http: HTTPRequest, streams: list[RequestStream], waiting: Awaitable[Awaited]) -> Awaited:
+        """Awaits `waiting` on the streams' rows. If the client goes away first, its rows are
+        aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised; an
+        engine error is the APIError it answers."""
         watcher = asyncio.create_task(self._abort_when_gone(http, streams))
         try:
-            await asyncio.gather(*(s.first() for s in streams))
+            result = await waiting
         except EngineError as exc:
-            self.abort_unfinished(streams)
             raise engine_error(exc) from None
         finally:
             watcher.cancel()
         if watcher.done() and not watcher.cancelled():
             raise ClientDisconnect()
+        return result
 
     async def _abort_when_gone(self, http: HTTPRequest, streams: list[RequestStream]) -> None:
         await wait_disconnect(http.receive)

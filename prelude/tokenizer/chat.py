@@ -84,6 +84,7 @@ class ChatTemplate:
         self.special = special or {}
         self.tool_use = tool_use
         self._template = _compile(source)
+        self._tool_template = _compile(tool_use) if tool_use else None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatTemplate | None:
@@ -107,7 +108,7 @@ class ChatTemplate:
                tools: list[dict] | None = None, **kwargs: Any) -> str:
         """As apply_chat_template(tokenize=False): the request's template kwargs override the
         special tokens of the same name."""
-        template = _compile(self.tool_use) if tools is not None and self.tool_use else self._template
+        template = self._tool_template if tools is not None and self._tool_template else self._template
         try:
             return template.render({**self.special, **kwargs, "messages": messages,
                                     "add_generation_prompt": add_generation_prompt, "tools": tools})
