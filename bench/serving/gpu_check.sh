@@ -3,8 +3,8 @@
 # apache-tvm-ffi, and the server's starlette/hypercorn stack, which the GPU image lacks), run
 # the CUDA tests, the kernel micro-benchmark and the serving table. Results go to $OUT.
 #   usage (repo root): bash bench/serving/gpu_check.sh [gpu_table2.py flags]
-# Each stage has a time limit (TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / MULTI_TIMEOUT /
-# CPU_TIMEOUT, seconds), cut to what is left of BUDGET (570 s: the device kills a call at 600 s)
+# Each stage has a time limit (TEST_TIMEOUT / BENCH_TIMEOUT / TABLE_TIMEOUT / PROFILE_TIMEOUT /
+# MULTI_TIMEOUT / CPU_TIMEOUT, seconds), cut to what is left of BUDGET (570 s: the device kills a call at 600 s)
 # less RESERVE (40 s) for saving the flashinfer modules and the logs at exit, so a slow stage
 # costs the later ones their time, never the results already written.
 #
@@ -13,7 +13,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux_2_12_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
-#     priority wsproto cython nvidia-ml-py ninja tokenizers
+#     priority wsproto orjson cython nvidia-ml-py ninja tokenizers
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 # then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
 # (62 MB): the device call carries at most 64 MiB. nvidia-ml-py and ninja are carried and installed
@@ -91,11 +91,12 @@ if $PY -c "import Cython" 2>/dev/null; then
   $PY setup.py -q build_ext --inplace 2>&1 | tail -3
 fi
 $PY - <<'PY'
-import importlib, torch
+import importlib, importlib.metadata, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO GPU")
 for name in ("triton", "flashinfer", "starlette", "hypercorn"):
     try:
-        print(name, importlib.import_module(name).__version__)
+        module = importlib.import_module(name)  # hypercorn has no __version__
+        print(name, getattr(module, "__version__", None) or importlib.metadata.version(name))
     except Exception as exc:
         print(name, "NOT IMPORTABLE:", exc)
         if name == "flashinfer" and torch.cuda.is_available():  # the backend would fall back quietly
@@ -104,7 +105,7 @@ for name in ("triton", "flashinfer", "starlette", "hypercorn"):
 PY
 
 stage "CUDA tests"
-timeout "$(limit "${TEST_TIMEOUT:-240}")" $PY -m pytest tests/kernels tests/executor -q -rs -x -p no:cacheprovider \
+timeout "$(limit "${TEST_TIMEOUT:-240}")" $PY -m pytest tests/kernels tests/executor -q -rs --maxfail=5 -p no:cacheprovider \
   > "$OUT/pytest.log" 2>&1
 echo "pytest exit $?"; tail -n 15 "$OUT/pytest.log"
 
@@ -116,6 +117,10 @@ tok=.tok
 [ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
 timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
 echo "gpu_table2 exit $?"
+
+stage "step profile"
+# The executor alone on the same checkpoints: each batch's step time and its top kernels.
+timeout "$(limit "${PROFILE_TIMEOUT:-150}")" $PY -m bench.serving.gpu_profile --tokenizer "$tok" --out "$OUT"
 
 stage "multi-item scoring"
 # /v1/score with 1-200 short items: one masked forward (flashinfer's custom mask) against a row

@@ -13,6 +13,7 @@ import logging
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from prelude.contract.config import Config
 from prelude.contract.batch import (
@@ -50,7 +51,15 @@ MARGIN = 0.25  # top-2 gaps below this may flip under bf16 rounding
 def checkpoint(tmp_path_factory):
     # head_dim 128 and 2 query heads per KV head, like Qwen3-0.6B: the same flashinfer JIT
     # modules as the benchmark servers, so a device call compiles them once.
-    return make_checkpoint(tmp_path_factory.mktemp("cuda") / "q3", "qwen3", head_dim=128)
+    path = make_checkpoint(tmp_path_factory.mktemp("cuda") / "q3", "qwen3", head_dim=128)
+    # Random weights give nearly flat next-token distributions (every logprob near -5.8 over
+    # 512 tokens, no top-2 gap above 0.25), where bf16 noise reorders the top tokens and broken
+    # attention would still agree in value. A 10x final norm spreads the logits: on CPU, 9 of
+    # 19 sampled rows then have a clear winner and bf16 stays within 0.04 of fp32.
+    weights = load_file(path / "model.safetensors")
+    weights["model.norm.weight"] *= 10
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path
 
 
 def _reference(path):
@@ -145,8 +154,11 @@ def _compare(got_steps, want_steps, atol: float, margin: float):
             if top[0][1] - top[1][1] > margin:
                 assert got.token.token_id == want.token.token_id, (got.seq_id, got.token, want.token)
                 checked += 1
-            if got.token.token_id == want.token.token_id:
-                assert abs(got.token.logprob - want.token.logprob) <= atol
+            # Every token both rank among their top logprobs has the same logprob.
+            want_logprob = dict(top)
+            for token_id, logprob in got.token.top:
+                if token_id in want_logprob:
+                    assert abs(logprob - want_logprob[token_id]) <= atol, (got.seq_id, got.token, want.token)
     return checked
 
 
@@ -155,7 +167,7 @@ def test_cuda_executor_matches_cpu_reference(checkpoint):
     steps = _script(ModelConfig.from_dir(checkpoint).vocab_size)
     want = _run(_reference(checkpoint), steps)
     got = _run(_cuda(checkpoint, enforce_eager=False), steps)
-    assert _compare(got, want, LOGPROB_ATOL, MARGIN) >= 8  # most rows have a clear winner
+    assert _compare(got, want, LOGPROB_ATOL, MARGIN) >= 6  # 9 of 19 rows have a clear winner in fp32
 
 
 @needs_cuda
@@ -167,9 +179,8 @@ def test_cuda_graphs_do_not_change_results(checkpoint):
     assert graphs.graphs is not None and eager.graphs is None
     if type(graphs.attention).__name__ == "FlashInferAttention":
         assert {kind for kind, _ in graphs.graphs.graphs} >= {"decode"}
-    # Not vacuous: at least one token compared. (This random model's distributions are nearly
-    # flat: on CPU in fp32 only 4 of the 18 sampled rows have a top-2 gap above 0.05.)
-    assert _compare(got, want, atol=2e-2, margin=0.05) >= 1
+    # Padded graph buckets may take other GEMM algorithms: bf16 rounding, not a changed result.
+    assert _compare(got, want, atol=0.04, margin=0.1) >= 6
 
 
 @needs_cuda
