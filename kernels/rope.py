@@ -1,10 +1,12 @@
 """Per-head q/k RMSNorm (Qwen3), neox RoPE and the paged KV write in one kernel.
 
-One program handles one head of one token: a query head is normalized, rotated and written to
-the contiguous q output; a key head is normalized, rotated, written to the k output and, with
-its value head, into the paged cache at the token's slot (-1: the token is not stored). On a
-decode step this replaces five launches per layer (two norms, two rotations, the cache write)
-with one. Rounding follows layers.RMSNorm and layers._rotate step by step.
+Two programs handle one token: one normalizes, rotates and writes all its query heads to the
+contiguous q output; the other does its key heads, writes them to the k output and, with its
+value heads, into the paged cache at the token's slot (-1: the token is not stored). Programs
+of one head each were too small to keep an H200 busy: 120 us per layer for 8,192 tokens of
+Qwen3-0.6B, a fifth of the step's GPU time. On a decode step this replaces five launches per
+layer (two norms, two rotations, the cache write) with one. Rounding follows layers.RMSNorm and
+layers._rotate step by step.
 """
 from __future__ import annotations
 
@@ -14,17 +16,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_rotate(src, dst, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
-    """Loads one head's halves from src, normalizes (HAS_NORM) and rotates them, stores them
-    at dst (contiguous) and returns them for the cache write."""
-    d = tl.arange(0, HALF)
-    x1 = tl.load(src + d)
-    x2 = tl.load(src + HALF + d)
+def _norm_rotate(src, stride_h, dst, w_ptr, cos, sin, eps, heads,
+                 HEADS: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Loads one token's `heads` heads ([HEADS, HALF] halves, rows past `heads` masked) from
+    src, normalizes (HAS_NORM) and rotates each, stores them at dst (contiguous heads) and
+    returns them for the cache write."""
+    h = tl.arange(0, HEADS)[:, None]
+    d = tl.arange(0, HALF)[None, :]
+    mask = (h < heads) & (d < HALF)
+    x1 = tl.load(src + h * stride_h + d, mask=mask, other=0.0)
+    x2 = tl.load(src + h * stride_h + HALF + d, mask=mask, other=0.0)
     dtype = x1.dtype
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     if HAS_NORM:
-        inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
+        inv = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
         f1 = (w1 * (f1 * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
@@ -35,8 +41,8 @@ def _norm_rotate(src, dst, w_ptr, cos, sin, eps, HALF: tl.constexpr, HAS_NORM: t
     e = (f1 * sin).to(dtype).to(tl.float32)
     o1 = (a - b).to(dtype)
     o2 = (c + e).to(dtype)
-    tl.store(dst + d, o1)
-    tl.store(dst + HALF + d, o2)
+    tl.store(dst + h * (2 * HALF) + d, o1, mask=mask)
+    tl.store(dst + h * (2 * HALF) + HALF + d, o2, mask=mask)
     return o1, o2
 
 
@@ -46,29 +52,28 @@ def _rope_kv_kernel(
     q_out_ptr, k_out_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
     cos_stride, sin_stride, num_q_heads, num_kv_heads, eps,
-    HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    d = tl.arange(0, HALF)
+    d = tl.arange(0, HALF)[None, :]
     cos = tl.load(cos_ptr + t * cos_stride + d).to(tl.float32)
     sin = tl.load(sin_ptr + t * sin_stride + d).to(tl.float32)
-    if h < num_q_heads:
-        _norm_rotate(q_ptr + t * q_stride_t + h * q_stride_h, q_out_ptr + (t * num_q_heads + h) * (2 * HALF),
-                     qn_ptr, cos, sin, eps, HALF, HAS_NORM)
+    if tl.program_id(1) == 0:
+        _norm_rotate(q_ptr + t * q_stride_t, q_stride_h, q_out_ptr + t * num_q_heads * (2 * HALF), qn_ptr,
+                     cos, sin, eps, num_q_heads, Q_HEADS, HALF, HAS_NORM)
     else:
-        kh = h - num_q_heads
-        o1, o2 = _norm_rotate(k_ptr + t * k_stride_t + kh * k_stride_h,
-                              k_out_ptr + (t * num_kv_heads + kh) * (2 * HALF), kn_ptr, cos, sin, eps,
-                              HALF, HAS_NORM)
+        o1, o2 = _norm_rotate(k_ptr + t * k_stride_t, k_stride_h, k_out_ptr + t * num_kv_heads * (2 * HALF),
+                              kn_ptr, cos, sin, eps, num_kv_heads, KV_HEADS, HALF, HAS_NORM)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            cache = (slot * num_kv_heads + kh) * (2 * HALF)
-            tl.store(k_cache_ptr + cache + d, o1)
-            tl.store(k_cache_ptr + cache + HALF + d, o2)
-            vsrc = v_ptr + t * v_stride_t + kh * v_stride_h
-            tl.store(v_cache_ptr + cache + d, tl.load(vsrc + d))
-            tl.store(v_cache_ptr + cache + HALF + d, tl.load(vsrc + HALF + d))
+            h = tl.arange(0, KV_HEADS)[:, None]
+            mask = (h < num_kv_heads) & (d < HALF)
+            cache = (slot * num_kv_heads + h) * (2 * HALF) + d
+            tl.store(k_cache_ptr + cache, o1, mask=mask)
+            tl.store(k_cache_ptr + cache + HALF, o2, mask=mask)
+            vsrc = v_ptr + t * v_stride_t + h * v_stride_h + d
+            tl.store(v_cache_ptr + cache, tl.load(vsrc, mask=mask), mask=mask)
+            tl.store(v_cache_ptr + cache + HALF, tl.load(vsrc + HALF, mask=mask), mask=mask)
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
@@ -90,11 +95,13 @@ def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
     k_out = torch.empty((tokens, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)
     has_norm = q_norm is not None
     if tokens:
-        _rope_kv_kernel[(tokens, num_q_heads + num_kv_heads)](
+        q_heads, kv_heads = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(num_kv_heads)
+        _rope_kv_kernel[(tokens, 2)](
             q, k, v, cos, sin, q_norm if has_norm else q, k_norm if has_norm else k,
             q_out, k_out, k_cache, v_cache, slot_mapping,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             cos.stride(0), sin.stride(0), num_q_heads, num_kv_heads, eps,
-            HALF=half, HAS_NORM=has_norm, num_warps=1 if half <= 64 else 2,
+            Q_HEADS=q_heads, KV_HEADS=kv_heads, HALF=half, HAS_NORM=has_norm,
+            num_warps=max(1, min(8, q_heads * half // 256)),
         )
     return q_out, k_out

@@ -136,7 +136,7 @@ class DecoderLM(nn.Module):
         segments (prelude.model.segments) and stops between two when asked. Each call runs at
         least one segment, so a step that is asked to stop at every chance still finishes."""
         layers = self.model.layers
-        segmented = should_stop is not None and worth_segmenting(state.x.shape[0])
+        segmented = should_stop is not None and worth_segmenting(state.x)
         ran = False
         while state.next_layer < len(layers):
             if should_stop is not None and ran and should_stop():

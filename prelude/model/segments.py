@@ -79,11 +79,13 @@ class LayerProgress:
     tokens_done: int = 0  # tokens of mlp_output written
 
 
-def worth_segmenting(tokens: int) -> bool:
-    """Up to one MLP chunk a layer runs whole: such steps are batches of short rows (c=16 of
-    128 tokens), where nothing is short enough beside them to step aside for, and finer pieces
-    would only cost time."""
-    return tokens > MLP_CHUNK_TOKENS
+def worth_segmenting(x: torch.Tensor) -> bool:
+    """Only a CPU forward of more than one MLP chunk runs in segments. Up to one MLP chunk a
+    layer runs whole: such steps are batches of short rows (c=16 of 128 tokens), where nothing
+    is short enough beside them to step aside for, and finer pieces would only cost time. On a
+    GPU a whole layer is short enough to wait for (8K tokens of Qwen3-4B: ~3 ms on an H200), so
+    the step stops between layers only and launches nothing extra."""
+    return x.device.type == "cpu" and x.shape[0] > MLP_CHUNK_TOKENS
 
 
 def run_segment(layer: DecoderLayer, state: LayerState, attention: AttentionBackend,
@@ -187,10 +189,5 @@ def _mlp_chunk(layer: DecoderLayer, state: LayerState, progress: LayerProgress) 
 
 
 def _tokens(layer: DecoderLayer) -> int:
-    weight = layer.mlp.gate_up_proj.weight
-    if weight.device.type != "cpu":
-        # The work budget is the CPU's: a GPU runs 1,024 tokens of any of these layers in well
-        # under a millisecond, and smaller pieces would only add kernel launches.
-        return SEGMENT_TOKENS
-    intermediate2, hidden = weight.shape
+    intermediate2, hidden = layer.mlp.gate_up_proj.weight.shape
     return segment_tokens(hidden, intermediate2 // 2)

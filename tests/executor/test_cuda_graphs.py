@@ -17,4 +17,4 @@ def test_pick_bucket_pads_up_and_refuses_oversize():
     assert pick_bucket(97, sizes) is None
     assert pick_bucket(0, sizes) is None
     assert pick_bucket(128, PREFILL_SIZES) == 128 and pick_bucket(129, PREFILL_SIZES) == 256
-    assert pick_bucket(300, PREFILL_SIZES) is None
+    assert pick_bucket(300, PREFILL_SIZES) == 512 and pick_bucket(1025, PREFILL_SIZES) is None

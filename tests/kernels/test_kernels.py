@@ -84,10 +84,11 @@ def _rope_inputs(device, dtype, tokens=9, q_heads=4, kv_heads=2, head_dim=32, bl
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_norm", [False, True])
-def test_rope_kv_write_matches_reference(device, dtype, with_norm):
+@pytest.mark.parametrize("heads", [(4, 2), (5, 3)])  # head counts that are not powers of two are masked
+def test_rope_kv_write_matches_reference(device, dtype, with_norm, heads):
     from kernels.rope import rope_kv_write
 
-    q, k, v, cos, sin, cache_shape = _rope_inputs(device, dtype)
+    q, k, v, cos, sin, cache_shape = _rope_inputs(device, dtype, q_heads=heads[0], kv_heads=heads[1])
     slots = torch.tensor([5, 6, 7, -1, 12, 13, -1, 30, 0], device=device)
     norms = {}
     if with_norm:
