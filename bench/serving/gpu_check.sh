@@ -13,10 +13,11 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux_2_12_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
-#     priority wsproto orjson cython nvidia-ml-py ninja tokenizers
+#     priority wsproto orjson cython nvidia-ml-py ninja tokenizers py-spy
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 # then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
-# (62 MB): the device call carries at most 64 MiB. nvidia-ml-py and ninja are carried and installed
+# (62 MB): the device call carries at most 64 MiB. py-spy samples the table's servers (which thread
+# holds the GIL, doing what). nvidia-ml-py and ninja are carried and installed
 # where the image lacks them; its other requirements are in the GPU image (einops, numpy,
 # requests, click, tqdm, tabulate) or only imported by
 # paths Prelude does not use (cudnn frontend, cutlass DSL).
@@ -115,7 +116,7 @@ timeout "$(limit "${BENCH_TIMEOUT:-60}")" $PY -m kernels.bench --json "$OUT/kern
 stage "serving table"
 tok=.tok
 [ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
-timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "$@"
+timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" --py-spy "$@"
 echo "gpu_table2 exit $?"
 
 stage "step profile"

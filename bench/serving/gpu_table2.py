@@ -91,7 +91,8 @@ def run_json(result: RunResult) -> dict:
            "concurrency": int(result.level.value), "duration_s": s.duration_s, "req_per_s": s.request_rate,
            "out_tok_per_s": s.output_tok_per_s}
     if s.completed:
-        row.update(ttft_p50_ms=1000 * s.ttft.p50, ttft_p99_ms=1000 * s.ttft.p99, e2e_p50_ms=1000 * s.e2e.p50,
+        row.update(ttft_p50_ms=1000 * s.ttft.p50, ttft_p95_ms=1000 * s.ttft.p95, ttft_p99_ms=1000 * s.ttft.p99,
+                   e2e_p50_ms=1000 * s.e2e.p50,
                    e2e_p99_ms=1000 * s.e2e.p99)
         if s.tpot.mean is not None:  # at least two output tokens
             row["tpot_ms"] = 1000 * s.tpot.mean
@@ -111,21 +112,52 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         record = {"model": size, "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
-            # Unmeasured warm-up first (2 x concurrency requests on the measured connections).
-            limits = Limits(requests, warmup=2 * concurrency)
-            result = asyncio.run(run_level(server.base_url, RandomIds(vocab, prompt_len, max_tokens),
-                                           Level("concurrency", concurrency), limits, random.Random(i),
-                                           server=size, show_progress=False))
-            summary = run_json(result)
+            summary = run_json(drive(server, size, vocab, i, prompt_len, max_tokens, concurrency, requests))
             in_tok_per_s = summary["req_per_s"] * prompt_len
             mfu = in_tok_per_s * flops_per_prompt_token(config, prompt_len) / (args.peak_tflops * 1e12)
             summary.update(prompt_len=prompt_len, max_tokens=max_tokens, in_tok_per_s=in_tok_per_s, mfu=mfu)
             record["runs"].append(summary)
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",
                   flush=True)
+        if args.py_spy:
+            profile_server(server, size, vocab, workloads, out)
         return record
     finally:
         server.stop()
+
+
+def drive(server: ServerProcess, size: str, vocab: int, seed: int, prompt_len: int, max_tokens: int,
+          concurrency: int, requests: int) -> RunResult:
+    """One closed-loop workload, after unmeasured warm-up (2 x concurrency requests on the
+    measured connections)."""
+    limits = Limits(requests, warmup=2 * concurrency)
+    return asyncio.run(run_level(server.base_url, RandomIds(vocab, prompt_len, max_tokens),
+                                 Level("concurrency", concurrency), limits, random.Random(seed),
+                                 server=size, show_progress=False))
+
+
+def profile_server(server: ServerProcess, size: str, vocab: int, workloads, out: Path) -> None:
+    """Each workload once more (unmeasured) under py-spy, sampling without pausing the server
+    whichever thread holds the GIL: OUT/pyspy-<size>-<in>-<out>-c<c>.txt, one collapsed stack
+    per line with its sample count. What the event loop and the step thread spend the GIL on,
+    between and around the GPU's work."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(binary).exists():
+        print(f"[{size}] no py-spy: server profile skipped", flush=True)
+        return
+    for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
+        path = out / f"pyspy-{size}-{prompt_len}-{max_tokens}-c{concurrency}.txt"
+        spy = subprocess.Popen([binary, "record", "--pid", str(server.pid), "--rate", "500", "--nonblocking",
+                                "--threads", "--gil", "--format", "raw", "--output", str(path)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            drive(server, size, vocab, 1000 + i, prompt_len, max_tokens, concurrency, requests)
+        finally:
+            spy.send_signal(2)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--server-args", default="", help="extra server flags, e.g. '--enforce-eager'")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="the MFU column's peak (bf16 TFLOP/s)")
+    parser.add_argument("--py-spy", action="store_true", help="then each workload again under py-spy (server CPU)")
     args = parser.parse_args(argv)
     args.server_args = args.server_args.split()
     out = Path(os.environ.get("OUT", "bench-results"))
     out.mkdir(parents=True, exist_ok=True)
     plan = {
         "0.6B": [(128, 1, 1, 100), (128, 32, 4, 400)] + [(512, 1, c, 4 * c) for c in (64, 128, 256)],
-        "4B": [(512, 1, c, max(32, 4 * c)) for c in map(int, args.sweep.split(","))],
+        "4B": [(512, 1, c, max(100, 4 * c)) for c in map(int, args.sweep.split(","))],
         "tiny": [(128, 1, 1, 6), (128, 8, 2, 6)],
     }
     records = []
@@ -156,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             records.append({"model": size, "error": repr(exc)})
         (out / "gpu_table2.json").write_text(json.dumps(records, indent=1))
     print(f"\n{'model':<5} {'startup s':>9} {'in/out':>7} {'c':>3} {'n':>4} {'req/s':>7} {'tok/s':>7} "
-          f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'in tok/s':>9} {'MFU':>6} {'err':>4}")
+          f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'in tok/s':>9} {'MFU':>6} {'err':>4}")
     for rec in records:
         for run in rec.get("runs", []):
             print(f"{rec['model']:<5} {rec['startup_s']:>9.1f} {run['prompt_len']:>3}/{run['max_tokens']:<3} "
                   f"{run['concurrency']:>3} {run['requests']:>4} {run['req_per_s']:>7.1f} "
                   f"{run['out_tok_per_s']:>7.0f} {run.get('ttft_p50_ms', float('nan')):>9.1f} "
+                  f"{run.get('ttft_p95_ms', float('nan')):>9.1f} "
                   f"{run.get('ttft_p99_ms', float('nan')):>9.1f} {run.get('tpot_ms', float('nan')):>8.2f} "
                   f"{run['in_tok_per_s']:>9.0f} {100 * run['mfu']:>5.1f}% {run['errors']:>4}")
         if "error" in rec:
