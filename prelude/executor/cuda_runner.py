@@ -91,6 +91,9 @@ class CudaModelRunner(ModelRunner):
             self.copied.record()
 
     # -- graphs -----------------------------------------------------------------------------
+    def has_graph(self, kind: GraphKind, size: int) -> bool:
+        return self.graphs is not None and self.graphs.bucket(kind, size) is not None
+
     def _graph_bucket(self, graph: GraphKind | None, step: HostStep) -> int | None:
         if self.graphs is None or graph is None:
             return None

@@ -4,14 +4,15 @@ runner. Each decides how its kind of step is launched; the runner does the work.
 - OneShotExecutor: a ragged varlen forward over prompt slices, last-position gather, heads;
   a single fresh row may replay a prefill CUDA graph.
 - DecodeExecutor: one token per running sequence over the paged cache; CUDA-graph replay.
-- MixedExecutor: prefill chunks beside running decodes, always eager.
+- MixedExecutor: prefill chunks beside running decodes in one eager forward, or, for one fresh
+  row, as two graph replays (the row's prefill graph, then the decode graph).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch
+from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
 from prelude.executor.runner import ModelRunner, Progress
 
 
@@ -36,9 +37,13 @@ class OneShotExecutor:
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
         rows = batch.rows
-        # Prefill graphs attend causally: a multi-item row needs its mask, planned eagerly.
-        fresh_single_row = len(rows) == 1 and rows[0].start == 0 and not rows[0].item_lengths
-        return self.runner.run(rows, (), "prefill" if fresh_single_row else None)
+        return self.runner.run(rows, (), "prefill" if len(rows) == 1 and _fresh(rows[0]) else None)
+
+
+def _fresh(row: PrefillRow) -> bool:
+    """Whether a prefill graph can take the row alone: it attends causally from position 0, so
+    not over a cached prefix, and not a multi-item row (which needs its mask)."""
+    return row.start == 0 and not row.item_lengths
 
 
 class DecodeExecutor:
@@ -51,12 +56,22 @@ class DecodeExecutor:
 
 
 class MixedExecutor:
+    """One fresh prefill row beside decodes runs as two graph replays where the runner has both
+    graphs: on an H200 an eager step of one 128-token row of Qwen3-0.6B took 15 ms of host
+    launching for 1.3 ms of kernels, and every running stream waited for it (TPOT 2.6 ms at c=4
+    against a 1.9 ms decode step)."""
+
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, MixedBatch)
-        return self.runner.run(batch.prefills, batch.decodes)
+        prefills, decodes = batch.prefills, batch.decodes
+        if (len(prefills) == 1 and _fresh(prefills[0]) and self.runner.has_graph("prefill", len(prefills[0].token_ids))
+                and self.runner.has_graph("decode", len(decodes))):
+            first = self.runner.run(prefills, (), "prefill")
+            return BatchResult(first.rows + self.runner.run((), decodes, "decode").rows)
+        return self.runner.run(prefills, decodes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,10 @@ class ModelRunner:
             hidden = _scattered(hidden, progress.state.keep, progress.num_tokens)
         return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden))
 
+    def has_graph(self, kind: GraphKind, size: int) -> bool:
+        """Whether a step of this kind and size (decode rows, prefill tokens) replays a CUDA graph."""
+        return False
+
     def forward(self, step: HostStep, graph: GraphKind | None) -> tuple[torch.Tensor, StepLayout]:
         """Final hidden states of every token of the step that the heads read (NaN at the others),
         and the layout they were computed in."""
