@@ -15,3 +15,17 @@ def test_qwen3_06b_costs_about_088_gflop_per_token_in_its_linear_layers():
     linear = flops_per_prompt_token(QWEN3_06B, 0)
     assert linear == pytest.approx(0.881e9, rel=1e-3)
     assert flops_per_prompt_token(QWEN3_06B, 512) - linear == 28 * 2 * 2 * 2048 * 256
+
+
+def test_gil_profile_shares_samples_by_thread_and_function(tmp_path):
+    from bench.serving.gil_profile import summarize
+
+    stacks = tmp_path / "pyspy.txt"
+    stacks.write_text("thread (11): MainThread;run (a.py:1);parse (b.py:2) 3\n"
+                      "thread (12): prelude-step_0;execute (c.py:3);launch (d.py:4) 1\n"
+                      "thread (11): MainThread;run (a.py:1) 4\n")
+    text = summarize(stacks, top=3)
+    assert text.splitlines()[:3] == ["pyspy.txt: 8 samples holding the GIL", "   87.5%  MainThread",
+                                     "   12.5%  prelude-step_0"]
+    assert "   50.0%  MainThread       run" in text and "   37.5%  MainThread       parse" in text
+    assert "   87.5%  MainThread       run" in text  # with its callee
