@@ -36,7 +36,8 @@ def summarize(path: Path, top: int) -> str:
     lines += [f"  {100 * n / total:5.1f}%  {thread}" for thread, n in threads.most_common()]
     for title, counts in (("own time", own), ("with callees", inclusive)):
         lines.append(f"top by {title}:")
-        lines += [f"  {100 * n / total:5.1f}%  {thread[:16]:16} {name}" for (thread, name), n in counts.most_common(top)]
+        lines += [f"  {100 * n / total:5.1f}%  {thread[:16]:16} {name}"
+                  for (thread, name), n in counts.most_common(top)]
     return "\n".join(lines)
 
 
