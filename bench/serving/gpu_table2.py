@@ -92,8 +92,7 @@ def run_json(result: RunResult) -> dict:
            "out_tok_per_s": s.output_tok_per_s}
     if s.completed:
         row.update(ttft_p50_ms=1000 * s.ttft.p50, ttft_p95_ms=1000 * s.ttft.p95, ttft_p99_ms=1000 * s.ttft.p99,
-                   e2e_p50_ms=1000 * s.e2e.p50,
-                   e2e_p99_ms=1000 * s.e2e.p99)
+                   e2e_p50_ms=1000 * s.e2e.p50, e2e_p99_ms=1000 * s.e2e.p99)
         if s.tpot.mean is not None:  # at least two output tokens
             row["tpot_ms"] = 1000 * s.tpot.mean
     return row
@@ -142,6 +141,7 @@ def profile_server(server: ServerProcess, size: str, vocab: int, workloads, out:
     per line with its sample count. What the event loop and the step thread spend the GIL on,
     between and around the GPU's work."""
     import shutil
+    import signal
     import subprocess
 
     binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -156,7 +156,7 @@ def profile_server(server: ServerProcess, size: str, vocab: int, workloads, out:
         try:
             drive(server, size, vocab, 1000 + i, prompt_len, max_tokens, concurrency, requests)
         finally:
-            spy.send_signal(2)  # py-spy writes its file on SIGINT
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file then
             spy.wait(timeout=30)
 
 

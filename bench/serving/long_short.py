@@ -44,7 +44,8 @@ class Outcome:
     kind: str  # "short" | "long"
     sent: float
     latency: float
-    status: int
+    status: int  # 0: no HTTP response
+    error: str = ""  # for a status other than 200 and 503: the body or the exception
 
 
 @dataclass(slots=True)
@@ -67,11 +68,15 @@ async def _send(client: httpx.AsyncClient, kind: str, body: dict, headers: dict,
     await asyncio.sleep(max(0.0, began + at - time.perf_counter()))
     sent = time.perf_counter()
     path = "/v1/score" if kind == "short" else "/v1/embeddings"
+    error = ""
     try:
-        status = (await client.post(path, json=body, headers=headers)).status_code
-    except httpx.HTTPError:
-        status = 0
-    out.append(Outcome(kind, sent - began, time.perf_counter() - sent, status))
+        response = await client.post(path, json=body, headers=headers)
+        status = response.status_code
+        if status not in (200, 503):
+            error = response.text[:200]
+    except httpx.HTTPError as exc:
+        status, error = 0, repr(exc)
+    out.append(Outcome(kind, sent - began, time.perf_counter() - sent, status, error))
 
 
 def _short_body(rng: random.Random) -> dict:
@@ -221,6 +226,10 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
     print(report.table(["policy", "deadlines", "short P50 ms", "short P99 ms", "SLO %", "long/s", "longs",
                         "long max s", "503", "err"], rows))
     print(f"(unloaded short P99 {1000 * p99_unloaded:.1f} ms; SLO = answered within {1000 * deadline_s:.1f} ms)")
+    for r in results:
+        failed = [o for o in r.outcomes if o.status not in (200, 503)]
+        if failed:
+            print(f"errors under {r.policy}: {len(failed)}, first: {failed[0].kind} {failed[0].status} {failed[0].error}")
     calibration = {"short_s": t_short, "long_s": t_long, "unloaded_short_p99_s": p99_unloaded,
                    "short_rate": short_rate, "long_rate": long_rate, "deadline_s": deadline_s}
     return calibration, results
