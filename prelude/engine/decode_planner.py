@@ -125,8 +125,8 @@ class DecodePlanner:
         """Preempts running sequences in the queue policy's order (the newest first; under
         priority, the least urgent) until `need` blocks are free, never those in `keep`; those
         in `decodes` leave it. False when `seq` itself had to go or nothing else could."""
+        kept = set(map(id, keep))
         while not self.pool.can_allocate(need):
-            kept = set(map(id, keep))
             candidates = [s for s in self.running if id(s) not in kept]
             if not candidates:
                 return False

@@ -105,11 +105,9 @@ class ModelConfig:
             raise UnsupportedModel(f"{path} not found: --model must be a local HF-format directory")
         config = cls.from_dict(json.loads(path.read_text()))
         # generation_config.json is authoritative for the eos ids generation stops at.
-        gen_path = Path(model_dir) / "generation_config.json"
-        if gen_path.is_file():
-            eos = _as_ids(json.loads(gen_path.read_text()).get("eos_token_id"))
-            if eos:
-                config = replace(config, eos_token_ids=tuple(dict.fromkeys(eos + config.eos_token_ids)))
+        eos = _as_ids(_generation_config(model_dir).get("eos_token_id"))
+        if eos:
+            config = replace(config, eos_token_ids=tuple(dict.fromkeys(eos + config.eos_token_ids)))
         return config
 
 
@@ -123,11 +121,16 @@ SAMPLING_DEFAULT_FIELDS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p
 def sampling_defaults(model_dir: str | Path) -> dict[str, float]:
     """The model's own defaults for temperature, top_p, top_k, min_p and repetition_penalty
     (Qwen3's file: temperature 0.6, top_p 0.95, top_k 20), as vLLM applies them."""
-    path = Path(model_dir) / "generation_config.json"
-    raw = json.loads(path.read_text()) if path.is_file() else {}
+    raw = _generation_config(model_dir)
     return {name: raw[name] for name, hf_default in SAMPLING_DEFAULT_FIELDS.items()
             if isinstance(raw.get(name), (int, float)) and not isinstance(raw[name], bool)
             and raw[name] != hf_default}
+
+
+def _generation_config(model_dir: str | Path) -> dict:
+    """The model's generation_config.json ({} without one)."""
+    path = Path(model_dir) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _split_architecture(architecture: str | None) -> tuple[str, str] | None:
