@@ -6,6 +6,10 @@ time, and the kernels that take the most GPU time.
 
   python -m bench.serving.gpu_profile --tokenizer .tok [--sizes 0.6B 4B] [--out DIR]
 
+The checkpoints are the ones gpu_table2 wrote (WORKDIR/qwen3-<size>, the same seed-0 weights),
+written there first when missing: gpu_check.sh runs this after the table, and writing the 4B's
+8 GB again cost the device call time it measures nothing in.
+
 Writes DIR/gpu_profile.txt (the tables) and DIR/gpu_profile.json (the step times)."""
 from __future__ import annotations
 
@@ -13,13 +17,13 @@ import argparse
 import json
 import os
 import random
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from bench.serving.checkpoint import write_checkpoint
+from bench.serving.gpu_table2 import WORKDIR
 from prelude.contract.batch import DecodeBatch, DecodeRow, OneShotBatch, OutputSpec, PrefillRow
 from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams
@@ -90,15 +94,16 @@ def main() -> None:
     batches = {"0.6B": [("1 x 128 OneShot", oneshot(1, 128, rng)), ("16 x 512 OneShot", oneshot(16, 512, rng)),
                         ("32 x 512 OneShot", oneshot(32, 512, rng)), ("4 x decode at 160", decode(4, 160))],
                "4B": [("1 x 512 OneShot", oneshot(1, 512, rng)), ("16 x 512 OneShot", oneshot(16, 512, rng))]}
-    with tempfile.TemporaryDirectory() as work:
-        for size in args.sizes:
-            path = write_checkpoint(Path(work) / size, size, args.tokenizer)
-            for eager in (False, True):
-                executors = Executors.over(runner_for(path, eager))
-                for label, batch in batches[size]:
-                    records.append(profile(executors, batch, f"{size} {label}{' eager' if eager else ''}", report))
-                del executors
-                torch.cuda.empty_cache()
+    for size in args.sizes:
+        path = WORKDIR / f"qwen3-{size}"
+        if not (path / "config.json").is_file():  # written after the weights: its presence means both
+            write_checkpoint(path, size, args.tokenizer)
+        for eager in (False, True):
+            executors = Executors.over(runner_for(path, eager))
+            for label, batch in batches[size]:
+                records.append(profile(executors, batch, f"{size} {label}{' eager' if eager else ''}", report))
+            del executors
+            torch.cuda.empty_cache()
     (args.out / "gpu_profile.txt").write_text("\n".join(report))
     (args.out / "gpu_profile.json").write_text(json.dumps(records, indent=1))
 

@@ -43,6 +43,7 @@ from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.workloads import Options, Workload
 
 SERVED_NAME = "bench"
+WORKDIR = Path(tempfile.gettempdir()) / "prelude-bench"  # the checkpoints, as qwen3-<size>
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 96)
 
 
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", type=Path, default=REPO / "shared" / "tokenizers" / "qwen3",
                         help="folder with the Qwen3 tokenizer.json (else the demo tokenizer)")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "prelude-bench")
+    parser.add_argument("--workdir", type=Path, default=WORKDIR)
     parser.add_argument("--models", default="0.6B,4B")
     parser.add_argument("--sweep", default=",".join(map(str, SWEEP)), help="4B concurrency levels")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
