@@ -63,6 +63,8 @@ def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[["Si
         (f"{c1}: TTFT P50", "ms", "lower", _run_metric(c1, lambda r: _ms(r.summary.ttft.p50))),
         (f"{c1}: TTFT P99", "ms", "lower", _run_metric(c1, lambda r: _ms(r.summary.ttft.p99))),
         (f"{c1}: TTFT P99 / P50", "x", "lower", _run_metric(c1, _p99_over_p50)),
+        ("host noise: fixed compute loop P99 / P50", "x", "lower",
+         lambda s: None if s.host_noise is None else s.host_noise.p99_over_p50),
         (f"{c16}: throughput", "req/s", "higher", _run_metric(c16, lambda r: r.summary.request_rate)),
         (f"{gen}: TPOT median", "ms", "lower", _run_metric(gen, lambda r: _ms(r.summary.tpot.p50))),
         (f"{gen}: TTFT median", "ms", "lower", _run_metric(gen, lambda r: _ms(r.summary.ttft.p50))),
@@ -99,6 +101,7 @@ def render(rows: Sequence[Row], labels: Sequence[str], peer: str | None) -> str:
 def side_json(side: "SideResult") -> dict:
     return {"label": side.label, "startup_s": side.startup_s, "rss_bytes": side.rss_bytes,
             "servers": side.servers, "skipped": side.skipped, "foreign_cores": side.foreign_cores,
+            "host_noise": None if side.host_noise is None else asdict(side.host_noise),
             "runs": {key: report.result_json(run) for key, run in side.runs.items()}}
 
 

@@ -11,6 +11,9 @@ generation_config.json, T=1 for the bench checkpoints, which set none):
   generation 128 in / 32 out  c=4   TPOT median (streamed, ignore_eos)
   embeddings 128 tokens       c=16  req/s
 
+Right before each side's c=1 run, with its server idle, `bench.serving.host_noise` times a fixed
+compute loop: its P99/P50 is the machine's own floor for the c=1 P99/P50 (a row of the table).
+
 Each server is either running (`--prelude URL`, `--peer URL`, with `--prelude-pid`/`--peer-pid`
 for its CPU and memory) or launched here (`--prelude-cmd`, `--peer-cmd`; `--host`/`--port` are
 appended), which also times its start to the first GET /health 200. Servers run one after the
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bench.charts import write_chart
-from bench.serving import proc, report, sbs_report
+from bench.serving import host_noise, proc, report, sbs_report
 from bench.serving.client import make_client, send
 from bench.serving.loadgen import model_name
 from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
@@ -76,6 +79,8 @@ class SideResult:
     # Cores' worth of CPU used by processes other than the server and this client during each
     # run: on a shared machine, a run with much of it is suspect.
     foreign_cores: dict[str, float] = field(default_factory=dict)
+    # The machine's steadiness during this side's turn, measured just before its c=1 run.
+    host_noise: host_noise.HostNoise | None = None
     servers: list[dict] = field(default_factory=list)
 
 
@@ -176,6 +181,8 @@ class Session:
                 result.skipped[spec.key] = probe.error or "probe request failed"
                 print(f"{result.label}: skipping {spec.key}: {result.skipped[spec.key]}", file=sys.stderr)
                 continue
+            if spec.concurrency == 1 and self.args.noise_probe:
+                result.host_noise = host_noise.measure_in_subprocess()
             limits = Limits(spec.requests, self.args.duration, min(self.args.warmup, spec.requests), self.args.timeout)
             run = await run_level(url, work, Level("concurrency", spec.concurrency), limits,
                                   random.Random(self.args.seed + i), result.label, pid,
@@ -217,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--warmup", type=int, default=8, help="unmeasured requests before each run")
     w.add_argument("--duration", type=float, default=60.0, help="seconds at most per run (no new request after)")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--no-noise-probe", dest="noise_probe", action="store_false",
+                   help="skip the host-noise probe before each side's c=1 run")
     o = p.add_argument_group("running and output")
     o.add_argument("--lock", type=Path, help="flock this file around each server's turn (e.g. /work/timing.lock)")
     o.add_argument("--startup-timeout", type=float, default=600.0)

@@ -26,6 +26,8 @@ def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tm
         assert run["errors"] == 0 and run["output_len_mismatches"] == 0, key
         assert run["server_cpu_us_per_request"] > 0  # the pid given is this process, which serves
     assert set(side["foreign_cores"]) == set(side["runs"])
+    noise = side["host_noise"]  # the machine's own floor, probed before the c=1 run
+    assert noise["iterations"] == 300 and 0 < noise["p50_ms"] <= noise["p99_ms"]
     assert side["runs"]["generation c=4"]["tpot"]["count"] == 4
     assert side["rss_bytes"] > 0 and side["startup_s"] is None  # not launched here: no startup time
     text = capsys.readouterr().out
@@ -37,11 +39,12 @@ def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tm
 def test_a_peer_gets_the_same_requests_and_a_ratio_column(server, tmp_path, capsys):
     out = tmp_path / "pair.json"
     code = side_by_side.main(["--prelude", server.base_url, "--peer", server.base_url, "--peer-name", "twin",
-                              *QUICK, "--temperature", "0", "--json", str(out)])
+                              *QUICK, "--temperature", "0", "--no-noise-probe", "--json", str(out)])
     assert code == 0
     table = {row["metric"]: row for row in json.loads(out.read_text())["table"]}
     assert table["one-token c=16: throughput"]["ratio"] > 0
     assert table["startup to /health"]["ratio"] is None  # neither was launched here
+    assert table["host noise: fixed compute loop P99 / P50"]["values"] == [None, None]  # not probed
     assert "prelude / twin" in capsys.readouterr().out
     server.wait_idle()
 
