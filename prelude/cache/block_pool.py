@@ -17,7 +17,7 @@ With a KVEventLog attached, every publish and eviction is also recorded as a KV-
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 from prelude.cache.kv_events import KVEventLog, chain_hash
 
@@ -88,13 +88,12 @@ class BlockPool:
         """n fresh blocks with ref count 1, evicting idle cached blocks (LRU) when needed."""
         if n > self.num_free_blocks:
             raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
-        out = []
-        for _ in range(n):
-            if not self._free:
-                self._evict(next(iter(self._idle)))
-            block = self._free.popleft()
-            self._refs[block] = 1
-            out.append(block)
+        free, idle, refs = self._free, self._idle, self._refs
+        while len(free) < n:  # an eviction frees the block and its idle cached descendants
+            self._evict(next(iter(idle)))
+        out = [free.popleft() for _ in range(n)]
+        for block in out:
+            refs[block] = 1
         return out
 
     def acquire(self, blocks: Sequence[int]) -> None:
@@ -126,11 +125,10 @@ class BlockPool:
             full = min(full, max_blocks)
         if not self.enable_prefix_caching or full == 0:
             return PrefixMatch([], None)
-        bs = self.block_size
         blocks: list[int] = []
         parent = ROOT
-        for i in range(full):
-            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+        for chunk in self._chunks(tokens, 0, full):
+            key = (parent, chunk)
             block = self._lookup.get(key)
             if block is None:
                 self._touch(blocks)
@@ -145,14 +143,14 @@ class BlockPool:
         touch) for cost estimates."""
         if not self.enable_prefix_caching:
             return 0
-        bs = self.block_size
+        full = min(len(tokens) // self.block_size, max_blocks)
         parent = ROOT
-        for i in range(min(len(tokens) // bs, max_blocks)):
-            block = self._lookup.get((parent, tuple(tokens[i * bs:(i + 1) * bs])))
+        for i, chunk in enumerate(self._chunks(tokens, 0, full)):
+            block = self._lookup.get((parent, chunk))
             if block is None:
                 return i
             parent = block
-        return min(len(tokens) // bs, max_blocks)
+        return full
 
     def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.queries_tokens += num_tokens
@@ -163,17 +161,16 @@ class BlockPool:
         blocks[:first] must already be published (or be their cached twins)."""
         if not self.enable_prefix_caching or last <= first:
             return
-        bs = self.block_size
         parent = ROOT
         if first > 0:
             canonical = self._canonical(tokens, blocks, first - 1)
             if canonical is None:
                 return  # the chain above was evicted meanwhile: nothing below is reachable
             parent = canonical
-        for i in range(first, last):
-            block = blocks[i]
-            key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
-            existing = self._lookup.get(key)
+        lookup = self._lookup
+        for block, chunk in zip(blocks[first:last], self._chunks(tokens, first, last)):
+            key = (parent, chunk)
+            existing = lookup.get(key)
             if existing is not None:
                 parent = existing  # someone computed the same block first; theirs stays canonical
                 continue
@@ -181,7 +178,7 @@ class BlockPool:
                 parent = block
                 continue
             self._key[block] = key
-            self._lookup[key] = block
+            lookup[key] = block
             self.version += 1
             if self.events is not None:
                 parent_hash = None if parent == ROOT else self._hash[parent]
@@ -190,6 +187,12 @@ class BlockPool:
             if parent != ROOT:
                 self._children.setdefault(parent, set()).add(block)
             parent = block
+
+    def _chunks(self, tokens: Sequence[int], first: int, last: int) -> Iterator[tuple[int, ...]]:
+        """tokens' full blocks first..last-1, each as one tuple (the trie's key), cut in C: zip
+        over one iterator takes block_size items at a time."""
+        bs = self.block_size
+        return zip(*[iter(tokens[first * bs:last * bs])] * bs)
 
     def _canonical(self, tokens: Sequence[int], blocks: Sequence[int], index: int) -> int | None:
         """The cached block standing for tokens' full block `index` (ours or an identical twin)."""
@@ -209,19 +212,24 @@ class BlockPool:
         still be in use (a sequence whose own copy of an ancestor lost a publish race hangs its
         later blocks under the winner's chain): it is only unpublished, and freed on release."""
         self.version += 1
+        keys, children, report = self._key, self._children, self.events is not None and not self._clearing
         stack = [block]
         while stack:
             b = stack.pop()
-            key = self._key[b]
+            key = keys[b]
             assert key is not None, f"block {b} evicted but not published"  # idle and children are
-            self._key[b] = None
+            keys[b] = None
             del self._lookup[key]
-            if self.events is not None and not self._clearing:
-                self.events.removed(self._hash[b])
-            parent = key[0]
-            if parent != ROOT and parent in self._children:
-                self._children[parent].discard(b)
-            stack.extend(self._children.pop(b, ()))
+            if report:
+                self.events.removed(self._hash[b])  # type: ignore[union-attr]
+            siblings = children.get(key[0])
+            if siblings is not None:
+                siblings.discard(b)
+                if not siblings:
+                    del children[key[0]]
+            below = children.pop(b, None)
+            if below:
+                stack.extend(below)
             if self._refs[b] == 0:
                 del self._idle[b]
                 self._free.append(b)
