@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest logprobs / top_logprobs / prompt_logprobs a request may ask for")
     server.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="S",
                         help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+    server.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout, metavar="S",
+                        help="seconds an idle keep-alive connection stays open; keep it above your clients' "
+                             "and router's pool idle timeouts")
 
     cache = p.add_argument_group("cache")
     cache.add_argument("--block-size", type=int, default=d.block_size, metavar="N", help="tokens per KV block")

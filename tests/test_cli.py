@@ -179,6 +179,7 @@ def test_bad_flag_value_names_the_flag():
     (["--num-gpu-blocks-override", "0"], "error: --num-gpu-blocks-override must be positive"),
     (["--num-kv-blocks=0"], "error: --num-kv-blocks must be positive"),
     (["--kv-cache-memory-bytes", "0"], "error: --kv-cache-memory-bytes must be positive"),
+    (["--keep-alive-timeout", "0"], "error: --keep-alive-timeout must be positive"),
     (["--kv-cache-memory-bytes", "12XB"], "not a byte size: '12XB'"),
     (["--max-request-bytes", "lots"], "not a byte size: 'lots'"),
 ])

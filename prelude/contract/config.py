@@ -77,6 +77,11 @@ class Config:
     default_deadline_ms: int | None = None
     shed_late_requests: bool = False
     shutdown_timeout: float = 30.0
+    # Seconds an idle keep-alive connection stays open. Longer than any client pool keeps one
+    # (httpx and the OpenAI client 5 s, aiohttp 15 s, Go and reqwest 90 s), so the client always
+    # closes first: with both at 5 s, a request sent on a connection the server was closing
+    # failed with a connection error, never reaching the server.
+    keep_alive_timeout: float = 120.0
     disable_oneshot: bool = False
     multi_item_scoring: bool = True
     layer_preemption: bool = True
@@ -111,6 +116,8 @@ class Config:
             raise ConfigError("--gpu-memory-utilization must be in (0, 1]")
         if self.shutdown_timeout < 0:
             raise ConfigError("--shutdown-timeout must be >= 0")
+        if not self.keep_alive_timeout > 0:
+            raise ConfigError("--keep-alive-timeout must be positive")
         if self.max_logprobs < 0:
             raise ConfigError("--max-logprobs must be >= 0")
         for name, allowed in CHOICES.items():

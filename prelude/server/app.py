@@ -261,6 +261,7 @@ def hypercorn_config(config: Config, listener: Listener):
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.loglevel = config.log_level.upper()
     hc.graceful_timeout = 3.0
+    hc.keep_alive_timeout = config.keep_alive_timeout
     hc.backlog = config.backlog
     return hc
 
