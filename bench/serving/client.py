@@ -20,7 +20,9 @@ DONE = object()  # the SSE stream's "[DONE]" sentinel
 def make_client(base_url: str, connections: int, timeout: float, api_key: str | None = None,
                 verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    # Idle connections are dropped after 4 s: servers on uvicorn (vLLM, SGLang) close them at 5 s,
+    # and a request sent just as a server closes its connection fails before reaching it.
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=4.0)
     return httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers, verify=verify,
                              timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)))
 
