@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -102,8 +103,7 @@ class ChatAPI(GenerationAPI):
                         "model": self.model_name, "choices": choices, **extra})
 
         # continuous_usage_stats: every chunk carries its choice's usage so far (0 before any token).
-        usage = (lambda completion: self.usage_so_far(prompt_len, completion)) if continuous_usage \
-            else (lambda completion: {})
+        usage = partial(self.chunk_usage, continuous_usage, prompt_len)
 
         async def chunks():
             # return_token_ids: the prompt's ids come with the role chunk, as vLLM's first chunk has them.

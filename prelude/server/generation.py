@@ -77,8 +77,11 @@ class GenerationAPI(Serving):
         return include_usage, include_usage and options.bool("continuous_usage_stats")
 
     @staticmethod
-    def usage_so_far(prompt_tokens: int, completion_tokens: int) -> dict:
-        """One choice's usage at a chunk of a stream with continuous_usage_stats."""
+    def chunk_usage(continuous: bool, prompt_tokens: int, completion_tokens: int) -> dict:
+        """A stream chunk's usage field: with continuous_usage_stats, its choice's usage so far;
+        without, none."""
+        if not continuous:
+            return {}
         return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "total_tokens": prompt_tokens + completion_tokens}}
 

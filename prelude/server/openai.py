@@ -138,7 +138,7 @@ class CompletionsAPI(GenerationAPI):
                     logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index],
                                                            as_ids=as_ids)
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
-                usage = self.usage_so_far(len(prompts[index // n]), out.num_output_tokens) if continuous_usage else {}
+                usage = self.chunk_usage(continuous_usage, len(prompts[index // n]), out.num_output_tokens)
                 choice = {"index": index, "text": text, "logprobs": logprobs_field,
                           "finish_reason": out.finish_reason if out.finished else None,
                           "stop_reason": out.stop_reason if out.finished else None}
