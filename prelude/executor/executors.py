@@ -2,18 +2,27 @@
 runner. Each decides how its kind of step is launched; the runner does the work.
 
 - OneShotExecutor: a ragged varlen forward over prompt slices, last-position gather, heads;
-  a single fresh row may replay a prefill CUDA graph.
+  a few fresh rows may replay a prefill CUDA graph each instead.
 - DecodeExecutor: one token per running sequence over the paged cache; CUDA-graph replay.
-- MixedExecutor: prefill chunks beside running decodes in one eager forward, or, for one fresh
-  row, as two graph replays (the row's prefill graph, then the decode graph).
+- MixedExecutor: prefill chunks beside running decodes in one eager forward, or, for a few fresh
+  rows, as graph replays (each row's prefill graph, then the decode graph).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
 from prelude.executor.runner import ModelRunner, Progress
+
+# A step of fresh rows replays one prefill graph per row, rather than launching one eager forward
+# over them all, while it has at most this many rows and tokens. On an H200 an eager step of
+# Qwen3-0.6B spent about 15 ms launching kernels whatever its size (1.3 ms of kernels for a
+# 128-token row), and a 128-token row's graph replay took about 2 ms: a few rows replayed one by
+# one finish first. Past a few, the replays' kernels add up to more than one eager step's launching,
+# and big rows are bound by their kernels either way.
+MAX_REPLAYED_ROWS = 4
+MAX_REPLAYED_TOKENS = 1024
 
 
 class Executor(Protocol):
@@ -36,14 +45,25 @@ class OneShotExecutor:
 
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
-        rows = batch.rows
-        return self.runner.run(rows, (), "prefill" if len(rows) == 1 and _fresh(rows[0]) else None)
+        if _replayable(self.runner, batch.rows):
+            return _replay_rows(self.runner, batch.rows)
+        return self.runner.run(batch.rows, ())
 
 
 def _fresh(row: PrefillRow) -> bool:
     """Whether a prefill graph can take the row alone: it attends causally from position 0, so
     not over a cached prefix, and not a multi-item row (which needs its mask)."""
     return row.start == 0 and not row.item_lengths
+
+
+def _replayable(runner: ModelRunner, rows: Sequence[PrefillRow]) -> bool:
+    """Whether these rows run as one prefill graph replay each (see MAX_REPLAYED_ROWS)."""
+    return (0 < len(rows) <= MAX_REPLAYED_ROWS and sum(len(r.token_ids) for r in rows) <= MAX_REPLAYED_TOKENS
+            and all(_fresh(r) and runner.has_graph("prefill", len(r.token_ids)) for r in rows))
+
+
+def _replay_rows(runner: ModelRunner, rows: Sequence[PrefillRow]) -> BatchResult:
+    return BatchResult([result for row in rows for result in runner.run([row], (), "prefill").rows])
 
 
 class DecodeExecutor:
@@ -56,10 +76,10 @@ class DecodeExecutor:
 
 
 class MixedExecutor:
-    """One fresh prefill row beside decodes runs as two graph replays where the runner has both
-    graphs: on an H200 an eager step of one 128-token row of Qwen3-0.6B took 15 ms of host
-    launching for 1.3 ms of kernels, and every running stream waited for it (TPOT 2.6 ms at c=4
-    against a 1.9 ms decode step)."""
+    """A few fresh prefill rows (new streams' prompts) beside decodes run as graph replays where
+    the runner has the graphs, each row's prefill graph then the decode graph: on an H200 an eager
+    step of one 128-token row of Qwen3-0.6B took 15 ms of host launching for 1.3 ms of kernels,
+    and every running stream waited for it (TPOT 2.6 ms at c=4 against a 1.9 ms decode step)."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
@@ -67,10 +87,9 @@ class MixedExecutor:
     def execute(self, batch: ForwardBatch) -> BatchResult:
         assert isinstance(batch, MixedBatch)
         prefills, decodes = batch.prefills, batch.decodes
-        if (len(prefills) == 1 and _fresh(prefills[0]) and self.runner.has_graph("prefill", len(prefills[0].token_ids))
-                and self.runner.has_graph("decode", len(decodes))):
-            first = self.runner.run(prefills, (), "prefill")
-            return BatchResult(first.rows + self.runner.run((), decodes, "decode").rows)
+        if _replayable(self.runner, prefills) and (not decodes or self.runner.has_graph("decode", len(decodes))):
+            first = _replay_rows(self.runner, prefills)
+            return BatchResult(first.rows + (self.runner.run((), decodes, "decode").rows if decodes else []))
         return self.runner.run(prefills, decodes)
 
 

@@ -120,6 +120,10 @@ def _script(vocab: int, short: bool = False):
         # A new sequence's whole prompt beside decodes: its prefill graph, then the decode graph.
         MixedBatch([PrefillRow(4, tok(single), 0, list(range(20, 20 + -(-single // BS))), SPEC)],
                    [DecodeRow(1, tok(1)[0], la + 5, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 5, tb, SPEC)]),
+        # Two new prompts arriving together beside decodes: a prefill graph each, then the decode graph.
+        MixedBatch([PrefillRow(5, tok(first), 0, list(range(40, 40 + -(-first // BS))), SPEC),
+                    PrefillRow(6, tok(lb), 0, list(range(50, 50 + -(-lb // BS))), SPEC)],
+                   [DecodeRow(1, tok(1)[0], la + 6, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 6, tb, SPEC)]),
     ]
     # Multi-item scoring rows (a shared part, then items that see it and themselves only): alone,
     # where a causal prefill graph must not take it, and beside an ordinary row.
@@ -233,6 +237,10 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
         return captured
 
     monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
+    replayed: list[str] = []
+    run_graph = cuda_graphs.GraphRunner.run
+    monkeypatch.setattr(cuda_graphs.GraphRunner, "run",
+                        lambda self, kind, *args: replayed.append(kind) or run_graph(self, kind, *args))
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     # The fused RoPE kernel runs in Triton's interpreter here: the short script keeps it quick.
     steps = _script(ModelConfig.from_dir(path).vocab_size, short=fuse_rope)
@@ -248,6 +256,10 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     runner.warmup()
     got = _run(runner, steps)
     # fp32 on both sides: every sampled row is checked (no exact top-2 ties in this model).
-    assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 22
+    assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 26
     expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32)} if fuse_rope else set())
     assert set(runner.graphs.graphs) == expected_graphs
+    # With prefill graphs, each row of a step of up to four fresh rows replays one: the first
+    # OneShot step's 3, the served prompts' 3, the single row, and the new prompts beside decodes
+    # (1, then 2). Rows over a cached prefix and multi-item rows run eagerly.
+    assert replayed.count("prefill") == (10 if fuse_rope else 0)
