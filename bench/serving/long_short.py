@@ -238,7 +238,8 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
     for r in results:
         failed = [o for o in r.outcomes if o.status not in (200, 503)]
         if failed:
-            print(f"errors under {r.policy}: {len(failed)}, first: {failed[0].kind} {failed[0].status} {failed[0].error}")
+            first = failed[0]
+            print(f"errors under {r.policy}: {len(failed)}, first: {first.kind} {first.status} {first.error}")
     calibration = {"short_s": t_short, "long_s": t_long, "unloaded_short_p99_s": p99_unloaded,
                    "short_rate": short_rate, "long_rate": long_rate, "deadline_s": deadline_s}
     return calibration, results

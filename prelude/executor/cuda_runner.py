@@ -1,8 +1,8 @@
 """The CUDA model runner: ModelRunner's flattening and output heads, with host->device traffic
 through one pinned staging buffer (a single non-blocking copy per step), CUDA-graph replay of
-the step shapes the executors name (pure decode steps, small fresh prefill rows one at a time), and a
-warmup that pays every kernel's compilation before the server takes requests. Results are the
-same as ModelRunner's; only how the forward is launched differs."""
+the step shapes the executors name (pure decode steps, small fresh prefill rows one at a
+time), and a warmup that pays every kernel's compilation before the server takes requests.
+Results are the same as ModelRunner's; only how the forward is launched differs."""
 from __future__ import annotations
 
 import logging

@@ -32,7 +32,8 @@ def _exchange(sock: socket.socket) -> bytes:
             return data
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(body) < length:
         body += sock.recv(65536)
     return head + b"\r\n\r\n" + body
