@@ -125,8 +125,12 @@ def result_json(r: RunResult) -> dict:
            "server_cpu_us_per_request": r.server_cpu_us_per_request, "max_send_lag_s": r.max_send_lag_s,
            "machine_busy_s": r.machine_busy_s}
     if r.records:
-        out["requests"] = [{"start": q.start, "ttft": q.ttft, "e2e": q.e2e, "prompt_tokens": q.prompt_tokens,
-                            "output_tokens": q.output_tokens, "ok": q.ok, "error": q.error} for q in r.records]
+        # Each request in send order, seconds from the run's first send: the shape of a tail (one
+        # slow phase or spread-out spikes) shows only here, not in the percentiles.
+        t0 = min(q.start for q in r.records)
+        out["requests"] = [{"start": round(q.start - t0, 6), "ttft": round(q.ttft, 6), "e2e": round(q.e2e, 6),
+                            "prompt_tokens": q.prompt_tokens, "output_tokens": q.output_tokens, "ok": q.ok,
+                            "error": q.error} for q in sorted(r.records, key=lambda q: q.start)]
     return out
 
 

@@ -186,7 +186,7 @@ class Session:
             limits = Limits(spec.requests, self.args.duration, min(self.args.warmup, spec.requests), self.args.timeout)
             run = await run_level(url, work, Level("concurrency", spec.concurrency), limits,
                                   random.Random(self.args.seed + i), result.label, pid,
-                                  show_progress=not self.args.no_progress)
+                                  show_progress=not self.args.no_progress, keep_records=True)
             if run.machine_busy_s is not None and run.server_cpu_s is not None and run.summary.duration_s:
                 others = run.machine_busy_s - run.server_cpu_s - run.client_cpu_s
                 result.foreign_cores[spec.key] = max(0.0, others) / run.summary.duration_s

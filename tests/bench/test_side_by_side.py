@@ -25,6 +25,9 @@ def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tm
     for key, run in side["runs"].items():
         assert run["errors"] == 0 and run["output_len_mismatches"] == 0, key
         assert run["server_cpu_us_per_request"] > 0  # the pid given is this process, which serves
+        sent = run["requests"]  # every measured request, to read a tail's shape from
+        assert len(sent) == run["completed"] and [q["start"] for q in sent] == sorted(q["start"] for q in sent)
+        assert sent[0]["start"] == 0 and all(q["ok"] and 0 < q["ttft"] <= q["e2e"] for q in sent)
     assert set(side["foreign_cores"]) == set(side["runs"])
     noise = side["host_noise"]  # the machine's own floor, probed before the c=1 run
     assert noise["iterations"] == 300 and 0 < noise["p50_ms"] <= noise["p99_ms"]
