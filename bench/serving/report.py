@@ -127,10 +127,11 @@ def result_json(r: RunResult) -> dict:
     if r.records:
         # Each request in send order, seconds from the run's first send: the shape of a tail (one
         # slow phase or spread-out spikes) shows only here, not in the percentiles.
-        t0 = min(q.start for q in r.records)
+        ordered = sorted(r.records, key=lambda q: q.start)
+        t0 = ordered[0].start
         out["requests"] = [{"start": round(q.start - t0, 6), "ttft": round(q.ttft, 6), "e2e": round(q.e2e, 6),
                             "prompt_tokens": q.prompt_tokens, "output_tokens": q.output_tokens, "ok": q.ok,
-                            "error": q.error} for q in sorted(r.records, key=lambda q: q.start)]
+                            "error": q.error} for q in ordered]
     return out
 
 
