@@ -12,7 +12,8 @@ generation_config.json, T=1 for the bench checkpoints, which set none):
   embeddings 128 tokens       c=16  req/s
 
 Right before each side's c=1 run, with its server idle, `bench.serving.host_noise` times a fixed
-compute loop: its P99/P50 is the machine's own floor for the c=1 P99/P50 (a row of the table).
+compute loop, as many steps as the run has requests, each as long as the server's probe request:
+its P99/P50 is the machine's own floor for the c=1 P99/P50 (a row of the table).
 
 Each server is either running (`--prelude URL`, `--peer URL`, with `--prelude-pid`/`--peer-pid`
 for its CPU and memory) or launched here (`--prelude-cmd`, `--peer-cmd`; `--host`/`--port` are
@@ -181,8 +182,8 @@ class Session:
                 result.skipped[spec.key] = probe.error or "probe request failed"
                 print(f"{result.label}: skipping {spec.key}: {result.skipped[spec.key]}", file=sys.stderr)
                 continue
-            if spec.concurrency == 1 and self.args.noise_probe:
-                result.host_noise = host_noise.measure_in_subprocess()
+            if spec.concurrency == 1 and self.args.noise_probe:  # steps as long as this server's requests
+                result.host_noise = host_noise.measure_in_subprocess(spec.requests, 1000 * (probe.end - probe.start))
             limits = Limits(spec.requests, self.args.duration, min(self.args.warmup, spec.requests), self.args.timeout)
             run = await run_level(url, work, Level("concurrency", spec.concurrency), limits,
                                   random.Random(self.args.seed + i), result.label, pid,
