@@ -5,8 +5,8 @@ model, or repeated to last `--step-ms`) a few hundred times with short idle gaps
 client spaces its requests, and prints its P50, P99 and P99/P50. A server's one-token c=1 P99/P50
 cannot be steadier than this: on a shared VM the host's own phases (other tenants, frequency)
 move every core's speed by 20-30% for a second or two at a time. The side-by-side bench runs it
-in its own process beside each server's c=1 run, each step as long as one of that server's c=1
-requests and as many of them, so the table shows the floor the P99/P50 target is read against."""
+in its own process after each server's c=1 run, each step as long as that run's median
+request and as many of them, so the table shows the floor the P99/P50 target is read against."""
 from __future__ import annotations
 
 import argparse

@@ -120,8 +120,8 @@ async def unloaded_after_gaps(url: str, rng: random.Random, rate: float, n: int 
     """P99 of short requests sent one at a time, each after an exponential idle gap of mean
     1/rate: no two overlap, but the server idles between them as long as in a Poisson run at
     that rate. On the 2-core VM a 100 ms idle gap made the next request ~40% slower at P50 and
-    P99 than back to back, and a bare GEMM loop on 2 threads up to 2x (the idle vCPU is
-    descheduled by the host), so back to back alone understates an idle server's latency."""
+    P99 than back to back, and a bare GEMM loop on 2 threads up to 2x (most likely the host
+    descheduling the idle vCPU), so back to back alone understates an idle server's latency."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         times = []
         for _ in range(n):

@@ -58,7 +58,7 @@ def latency_table(results: Sequence[RunResult]) -> str:
     rows = []
     for r in results:
         s = r.summary
-        ttft = _ms(s.ttft)
+        ttft: list[float | str | None] = list(_ms(s.ttft))
         if not s.streamed:  # the footnote's marker: TTFT is the end of an unstreamed answer
             ttft = [None if v is None else f"{_cell(v)}*" for v in ttft]
         rows.append([r.server, r.workload, r.level.label, *ttft, *_ms(s.tpot), *_ms(s.e2e)])

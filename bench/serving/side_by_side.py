@@ -11,9 +11,9 @@ generation_config.json, T=1 for the bench checkpoints, which set none):
   generation 128 in / 32 out  c=4   TPOT median (streamed, ignore_eos)
   embeddings 128 tokens       c=16  req/s
 
-Right before each side's c=1 run, with its server idle, `bench.serving.host_noise` times a fixed
-compute loop, as many steps as the run has requests, each as long as the server's probe request:
-its P99/P50 is the machine's own floor for the c=1 P99/P50 (a row of the table).
+Right after each side's c=1 run, with its server idle, `bench.serving.host_noise` times a fixed
+compute loop, as many steps as the run had requests, each as long as its median request: its
+P99/P50 is the machine's own floor for the c=1 P99/P50 (a row of the table).
 
 Each server is either running (`--prelude URL`, `--peer URL`, with `--prelude-pid`/`--peer-pid`
 for its CPU and memory) or launched here (`--prelude-cmd`, `--peer-cmd`; `--host`/`--port` are
@@ -182,8 +182,6 @@ class Session:
                 result.skipped[spec.key] = probe.error or "probe request failed"
                 print(f"{result.label}: skipping {spec.key}: {result.skipped[spec.key]}", file=sys.stderr)
                 continue
-            if spec.concurrency == 1 and self.args.noise_probe:  # steps as long as this server's requests
-                result.host_noise = host_noise.measure_in_subprocess(spec.requests, 1000 * (probe.end - probe.start))
             limits = Limits(spec.requests, self.args.duration, min(self.args.warmup, spec.requests), self.args.timeout)
             run = await run_level(url, work, Level("concurrency", spec.concurrency), limits,
                                   random.Random(self.args.seed + i), result.label, pid,
@@ -193,6 +191,9 @@ class Session:
                 result.foreign_cores[spec.key] = max(0.0, others) / run.summary.duration_s
             run.workload = spec.key
             result.runs[spec.key] = run
+            if spec.concurrency == 1 and self.args.noise_probe and run.summary.e2e.p50:
+                # The server idle again: steps as long as its median request, as many as it served.
+                result.host_noise = host_noise.measure_in_subprocess(run.summary.completed, 1000 * run.summary.e2e.p50)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,7 +29,7 @@ def test_prelude_alone_runs_every_workload_and_notes_the_skipped_peer(server, tm
         assert len(sent) == run["completed"] and [q["start"] for q in sent] == sorted(q["start"] for q in sent)
         assert sent[0]["start"] == 0 and all(q["ok"] and 0 < q["ttft"] <= q["e2e"] for q in sent)
     assert set(side["foreign_cores"]) == set(side["runs"])
-    noise = side["host_noise"]  # the machine's own floor, probed before the c=1 run, a step per request
+    noise = side["host_noise"]  # the machine's own floor, probed after the c=1 run, a step per request
     assert noise["iterations"] == 4 and 0 < noise["p50_ms"] <= noise["p99_ms"]
     assert side["runs"]["generation c=4"]["tpot"]["count"] == 4
     assert side["rss_bytes"] > 0 and side["startup_s"] is None  # not launched here: no startup time
