@@ -119,7 +119,7 @@ async def calibrate(url: str, rng: random.Random, long_tokens: int) -> tuple[flo
 async def unloaded_after_gaps(url: str, rng: random.Random, rate: float, n: int = 300) -> float:
     """P99 of short requests sent one at a time, each after an exponential idle gap of mean
     1/rate: no two overlap, but the server idles between them as long as in a Poisson run at
-    that rate. On the 2-core VM a 100 ms idle gap made the next request ~40% slower at P50 and
+    that rate. On the 2-core VM gaps of 32-100 ms made the next request 20-50% slower at P50 and
     P99 than back to back, and a bare GEMM loop on 2 threads up to 2x (most likely the host
     descheduling the idle vCPU), so back to back alone understates an idle server's latency."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
@@ -253,6 +253,7 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
                                              0.0 if label == SHORTS_ALONE else long_rate,
                                              1000 * deadline_s if deadlines else None, args.seed, args.long_tokens))
         results.append(summarize(label, deadlines, outcomes, deadline_s, args.seconds))
+
     def times(p99_ms: float | None, reference_s: float | None) -> float | None:
         return None if p99_ms is None or not reference_s else p99_ms / (1000 * reference_s)
 
