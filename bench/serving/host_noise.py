@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ def measure(iterations: int = 300, gap_s: float = 0.002, step_ms: float | None =
         began = time.perf_counter()
         a @ w
         warm.append(time.perf_counter() - began)
-    one_ms = 1000 * sorted(warm)[len(warm) // 2]
+    one_ms = 1000 * statistics.median(warm)
     repeats = 1 if step_ms is None else max(1, round(step_ms / one_ms))
     times = []
     for _ in range(iterations):

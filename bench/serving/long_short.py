@@ -101,11 +101,7 @@ async def calibrate(url: str, rng: random.Random, long_tokens: int) -> tuple[flo
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         p50s, p99s = [], []
         for _ in range(CALIBRATION_PASSES):
-            shorts = []
-            for _ in range(200):
-                t = time.perf_counter()
-                await client.post("/v1/score", json=_short_body(rng))
-                shorts.append(time.perf_counter() - t)
+            shorts = await _shorts_one_at_a_time(client, rng, 200)
             p50s.append(percentile(shorts, 50) or 0.0)
             p99s.append(percentile(shorts, 99) or 0.0)
         longs = []
@@ -123,14 +119,22 @@ async def unloaded_after_gaps(url: str, rng: random.Random, rate: float, n: int 
     P99 than back to back, and a bare GEMM loop on 2 threads up to 2x (most likely the host
     descheduling the idle vCPU), so back to back alone understates an idle server's latency."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        times = []
-        for _ in range(n):
-            await asyncio.sleep(rng.expovariate(rate))
-            body = _short_body(rng)
-            t = time.perf_counter()
-            await client.post("/v1/score", json=body)
-            times.append(time.perf_counter() - t)
-    return percentile(times, 99) or 0.0
+        return percentile(await _shorts_one_at_a_time(client, rng, n, rate), 99) or 0.0
+
+
+async def _shorts_one_at_a_time(client: httpx.AsyncClient, rng: random.Random, n: int,
+                                gap_rate: float = 0.0) -> list[float]:
+    """Latencies of n short requests sent one after another; with gap_rate, each after an
+    exponential idle gap of mean 1/gap_rate."""
+    times = []
+    for _ in range(n):
+        if gap_rate:
+            await asyncio.sleep(rng.expovariate(gap_rate))
+        body = _short_body(rng)
+        t = time.perf_counter()
+        await client.post("/v1/score", json=body)
+        times.append(time.perf_counter() - t)
+    return times
 
 
 async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: float, deadline_ms: float | None,
