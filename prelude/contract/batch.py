@@ -57,6 +57,11 @@ class PrefillRow:
     history: Sequence[int] = ()  # prompt + generated tokens, for penalties (else empty)
 
 
+# DecodeRow.token_id of a row planned while the step that samples its input token still runs
+# (engine.step_runner.DecodeChain): the worker puts that token in before the row runs.
+SAMPLED_BY_PREVIOUS_STEP = -1
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeRow:
     seq_id: int

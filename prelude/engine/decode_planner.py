@@ -5,7 +5,7 @@ queue front)."""
 from __future__ import annotations
 
 from prelude.cache.block_pool import BlockKey, BlockPool, PrefixMatch
-from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.contract.batch import SAMPLED_BY_PREVIOUS_STEP, DecodeRow, PrefillRow
 from prelude.engine.plan import SchedulerStats, Skip, StepBudget
 from prelude.engine.policy import QueuePolicy
 from prelude.engine.prefix_sharing import PrefixSharing
@@ -43,6 +43,32 @@ class DecodePlanner:
     def decode_row(seq: Sequence) -> DecodeRow:
         return DecodeRow(seq.seq_id, seq.token_ids[-1], seq.num_tokens - 1, seq.blocks, seq.request.output,
                          seq.num_output_tokens, seq.token_ids if seq.request.sampling.penalizes else ())
+
+    def ahead(self, in_flight: list[Sequence]) -> list[Sequence] | None:
+        """The sequences of the step after `in_flight` (a step of decodes only, not yet folded
+        back), given blocks for the token each samples there; None when that step must be
+        scheduled afresh: another sequence runs (one prefilling), or a block is short (making
+        room is a preemption, which only a scheduled step does). A sequence whose in-flight token
+        is its last by length is left out; one that ends otherwise (EOS, a stop string) costs a
+        wasted row, whose result is skipped."""
+        seqs = [s for s in in_flight if s.status is WorkStatus.RUNNING]
+        if not seqs or len(seqs) != len(self.running):
+            return None
+        seqs = [s for s in seqs if s.num_output_tokens + 1 < s.request.sampling.max_tokens]
+        need = [self.pool.blocks_for(s.num_tokens + 1) - len(s.blocks) for s in seqs]
+        if not seqs or not self.pool.can_allocate(sum(need)):
+            return None
+        for seq, n in zip(seqs, need):
+            seq.blocks.extend(self.pool.allocate(n))
+        return seqs
+
+    @staticmethod
+    def ahead_row(seq: Sequence) -> DecodeRow:
+        """The row of a sequence in the step after its in-flight one: its input is the token the
+        in-flight step samples (filled in by the worker), one position later."""
+        history = tuple(seq.token_ids) if seq.request.sampling.penalizes else ()
+        return DecodeRow(seq.seq_id, SAMPLED_BY_PREVIOUS_STEP, seq.num_tokens, seq.blocks, seq.request.output,
+                         seq.num_output_tokens + 1, history)
 
     def prefill_chunks(self, budget: StepBudget, decodes: list[Sequence]) -> list[tuple[Sequence, PrefillRow]]:
         """The next chunk of each running sequence still prefilling, while the budget lasts. A

@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 from prelude.cache.kv_events import KVEventBatch, KVEventSink
-from prelude.contract.batch import MixedBatch, decode_rows, prefill_rows
+from prelude.contract.batch import DecodeBatch, MixedBatch, decode_rows, prefill_rows
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.step_runner import StepRunner
 from prelude.engine.output import (
@@ -203,7 +203,10 @@ class Engine:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            await self._run_step(step, preemptible=True)
+            if isinstance(step.batch, DecodeBatch):
+                await self._run_decodes(step)
+            else:
+                await self._run_step(step, preemptible=True)
 
     async def _run_step(self, step: ScheduledStep, preemptible: bool) -> None:
         """Executes a step and folds its results back; a preemptible one may let short work run
@@ -217,9 +220,33 @@ class Engine:
                 outcome = await self.steps.in_worker(execute_isolating, self.executors.execute, step.batch)
         finally:
             self._in_flight -= 1
-        seconds = time.perf_counter() - started
+        self._fold(step, outcome, time.perf_counter() - started, observe=not (preemptible and self.steps.last_parked))
+
+    async def _run_decodes(self, step: ScheduledStep) -> None:
+        """A step of decodes, then, while no other work waits, the same sequences' next ones back
+        to back (a DecodeChain): each planned while the one before it runs, and folded back while
+        the one after it runs."""
+        assert isinstance(step.batch, DecodeBatch)
+        chain = self.steps.start_chain(step.batch)
+        self._in_flight += 1
+        try:
+            while True:
+                ahead = self.scheduler.plan_ahead(step)
+                chain.follow(None if ahead is None else ahead.batch)  # type: ignore[arg-type]
+                outcome, seconds, continued = await chain.outcome()
+                self._fold(step, outcome, seconds)
+                if ahead is None or not continued:
+                    return
+                step = ahead
+        finally:
+            chain.follow(None)  # a worker still waiting for a decision (the loop was cancelled) ends
+            self._in_flight -= 1
+
+    def _fold(self, step: ScheduledStep, outcome: StepOutcome, seconds: float, observe: bool = True) -> None:
+        """Folds a step's results back: its rows' outputs reach their streams. `observe`: its
+        seconds calibrate the cost model (not those of a step that was parked)."""
         self.stats.on_step(seconds)
-        if not (preemptible and self.steps.last_parked):
+        if observe:
             self.scheduler.observe_step(step, seconds)
         if outcome.first_error is not None:
             step = self._fail_rows(step, outcome)

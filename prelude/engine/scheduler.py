@@ -29,6 +29,8 @@ from prelude.contract.batch import (
     MixedBatch,
     OneShotBatch,
     PrefillRow,
+    decode_rows,
+    prefill_rows,
 )
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
@@ -221,17 +223,24 @@ class Scheduler:
         decode_rows = [self.decode.decode_row(s) for s in decodes]
         batch: ForwardBatch
         if not rows:
-            batch, kind = DecodeBatch(decode_rows), "decode"
+            batch = DecodeBatch(decode_rows)
         elif not decode_rows and not prefills:
-            batch, kind = OneShotBatch(rows), "oneshot"
+            batch = OneShotBatch(rows)
         else:
-            batch, kind = MixedBatch(rows, decode_rows), "mixed"
-        stats = self.stats
-        stats.steps[kind] += 1
-        stats.num_oneshot_rows += len(oneshots)
-        stats.prefill_tokens += sum(len(r.token_ids) for r in rows)
-        stats.decode_tokens += len(decode_rows)
+            batch = MixedBatch(rows, decode_rows)
         return ScheduledStep(batch, oneshots, prefills, decodes)
+
+    def plan_ahead(self, in_flight: ScheduledStep) -> ScheduledStep | None:
+        """The step to run right after `in_flight`, planned while it runs, when that is a step of
+        the same sequences' next tokens: `in_flight` is a step of decodes only and no work waits
+        (else None: the next step is scheduled once `in_flight` is folded back). Its rows' input
+        tokens are the ones `in_flight` samples, which the worker fills in."""
+        if not isinstance(in_flight.batch, DecodeBatch) or len(self.waiting) or self._held_apart:
+            return None
+        seqs = self.decode.ahead(in_flight.decodes)
+        if seqs is None:
+            return None
+        return ScheduledStep(DecodeBatch([self.decode.ahead_row(s) for s in seqs]), [], [], seqs)
 
     def _apart(self, work: Work, tokens: int, long_tokens: int, shortest: int) -> bool:
         """Whether work of `tokens` goes in another step than this one, whose longest long
@@ -255,6 +264,7 @@ class Scheduler:
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:
         """Folds a step's results into the work's state; returns the rows' results for the
         engine (work that ended while the step ran is skipped)."""
+        self._count(step)
         by_id = {r.seq_id: r for r in result.rows}
         events: list[StepEvent] = []
         for planned in step.oneshots:
@@ -271,6 +281,15 @@ class Scheduler:
                 self.decode.advance(seq, 1)
                 events.append(StepEvent(seq, by_id[seq.seq_id]))
         return events
+
+    def _count(self, step: ScheduledStep) -> None:
+        """Counts a step that ran (scheduled, or planned ahead and started)."""
+        batch, stats = step.batch, self.stats
+        kind = "decode" if isinstance(batch, DecodeBatch) else "oneshot" if isinstance(batch, OneShotBatch) else "mixed"
+        stats.steps[kind] += 1
+        stats.num_oneshot_rows += len(step.oneshots)
+        stats.prefill_tokens += sum(len(r.token_ids) for r in prefill_rows(batch))
+        stats.decode_tokens += len(decode_rows(batch))
 
     def fail_rows(self, step: ScheduledStep, seq_ids: set[int]) -> tuple[ScheduledStep, list[Work]]:
         """Ends the work whose rows failed in `step`, freeing its blocks unpublished (their KV is

@@ -14,7 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
-from prelude.contract.batch import OneShotBatch
+from prelude.contract.batch import DecodeBatch, OneShotBatch
+from prelude.engine.decode_chain import DecodeChain
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.plan import STREAM_GAP_S, ScheduledStep, preemptible, short_tokens_beside
 from prelude.engine.request import Request
@@ -43,6 +44,12 @@ class StepRunner:
 
     async def in_worker(self, fn: Callable[..., T], *args) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def start_chain(self, batch: DecodeBatch) -> DecodeChain:
+        """Starts a step of decodes in the worker, as the first of a DecodeChain."""
+        chain = DecodeChain(asyncio.get_running_loop())
+        self._worker.submit(chain.run, self.executors.execute, batch)
+        return chain
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=True)
@@ -112,3 +119,4 @@ class StepRunner:
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         finally:
             self._long_tokens = 0
+

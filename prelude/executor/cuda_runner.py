@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 
@@ -56,11 +57,15 @@ class CudaModelRunner(ModelRunner):
 
             self._gather = gather_last
 
-    def forward(self, step: HostStep, graph: GraphKind | None) -> tuple[torch.Tensor, StepLayout]:
+    def forward(self, step: HostStep, graph: GraphKind | None,
+                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout]:
         bucket = self._graph_bucket(graph, step)
         if graph is None or bucket is None:
-            return super().forward(step, None)
-        return self._replay(graph, bucket, step)
+            return super().forward(step, None, on_launch)
+        replayed = self._replay(graph, bucket, step)
+        if on_launch is not None:  # the replay is queued: the host waits for it from here
+            on_launch()
+        return replayed
 
     # -- inputs -----------------------------------------------------------------------------
     def _fill(self, step: HostStep, width: int, pad_slot: int) -> int:

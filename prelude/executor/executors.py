@@ -29,7 +29,7 @@ class Executor(Protocol):
     """Runs one batch to completion and returns its results in host memory. Called from a
     single worker thread, never concurrently; the engine's event loop stays free meanwhile."""
 
-    def execute(self, batch: ForwardBatch) -> BatchResult: ...
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult: ...
 
 
 class OneShotExecutor:
@@ -43,11 +43,11 @@ class OneShotExecutor:
     def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
         return self.runner.advance(progress, should_stop)
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
         if _replayable(self.runner, batch.rows):
             return _replay_rows(self.runner, batch.rows)
-        return self.runner.run(batch.rows, ())
+        return self.runner.run(batch.rows, (), on_launch=on_launch)
 
 
 def _fresh(row: PrefillRow) -> bool:
@@ -70,9 +70,9 @@ class DecodeExecutor:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, DecodeBatch)
-        return self.runner.run((), batch.rows, "decode")
+        return self.runner.run((), batch.rows, "decode", on_launch)
 
 
 class MixedExecutor:
@@ -84,13 +84,13 @@ class MixedExecutor:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, MixedBatch)
         prefills, decodes = batch.prefills, batch.decodes
         if _replayable(self.runner, prefills) and (not decodes or self.runner.has_graph("decode", len(decodes))):
             first = _replay_rows(self.runner, prefills)
             return BatchResult(first.rows + (self.runner.run((), decodes, "decode").rows if decodes else []))
-        return self.runner.run(prefills, decodes)
+        return self.runner.run(prefills, decodes, on_launch=on_launch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,5 +113,5 @@ class Executors:
             return self.decode
         return self.mixed
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
-        return self.for_batch(batch).execute(batch)
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
+        return self.for_batch(batch).execute(batch, on_launch)

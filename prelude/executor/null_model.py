@@ -42,7 +42,9 @@ class NullModel(nn.Module):
         """Nothing to prepare (the runner's warm-up asks every model)."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
-                keep: torch.Tensor | None = None) -> torch.Tensor:
+                keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None) -> torch.Tensor:
+        if on_launch is not None:
+            on_launch()
         return torch.zeros(input_ids.shape[0] if keep is None else len(keep), self.hidden_size)
 
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor,

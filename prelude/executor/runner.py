@@ -37,11 +37,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-            graph: GraphKind | None = None) -> BatchResult:
+            graph: GraphKind | None = None, on_launch: Callable[[], None] | None = None) -> BatchResult:
         """One step over these rows; `graph` names the CUDA-graph shape the step has, when the
-        calling executor knows it has one (the runner decides whether a bucket fits)."""
+        calling executor knows it has one (the runner decides whether a bucket fits).
+        `on_launch` is called as the forward's kernels start, which run without the GIL (see
+        engine.step_runner.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
-        hidden, layout = self.forward(step, graph)
+        hidden, layout = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden))
 
     @torch.inference_mode()
@@ -69,13 +71,14 @@ class ModelRunner:
         """Whether a step of this kind and size (decode rows, prefill tokens) replays a CUDA graph."""
         return False
 
-    def forward(self, step: HostStep, graph: GraphKind | None) -> tuple[torch.Tensor, StepLayout]:
+    def forward(self, step: HostStep, graph: GraphKind | None,
+                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout]:
         """Final hidden states of every token of the step that the heads read (NaN at the others),
         and the layout they were computed in."""
         input_ids, positions, layout = self.upload(step)
         self.attention.plan(layout)
         keep = self._kept(step)
-        hidden = self.model(input_ids, positions, self.attention, keep)
+        hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
         return hidden if keep is None else _scattered(hidden, keep, len(step.ids)), layout
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:

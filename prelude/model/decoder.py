@@ -113,13 +113,16 @@ class DecoderLM(nn.Module):
                 module.packed.prepare(module.weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
-                keep: torch.Tensor | None = None):
+                keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch, or
-        only those of the tokens `keep` indexes ([len(keep), hidden])."""
+        only those of the tokens `keep` indexes ([len(keep), hidden]). `on_launch` is called
+        just before the layers run (the caller's cue that the GIL is about to be free)."""
         if self.fused_decode is not None and keep is None:
-            hidden = self.fused_decode.try_forward(input_ids, positions, attention)
+            hidden = self.fused_decode.try_forward(input_ids, positions, attention, on_launch)
             if hidden is not None:
                 return hidden
+        if on_launch is not None:
+            on_launch()
         state = self.begin(input_ids, positions, keep)
         self.run_layers(state, attention)
         return self.finish(state)

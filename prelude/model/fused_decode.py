@@ -49,9 +49,10 @@ class FusedDecode:
                 and c.hidden_size % 8 == 0 and c.intermediate_size % 8 == 0 and c.head_dim % 16 == 0
                 and (c.num_heads * c.head_dim) % 8 == 0 and c.num_heads % c.num_kv_heads == 0)
 
-    def try_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                    attention: AttentionBackend) -> torch.Tensor | None:
-        """Final-norm hidden states of a decode-only step, or None when this step is not one."""
+    def try_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                    on_launch: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """Final-norm hidden states of a decode-only step, or None when this step is not one.
+        `on_launch` is called right before the native call, which runs without the GIL."""
         paged = attention.paged_decode_inputs()
         if paged is None or input_ids.device.type != "cpu":
             return None
@@ -61,6 +62,8 @@ class FusedDecode:
         x = F.embedding(input_ids, self.model.model.embed_tokens.weight).contiguous()
         positions = positions.contiguous()
         rows = x.shape[0]
+        if on_launch is not None:
+            on_launch()
         self.kernel(self._layer_table(paged).data_ptr(), c.num_layers, self.model.model.norm.weight.data_ptr(),
                     c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                     paged.k_cache.shape[2], c.rms_norm_eps, rows, rotary.data_ptr(), positions.data_ptr(),

@@ -1,6 +1,8 @@
 """A deterministic executor without a model, for scheduler and engine tests."""
 from __future__ import annotations
 
+from typing import Callable
+
 from prelude.contract.batch import (
     BatchResult,
     ForwardBatch,
@@ -20,7 +22,7 @@ class CountingExecutor:
         self.vocab = vocab
         self.batches: list[ForwardBatch] = []
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         self.batches.append(batch)
         rows = [self._result(r.seq_id, r.token_ids[-1], r.output) for r in prefill_rows(batch) if r.output]
         rows += [self._result(r.seq_id, r.token_id, r.output) for r in decode_rows(batch)]
@@ -48,9 +50,9 @@ class PoisonedExecutor:
         self.poison = poison
         self.raised = 0
 
-    def execute(self, batch: ForwardBatch) -> BatchResult:
+    def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         if any(self.poison in r.token_ids for r in prefill_rows(batch)) or \
                 any(r.token_id == self.poison for r in decode_rows(batch)):
             self.raised += 1
             raise RuntimeError("injected fault: poisoned row")
-        return self.inner.execute(batch)
+        return self.inner.execute(batch, on_launch)

@@ -23,9 +23,9 @@ class Gate:
         self.executors = executors
         self.open = threading.Event()
 
-    def execute(self, batch):
+    def execute(self, batch, on_launch=None):
         self.open.wait(30)
-        return self.executors.execute(batch)
+        return self.executors.execute(batch, on_launch)
 
 
 def _wait_for(srv: ServerThread, condition, timeout: float = 10) -> None:

@@ -187,11 +187,11 @@ def test_failed_step_fails_only_its_requests(server, client):
     class FailsOnce:
         failed = False
 
-        def execute(self, batch):
+        def execute(self, batch, on_launch=None):
             if not self.failed:
                 self.failed = True
                 raise RuntimeError("injected device failure")
-            return executors.execute(batch)
+            return executors.execute(batch, on_launch)
 
     server.on_loop(lambda: setattr(server.engine, "executors", FailsOnce()))
     try:

@@ -101,9 +101,9 @@ class Stepper:
         self.executors = executors
         self.steps = threading.Semaphore(0)
 
-    def execute(self, batch):
+    def execute(self, batch, on_launch=None):
         assert self.steps.acquire(timeout=30), "the test released no step"
-        return self.executors.execute(batch)
+        return self.executors.execute(batch, on_launch)
 
 
 def _until(srv: ServerThread, condition) -> None:

@@ -1,0 +1,87 @@
+"""Steps of decodes run back to back in the engine's worker thread, each planned while the one
+before it runs (see DecodeChain)."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from dataclasses import replace
+from typing import Callable, Union
+
+from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch
+from prelude.engine.isolation import StepOutcome, execute_isolating
+
+ChainItem = Union[tuple[StepOutcome, float, bool], BaseException]
+
+
+class DecodeChain:
+    """Steps of decodes run back to back in the worker (overlap scheduling, as SGLang's): while
+    step N runs, the loop plans step N+1 and hands it over (`follow`); the worker starts it the
+    moment N ends, with the tokens N sampled. N's outcome goes to the loop as N+1's forward is
+    launched, so the loop folds it back (outputs, streams) while the forward's kernels run
+    without the GIL. Posted as soon as N ended, the folding ran beside N+1's Python instead, and
+    the two threads' turns at the GIL made N+1 as much longer as the hand-offs saved: on the demo
+    model at c=4, 0.5 ms less between steps and 0.5 ms more per step.
+
+    The loop hands over exactly one decision (a step, or None to end the chain) per step it
+    gave, before it awaits that step's outcome, so the worker waits for the loop only when the
+    loop is slower than a step."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._decisions: queue.SimpleQueue[DecodeBatch | None] = queue.SimpleQueue()
+        self._outcomes: asyncio.Queue[ChainItem] = asyncio.Queue()
+        self._held: list[ChainItem] = []  # the outcome of the step before the one running
+
+    def follow(self, batch: DecodeBatch | None) -> None:
+        """The step to run after the one given last (its rows' input tokens still to be filled
+        in), or None: the chain ends there."""
+        self._decisions.put(batch)
+
+    async def outcome(self) -> tuple[StepOutcome, float, bool]:
+        """The next step's outcome, its seconds in the worker, and whether its follower runs."""
+        item = await self._outcomes.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def run(self, execute: Callable[..., BatchResult], batch: DecodeBatch | None) -> None:
+        """In the worker: the steps, until a decision ends the chain. A step that raised ends it
+        too (its rows' tokens are missing or suspect)."""
+        def launched(b: ForwardBatch) -> BatchResult:
+            return execute(b, self._post_held)
+
+        try:
+            while batch is not None:
+                started = time.perf_counter()
+                outcome = execute_isolating(launched, batch)
+                self._post_held()  # the step failed before its launch
+                seconds = time.perf_counter() - started
+                follow = self._decisions.get()
+                batch = None if follow is None or outcome.first_error else with_sampled_tokens(follow, outcome.result)
+                self._held.append((outcome, seconds, batch is not None))
+                if batch is None:
+                    self._post_held()
+        except BaseException as exc:  # noqa: BLE001 (the loop re-raises it: an engine bug)
+            self._post_held()
+            self._post(exc)
+
+    def _post_held(self) -> None:
+        while self._held:
+            self._post(self._held.pop())
+
+    def _post(self, item: ChainItem) -> None:
+        self._loop.call_soon_threadsafe(self._outcomes.put_nowait, item)
+
+
+def with_sampled_tokens(batch: DecodeBatch, result: BatchResult) -> DecodeBatch | None:
+    """A step planned ahead, its rows' input tokens (and penalty histories) completed with what
+    the step before sampled; None if a row has no token there."""
+    tokens = {row.seq_id: row.token.token_id for row in result.rows if row.token is not None}
+    rows = []
+    for row in batch.rows:
+        token = tokens.get(row.seq_id)
+        if token is None:
+            return None
+        rows.append(replace(row, token_id=token, history=(*row.history, token) if row.history else ()))
+    return DecodeBatch(rows)
