@@ -8,10 +8,16 @@ import socket
 import time
 
 
-def _send_and_drop(server, head_and_body: bytes, wait: float) -> None:
+def _send_and_drop(server, head_and_body: bytes, wait: float, generating: bool = False) -> None:
+    """Sends, lets the server start on it (`wait` seconds; `generating`: until then, its
+    generation runs), then vanishes."""
     with socket.create_connection(("127.0.0.1", server.config.port)) as sock:
         sock.sendall(head_and_body)
-        time.sleep(wait)  # let the server start on it, then vanish
+        time.sleep(wait)
+        deadline = time.monotonic() + 10
+        while generating and not server.on_loop(lambda: server.engine.scheduler.num_running):
+            assert time.monotonic() < deadline, "the generation never started"
+            time.sleep(0.005)
 
 
 def _request(path: str, body: bytes, declared_length: int | None = None) -> bytes:
@@ -21,15 +27,16 @@ def _request(path: str, body: bytes, declared_length: int | None = None) -> byte
 
 
 def test_disconnects_are_logged_quietly(server, caplog):
-    long_generation = json.dumps({"prompt": "tell me a story", "max_tokens": 400, "ignore_eos": True}).encode()
+    # The fixture's longest: 500 tokens take the demo model at least 0.25 s.
+    long_generation = json.dumps({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True}).encode()
     with caplog.at_level(logging.INFO):
         # Mid-body: the declared length never arrives.
         _send_and_drop(server, _request("/v1/completions", b'{"prompt": "hel', declared_length=500), 0.2)
         # Mid-generation, plain and streamed.
-        _send_and_drop(server, _request("/v1/completions", long_generation), 0.3)
-        streamed = json.dumps({"prompt": "tell me a story", "max_tokens": 400, "ignore_eos": True,
+        _send_and_drop(server, _request("/v1/completions", long_generation), 0, generating=True)
+        streamed = json.dumps({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True,
                                "stream": True}).encode()
-        _send_and_drop(server, _request("/v1/completions", streamed), 0.3)
+        _send_and_drop(server, _request("/v1/completions", streamed), 0, generating=True)
         server.wait_idle()
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert not noisy, [r.getMessage() for r in noisy]
