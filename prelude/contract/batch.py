@@ -58,7 +58,7 @@ class PrefillRow:
 
 
 # DecodeRow.token_id of a row planned while the step that samples its input token still runs
-# (engine.step_runner.DecodeChain): the worker puts that token in before the row runs.
+# (engine.decode_chain.DecodeChain): the worker puts that token in before the row runs.
 SAMPLED_BY_PREVIOUS_STEP = -1
 
 

@@ -232,7 +232,9 @@ class Engine:
         try:
             while True:
                 ahead = self.scheduler.plan_ahead(step)
-                chain.follow(None if ahead is None else ahead.batch)  # type: ignore[arg-type]
+                follow = None if ahead is None else ahead.batch
+                assert follow is None or isinstance(follow, DecodeBatch)
+                chain.follow(follow)
                 outcome, seconds, continued = await chain.outcome()
                 self._fold(step, outcome, seconds)
                 if ahead is None or not continued:

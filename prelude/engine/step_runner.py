@@ -119,4 +119,3 @@ class StepRunner:
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         finally:
             self._long_tokens = 0
-

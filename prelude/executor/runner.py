@@ -41,7 +41,7 @@ class ModelRunner:
         """One step over these rows; `graph` names the CUDA-graph shape the step has, when the
         calling executor knows it has one (the runner decides whether a bucket fits).
         `on_launch` is called as the forward's kernels start, which run without the GIL (see
-        engine.step_runner.DecodeChain)."""
+        engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
         hidden, layout = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden))
