@@ -4,7 +4,8 @@ scheduling and output processing run on the loop between steps.
 
 Its API is narrow: `submit` (returns the request's output stream), `refuse_unseen` (whether any
 request would be refused now), `abort`, `snapshot` (counters for /metrics) and `healthy`; nothing
-above it touches the scheduler, pool or executors."""
+above it touches the scheduler, pool or executors. The requests it serves, from admission to
+their end, are kept in `InFlight` (in_flight.py); the step thread in `StepRunner`."""
 from __future__ import annotations
 
 import asyncio
@@ -14,23 +15,15 @@ from typing import Callable
 
 from prelude.cache.kv_events import KVEventBatch, KVEventSink
 from prelude.contract.batch import DecodeBatch, MixedBatch, decode_rows, prefill_rows
+from prelude.engine.in_flight import InFlight
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.step_runner import StepRunner
-from prelude.engine.output import (
-    DeadlineExceeded,
-    EngineError,
-    FinishReason,
-    Overloaded,
-    RequestOutput,
-    RequestStream,
-    ShutDown,
-)
-from prelude.engine.plan import ScheduledStep, StepEvent
+from prelude.engine.output import DeadlineExceeded, EngineError, FinishReason, Overloaded, RequestStream, ShutDown
+from prelude.engine.plan import ScheduledStep
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
 from prelude.engine.snapshot import EngineSnapshot, take_snapshot
 from prelude.engine.stats import EngineStats
-from prelude.engine.tracking import Tracked, advance
+from prelude.engine.step_runner import StepRunner
 from prelude.executor.executors import Executors
 from prelude.tokenizer import Tokenizer
 
@@ -43,12 +36,8 @@ class Engine:
                  kv_events: KVEventSink | None = None, on_ready: Callable[[], None] | None = None):
         self.scheduler = scheduler
         self.steps = StepRunner(executors, scheduler)
-        self.tokenizer = tokenizer
-        self.eos_token_ids = frozenset(eos_token_ids)
         self.stats = EngineStats()
-        # By seq_id, not request_id: a client's X-Request-Id names its request, and a retry sent
-        # while the first attempt still runs reuses it (vLLM keeps the name, not as the key).
-        self._tracked: dict[int, Tracked] = {}
+        self.requests = InFlight(scheduler, tokenizer, eos_token_ids, self.stats)
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._in_flight = 0  # steps running (a short one may run while a long one is parked)
@@ -73,10 +62,10 @@ class Engine:
     @property
     def idle(self) -> bool:
         """No request admitted and unfinished, and no step in flight."""
-        return not self._tracked and not self._in_flight
+        return not self.requests and not self._in_flight
 
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions, len(self._tracked))
+        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions, len(self.requests))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,8 +104,7 @@ class Engine:
 
     def end_all(self) -> None:
         """Ends every request in flight with an error (shutdown): their clients get it now."""
-        for tracked in list(self._tracked.values()):
-            self._finish(tracked, FinishReason.ERROR, ShutDown("the server shut down before this request finished"))
+        self.requests.end_all(ShutDown("the server shut down before this request finished"))
 
     async def wait_idle(self, timeout: float) -> bool:
         """Waits until no request is in flight, at most `timeout` seconds; whether it got there."""
@@ -139,10 +127,7 @@ class Engine:
             raise self._refuse()
         streams = []
         for request in requests:
-            tracked = Tracked.admit(self.scheduler.add(request), self.tokenizer)
-            self._tracked[tracked.work.seq_id] = tracked
-            self.stats.on_arrival()
-            streams.append(tracked.stream)
+            streams.append(self.requests.admit(self.scheduler.add(request)))
         self.steps.note_arrivals(requests)
         self._wakeup.set()
         return streams
@@ -181,9 +166,7 @@ class Engine:
     def abort(self, stream: RequestStream) -> None:
         """Cancels the request behind the stream (client went away); frees its blocks. No-op once
         it finished."""
-        tracked = self._tracked.get(stream.key)
-        if tracked is not None:
-            self._finish(tracked, FinishReason.ABORT)
+        self.requests.finish(stream.key, FinishReason.ABORT)
 
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -196,8 +179,8 @@ class Engine:
         self._ready = True
         while True:
             for work in self.scheduler.late(time.monotonic()):
-                self._finish(self._tracked[work.seq_id], FinishReason.ERROR,
-                             DeadlineExceeded("the request can no longer meet its deadline"))
+                self.requests.finish(work.seq_id, FinishReason.ERROR,
+                                     DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
             if step is None:
                 self._wakeup.clear()
@@ -253,7 +236,7 @@ class Engine:
         if outcome.first_error is not None:
             step = self._fail_rows(step, outcome)
         beside_decodes = isinstance(step.batch, MixedBatch) and bool(step.batch.decodes)
-        self._process(self.scheduler.update(step, outcome.result), beside_decodes)
+        self.requests.deliver(self.scheduler.update(step, outcome.result), beside_decodes)
         self.flush_kv_events()
 
     def flush_kv_events(self) -> None:
@@ -284,9 +267,7 @@ class Engine:
         if task.cancelled() or task.exception() is None:
             return
         logger.error("engine loop died", exc_info=task.exception())
-        for tracked in list(self._tracked.values()):
-            self._tracked.pop(tracked.work.seq_id, None)
-            tracked.stream.put(EngineError(f"engine failed: {task.exception()!r}"))
+        self.requests.fail_all(EngineError(f"engine failed: {task.exception()!r}"))
 
     def _fail_rows(self, step: ScheduledStep, outcome: StepOutcome) -> ScheduledStep:
         """A step raised: fail only the requests whose rows raise alone; the rest go on."""
@@ -297,47 +278,7 @@ class Engine:
                      ", ".join(w.request.request_id for w in failed) or "none (the retries passed)",
                      exc_info=outcome.first_error)
         for work in failed:
-            tracked = self._tracked.get(work.seq_id)
-            if tracked is not None:
-                error = outcome.failures[work.seq_id]
-                self._finish(tracked, FinishReason.ERROR,
-                             EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
+            error = outcome.failures[work.seq_id]
+            self.requests.finish(work.seq_id, FinishReason.ERROR,
+                                 EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
         return step
-
-    def _process(self, events: list[StepEvent], beside_decodes: bool = False) -> None:
-        """`beside_decodes`: the step ran prompts beside other requests' decodes (a Mixed step)."""
-        now = time.monotonic()
-        for work, result in events:
-            tracked = self._tracked.get(work.seq_id)
-            if tracked is None:  # ended while its step ran
-                continue
-            if tracked.first_token_time is None:
-                tracked.first_token_time = now
-                tracked.mixed = beside_decodes
-                self.stats.on_first_token(work, now)
-            elif result.token is not None and tracked.last_token_time is not None:
-                self.stats.inter_token.observe(now - tracked.last_token_time)
-            if result.token is not None:
-                tracked.last_token_time = now
-            out, reason = advance(tracked, result, self.eos_token_ids)
-            if reason is not None:
-                out.metrics = tracked.metrics(now)
-            if out.token_ids or out.text or reason is not None:
-                tracked.stream.put(out)
-            if reason is not None:
-                self._finish(tracked, reason, now=now, num_output_tokens=out.num_output_tokens)
-
-    def _finish(self, tracked: Tracked, reason: FinishReason, error: EngineError | None = None,
-                now: float | None = None, num_output_tokens: int = 0) -> None:
-        """Ends a request, whatever ended it: frees what it holds, counts it, and closes its
-        stream (the last output of a normal end was already put on it)."""
-        work = tracked.work
-        if self._tracked.pop(work.seq_id, None) is None:
-            return
-        self.scheduler.release(work)
-        now = time.monotonic() if now is None else now
-        self.stats.on_finish(work, num_output_tokens, reason, now, tracked.first_token_time)
-        if error is not None:
-            tracked.stream.put(error)
-        elif reason is FinishReason.ABORT:
-            tracked.stream.put(RequestOutput(work.request.request_id, finished=True, finish_reason=reason))

@@ -1,7 +1,7 @@
 """Engine-side state of one admitted request, and how a row result advances it: the new tokens
 and text it yields, and whether the request is done. This is the one place a request's normal
 end (stop token, EOS, stop string, length, OneShot result) is decided; aborts and errors come
-from outside the step and end requests through the same Engine._finish."""
+from outside the step and end requests through the same InFlight.finish."""
 from __future__ import annotations
 
 from dataclasses import dataclass
