@@ -220,14 +220,14 @@ class Scheduler:
             return self.schedule()
         if not rows and not decodes:
             return None
-        decode_rows = [self.decode.decode_row(s) for s in decodes]
+        decoding_rows = [self.decode.decode_row(s) for s in decodes]
         batch: ForwardBatch
         if not rows:
-            batch = DecodeBatch(decode_rows)
-        elif not decode_rows and not prefills:
+            batch = DecodeBatch(decoding_rows)
+        elif not decoding_rows and not prefills:
             batch = OneShotBatch(rows)
         else:
-            batch = MixedBatch(rows, decode_rows)
+            batch = MixedBatch(rows, decoding_rows)
         return ScheduledStep(batch, oneshots, prefills, decodes)
 
     def plan_ahead(self, in_flight: ScheduledStep) -> ScheduledStep | None:
