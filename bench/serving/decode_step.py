@@ -2,7 +2,7 @@
 (ModelRunner.run: flattening, attention plan, forward, LM head, sampling at T=1) for a few rows
 at a given context: the model's ops in torch (`kernels/reference.py`), the native kernels
 (`kernels/cpu/ops.py`) layer by layer, and the whole step's layers in one native call
-(`prelude/model/fused_decode.py`, what the server runs). Alternates them so a shared machine's
+(`prelude/model/fused_step.py`, what the server runs). Alternates them so a shared machine's
 disturbances fall on all; reports the best and the median of the rounds."""
 from __future__ import annotations
 
@@ -35,22 +35,22 @@ BLOCK = 16
 OPS = ("torch", "native ops", "fused step")
 
 
-def cpu_runner(path: str, max_positions: int, blocks: int, ops=None, fused_decode: bool = True) -> ModelRunner:
+def cpu_runner(path: str, max_positions: int, blocks: int, ops=None, fused_step: bool = True) -> ModelRunner:
     """A float32 CPU runner of the checkpoint (the server's ops unless `ops`; without the one-call
-    decode step unless `fused_decode`) over a KV cache of `blocks` blocks, as the in-process step
+    step unless `fused_step`) over a KV cache of `blocks` blocks, as the in-process step
     benchmarks (this one, suffix_step) time it."""
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=max_positions,
                        ops=ops or select_ops(torch.device("cpu")))
-    if not fused_decode:
-        model.fused_decode = None
+    if not fused_step:
+        model.fused_step = None
     shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
     return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
 
 
 def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:
     return cpu_runner(path, context + 2, rows * -(-(context + 1) // BLOCK),
-                      TORCH_OPS if ops_name == "torch" else None, fused_decode=ops_name != "native ops")
+                      TORCH_OPS if ops_name == "torch" else None, fused_step=ops_name != "native ops")
 
 
 def mean_ms(step: Callable[[], object], steps: int) -> float:

@@ -143,41 +143,51 @@ def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int thread
         team_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr, threads)
 
 
-cdef extern from "decode_layers.hpp" namespace "prelude_cpu" nogil:
-    cdef struct DecodeLayerWeights:
+cdef extern from "step_layers.hpp" namespace "prelude_cpu" nogil:
+    cdef struct LayerWeights:
         pass
-    cdef struct DecodeShape:
+    cdef struct ModelShape:
         long hidden, heads, kv_heads, dim, intermediate, block_size
         float eps
-    cdef struct DecodeRows:
-        long rows
+    cdef struct StepRows:
+        long rows, tokens, decode_from
+        const long* query_starts
+        const long* context_lens
+        const long* block_tables
+        long table_width
         const float* rope
         const long* positions
         const long* slots
-        const long* block_tables
-        long table_width
-        const long* context_lens
-    void decode_layers(const DecodeShape& m, const DecodeLayerWeights* layers, long num_layers,
-                       const float* final_norm, const DecodeRows& r, float* x, int threads)
+        const long* keep
+        long kept
+    void step_layers(const ModelShape& m, const LayerWeights* layers, long num_layers, const float* final_norm,
+                     const StepRows& r, float* x, int threads)
 
 
-def decode_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long hidden, long heads, long kv_heads,
-                long dim, long intermediate, long block_size, float eps, long rows, size_t rope_ptr,
-                size_t positions_ptr, size_t slots_ptr, size_t tables_ptr, long table_width, size_t lens_ptr,
-                size_t x_ptr, int threads) -> None:
-    """Runs every decoder layer and the final norm over x [rows, hidden] (the embeddings of one
-    new token per row) in place; writes each row's K/V at its slot. `layers_ptr`: num_layers rows
-    of eleven pointers (kernels/cpu/decode_layers.hpp, DecodeLayerWeights); the other arrays as
-    in paged_decode, int64 and fp32, contiguous."""
-    cdef DecodeShape m
+def forward_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long hidden, long heads, long kv_heads,
+                 long dim, long intermediate, long block_size, float eps, long rows, long tokens, long decode_from,
+                 size_t starts_ptr, size_t lens_ptr, size_t tables_ptr, long table_width, size_t rope_ptr,
+                 size_t positions_ptr, size_t slots_ptr, size_t keep_ptr, long kept, size_t x_ptr,
+                 int threads) -> None:
+    """Runs every decoder layer and the final norm over x [tokens, hidden] (the step's
+    embeddings) in place, and writes the stored tokens' K/V at their slots. Rows: query starts
+    [rows + 1], cached lengths [rows], block tables [rows, table_width]; rows from decode_from on
+    hold one stored token each. Per token: positions and slots (-1: not stored). keep: `kept`
+    increasing token indices whose states are wanted (0: all), written to x's first rows.
+    `layers_ptr`: num_layers rows of eleven pointers (kernels/cpu/step_layers.hpp, LayerWeights).
+    int64 and fp32, contiguous."""
+    cdef ModelShape m
     m.hidden, m.heads, m.kv_heads, m.dim = hidden, heads, kv_heads, dim
     m.intermediate, m.block_size, m.eps = intermediate, block_size, eps
-    cdef DecodeRows r
-    r.rows, r.rope, r.positions, r.slots = rows, <const float*>rope_ptr, <const long*>positions_ptr, <const long*>slots_ptr
-    r.block_tables, r.table_width, r.context_lens = <const long*>tables_ptr, table_width, <const long*>lens_ptr
+    cdef StepRows r
+    r.rows, r.tokens, r.decode_from = rows, tokens, decode_from
+    r.query_starts, r.context_lens = <const long*>starts_ptr, <const long*>lens_ptr
+    r.block_tables, r.table_width, r.rope = <const long*>tables_ptr, table_width, <const float*>rope_ptr
+    r.positions, r.slots = <const long*>positions_ptr, <const long*>slots_ptr
+    r.keep, r.kept = <const long*>keep_ptr, kept
     with nogil:
-        decode_layers(m, <const DecodeLayerWeights*>layers_ptr, num_layers, <const float*>final_norm_ptr, r,
-                      <float*>x_ptr, threads)
+        step_layers(m, <const LayerWeights*>layers_ptr, num_layers, <const float*>final_norm_ptr, r, <float*>x_ptr,
+                    threads)
 
 
 cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:

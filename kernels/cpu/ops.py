@@ -15,8 +15,8 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
-# Every decoder layer of a decode step in one call (prelude/model/fused_decode.py wraps it).
-decode_step = _native.decode_step if _native is not None else None
+# Every decoder layer of a step in one call (prelude/model/fused_step.py wraps it).
+forward_step = _native.forward_step if _native is not None else None
 
 
 # Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's
@@ -27,6 +27,11 @@ decode_step = _native.decode_step if _native is not None else None
 # 42 against 42), and so are rows of up to 1,024 tokens (34 against 39 ms). Heads of 32 and 64
 # are faster at every length.
 WIDE_HEAD, WIDE_HEAD_MAX_KEYS, WIDE_HEAD_MAX_QUERIES = 128, 1024, 512
+
+
+def prefill_wins(queries: int, keys: int, dim: int) -> bool:
+    """Whether the native kernel attends these queries faster than torch's flash kernel."""
+    return not (dim >= WIDE_HEAD and keys > WIDE_HEAD_MAX_KEYS and queries > WIDE_HEAD_MAX_QUERIES)
 
 
 class CachedContext(NamedTuple):
@@ -62,8 +67,7 @@ def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     fresh, kv_heads = k.shape[0], k.shape[1]
     past = 0 if context is None else context.length
     if (not all(_native_fp32(x) and x.stride(1) == dim for x in (q, k, v)) or dim % 8 or heads % kv_heads
-            or v.shape != k.shape or fresh < n or n < 1
-            or (dim >= WIDE_HEAD and past + fresh > WIDE_HEAD_MAX_KEYS and n > WIDE_HEAD_MAX_QUERIES)):
+            or v.shape != k.shape or fresh < n or n < 1 or not prefill_wins(n, past + fresh, dim)):
         return None
     k_cache = v_cache = blocks = k  # no context: the kernel reads none of them
     block_size = block_stride = token_stride = 1

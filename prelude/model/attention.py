@@ -44,16 +44,20 @@ class StepLayout:
 
 
 @dataclass(frozen=True, slots=True)
-class PagedDecodeInputs:
-    """A planned step of decode rows only (one new token each, stored), as a model that runs all
-    its layers natively reads it (prelude.model.fused_decode): the whole paged cache and, per
-    row, where the new token goes and which blocks hold its keys. int64, on the CPU."""
+class PagedStepInputs:
+    """A planned step as a model that runs all its layers natively reads it
+    (prelude.model.fused_step): the whole paged cache, each row's place in the step and its
+    blocks, each token's cache slot. Rows before `decode_from` are prompt rows, attended from
+    the keys they compute over their cached context; the rest are decode rows (one stored token
+    each), attended from the cache. int64, on the CPU."""
 
     k_cache: torch.Tensor  # [layers, blocks, block_size, kv_heads, head_dim]
     v_cache: torch.Tensor
-    slots: torch.Tensor  # [rows]
-    block_tables: torch.Tensor  # [rows, width]
-    context_lens: torch.Tensor  # [rows]: keys each row attends to, its new token included
+    query_starts: torch.Tensor  # [rows + 1]
+    context_lens: torch.Tensor  # [rows]: tokens cached before the row's new ones
+    block_tables: torch.Tensor  # [rows, width]: the blocks of the context and of the stored new tokens
+    slots: torch.Tensor  # [tokens]: where each new token's K/V goes, -1 where it is not stored
+    decode_from: int
 
 
 def own_token_mask(n: int, items: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -101,9 +105,9 @@ class AttentionBackend(ABC):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
 
-    def paged_decode_inputs(self) -> PagedDecodeInputs | None:
-        """The planned step's paged inputs when it holds decode rows only and the backend keeps
-        its cache where a native decode step can read it; None otherwise (the default)."""
+    def paged_step_inputs(self) -> PagedStepInputs | None:
+        """The planned step's paged layout when the backend keeps its cache where a native step
+        can read it and the step is one such a step computes; None otherwise (the default)."""
         return None
 
     def head_chunks(self) -> int:

@@ -18,7 +18,7 @@ from prelude.model.layers import (
     RotaryEmbedding,
     UsesOps,
 )
-from prelude.model.fused_decode import FusedDecode
+from prelude.model.fused_step import FusedStep
 from prelude.model.ops import Ops
 from prelude.model.segments import LayerProgress, run_segment, worth_segmenting
 from prelude.model.skinny_linear import linear
@@ -95,16 +95,16 @@ class DecoderLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
             self.score = Linear(config.hidden_size, config.num_labels, bias=False)
-        self.fused_decode: FusedDecode | None = None
+        self.fused_step: FusedStep | None = None
 
     def set_ops(self, ops: Ops) -> None:
         """Routes every norm, rotation and activation through `ops` (torch, Triton or native),
-        and decode steps through the ops' fused decode step where it has one and fits."""
+        and whole steps through the ops' native step where it has one and fits."""
         for module in self.modules():
             if isinstance(module, UsesOps):
                 module.ops = ops
-        kernel = ops.decode_step
-        self.fused_decode = FusedDecode(self, kernel) if kernel is not None and FusedDecode.fits(self) else None
+        kernel = ops.forward_step
+        self.fused_step = FusedStep(self, kernel) if kernel is not None and FusedStep.fits(self) else None
 
     def prepare_weights(self) -> None:
         """Makes every linear layer's oneDNN weight copy now rather than on the first prompt."""
@@ -117,8 +117,8 @@ class DecoderLM(nn.Module):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch, or
         only those of the tokens `keep` indexes ([len(keep), hidden]). `on_launch` is called
         just before the layers run (the caller's cue that the GIL is about to be free)."""
-        if self.fused_decode is not None and keep is None:
-            hidden = self.fused_decode.try_forward(input_ids, positions, attention, on_launch)
+        if self.fused_step is not None:
+            hidden = self.fused_step.try_forward(input_ids, positions, attention, keep, on_launch)
             if hidden is not None:
                 return hidden
         if on_launch is not None:

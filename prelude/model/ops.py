@@ -24,8 +24,8 @@ class Ops:
     rms_norm: Callable[..., object]
     rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
-    # Every layer of a decode step in one call (prelude.model.fused_decode), where one exists.
-    decode_step: Callable[..., None] | None = None
+    # Every layer of a step in one call (prelude.model.fused_step), where one exists.
+    forward_step: Callable[..., None] | None = None
 
 
 TORCH_OPS = Ops("torch", rms_norm, rotate, silu_and_mul)
@@ -36,7 +36,7 @@ def cpu_native_ops() -> Ops:
     inputs it does not take."""
     from kernels.cpu import ops as cpu
 
-    return Ops("cpu-native", cpu.rms_norm, cpu.rotate, cpu.silu_and_mul, cpu.decode_step)
+    return Ops("cpu-native", cpu.rms_norm, cpu.rotate, cpu.silu_and_mul, cpu.forward_step)
 
 
 def triton_ops() -> Ops:

@@ -6,10 +6,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.ops import CachedContext
+from kernels.cpu.ops import CachedContext, prefill_wins
 from prelude.executor.kv_cache import KVCache
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
-from prelude.model.attention import AttentionBackend, PagedDecodeInputs, QKNorm, StepLayout
+from prelude.model.attention import AttentionBackend, PagedStepInputs, QKNorm, StepLayout
 from prelude.model.segments import query_chunks
 
 paged_decode: Callable[..., None] | None
@@ -66,14 +66,27 @@ class TorchAttention(AttentionBackend):
             self.batched_rows = torch.tensor([layout.query_starts[r] for r in batched], device=device)
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
             self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
-        self.slot_mapping = layout.slot_mapping
+        self.layout = layout
 
-    def paged_decode_inputs(self) -> PagedDecodeInputs | None:
-        cache = self.kv_cache
-        decode_only = self.batched_rows is not None and not self.prefills and self.stored_tokens is None
-        if not decode_only or not self._native_decode_cache(cache.k):
+    def paged_step_inputs(self) -> PagedStepInputs | None:
+        layout, cache = self.layout, self.kv_cache
+        if (layout.item_lengths is not None and any(layout.item_lengths)) or not self._native_decode_cache(cache.k):
             return None
-        return PagedDecodeInputs(cache.k, cache.v, self.slot_mapping, self.batched_tables, self.batched_lengths)
+        rows, block_size, dim = layout.num_rows, cache.block_size, cache.shape.head_dim
+        decode_from = rows  # the trailing rows of one stored token each
+        while decode_from and layout.query_len(decode_from - 1) == 1 and layout.store_kv[decode_from - 1]:
+            decode_from -= 1
+        tables = []
+        for row in range(rows):
+            n, ctx = layout.query_len(row), layout.context_lens[row]
+            if row < decode_from and not prefill_wins(n, ctx + n, dim):
+                return None
+            tables.append(layout.block_tables[row][:-(-(ctx + n) // block_size)])
+        width = max(1, max(map(len, tables), default=1))
+        flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
+        return PagedStepInputs(cache.k, cache.v, torch.tensor(layout.query_starts), torch.tensor(layout.context_lens),
+                               torch.tensor(flat, dtype=torch.long).view(rows, width),
+                               layout.slot_mapping.contiguous(), decode_from)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,

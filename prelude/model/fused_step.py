@@ -1,12 +1,14 @@
-"""A decode step's decoder layers in one native call on the CPU (kernels/cpu/decode_layers.hpp).
+"""A step's decoder layers in one native call on the CPU (kernels/cpu/step_layers.hpp).
 
-A decode step of a small model on the CPU is mostly overhead: per layer a dozen torch dispatches,
-tensor allocations and GIL hand-offs, each costing more than the few rows of arithmetic behind
-it (the demo model's 4-row step spent two thirds of its time holding the GIL). This runs the
-same kernels the per-op path calls, for every layer and the final norm, in one call without the
-GIL. It takes only what it was written for: fp32 on the CPU, a step of decode rows only whose
-backend exposes its paged cache (AttentionBackend.paged_decode_inputs), and sizes the vector
-kernels take; every other step runs layer by layer."""
+Run op by op, a step of a small model on the CPU is mostly overhead: per layer a dozen torch
+dispatches, tensor allocations and GIL hand-offs. A decode step's few rows cost less arithmetic
+than that (the demo model's 4-row step spent two thirds of its time holding the GIL). A prompt
+step gives the GIL up at every op, and in the server the event loop takes it in between: the
+same one-row Mixed step took 12-18 ms while streaming tokens at c=4, against 6.1-6.8 ms alone.
+This runs the same kernels the per-op path calls, for every layer and the final norm, in one
+call without the GIL. It takes only what it was written for: fp32 on the CPU, a step whose
+backend exposes its paged cache and row layout (AttentionBackend.paged_step_inputs), and sizes
+the vector kernels take; every other step runs layer by layer."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, cast
@@ -14,31 +16,32 @@ from typing import TYPE_CHECKING, Callable, cast
 import torch
 import torch.nn.functional as F
 
-from prelude.model.attention import AttentionBackend, PagedDecodeInputs
+from prelude.model.attention import AttentionBackend, PagedStepInputs
 
 if TYPE_CHECKING:
     from prelude.model.decoder import DecoderLM, DecoderLayer
 
-DecodeKernel = Callable[..., None]  # kernels/cpu/_native.pyi: decode_step
+StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
 
-# DecodeLayerWeights' eleven pointers, in their order.
+# LayerWeights' eleven pointers, in their order.
 _WEIGHT_FIELDS = 11
 # A model whose layers hold fewer weights than this decodes on one thread: a second one buys
 # little on so few weights and takes the core the event loop streams tokens from. On the demo
 # model (786K per layer) one thread gave 4-12% lower TPOT and CPU per request in the server than
 # two (two side-by-side runs); the 103M Qwen3 (3.1M per layer) needs both for its bandwidth.
+# Steps with prompt rows are compute-bound and always use every thread.
 _ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 
 
-class FusedDecode:
-    """Binds a loaded model's parameters to the native decode kernel."""
+class FusedStep:
+    """Binds a loaded model's parameters to the native step kernel."""
 
-    def __init__(self, model: DecoderLM, kernel: DecodeKernel):
+    def __init__(self, model: DecoderLM, kernel: StepKernel):
         self.model = model
         self.kernel = kernel
         self._pointers: tuple[int, int, torch.Tensor] | None = None  # (k ptr, v ptr, table)
         layer_weights = sum(p.numel() for p in model.model.layers[0].parameters()) if len(model.model.layers) else 0
-        self.single_threaded = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
+        self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
 
     @staticmethod
     def fits(model: DecoderLM) -> bool:
@@ -50,10 +53,12 @@ class FusedDecode:
                 and (c.num_heads * c.head_dim) % 8 == 0 and c.num_heads % c.num_kv_heads == 0)
 
     def try_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                    keep: torch.Tensor | None = None,
                     on_launch: Callable[[], None] | None = None) -> torch.Tensor | None:
-        """Final-norm hidden states of a decode-only step, or None when this step is not one.
+        """Final-norm hidden states of the step's tokens (only of those `keep` indexes, when
+        given: increasing), or None when the backend cannot lay this step out for the kernel.
         `on_launch` is called right before the native call, which runs without the GIL."""
-        paged = attention.paged_decode_inputs()
+        paged = attention.paged_step_inputs()
         if paged is None or input_ids.device.type != "cpu":
             return None
         c = self.model.config
@@ -61,17 +66,23 @@ class FusedDecode:
         assert rotary is not None, "the rotary table is built with the model"
         x = F.embedding(input_ids, self.model.model.embed_tokens.weight).contiguous()
         positions = positions.contiguous()
-        rows = x.shape[0]
+        if keep is not None:
+            keep = keep.contiguous()
+        rows = len(paged.context_lens)
+        decode_only = paged.decode_from == 0
+        threads = 1 if decode_only and self.single_threaded_decode else torch.get_num_threads()
         if on_launch is not None:
             on_launch()
         self.kernel(self._layer_table(paged).data_ptr(), c.num_layers, self.model.model.norm.weight.data_ptr(),
                     c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                    paged.k_cache.shape[2], c.rms_norm_eps, rows, rotary.data_ptr(), positions.data_ptr(),
-                    paged.slots.data_ptr(), paged.block_tables.data_ptr(), paged.block_tables.shape[1],
-                    paged.context_lens.data_ptr(), x.data_ptr(), 1 if self.single_threaded else torch.get_num_threads())
-        return x
+                    paged.k_cache.shape[2], c.rms_norm_eps, rows, x.shape[0], paged.decode_from,
+                    paged.query_starts.data_ptr(), paged.context_lens.data_ptr(), paged.block_tables.data_ptr(),
+                    paged.block_tables.shape[1], rotary.data_ptr(), positions.data_ptr(), paged.slots.data_ptr(),
+                    0 if keep is None else keep.data_ptr(), 0 if keep is None else len(keep), x.data_ptr(),
+                    threads)
+        return x if keep is None else x[:len(keep)]
 
-    def _layer_table(self, paged: PagedDecodeInputs) -> torch.Tensor:
+    def _layer_table(self, paged: PagedStepInputs) -> torch.Tensor:
         """[layers, 11] int64 pointers, built once per KV cache (the parameters never move)."""
         k, v = paged.k_cache.data_ptr(), paged.v_cache.data_ptr()
         if self._pointers is not None and self._pointers[:2] == (k, v):

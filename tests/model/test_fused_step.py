@@ -1,0 +1,111 @@
+"""A step run as one native call (prelude/model/fused_step.py) equals the same step run layer by
+layer: the same hidden states and K/V written to the cache, within fp32 rounding (prompt rows
+multiply on other GEMM kernels). For q/k norms (Qwen3),
+q/k/v bias (Qwen2) and plain Llama, GQA, on one thread and on the thread team: fresh prompts,
+prompt chunks over a cached context in scattered blocks, prompt rows beside decode rows (a Mixed
+step), rows whose K/V is not stored, only some tokens' states kept, and decode steps over
+ragged contexts. Steps it does not take (multi-item rows, other ops) run layer by layer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import ops as cpu_ops
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY
+from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.host_step import host_step
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.model.config import ModelConfig
+from prelude.model.loader import load_model
+from prelude.model.ops import TORCH_OPS, select_ops
+from tests.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
+
+BLOCK = 4
+SPEC = OutputSpec(sample=GREEDY)
+
+
+def _step(prefills=(), decodes=()):
+    step = host_step(prefills, decodes, BLOCK)
+    keep = None if step.read is None else torch.tensor(step.read)
+    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(torch.tensor(step.slots)), keep
+
+
+def _model_and_attention(path):
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=256,
+                       ops=select_ops(torch.device("cpu")))
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=BLOCK, dtype=torch.float32),
+                    torch.device("cpu"))
+    return config, model, TorchAttention(cache)
+
+
+def _check_step(model, attention, step):
+    """Runs the planned step natively, then layer by layer from the same cache: equal results."""
+    ids, positions, layout, keep = step
+    attention.plan(layout)
+    cache = attention.kv_cache
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    fused = model.fused_step.try_forward(ids, positions, attention, keep)
+    assert fused is not None
+    fused_k, fused_v = cache.k.clone(), cache.v.clone()
+    cache.k.copy_(before_k)
+    cache.v.copy_(before_v)
+    fused_step, model.fused_step = model.fused_step, None
+    try:
+        expected = model(ids, positions, attention, keep)
+    finally:
+        model.fused_step = fused_step
+    torch.testing.assert_close(fused, expected, atol=3e-5, rtol=3e-5)
+    torch.testing.assert_close(fused_k, cache.k, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(fused_v, cache.v, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_step_equals_layer_by_layer(tmp_path, family, threads):
+    # Hidden 256: the MLP's weights are large enough for the kernels to split them on the team.
+    path = make_checkpoint(tmp_path / family, family, hidden_size=256, intermediate_size=512)
+    config, model, attention = _model_and_attention(path)
+    assert model.fused_step is not None
+    # Small models decode on one thread by default; the team's split is checked too.
+    model.fused_step.single_threaded_decode = threads == 1
+    gen = torch.Generator().manual_seed(7)
+    lengths = [9, 1, 30, 5]
+    free = list(range(63, -1, -1))
+    tables = [[free.pop(3 * i % len(free)) for i in range(12)] for _ in lengths]
+    prompts = [torch.randint(0, config.vocab_size, (n + 6,), generator=gen).tolist() for n in lengths]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            # Fresh prompts, the last token's state read (each step also fills the cache).
+            _check_step(model, attention, _step([PrefillRow(i, p[:n], 0, t, SPEC)
+                                                 for i, (p, n, t) in enumerate(zip(prompts, lengths, tables))]))
+            for step in range(3):
+                tokens = torch.randint(0, config.vocab_size, (len(lengths),), generator=gen).tolist()
+                _check_step(model, attention, _step(decodes=[
+                    DecodeRow(i, tok, n + step, t, SPEC) for i, (tok, n, t) in enumerate(zip(tokens, lengths, tables))]))
+            # A Mixed step: a prompt chunk over 12 cached tokens (no state read: not the last
+            # chunk), a row over a 4-token cached prefix whose K/V is not stored (its table ends
+            # there), every token's state read, and two decode rows.
+            logprobs = OutputSpec(prompt_logprobs=0)
+            chunks = [PrefillRow(0, prompts[0][12:15], 12, tables[0], None),
+                      PrefillRow(2, prompts[2][4:9], 4, tables[2][:1], logprobs)]
+            decodes = [DecodeRow(i, 5 + i, lengths[i] + 3, tables[i], SPEC) for i in (1, 3)]
+            _check_step(model, attention, _step(chunks, decodes))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_multi_item_rows_and_torch_ops_run_layer_by_layer(tmp_path):
+    path = make_checkpoint(tmp_path / "q3", "qwen3")
+    config, model, attention = _model_and_attention(path)
+    row = PrefillRow(0, list(range(5, 17)), 0, list(range(4)), SPEC, item_lengths=(3, 4))
+    ids, positions, layout, _ = _step([row])
+    attention.plan(layout)
+    assert model.fused_step.try_forward(ids, positions, attention) is None
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64, ops=TORCH_OPS)
+    assert model.fused_step is None
