@@ -1,5 +1,5 @@
 """`python -m bench.serving.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
-native kernel (prelude/model/skinny_linear.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
+native kernel (prelude/model/cpu_linear.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
 head, beside what reading and copying the weight costs on this machine. Times are the minimum
 of the repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
 """
@@ -15,7 +15,7 @@ import torch
 from bench.charts import write_chart
 from bench.serving import report
 from bench.serving.microbench import add_flags, best_seconds, start
-from prelude.model.skinny_linear import MAX_SKINNY_ROWS, linear, skinny_matmul
+from prelude.model.cpu_linear import MAX_SKINNY_ROWS, built, linear
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rows", default="1,2,4,8,16,32")
     add_flags(p, "lm_head.json")
     args = p.parse_args(argv)
-    if not start(args, skinny_matmul is not None):
+    if not start(args, built):
         return 1
     weight = torch.randn(args.vocab, args.hidden)
     gigabytes = weight.numel() * weight.element_size() / 1e9

@@ -1,10 +1,15 @@
 # distutils: language = c++
 """Native CPU kernels. No torch headers: tensors cross as data pointers, and the Python callers
-(prelude/model/skinny_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
+(prelude/model/cpu_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
 and shapes first. Both run without the GIL."""
 
-cdef extern from "skinny_gemm.hpp" namespace "prelude_cpu" nogil:
-    void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab, int threads)
+cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
+    long packed_floats(long outputs, long inputs)
+    void pack_weight(const float* w, long outputs, long inputs, float* packed)
+
+cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
+    void linear_rows(const float* x, long n, const float* w, const float* packed, long inputs, float* out,
+                     long outputs, int threads)
 
 cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     cdef struct PagedDecode:
@@ -19,10 +24,25 @@ cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     void paged_decode_attention(const PagedDecode& a, int threads)
 
 
-def skinny_matmul(size_t x_ptr, long n, size_t w_ptr, long hidden, size_t out_ptr, long vocab, int threads) -> None:
-    """out[n, vocab] = x[n, hidden] @ w[vocab, hidden].T; fp32, contiguous, hidden % 8 == 0."""
+def packed_size(long outputs, long inputs) -> int:
+    """Floats of pack_linear's copy of an [outputs, inputs] weight."""
+    return packed_floats(outputs, inputs)
+
+
+def pack_linear(size_t w_ptr, long outputs, long inputs, size_t packed_ptr) -> None:
+    """Copies w [outputs, inputs] (fp32, contiguous) into packed_matmul's layout at packed_ptr
+    (packed_size floats)."""
     with nogil:
-        skinny_gemm(<const float*>x_ptr, n, <const float*>w_ptr, hidden, <float*>out_ptr, vocab, threads)
+        pack_weight(<const float*>w_ptr, outputs, inputs, <float*>packed_ptr)
+
+
+def matmul(size_t x_ptr, long n, size_t w_ptr, size_t packed_ptr, long inputs, size_t out_ptr, long outputs,
+           int threads) -> None:
+    """out[n, outputs] = x[n, inputs] @ w.T (kernels/cpu/linear.hpp); packed_ptr: w's pack_linear
+    copy, or 0. fp32, contiguous, inputs % 8 == 0."""
+    with nogil:
+        linear_rows(<const float*>x_ptr, n, <const float*>w_ptr, <const float*>packed_ptr, inputs, <float*>out_ptr,
+                    outputs, threads)
 
 
 def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, size_t lens_ptr, size_t out_ptr,
@@ -174,7 +194,7 @@ def forward_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long
     [rows + 1], cached lengths [rows], block tables [rows, table_width]; rows from decode_from on
     hold one stored token each. Per token: positions and slots (-1: not stored). keep: `kept`
     increasing token indices whose states are wanted (0: all), written to x's first rows.
-    `layers_ptr`: num_layers rows of eleven pointers (kernels/cpu/step_layers.hpp, LayerWeights).
+    `layers_ptr`: num_layers rows of fifteen pointers (kernels/cpu/step_layers.hpp, LayerWeights).
     int64 and fp32, contiguous."""
     cdef ModelShape m
     m.hidden, m.heads, m.kv_heads, m.dim = hidden, heads, kv_heads, dim

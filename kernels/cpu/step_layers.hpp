@@ -14,14 +14,14 @@
 
 #include "elementwise.hpp"
 #include "paged_attention.hpp"
+#include "linear.hpp"
 #include "prefill_attention.hpp"
-#include "skinny_gemm.hpp"
 
 namespace prelude_cpu {
 
 // One layer's parameters, fp32 and contiguous, in the model's fused layout; the optional ones
-// are null when the architecture has none. Eleven pointers: the Python side fills them as an
-// int64 row per layer.
+// are null when the architecture has none; each projection also comes packed (pack_weight).
+// Fifteen pointers: the Python side fills them as an int64 row per layer.
 struct LayerWeights {
     const float* input_norm;  // [hidden]
     const float* qkv;         // [q_size + 2 kv_size, hidden]
@@ -34,6 +34,10 @@ struct LayerWeights {
     const float* down;        // [hidden, intermediate]
     float* k_cache;           // [blocks, block_size, kv_heads, dim]
     float* v_cache;
+    const float* qkv_packed;
+    const float* o_proj_packed;
+    const float* gate_up_packed;
+    const float* down_packed;
 };
 
 struct ModelShape {
@@ -58,17 +62,12 @@ struct StepRows {
     long kept;
 };
 
-// Rows of x per GEMM call: a block's rows stay in L2 while every weight row passes over them.
-constexpr long kGemmRows = 128;
 // Rows of the MLP at a time, so its largest activation stays bounded (prelude/model/layers.py).
 constexpr long kMlpRows = 2048;
 
-static void step_linear(const float* x, long rows, const float* w, const float* bias, long in, long out_features,
-                        float* out, int threads) {
-    for (long first = 0; first < rows; first += kGemmRows) {
-        const long n = rows - first < kGemmRows ? rows - first : kGemmRows;
-        skinny_gemm(x + first * in, n, w, in, out + first * out_features, out_features, threads);
-    }
+static void step_linear(const float* x, long rows, const float* w, const float* packed, const float* bias, long in,
+                        long out_features, float* out, int threads) {
+    linear_rows(x, rows, w, packed, in, out, out_features, threads);
     if (bias != nullptr)
         for (long t = 0; t < rows; ++t)
             for (long o = 0; o < out_features; ++o) out[t * out_features + o] += bias[o];
@@ -158,7 +157,7 @@ static void step_layers(const ModelShape& m, const LayerWeights* layers, long nu
             team_rms_norm({x, n, 1, hidden, hidden, 0}, w.input_norm, m.eps, residual.data(), residual.data(),
                           normed.data(), norm_threads);
         }
-        step_linear(normed.data(), n, w.qkv, w.qkv_bias, hidden, qkv_width, qkv.data(), threads);
+        step_linear(normed.data(), n, w.qkv, w.qkv_packed, w.qkv_bias, hidden, qkv_width, qkv.data(), threads);
         project_heads(m, w, r, qkv.data(), q.data(), k.data(), threads);
         attend_rows(m, w, r, q.data(), k.data(), qkv.data(), decode_lens.data(), attended.data(), threads);
         if (layer == num_layers - 1 && r.keep != nullptr) {
@@ -167,15 +166,15 @@ static void step_layers(const ModelShape& m, const LayerWeights* layers, long nu
             keep_rows(residual.data(), hidden, r.keep, r.kept);
             live = r.kept;
         }
-        step_linear(attended.data(), live, w.o_proj, nullptr, q_size, hidden, x, threads);
+        step_linear(attended.data(), live, w.o_proj, w.o_proj_packed, nullptr, q_size, hidden, x, threads);
         team_rms_norm({x, live, 1, hidden, hidden, 0}, w.post_norm, m.eps, residual.data(), residual.data(),
                       normed.data(), threads_worth(live * hidden, threads));
         for (long first = 0; first < live; first += kMlpRows) {
             const long rows = live - first < kMlpRows ? live - first : kMlpRows;
-            step_linear(normed.data() + first * hidden, rows, w.gate_up, nullptr, hidden, 2 * inter, gate_up.data(),
+            step_linear(normed.data() + first * hidden, rows, w.gate_up, w.gate_up_packed, nullptr, hidden, 2 * inter, gate_up.data(),
                         threads);
             team_silu_and_mul(gate_up.data(), rows, inter, act.data(), threads_worth(rows * 2 * inter, threads));
-            step_linear(act.data(), rows, w.down, nullptr, inter, hidden, x + first * hidden, threads);
+            step_linear(act.data(), rows, w.down, w.down_packed, nullptr, inter, hidden, x + first * hidden, threads);
         }
     }
     team_rms_norm({x, live, 1, hidden, hidden, 0}, final_norm, m.eps, residual.data(), residual.data(), x,

@@ -99,7 +99,7 @@ class ModelRunner:
         return hidden[index]
 
     def warmup(self) -> None:
-        """Pays one-time costs before serving: on the CPU, the linear layers' oneDNN weights."""
+        """Pays one-time costs before serving: on the CPU, the linear layers' packed weights."""
         self.model.prepare_weights()
 
 

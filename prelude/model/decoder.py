@@ -21,7 +21,7 @@ from prelude.model.layers import (
 from prelude.model.fused_step import FusedStep
 from prelude.model.ops import Ops
 from prelude.model.segments import LayerProgress, run_segment, worth_segmenting
-from prelude.model.skinny_linear import linear
+from prelude.model.cpu_linear import linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -107,7 +107,7 @@ class DecoderLM(nn.Module):
         self.fused_step = FusedStep(self, kernel) if kernel is not None and FusedStep.fits(self) else None
 
     def prepare_weights(self) -> None:
-        """Makes every linear layer's oneDNN weight copy now rather than on the first prompt."""
+        """Makes every linear layer's packed weight copy now rather than on the first prompt."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.packed.prepare(module.weight)

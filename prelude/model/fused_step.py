@@ -20,11 +20,12 @@ from prelude.model.attention import AttentionBackend, PagedStepInputs
 
 if TYPE_CHECKING:
     from prelude.model.decoder import DecoderLM, DecoderLayer
+    from prelude.model.layers import Linear
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
 
-# LayerWeights' eleven pointers, in their order.
-_WEIGHT_FIELDS = 11
+# LayerWeights' fifteen pointers, in their order.
+_WEIGHT_FIELDS = 15
 # A model whose layers hold fewer weights than this decodes on one thread: a second one buys
 # little on so few weights and takes the core the event loop streams tokens from. On the demo
 # model (786K per layer) one thread gave 4-12% lower TPOT and CPU per request in the server than
@@ -83,7 +84,8 @@ class FusedStep:
         return x if keep is None else x[:len(keep)]
 
     def _layer_table(self, paged: PagedStepInputs) -> torch.Tensor:
-        """[layers, 11] int64 pointers, built once per KV cache (the parameters never move)."""
+        """[layers, 15] int64 pointers, built once per KV cache (the parameters and their packed
+        copies never move)."""
         k, v = paged.k_cache.data_ptr(), paged.v_cache.data_ptr()
         if self._pointers is not None and self._pointers[:2] == (k, v):
             return self._pointers[2]
@@ -99,8 +101,15 @@ class FusedStep:
                          0 if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
                          attn.o_proj.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
                          mlp.gate_up_proj.weight.data_ptr(), mlp.down_proj.weight.data_ptr(),
-                         k + i * layer_bytes, v + i * layer_bytes])
+                         k + i * layer_bytes, v + i * layer_bytes,
+                         *(_packed(linear) for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))])
         table = torch.tensor(rows, dtype=torch.int64)
         assert table.shape[1] == _WEIGHT_FIELDS
         self._pointers = (k, v, table)
         return table
+
+
+def _packed(linear: Linear) -> int:
+    copy = linear.packed.get(linear.weight)
+    assert copy is not None, "FusedStep.fits takes only weights the packed kernel takes"
+    return copy.data_ptr()

@@ -10,15 +10,16 @@ import time
 import pytest
 import torch
 
-from prelude.model.skinny_linear import skinny_matmul
+from prelude.model import cpu_linear
 
-pytestmark = pytest.mark.skipif(skinny_matmul is None, reason="kernels.cpu is not built")
+pytestmark = pytest.mark.skipif(not cpu_linear.built, reason="kernels.cpu is not built")
 
 
 def _product(x: torch.Tensor, w: torch.Tensor, threads: int) -> torch.Tensor:
-    assert skinny_matmul is not None
+    assert cpu_linear._native is not None
     out = torch.empty(x.shape[0], w.shape[0])
-    skinny_matmul(x.data_ptr(), x.shape[0], w.data_ptr(), w.shape[1], out.data_ptr(), w.shape[0], threads)
+    cpu_linear._native.matmul(x.data_ptr(), x.shape[0], w.data_ptr(), 0, w.shape[1], out.data_ptr(), w.shape[0],
+                              threads)
     return out
 
 

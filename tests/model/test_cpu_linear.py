@@ -1,16 +1,16 @@
 """The native CPU linear gives what F.linear gives, for every row count, output size, thread count
-and input shape it may meet."""
+and input shape it may meet, with and without the weight's packed copy."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prelude.model.skinny_linear import MAX_SKINNY_ROWS, linear, skinny_matmul
+from prelude.model.cpu_linear import MAX_SKINNY_ROWS, PackedWeight, built, linear
 
 
 def test_the_native_kernel_is_built():
     # `pip install -e .` builds it; a silent fallback to torch would hide a 2-5x slower decode.
-    assert skinny_matmul is not None
+    assert built
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 1000, 1 << 16 | 3])
@@ -19,9 +19,10 @@ def test_equals_the_matmul(vocab: int, rows: int):
     gen = torch.Generator().manual_seed(vocab * 100 + rows)
     weight = torch.randn(vocab, 64, generator=gen)
     hidden = torch.randn(rows, 64, generator=gen)
-    out = linear(hidden, weight)
-    assert out.shape == (rows, vocab) and out.is_contiguous()
-    torch.testing.assert_close(out, hidden @ weight.t(), rtol=1e-5, atol=1e-4)
+    for packed in (None, PackedWeight()):
+        out = linear(hidden, weight, packed=packed)
+        assert out.shape == (rows, vocab) and out.is_contiguous()
+        torch.testing.assert_close(out, hidden @ weight.t(), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -29,9 +30,11 @@ def test_threads_split_the_vocabulary_without_seams(threads: int):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        weight = torch.randn(4099, 256)  # large enough to be split; not a multiple of 4 rows
-        hidden = torch.randn(5, 512)[:, ::2]  # a strided view is accepted
-        torch.testing.assert_close(linear(hidden, weight), hidden @ weight.t(), rtol=1e-5, atol=1e-4)
+        weight = torch.randn(4099, 256)  # large enough to be split; not a multiple of 4 rows or 16 outputs
+        for rows in (5, 67):  # a few rows stream the weight, more go through its packed copy
+            hidden = torch.randn(rows, 512)[:, ::2]  # a strided view is accepted
+            torch.testing.assert_close(linear(hidden, weight, packed=PackedWeight()), hidden @ weight.t(),
+                                       rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(before)
 
