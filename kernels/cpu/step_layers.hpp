@@ -1,7 +1,7 @@
 // Every decoder layer of a step in one native call, fp32 on the CPU: RMSNorm, the fused q/k/v
 // projection, per-head q/k norms, rotary embedding, the new tokens' K/V written into the paged
 // cache, attention, the output projection, RMSNorm, SwiGLU, and the final norm. Each piece is the
-// same kernel the per-op path calls (elementwise.hpp, skinny_gemm.hpp, paged_attention.hpp,
+// same kernel the per-op path calls (elementwise.hpp, linear.hpp, paged_attention.hpp,
 // prefill_attention.hpp). What this saves is a dozen torch dispatches, tensor allocations and
 // GIL round trips per layer. A small model's decode step spent more time in those than in its
 // arithmetic. A prompt step paid for them twice over while the event loop held the GIL: each op
