@@ -102,7 +102,7 @@ class FusedStep:
                          attn.o_proj.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
                          mlp.gate_up_proj.weight.data_ptr(), mlp.down_proj.weight.data_ptr(),
                          k + i * layer_bytes, v + i * layer_bytes,
-                         *(_packed(linear) for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))])
+                         *(_packed(proj) for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))])
         table = torch.tensor(rows, dtype=torch.int64)
         assert table.shape[1] == _WEIGHT_FIELDS
         self._pointers = (k, v, table)

@@ -86,8 +86,9 @@ def test_fused_step_equals_layer_by_layer(tmp_path, family, threads):
                                                  for i, (p, n, t) in enumerate(zip(prompts, lengths, tables))]))
             for step in range(3):
                 tokens = torch.randint(0, config.vocab_size, (len(lengths),), generator=gen).tolist()
-                _check_step(model, attention, _step(decodes=[
-                    DecodeRow(i, tok, n + step, t, SPEC) for i, (tok, n, t) in enumerate(zip(tokens, lengths, tables))]))
+                rows = zip(tokens, lengths, tables)
+                _check_step(model, attention, _step(decodes=[DecodeRow(i, tok, n + step, t, SPEC)
+                                                             for i, (tok, n, t) in enumerate(rows)]))
             # A Mixed step: a prompt chunk over 12 cached tokens (no state read: not the last
             # chunk), a row over a 4-token cached prefix whose K/V is not stored (its table ends
             # there), every token's state read, and two decode rows.
