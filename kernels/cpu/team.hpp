@@ -37,8 +37,14 @@ class Team {
         }
         wake_.notify_all();
         job(0);
-        for (long spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-            if (spins > kSpinLimit) std::this_thread::yield();
+        // A worker the OS has descheduled (the event loop shares the two cores) finishes late:
+        // past a short spin the caller sleeps until the last worker wakes it, and leaves the core
+        // to that worker. Spinning on, with yields, took the core a preempted worker needed.
+        for (long spins = 0; pending_.load(std::memory_order_acquire) != 0 && spins < kSpinLimit; ++spins) {
+        }
+        if (pending_.load(std::memory_order_acquire) != 0) {
+            std::unique_lock<std::mutex> lock(sleep_);
+            done_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
         }
         job_ = nullptr;
     }
@@ -73,7 +79,10 @@ class Team {
             seen = now >> 32;
             if (index <= (int)(now & 0xffffffffu)) {
                 (*job_)(index);
-                pending_.fetch_sub(1, std::memory_order_acq_rel);
+                if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                    std::lock_guard<std::mutex> lock(sleep_);  // not between the caller's check and its wait
+                    done_.notify_one();
+                }
             }
         }
     }
@@ -81,6 +90,7 @@ class Team {
     std::mutex busy_;   // held by the caller for the whole job
     std::mutex sleep_;  // guards the sleepers' wake-up
     std::condition_variable wake_;
+    std::condition_variable done_;  // the caller's, when it stops spinning for the last worker
     std::vector<std::thread> workers_;  // detached; kept for their count
     pid_t owner_ = 0;
     // A job's generation (high 32 bits) and how many workers it takes, in one word so that a
