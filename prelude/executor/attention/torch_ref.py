@@ -33,6 +33,17 @@ class TorchAttention(AttentionBackend):
         self.kv_cache = kv_cache
 
     def plan(self, layout: StepLayout) -> None:
+        # The per-layer structures are made on the first layer that needs them: a step the
+        # native forward takes whole (prelude.model.fused_step) reads only the layout, and making
+        # them cost a 4-row decode step 24 µs.
+        self.layout = layout
+        self._per_layer_planned = False
+
+    def _plan_per_layer(self) -> None:
+        if self._per_layer_planned:
+            return
+        self._per_layer_planned = True
+        layout = self.layout
         device = layout.slot_mapping.device
         block_size = self.kv_cache.block_size
         # Which of this step's tokens are stored, and where: computed once, used by every layer.
@@ -66,11 +77,10 @@ class TorchAttention(AttentionBackend):
             self.batched_rows = torch.tensor([layout.query_starts[r] for r in batched], device=device)
             self.batched_tables = torch.tensor(tables, dtype=torch.long, device=device)
             self.batched_lengths = torch.tensor(lengths, dtype=torch.long, device=device)
-        self.layout = layout
 
     def paged_step_inputs(self) -> PagedStepInputs | None:
         layout, cache = self.layout, self.kv_cache
-        if (layout.item_lengths is not None and any(layout.item_lengths)) or not self._native_decode_cache(cache.k):
+        if (layout.item_lengths is not None and any(layout.item_lengths)) or not self._native_cache(cache.k):
             return None
         rows, block_size, dim = layout.num_rows, cache.block_size, cache.shape.head_dim
         decode_from = rows  # the trailing rows of one stored token each
@@ -82,7 +92,7 @@ class TorchAttention(AttentionBackend):
             if row < decode_from and not prefill_wins(n, ctx + n, dim):
                 return None
             tables.append(layout.block_tables[row][:-(-(ctx + n) // block_size)])
-        width = max(1, max(map(len, tables), default=1))
+        width = max([1, *map(len, tables)])
         flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
         return PagedStepInputs(cache.k, cache.v, torch.tensor(layout.query_starts), torch.tensor(layout.context_lens),
                                torch.tensor(flat, dtype=torch.long).view(rows, width),
@@ -91,6 +101,7 @@ class TorchAttention(AttentionBackend):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor:
+        self._plan_per_layer()
         k_cache, v_cache = self.kv_cache.layer(layer)
         out = self._prefill_rows(k_cache, v_cache, q, k, v)
         if self.batched_rows is not None and self._native_decode(q, k_cache):
@@ -108,10 +119,12 @@ class TorchAttention(AttentionBackend):
         return out
 
     def head_chunks(self) -> int:
+        self._plan_per_layer()
         return len(self.query_chunks)
 
     def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      kv_heads: tuple[int, int], chunk: int) -> tuple[int, int, torch.Tensor]:
+        self._plan_per_layer()
         assert self.batched_rows is None, "head ranges are for steps of prefill rows"
         k_cache, v_cache = self.kv_cache.layer(layer)
         first, last = kv_heads
@@ -158,13 +171,13 @@ class TorchAttention(AttentionBackend):
         return chunk_attention(q[start:end], k[start:end], v[start:end], context)
 
     @staticmethod
-    def _native_decode_cache(k_cache: torch.Tensor) -> bool:
+    def _native_cache(k_cache: torch.Tensor) -> bool:
         """The native kernels read this cache (fp32, contiguous, on the CPU)."""
         return (paged_decode is not None and k_cache.device.type == "cpu" and k_cache.dtype == torch.float32
                 and k_cache.is_contiguous())
 
     def _native_decode(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        return (self._native_decode_cache(k_cache) and q.dtype == torch.float32 and q.shape[-1] % 8 == 0
+        return (self._native_cache(k_cache) and q.dtype == torch.float32 and q.shape[-1] % 8 == 0
                 and q.shape[1] % k_cache.shape[2] == 0)
 
     def _paged_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
