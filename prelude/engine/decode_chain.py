@@ -32,7 +32,7 @@ class DecodeChain:
         self._loop = loop
         self._decisions: queue.SimpleQueue[DecodeBatch | None] = queue.SimpleQueue()
         self._outcomes: asyncio.Queue[ChainItem] = asyncio.Queue()
-        self._held: list[ChainItem] = []  # the outcome of the step before the one running
+        self._held: ChainItem | None = None  # the outcome of the step before the one running
 
     def follow(self, batch: DecodeBatch | None) -> None:
         """The step to run after the one given last (its rows' input tokens still to be filled
@@ -60,7 +60,7 @@ class DecodeChain:
                 seconds = time.perf_counter() - started
                 follow = self._decisions.get()
                 batch = None if follow is None or outcome.first_error else with_sampled_tokens(follow, outcome.result)
-                self._held.append((outcome, seconds, batch is not None))
+                self._held = (outcome, seconds, batch is not None)
                 if batch is None:
                     self._post_held()
         except BaseException as exc:  # noqa: BLE001 (the loop re-raises it: an engine bug)
@@ -68,8 +68,9 @@ class DecodeChain:
             self._post(exc)
 
     def _post_held(self) -> None:
-        while self._held:
-            self._post(self._held.pop())
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._post(held)
 
     def _post(self, item: ChainItem) -> None:
         self._loop.call_soon_threadsafe(self._outcomes.put_nowait, item)
