@@ -146,7 +146,8 @@ class SJF(_Keyed):
     """Shortest estimated job first with aging. The key is arrival + AGING x estimated seconds,
     so a request r of cost C is overtaken only by requests arriving before arrival(r) + AGING x C:
     its wait is bounded by the work queued when it arrived plus the work arriving in the next
-    AGING x C seconds. No stream of short requests can starve it."""
+    AGING x C seconds. No stream of short requests can starve it. A sequence preempted after
+    its first token is overtaken by none that arrived after it."""
 
     def __init__(self, pool: BlockPool, costs: StepCostModel):
         super().__init__()
@@ -167,6 +168,11 @@ class SJF(_Keyed):
         return item.estimate
 
     def order_key(self, item: Work, seconds: float) -> float:
+        # A sequence preempted mid-answer is keyed by its arrival alone: with its recompute cost
+        # (prompt and output so far) aged in, short requests that came after it went first, and
+        # its client's stream stalled mid-answer while each of them ran to its end.
+        if item.num_output_tokens:
+            return item.request.arrival_time
         return item.request.arrival_time + AGING * seconds
 
     def key(self, item: Work) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from prelude.cache.block_pool import BlockPool
 from prelude.contract.batch import prefill_rows
 from prelude.contract.config import Config
@@ -100,6 +102,35 @@ def test_sjf_aging_bounds_the_wait_of_a_long_request():
         time.sleep(0.001)
     bound = AGING * scheduler.costs.estimate(60) + 0.05  # plus the queue it found, and slack
     assert ran_long_at is not None and ran_long_at < bound, (ran_long_at, bound)
+
+
+@pytest.mark.parametrize("policy", ["sjf", "edf"])
+def test_a_sequence_preempted_mid_answer_resumes_before_later_requests(policy):
+    # Keyed with aging like unstarted work, its recompute (prompt and output so far) made it
+    # long: a short request that arrived after its preemption went first and ran to its end
+    # while the preempted stream stalled mid-answer. 32 blocks of 4 hold one 105-token sequence;
+    # without prefix caching the recompute is all uncached.
+    pool = BlockPool(32, BS, enable_prefix_caching=False)
+    scheduler = Scheduler(SchedulerConfig.from_config(Config(scheduling_policy=policy)), pool)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-2  # aging windows of seconds
+    executor, finished = CountingExecutor(), []
+
+    def tick() -> None:
+        step = scheduler.schedule()
+        assert step is not None
+        events = scheduler.update(step, executor.execute(step.batch))
+        end_like_the_engine(scheduler, events)
+        finished.extend(w.request.request_id for w, _ in events if w.status.value == "finished")
+
+    scheduler.add(Request("first", [100, 1, 2, 3, 4], SamplingParams(max_tokens=100)))
+    tick()
+    early = scheduler.add(Request("early", [200, 1, 2, 3, 4], SamplingParams(max_tokens=100)))
+    while not (early in list(scheduler.waiting) and early.num_output_tokens):
+        tick()
+    scheduler.add(Request("later", [300, 1, 2, 3, 4], SamplingParams(max_tokens=100)))
+    while len(finished) < 3:
+        tick()
+    assert finished == ["first", "early", "later"]
 
 
 def test_edf_orders_by_latest_start_time():
