@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from prelude.contract.batch import ForwardBatch, RowResult
+from prelude.contract.batch import DecodeBatch, ForwardBatch, OneShotBatch, RowResult, decode_rows, prefill_rows
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.work import OneShotJob, Sequence, Work
 
@@ -129,3 +129,12 @@ class SchedulerStats:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     steps: dict[str, int] = field(default_factory=lambda: {"oneshot": 0, "decode": 0, "mixed": 0})
+
+    def count(self, step: ScheduledStep) -> None:
+        """Counts a step that ran (scheduled, or planned ahead and started)."""
+        batch = step.batch
+        kind = "decode" if isinstance(batch, DecodeBatch) else "oneshot" if isinstance(batch, OneShotBatch) else "mixed"
+        self.steps[kind] += 1
+        self.num_oneshot_rows += len(step.oneshots)
+        self.prefill_tokens += sum(len(r.token_ids) for r in prefill_rows(batch))
+        self.decode_tokens += len(decode_rows(batch))

@@ -29,8 +29,6 @@ from prelude.contract.batch import (
     MixedBatch,
     OneShotBatch,
     PrefillRow,
-    decode_rows,
-    prefill_rows,
 )
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
@@ -120,24 +118,14 @@ class Scheduler:
         return self.costs.estimate(len(work.tokens_to_compute))
 
     def has_room(self, requests: list[Request]) -> bool:
-        """Whether the waiting queue takes these requests without passing its limits. A request
-        past a limit by itself is taken while the queue is within it (an empty queue takes
-        anything): it never fits beside others, and waiting for an empty queue it was refused
-        for as long as traffic went on."""
-        if not len(self.waiting):
-            return True
-        rows, tokens = len(self.waiting), self.waiting.num_tokens
-        more_rows, more_tokens = len(requests), sum(r.num_prompt_tokens for r in requests)
-        limit_rows, limit_tokens = self.config.max_queued_requests, self.config.max_queued_tokens
-        return (rows + more_rows <= limit_rows or more_rows > limit_rows > rows) and \
-            (tokens + more_tokens <= limit_tokens or more_tokens > limit_tokens > tokens)
+        """Whether the waiting queue takes these requests without passing its limits."""
+        return self.config.admits(len(self.waiting), self.waiting.num_tokens,
+                                  len(requests), sum(r.num_prompt_tokens for r in requests))
 
     @property
     def full(self) -> bool:
-        """The waiting queue is at a limit: has_room refuses any request, however small (every
-        request has at least one row of at least one token), so one may be refused unseen."""
-        return bool(len(self.waiting)) and (len(self.waiting) >= self.config.max_queued_requests
-                                            or self.waiting.num_tokens >= self.config.max_queued_tokens)
+        """The waiting queue is at a limit: has_room refuses any request, however small."""
+        return self.config.at_limit(len(self.waiting), self.waiting.num_tokens)
 
     def late(self, now: float) -> list[Work]:
         """Waiting work that can no longer meet its deadline, even if it started now (only when
@@ -264,7 +252,7 @@ class Scheduler:
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:
         """Folds a step's results into the work's state; returns the rows' results for the
         engine (work that ended while the step ran is skipped)."""
-        self._count(step)
+        self.stats.count(step)
         by_id = {r.seq_id: r for r in result.rows}
         events: list[StepEvent] = []
         for planned in step.oneshots:
@@ -281,15 +269,6 @@ class Scheduler:
                 self.decode.advance(seq, 1)
                 events.append(StepEvent(seq, by_id[seq.seq_id]))
         return events
-
-    def _count(self, step: ScheduledStep) -> None:
-        """Counts a step that ran (scheduled, or planned ahead and started)."""
-        batch, stats = step.batch, self.stats
-        kind = "decode" if isinstance(batch, DecodeBatch) else "oneshot" if isinstance(batch, OneShotBatch) else "mixed"
-        stats.steps[kind] += 1
-        stats.num_oneshot_rows += len(step.oneshots)
-        stats.prefill_tokens += sum(len(r.token_ids) for r in prefill_rows(batch))
-        stats.decode_tokens += len(decode_rows(batch))
 
     def fail_rows(self, step: ScheduledStep, seq_ids: set[int]) -> tuple[ScheduledStep, list[Work]]:
         """Ends the work whose rows failed in `step`, freeing its blocks unpublished (their KV is

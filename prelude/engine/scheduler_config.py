@@ -30,3 +30,19 @@ class SchedulerConfig:
                    config.scheduling_policy, config.max_queued_requests or 4 * config.max_num_seqs,
                    config.max_queued_tokens or 4 * kv_capacity_tokens, config.shed_late_requests,
                    config.layer_preemption, temp_bytes_per_token, temp_bytes_per_logits_row, temp_memory_budget)
+
+    def admits(self, rows: int, tokens: int, more_rows: int, more_tokens: int) -> bool:
+        """Whether a waiting queue of `rows` requests and `tokens` tokens takes `more_rows` and
+        `more_tokens` more without passing its limits. A request past a limit by itself is taken
+        while the queue is within it (an empty queue takes anything): it never fits beside others,
+        and waiting for an empty queue it was refused for as long as traffic went on."""
+        if not rows:
+            return True
+        limit_rows, limit_tokens = self.max_queued_requests, self.max_queued_tokens
+        return (rows + more_rows <= limit_rows or more_rows > limit_rows > rows) and \
+            (tokens + more_tokens <= limit_tokens or more_tokens > limit_tokens > tokens)
+
+    def at_limit(self, rows: int, tokens: int) -> bool:
+        """Whether such a queue refuses any request, however small (every request has at least
+        one row of at least one token), so that one may be refused unseen."""
+        return bool(rows) and (rows >= self.max_queued_requests or tokens >= self.max_queued_tokens)
