@@ -7,7 +7,14 @@ clients a refusal waited seconds behind the work of requests that were refused t
 engine's waiting queue is at its bound it would refuse any request, whatever its size, so the
 gate asks it first (Engine.refuse_unseen) and answers from the headers alone. Once the queue has
 room, requests pass and the engine decides on each one's rows together (Engine.submit_all), as
-before: the gate never refuses a request that could have been admitted."""
+before: the gate never refuses a request that could have been admitted.
+
+A small body (DRAIN_BYTES at most, by its Content-Length) is still read, and dropped, before the
+503: hypercorn closes a connection whose request body had not all arrived when the response
+ended, and a client that sent its headers and body in two writes had its kept-alive connection
+closed under it, or not, by how the two raced (a pooled client's next request on it then failed
+with a read error instead of getting its own answer). A larger or unsized one is refused unread,
+and its connection closed."""
 from __future__ import annotations
 
 from typing import Collection
@@ -17,6 +24,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from prelude.engine.engine import Engine
 from prelude.engine.output import Overloaded
 from prelude.server.errors import APIError
+
+DRAIN_BYTES = 1 << 16  # a refused request's body this small is read so its connection stays open
 
 
 def overloaded_error(exc: Overloaded, draining: bool) -> APIError:
@@ -42,8 +51,23 @@ class RefuseWhenFull:
         if scope["type"] == "http" and (scope["method"], scope["path"]) in self.routes:
             refusal = self.engine.refuse_unseen()
             if refusal is not None:
-                # The unread body is the server's to discard: hypercorn drains it before the
-                # connection's next request, or closes the connection.
+                if _declared_length(scope) <= DRAIN_BYTES:
+                    await _drain(receive)
                 await overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def _declared_length(scope: Scope) -> int:
+    """The body's Content-Length; past DRAIN_BYTES when it has none (chunked) or a bad one."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else DRAIN_BYTES + 1
+    return DRAIN_BYTES + 1
+
+
+async def _drain(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return

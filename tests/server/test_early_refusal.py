@@ -2,7 +2,8 @@
 503 `overloaded` (with Retry-After) arrives though the client has sent only the start of a body
 that would take long to read and tokenize, so the server cannot have read it. Meanwhile nothing
 accepted is lost, no KV block leaks, the refusal is counted, the endpoints that queue no engine
-work still answer, and once the queue has room requests are admitted again."""
+work still answer, and once the queue has room requests are admitted again. A small body is read
+before its refusal, so the connection stays open however the client splits its writes."""
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +44,33 @@ def _refused_with_body_unsent(port: int) -> tuple[int, dict[str, str], dict, flo
     return int(lines[0].split()[1]), headers, json.loads(body), time.perf_counter() - began
 
 
+def _statuses_with_bodies_sent_late(port: int, requests: int = 2, pause_s: float = 0.05) -> list[int]:
+    """Small POSTs on one kept-alive connection, each body sent `pause_s` after its headers: the
+    statuses read, ending early if the server closed the connection."""
+    body = json.dumps({"input": "lorem ipsum"}).encode()
+    head = (b"POST /v1/embeddings HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body))
+    statuses: list[int] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock, sock.makefile("rb") as reader:
+        for _ in range(requests):
+            try:
+                sock.sendall(head)
+                time.sleep(pause_s)
+                sock.sendall(body)
+                status_line = reader.readline()
+                if not status_line:
+                    break
+                length = 0
+                while (line := reader.readline().strip()):
+                    name, _, value = line.decode().partition(":")
+                    length = int(value) if name.lower() == "content-length" else length
+                reader.read(length)
+            except OSError:
+                break
+            statuses.append(int(status_line.split()[1]))
+    return statuses
+
+
 def test_full_queue_refuses_before_reading_the_body(demo_model):
     config = Config(model=str(demo_model), num_kv_blocks=256, max_queued_requests=QUEUE,
                     max_request_bytes=2 * HUGE_BYTES)
@@ -60,6 +88,7 @@ def test_full_queue_refuses_before_reading_the_body(demo_model):
                 queued = [asyncio.create_task(client.post("/v1/completions", json=BODY)) for _ in range(QUEUE)]
                 await asyncio.to_thread(_wait_for, srv, lambda: srv.engine.scheduler.num_waiting == QUEUE)
                 refused = await asyncio.to_thread(_refused_with_body_unsent, srv.config.port)
+                split = await asyncio.to_thread(_statuses_with_bodies_sent_late, srv.config.port)
                 # Refused unread on a kept-alive connection: the connection stays usable. (A body
                 # that arrived with the headers; a large one may still be in flight when the
                 # server answers, and then the server may close the connection instead: the
@@ -71,9 +100,10 @@ def test_full_queue_refuses_before_reading_the_body(demo_model):
                 gate.open.set()
                 served = [await first, *[await r for r in queued]]
                 after = await keep_alive.post("/v1/embeddings", json={"input": "lorem ipsum"})
-                return served, refused, side, kept, after
+                return served, refused, split, side, kept, after
 
-        served, (status, headers, error, seconds), side, kept, after = asyncio.run(overload())
+        served, (status, headers, error, seconds), split, side, kept, after = asyncio.run(overload())
+        assert split == [503, 503]  # a body sent after its headers: read, and the connection kept
         # Once the queue has room, requests are admitted again (on the same client).
         assert [r.status_code for r in kept] == [503, 503] and after.status_code == 200
         assert status == 503 and headers["retry-after"] == "1"
@@ -84,4 +114,4 @@ def test_full_queue_refuses_before_reading_the_body(demo_model):
         assert all(r.json()["choices"][0]["text"] == want for r in served)  # nothing accepted is lost
         srv.wait_idle()  # and every KV block is back
         metrics = httpx.get(srv.base_url + "/metrics").text
-        assert f'prelude:rejected_requests_total{{model_name="{srv.served.name}",reason="queue_full"}} 3' in metrics
+        assert f'prelude:rejected_requests_total{{model_name="{srv.served.name}",reason="queue_full"}} 5' in metrics
