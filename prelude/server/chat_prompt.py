@@ -16,6 +16,10 @@ from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError
 # real ones (Qwen3's) cost ~13 us a message, so a 4 MB conversation held the loop (every stream,
 # every probe) for over a second.
 INLINE_PIECES = 32
+# Appended to the final message's content for continue_final_message, and found again in the
+# rendered text: HF's own mark, trailing space included (whether the template kept it tells
+# whether it trimmed the content).
+CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
 ASSISTANT = "assistant"  # the answer's role after a generation prompt (vLLM's --response-role default)
 
 
@@ -130,9 +134,11 @@ class ChatPrompt:
     def _render(template: ChatTemplate, messages: list, options: dict, continue_final: bool) -> RenderedChat:
         checked = checked_messages(messages)
         try:
-            text = template.render(checked, **options)
             if continue_final:
-                text = _left_open(text, checked[-1].get("content") or "")
+                marked = dict(checked[-1], content=checked[-1]["content"] + CONTINUE_MARK)
+                text = _left_open(template.render([*checked[:-1], marked], **options), checked[-1]["content"])
+            else:
+                text = template.render(checked, **options)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
         except TypeError as exc:
@@ -144,15 +150,17 @@ class ChatPrompt:
 
 
 def _left_open(text: str, final: str) -> str:
-    """The rendered chat cut right after the final message's content, so that the answer carries
-    on inside that message (a prefilled "The verdict is"): what the template wrote after it (end
-    of turn, next header) goes. Cut where HF's apply_chat_template(continue_final_message=True)
-    cuts, which is what vLLM's users get: after the last occurrence of the stripped content."""
-    final = final.strip()
-    end = text.rfind(final) if final else -1
-    if end < 0:
-        problem = "is empty" if not final else "does not appear verbatim in the rendered chat template"
-        raise bad_request(f"'continue_final_message' needs the final message's content in the prompt; "
-                          f"its content {problem}", "continue_final_message")
-    return text[:end + len(final)]
+    """The chat rendered with CONTINUE_MARK after the final message's content, cut right before
+    the mark, so that the answer carries on inside that message (a prefilled "The verdict is "):
+    what the template wrote after it (end of turn, next header) goes. HF's
+    apply_chat_template(continue_final_message=True) cuts so, and vLLM's users get its cut: the
+    content's trailing whitespace stays, unless the template trimmed the content (the mark's own
+    space is gone), and then the text before the mark is trimmed too. Cut after the content
+    found in the text instead, stripped, a prefill's trailing space was lost: the answer began
+    with a space the prompt should have held (another token, another answer)."""
+    mark = text.rfind(CONTINUE_MARK.strip())
+    if mark < 0 or final.strip() not in text:
+        raise bad_request("'continue_final_message' needs the final message's content in the prompt; its "
+                          "content does not appear verbatim in the rendered chat template", "continue_final_message")
+    return text[:mark] if text.startswith(CONTINUE_MARK, mark) else text[:mark].rstrip()
 

@@ -100,8 +100,6 @@ CASES = [
     # vLLM's rule: continuing the final message excludes a generation prompt (on by default).
     (CHAT, {"messages": [{"role": "assistant", "content": "So"}], "continue_final_message": True}, 400,
      "continue_final_message"),
-    (CHAT, {"messages": [{"role": "assistant", "content": " "}], "continue_final_message": True,
-            "add_generation_prompt": False}, 400, "continue_final_message"),
     # Many short items packed behind one query (multi-item scoring) past the context: the error
     # named 'input', a field /v1/score does not have.
     ("/v1/score", {"query": "which one of these is the best?", "items": ["alpha beta gamma"] * 250,

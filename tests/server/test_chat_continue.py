@@ -1,11 +1,17 @@
 """vLLM's chat `continue_final_message` through the real `openai` client over loopback HTTP: the
 prompt stops right after the final message's content, so the answer carries on inside that
 message (a judge's prefilled "The verdict is"), instead of the template closing it and opening
-a new one. And text parts join with newlines, and null content is "", as vLLM renders them."""
+a new one. The cut is transformers' (a prefill's trailing space stays, unless the template trims
+the content). And text parts join with newlines, and null content is "", as vLLM renders them."""
 from __future__ import annotations
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
+
+from prelude.contract.config import Config
+from tests.checkpoints import edited_copy
+from tests.server.harness import ServerThread
 
 PREFILL = [{"role": "user", "content": "Is the sky green?"}, {"role": "assistant", "content": "The answer is"}]
 CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
@@ -64,3 +70,28 @@ def test_null_or_absent_content_renders_as_empty(server, client, model):
     answer = client.chat.completions.create(model=model, messages=replay, max_tokens=2, temperature=0)
     assert answer.choices[0].finish_reason == "length"
     assert _ids(server, {"messages": [{"role": "user"}]}) == _ids(server, {"messages": [{"role": "user", "content": ""}]})
+
+
+# A template that trims each message's content, as some checkpoints' do.
+TRIMMING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module", params=["checkpoint", "trimming"])
+def template_server(request, demo_model, tmp_path_factory):
+    path = demo_model if request.param == "checkpoint" else edited_copy(
+        demo_model, tmp_path_factory.mktemp("trimming-template"), "tokenizer_config.json",
+        lambda config: config.update(chat_template=TRIMMING))
+    with ServerThread(Config(model=str(path), block_size=4, max_model_len=512, num_kv_blocks=256)) as srv:
+        yield srv, AutoTokenizer.from_pretrained(path)
+
+
+@pytest.mark.parametrize("prefill", ["The verdict is ", "Answer:\n", "  padded  ", "", "is is"])
+def test_the_prompt_is_cut_where_transformers_cuts(template_server, prefill):
+    # Cut after the stripped content, "The verdict is " lost its space: the answer then began
+    # with one the prompt should have held, another token and so another answer than vLLM's.
+    server, reference = template_server
+    messages = [{"role": "user", "content": "Is it green?"}, {"role": "assistant", "content": prefill}]
+    expected = reference.apply_chat_template(messages, tokenize=False, continue_final_message=True,
+                                             add_generation_prompt=False)
+    assert _text(server, _ids(server, {"messages": messages, **CONTINUE})) == expected
