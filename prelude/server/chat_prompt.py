@@ -36,9 +36,9 @@ def _pieces(messages: list) -> int:
 
 def checked_messages(messages: list) -> list[dict]:
     """The messages as the template reads them: objects with a string role and string content
-    (text parts joined by newlines; null or absent is "", as vLLM renders it: an assistant turn
-    replayed with tool_calls has "content": null, and templates that concatenate the content,
-    ChatML ones among them, fail on None)."""
+    (non-empty text parts joined by newlines; null or absent is "", as vLLM renders it: an
+    assistant turn replayed with tool_calls has "content": null, and templates that concatenate
+    the content, ChatML ones among them, fail on None)."""
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -50,7 +50,8 @@ def checked_messages(messages: list) -> list[dict]:
             for part in content:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
-                parts.append(part["text"])
+                if part["text"]:  # vLLM joins the non-empty ones: an empty part adds no newline
+                    parts.append(part["text"])
             message = dict(message, content="\n".join(parts))  # vLLM's join for string-content templates
         elif content is None:
             message = dict(message, content="")

@@ -2,7 +2,8 @@
 prompt stops right after the final message's content, so the answer carries on inside that
 message (a judge's prefilled "The verdict is"), instead of the template closing it and opening
 a new one. The cut is transformers' (a prefill's trailing space stays, unless the template trims
-the content). And text parts join with newlines, and null content is "", as vLLM renders them."""
+the content). And non-empty text parts join with newlines, and null content is "", as vLLM
+renders them."""
 from __future__ import annotations
 
 import httpx
@@ -53,7 +54,8 @@ def test_the_answer_carries_on_the_final_message(server, client, model):
 
 
 def test_text_parts_join_with_newlines(server):
-    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    # Empty parts add no newline, as in vLLM (one between every part made another prompt).
+    parts = [{"type": "text", "text": t} for t in ("", "first", "", "second", "")]
     assert _ids(server, {"messages": [{"role": "user", "content": parts}]}) == \
         _ids(server, {"messages": [{"role": "user", "content": "first\nsecond"}]})
 
