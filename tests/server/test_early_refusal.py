@@ -89,10 +89,9 @@ def test_full_queue_refuses_before_reading_the_body(demo_model):
                 await asyncio.to_thread(_wait_for, srv, lambda: srv.engine.scheduler.num_waiting == QUEUE)
                 refused = await asyncio.to_thread(_refused_with_body_unsent, srv.config.port)
                 split = await asyncio.to_thread(_statuses_with_bodies_sent_late, srv.config.port)
-                # Refused unread on a kept-alive connection: the connection stays usable. (A body
-                # that arrived with the headers; a large one may still be in flight when the
-                # server answers, and then the server may close the connection instead: the
-                # raw-socket check above covers bodies that are never read.)
+                # Refused on a kept-alive connection: the connection stays usable (a small body
+                # is read before the 503; the raw-socket check above covers large bodies, which
+                # are never read).
                 kept = [await keep_alive.post("/v1/embeddings", json={"input": "lorem ipsum " * 20})
                         for _ in range(2)]
                 # Routes that queue no engine work are not gated.
