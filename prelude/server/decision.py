@@ -54,7 +54,7 @@ class DecisionAPI(Serving):
     # -- /v1/embeddings ---------------------------------------------------------------------
     async def embeddings(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
-        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
         encoding = _encoding_format(body)
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
@@ -74,7 +74,7 @@ class DecisionAPI(Serving):
     async def classify(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
         self._require_classifier()
-        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
         rid = new_id("classify", http)
         labels = self.served.config.id2label
         data = []
@@ -95,7 +95,7 @@ class DecisionAPI(Serving):
         """Raw head outputs: classification/reward logits for classifier checkpoints, otherwise
         the pooled final hidden state (not normalized unless asked)."""
         body = await self.body(http)
-        prompts = await self.inputs(body, "input", MAX_ITEMS)
+        prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
         encoding = _encoding_format(body)
         rid = new_id("pool", http)
         sched = self.scheduling(http, body)

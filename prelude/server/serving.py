@@ -149,10 +149,20 @@ class Serving:
             raise body.invalid("truncate_prompt_tokens", "must be -1 or positive")
         return self.served.max_model_len if k == -1 else k
 
-    async def inputs(self, body: Body, name: str, max_items: int | None = None) -> list[list[int]]:
+    def pooling_side(self, body: Body) -> str:
+        """Where truncate_prompt_tokens cuts a pooling request (embeddings, classify, pooling):
+        its `truncation_side`, else "right", keeping the first tokens, as vLLM's pooling runner
+        and every embedding server do (a generation prompt keeps its last ones)."""
+        side = body.str("truncation_side", "right")
+        if side not in ("left", "right"):
+            raise body.invalid("truncation_side", "must be 'left' or 'right'")
+        return side
+
+    async def inputs(self, body: Body, name: str, max_items: int | None = None,
+                     side: str = "left") -> list[list[int]]:
         """A prompt field as OpenAI allows it: a string, an array of strings, an array of token
         ids, or an array of token-id arrays; returns token ids per input (all validated, and
-        truncated as truncate_prompt_tokens asks: vLLM keeps the last k tokens)."""
+        truncated as truncate_prompt_tokens asks, dropping tokens from `side`)."""
         value = body.require(name)
         if isinstance(value, str) or _is_ids(value):
             items: list = [value]
@@ -170,7 +180,7 @@ class Serving:
         limit = self.truncation_limit(body)
         encoded = await self.encode_items(items, name, whole=limit is None,
                                           add_special_tokens=body.bool("add_special_tokens", True))
-        return encoded if limit is None else [self.truncate(ids, limit, "left") for ids in encoded]
+        return encoded if limit is None else [self.truncate(ids, limit, side) for ids in encoded]
 
     def sent_texts(self, body: Body, name: str, encoded: list[list[int]]) -> list[str]:
         """Each input of a prompt field `inputs` read, as the client sent it: a string as is, token

@@ -97,6 +97,8 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto", "tools": [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, 400, "tool_choice"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "tool_choice"),
+    ("/v1/embeddings", {"input": "hello", "truncate_prompt_tokens": 2, "truncation_side": "middle"}, 400,
+     "truncation_side"),
     # vLLM's rule: continuing the final message excludes a generation prompt (on by default).
     (CHAT, {"messages": [{"role": "assistant", "content": "So"}], "continue_final_message": True}, 400,
      "continue_final_message"),

@@ -1,6 +1,6 @@
 """Other servers' client shapes over real HTTP: Cohere v2 through the real `cohere` SDK's
-ClientV2, TEI's /embed, /rerank (with `texts`) and /predict, and vLLM's truncate_prompt_tokens.
-Each gives the same numbers as the server's own endpoints."""
+ClientV2, TEI's /embed, /rerank (with `texts`) and /predict, and vLLM's truncate_prompt_tokens
+(with its pooling `truncation_side`). Each gives the same numbers as the server's own endpoints."""
 from __future__ import annotations
 
 import base64
@@ -88,10 +88,15 @@ def test_tei_predict_single_pair_and_batch(classifier):
     assert len(batch) == 2 and all(len(answer) == len(LABELS) for answer in batch)
 
 
-def test_vllm_truncate_prompt_tokens_keeps_the_last_tokens(lm):
+@pytest.mark.parametrize(("side", "kept"), [(None, slice(None, 8)), ("right", slice(None, 8)), ("left", slice(-8, None))])
+def test_vllm_truncate_prompt_tokens_keeps_the_first_tokens_of_a_pooling_input(lm, side, kept):
+    # vLLM 0.32's pooling runner keeps the first k tokens unless `truncation_side` says "left"
+    # (a generation prompt keeps its last k); keeping the last k, an embedding of a long
+    # document was of its end, unlike vLLM's and every embedding server's.
     srv, _ = lm
     ids = list(range(10, 60))
-    cut = post(srv, "/v1/embeddings", input=[ids], truncate_prompt_tokens=8).json()
-    tail = post(srv, "/v1/embeddings", input=[ids[-8:]]).json()
-    assert cut["data"][0]["embedding"] == pytest.approx(tail["data"][0]["embedding"], abs=1e-6)
+    cut = post(srv, "/v1/embeddings", input=[ids], truncate_prompt_tokens=8,
+               **({} if side is None else {"truncation_side": side})).json()
+    whole = post(srv, "/v1/embeddings", input=[ids[kept]]).json()
+    assert cut["data"][0]["embedding"] == pytest.approx(whole["data"][0]["embedding"], abs=1e-6)
     assert cut["usage"]["prompt_tokens"] == 8
