@@ -109,6 +109,7 @@ class ChatTemplate:
         """As apply_chat_template(tokenize=False): the request's template kwargs override the
         special tokens of the same name."""
         template = self._tool_template if tools is not None and self._tool_template else self._template
+        messages = [_with_reasoning_aliases(m) for m in messages]
         try:
             return template.render({**self.special, **kwargs, "messages": messages,
                                     "add_generation_prompt": add_generation_prompt, "tools": tools})
@@ -116,3 +117,20 @@ class ChatTemplate:
             raise
         except Exception as exc:  # jinja errors name the template problem
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+# The names a message's reasoning comes by: vLLM 0.32 reads `reasoning` (and hands the template
+# both it and `reasoning_content`), older clients send `reasoning_content`, gpt-oss templates
+# read `thinking`.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _with_reasoning_aliases(message: Any) -> Any:
+    """The message with its reasoning under `reasoning_content` and `thinking` too, whichever
+    name it came by, as transformers hands it to a template: Qwen3's template reads
+    `reasoning_content` only, so a `reasoning` sent as vLLM 0.32 names it was dropped, and the
+    turn rendered an empty think block."""
+    if not isinstance(message, dict):
+        return message
+    reasoning = next((message[key] for key in REASONING_FIELDS if message.get(key) is not None), None)
+    return message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning}

@@ -78,3 +78,15 @@ def test_requests_with_tools_get_the_tool_use_template_as_in_transformers(tmp_pa
         expected = ref.apply_chat_template(CONVERSATIONS[0], tools=request_tools, tokenize=False)
         assert ours.render(CONVERSATIONS[0], tools=request_tools) == expected
     assert ours.render(CONVERSATIONS[0], tools=tools) == "tools 1 Hello!"
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
+def test_an_assistant_turns_reasoning_reaches_the_template_by_any_name_as_in_transformers(field):
+    # Qwen3's template reads `reasoning_content` only; `reasoning` (vLLM 0.32's name for it) was
+    # dropped, and the turn rendered an empty think block.
+    ref = hf_reference_tokenizer("qwen3")
+    ours = ChatTemplate.from_dir(tokenizer_dir("qwen3"))
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", field: "add them"}]
+    expected = ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    assert ours.render(messages, add_generation_prompt=False) == expected
+    assert "<think>\nadd them\n</think>" in expected
