@@ -107,9 +107,11 @@ class DecoderLM(nn.Module):
         self.fused_step = FusedStep(self, kernel) if kernel is not None and FusedStep.fits(self) else None
 
     def prepare_weights(self) -> None:
-        """Makes every linear layer's packed weight copy now rather than on the first prompt."""
+        """Makes every linear layer's packed weight copy now rather than on the first prompt.
+        Not the LM head's: compute_logits reads its weight directly, so a copy of it was a
+        second vocabulary-sized weight (2.5 GB at Qwen3-8B's size) that nothing read."""
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, Linear) and module is not self.lm_head:
                 module.packed.prepare(module.weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,

@@ -52,3 +52,19 @@ def test_bias_and_leading_dimensions_follow_f_linear():
     weight, bias = torch.randn(40, 16), torch.randn(40)
     x = torch.randn(2, 3, 16)
     torch.testing.assert_close(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_warm_up_packs_the_layers_but_not_the_lm_head_nothing_multiplies_through(tmp_path):
+    # compute_logits reads the LM head's weight directly; a packed copy of it was a second
+    # vocabulary-sized weight held for nothing.
+    from prelude.model.config import ModelConfig
+    from prelude.model.loader import load_model
+    from prelude.model.ops import select_ops
+    from tests.checkpoints import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "untied", "qwen3", tie=False)
+    model = load_model(path, ModelConfig.from_dir(path), torch.float32, torch.device("cpu"), max_positions=64,
+                       ops=select_ops(torch.device("cpu")))
+    model.prepare_weights()
+    assert model.lm_head is not None and model.lm_head.packed.packed is None
+    assert all(layer.mlp.down_proj.packed.packed is not None for layer in model.model.layers)
