@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short requests of the unloaded-after-idle-gaps calibration (0: skip it)")
     p.add_argument("--deadline-x", type=float, default=2.0,
                    help="short-request deadline as a multiple of the unloaded short P99")
+    p.add_argument("--deadline-ms", type=float,
+                   help="a fixed short-request deadline instead (runs stay comparable when the unloaded P99 "
+                        "moves between calibrations, as it does on a shared VM)")
     p.add_argument("--overload", type=int, default=1000, help="concurrent requests of the overload run (0: skip)")
     p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
     p.add_argument("--overload-only", action="store_true",
@@ -240,7 +243,8 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
         short_rate = args.load * (1 - args.long_share) / t_short
         p99_idle = (asyncio.run(unloaded_after_gaps(server.base_url, rng, short_rate, args.idle_requests))
                     if short_rate and args.idle_requests else None)
-    deadline_s = args.deadline_x * p99_unloaded  # the stricter reference
+    # the stricter reference, unless fixed
+    deadline_s = args.deadline_ms / 1000 if args.deadline_ms else args.deadline_x * p99_unloaded
     print(f"calibration: short {1000 * t_short:.1f} ms, long {1000 * t_long:.0f} ms, unloaded short P99 "
           f"{1000 * p99_unloaded:.1f} ms back to back, {_ms(p99_idle)} ms after idle gaps; offered "
           f"{short_rate:.1f} short/s + {long_rate:.2f} long/s; short deadline {1000 * deadline_s:.1f} ms", flush=True)

@@ -124,11 +124,12 @@ def test_long_short_bench_runs_a_policy_and_the_overload(tmp_path, capsys):
     out = tmp_path / "long_short.json"
     code = long_short.main(["--policies", "edf", "--no-baseline", "--no-shorts-alone", "--seconds", "1",
                             "--long-tokens", "512", "--overload", "30", "--max-queued-requests", "8",
-                            "--idle-requests", "10", "--no-progress", "--json", str(out)])
+                            "--idle-requests", "10", "--deadline-ms", "250", "--no-progress", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     calibration = report["calibration"]  # the unloaded P99 both back to back and after idle gaps
     assert 0 < calibration["unloaded_short_p99_s"] and 0 < calibration["unloaded_after_gaps_short_p99_s"]
+    assert calibration["deadline_s"] == 0.25  # --deadline-ms, not a multiple of the unloaded P99
     assert [(r["policy"], r["deadlines"]) for r in report["results"]] == [("edf", False), ("edf", True)]
     assert all(r["errors"] == 0 for r in report["results"]), report["results"]
     overload = report["overload"]
