@@ -70,11 +70,13 @@ class CompletionsAPI(GenerationAPI):
                               "model": self.model_name, "choices": choices,
                               "usage": self.usage(outputs, [len(p) for p in prompts])})
 
-    def _legacy_logprobs(self, entries: Sequence[TokenLogprob | None], first_token: int | None = None,
+    def _legacy_logprobs(self, entries: Sequence[TokenLogprob | None], top: int, first_token: int | None = None,
                          offset: int = 0, as_ids: bool = False) -> dict:
-        """OpenAI's legacy logprobs object. A None entry is the echoed first prompt token, which
-        has no logprob. `as_ids`: tokens named "token_id:<id>" (vLLM's return_tokens_as_token_ids;
-        offsets then count those names, as vLLM's do)."""
+        """OpenAI's legacy logprobs object, with the `top` most likely tokens at each position (an
+        echoed prompt's entries may carry more: its prompt_logprobs when those ask for more). A
+        None entry is the echoed first prompt token, which has no logprob. `as_ids`: tokens named
+        "token_id:<id>" (vLLM's return_tokens_as_token_ids; offsets then count those names, as
+        vLLM's do)."""
         tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
         for entry in entries:
             token_id = first_token if entry is None else entry.token_id
@@ -82,20 +84,21 @@ class CompletionsAPI(GenerationAPI):
             text = self.logprob_token(token_id, as_ids)
             tokens.append(text)
             token_logprobs.append(None if entry is None else entry.logprob)
-            top_logprobs.append(None if entry is None else self._top_with_own(entry, as_ids))
+            top_logprobs.append(None if entry is None else self._top_with_own(entry, top, as_ids))
             offsets.append(offset)
             offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": offsets}
 
-    def _top_with_own(self, entry: TokenLogprob, as_ids: bool) -> dict[str, float]:
+    def _top_with_own(self, entry: TokenLogprob, top: int, as_ids: bool) -> dict[str, float]:
         """An entry's top_logprobs with the token itself among them: OpenAI's legacy logprobs
         (and vLLM's) always carry the chosen token, so up to logprobs + 1 entries, and clients
         read top_logprobs[i][tokens[i]]."""
-        top = {self.logprob_token(t, as_ids): lp for t, lp in entry.top}
-        if all(t != entry.token_id for t, _ in entry.top):
-            top[self.logprob_token(entry.token_id, as_ids)] = entry.logprob
-        return top
+        best = entry.top[:top]
+        named = {self.logprob_token(t, as_ids): lp for t, lp in best}
+        if all(t != entry.token_id for t, _ in best):
+            named[self.logprob_token(entry.token_id, as_ids)] = entry.logprob
+        return named
 
     def _completion_choice(self, index: int, out: RequestOutput, prompt_logprobs: list[TokenLogprob] | None,
                            prompt: list[int], echoed: str | None, logprobs: int | None, as_ids: bool,
@@ -104,7 +107,8 @@ class CompletionsAPI(GenerationAPI):
         logprobs_field = None
         if logprobs is not None:
             entries: list = [None, *(prompt_logprobs or [])] if echoed is not None else []
-            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), prompt[0], as_ids=as_ids)
+            logprobs_field = self._legacy_logprobs(entries + list(out.logprobs or []), logprobs, prompt[0],
+                                                   as_ids=as_ids)
         choice = {"index": index, "text": (echoed or "") + out.text, "logprobs": logprobs_field,
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if show_prompt_logprobs and prompt_logprobs is not None:
@@ -135,8 +139,8 @@ class CompletionsAPI(GenerationAPI):
                         entries = [None, *(out.prompt_logprobs or []), *entries]
                 logprobs_field = None
                 if entries:  # offsets count token texts, as the whole answer's (not chunk texts)
-                    logprobs_field = self._legacy_logprobs(entries, prompts[index // n][0], offset=offsets[index],
-                                                           as_ids=as_ids)
+                    logprobs_field = self._legacy_logprobs(entries, logprobs or 0, prompts[index // n][0],
+                                                           offset=offsets[index], as_ids=as_ids)
                     offsets[index] = logprobs_field["text_offset"][-1] + len(logprobs_field["tokens"][-1])
                 usage = self.chunk_usage(continuous_usage, len(prompts[index // n]), out.num_output_tokens)
                 choice = {"index": index, "text": text, "logprobs": logprobs_field,

@@ -86,3 +86,18 @@ def test_choices_share_their_prompts_logprobs(server, client, model):
         assert got.keys() == want.keys()
         assert all(abs(got[t]["logprob"] - want[t]["logprob"]) < 1e-4 for t in got)
     assert computed < 2 * answer.usage.prompt_tokens, computed
+
+
+def test_echoed_prompt_tokens_carry_the_logprobs_asked_for(client, model):
+    """With echo, `logprobs` (OpenAI's: the k most likely tokens at each position) sets the echoed
+    prompt's entries too, as in vLLM, whatever prompt_logprobs asks for its own field: they
+    carried prompt_logprobs' k (a client asking for 2 got 4)."""
+    out = client.completions.create(model=model, prompt="The judge says yes", max_tokens=1, temperature=0,
+                                    echo=True, logprobs=2, extra_body={"prompt_logprobs": 4})
+    choice = out.model_dump()["choices"][0]
+    tops = choice["logprobs"]["top_logprobs"]
+    assert tops[0] is None and len(tops) == len(choice["prompt_logprobs"]) + 1  # the prompt's tokens, then one more
+    for top, full, token in zip(tops[1:], choice["prompt_logprobs"][1:], choice["logprobs"]["tokens"][1:]):
+        best = sorted(full.values(), key=lambda e: e["rank"])[:2]
+        assert set(top.values()) == {e["logprob"] for e in best} | {top[token]}, (top, full)
+        assert len(full) >= 4  # the prompt_logprobs field keeps its own 4 (and the token's own)
