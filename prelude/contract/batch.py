@@ -109,7 +109,9 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # (token id, logprob), best first
-    rank: int = 1  # 1 + how many tokens had a higher logprob
+    # How many tokens had at least its logprob, itself included: tied tokens share the worse
+    # rank, as vLLM counts.
+    rank: int = 1
 
 
 @dataclass(slots=True)

@@ -135,7 +135,7 @@ def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequ
         targets = targets_all[lo:lo + PROMPT_LOGPROB_CHUNK]
         logprobs = torch.log_softmax(model.compute_logits(hidden[lo:lo + len(targets)]).float(), dim=-1)
         chosen = logprobs.gather(1, targets[:, None])
-        ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+        ranks = (logprobs >= chosen).sum(dim=1).tolist()  # itself and every token as likely, as vLLM counts
         alternatives: list[list] = [[] for _ in ranks]
         if top > 0:
             values, ids = logprobs.topk(top, dim=-1)

@@ -148,4 +148,4 @@ def token_logprob(logprobs: torch.Tensor, token_id: int, top: int,
         values, ids = logprobs.topk(top)
         alternatives = list(zip(ids.tolist(), values.tolist()))
     chosen = logprobs[token_id]
-    return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs > chosen).sum()) + 1)
+    return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs >= chosen).sum()))

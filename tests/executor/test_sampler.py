@@ -100,3 +100,12 @@ def test_tail_tokens_keep_their_share_on_a_real_vocabulary():
         hits += sum(t >= vocab - 10 for t in tokens)
     share = hits / (batch * batches)
     assert 0.07 < share < 0.13, share  # 0.10 expected; +-3 binomial standard deviations
+
+
+def test_a_tokens_rank_counts_the_tokens_tied_with_it_as_vllm_does():
+    """rank = how many tokens have at least its logprob, as vLLM 0.32 counts them (its sampler's
+    `logprobs >= token's`): tied tokens share the worse rank. It counted strictly better + 1."""
+    logprobs = torch.log_softmax(torch.tensor([3.0, 1.0, 1.0, 0.0]), dim=-1)
+    assert sampler.token_logprob(logprobs, 0, 2).rank == 1
+    assert sampler.token_logprob(logprobs, 1, 2).rank == 3 and sampler.token_logprob(logprobs, 2, 2).rank == 3
+    assert sampler.token_logprob(logprobs, 3, 2).rank == 4
