@@ -125,7 +125,8 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                          multi_item_scoring=config.multi_item_scoring and setup.runner.attention.supports_items
                          and not config.disable_oneshot,
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
-                         eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir))
+                         eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir),
+                         sentence_transformers=(model_dir / "modules.json").is_file())
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)

@@ -228,7 +228,10 @@ class DecisionAPI(Serving):
 
     async def _relevance_scores(self, http, rid: str, queries: list[str], documents: list[str],
                                 body: Body) -> tuple[list[float], list[list[int]]]:
-        if self.served.has_classifier:  # cross-encoder: the pair through the classification head
+        """Each pair's relevance, as ServedModel.pair_scoring says, and the prompts it ran."""
+        if self.served.pair_scoring == "embedding":
+            return await self._embedding_similarities(http, rid, queries, documents, body)
+        if self.served.pair_scoring == "cross-encoder":  # the pair through the classification head
             unique = list(dict.fromkeys(queries))  # usually one query for every document
             encoded = dict(zip(unique, await self.encode_items(unique, "query")))
             seconds = await self.admission.encode_many(documents, add_special_tokens=False)
@@ -245,6 +248,17 @@ class DecisionAPI(Serving):
         scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body),
                                           param="documents")
         return [s[1] for s in scores], prompts
+
+    async def _embedding_similarities(self, http, rid: str, queries: list[str], documents: list[str],
+                                      body: Body) -> tuple[list[float], list[list[int]]]:
+        """The cosine similarity of each pair's embeddings: each distinct text is embedded once
+        (as /v1/embeddings would, normalized), all of them in one admission."""
+        texts = list(dict.fromkeys(queries + documents))
+        prompts = await self.encode_items(texts, "documents")
+        rows = self._rows(rid, prompts, task=Task.EMBED, param="documents", pooling=self.served.pooling,
+                          normalize=True, **self.scheduling(http, body))
+        vectors = dict(zip(texts, (required(out.pooled) for out in await self.collect(http, rows))))
+        return [sum(a * b for a, b in zip(vectors[q], vectors[d])) for q, d in zip(queries, documents)], prompts
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------
     async def rerank(self, http: HTTPRequest) -> Response:

@@ -25,6 +25,7 @@ class ServedModel:
     eos_token_ids: tuple[int, ...] = ()  # tokenizer_config.json's: which end truncation drops
     # Sampling fields' defaults from generation_config.json (--generation-config auto).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    sentence_transformers: bool = False  # the checkpoint is a sentence-transformers export (modules.json)
 
     @property
     def has_lm_head(self) -> bool:
@@ -35,10 +36,23 @@ class ServedModel:
         return self.config.head == "ForSequenceClassification"
 
     @property
+    def pair_scoring(self) -> str:
+        """How /v1/score and /rerank score a (query, document) pair, decided here only:
+        "cross-encoder" (the pair through a classification head), "embedding" (the cosine of the
+        two texts' embeddings, as vLLM scores with an embedding model: a model with no LM head,
+        or a sentence-transformers export such as Qwen3-Embedding, whose LM head, if any, was
+        never trained to answer) or "generative" (a yes/no judge prompt, Qwen3-Reranker style)."""
+        if self.has_classifier:
+            return "cross-encoder"
+        if self.sentence_transformers or not self.has_lm_head:
+            return "embedding"
+        return "generative"
+
+    @property
     def capabilities(self) -> list[str]:
         """What the model's heads can answer (listed by /v1/models)."""
         if self.has_classifier:
             return ["classify", "score", "embed"]
         if self.has_lm_head:
             return ["generate", "score", "embed"]
-        return ["embed"]
+        return ["embed", "score"]
