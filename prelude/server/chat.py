@@ -84,7 +84,8 @@ class ChatAPI(GenerationAPI):
     def _chat_logprobs(self, entries: list[TokenLogprob] | None, as_ids: bool) -> dict:
         def item(token_id: int, logprob: float) -> dict:
             text = self.logprob_token(token_id, as_ids)  # "token_id:<id>" with return_tokens_as_token_ids
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            raw = list(text.encode("utf-8")) if as_ids else self.token_bytes(token_id)
+            return {"token": text, "logprob": logprob, "bytes": raw}
 
         content = []
         for entry in entries or []:

@@ -104,6 +104,7 @@ class Serving:
         self.model_name = served.name
         self.max_request_bytes = max_request_bytes
         self._token_texts: dict[int, str] = {}
+        self._token_bytes: dict[int, list[int]] = {}
         # The served name, its path (what /model_info reports as model_path), and "unknown":
         # sglang-router's placeholder when a request named no model.
         self.model_names = frozenset((served.name, str(served.path), "unknown"))
@@ -129,6 +130,13 @@ class Serving:
         if text is None:
             text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """One token's own bytes (chat logprobs' `bytes`), found once per token id like its text."""
+        raw = self._token_bytes.get(token_id)
+        if raw is None:
+            raw = self._token_bytes[token_id] = list(self.tokenizer.token_bytes(token_id))
+        return raw
 
     def logprob_token(self, token_id: int, as_id: bool) -> str:
         """How a logprobs entry names a token: its text, or with vLLM's

@@ -4,6 +4,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple, Sequence
 
+from prelude._fasttoken.plan import CHAR_TO_BYTE
+
 
 class DecodeStep(NamedTuple):
     """Result of one streaming decode step: the new text and the offsets for the next step."""
@@ -45,6 +47,21 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def token_to_id(self, token: str) -> int | None: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs `bytes`). A byte-level BPE piece maps
+        back to its raw bytes, so a character split across tokens has its bytes split too and
+        the tokens' bytes join to the text; decoded alone, such a piece is U+FFFD, whose bytes
+        join to nothing. Any other token: its decoded text's bytes."""
+        text = self.decode([token_id])
+        piece = self.id_to_token(token_id)
+        if piece is not None and all(c in CHAR_TO_BYTE for c in piece):
+            raw = bytes(CHAR_TO_BYTE[c] for c in piece)
+            # Only where the tokenizer's own decode agrees that the piece is those bytes: a
+            # SentencePiece vocabulary's "é" is no byte-level piece.
+            if raw.decode("utf-8", errors="replace") == text:
+                return raw
+        return text.encode("utf-8")
 
     @abstractmethod
     def id_to_token(self, token_id: int) -> str | None: ...

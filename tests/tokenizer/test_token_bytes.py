@@ -1,0 +1,25 @@
+"""A token's own bytes (chat logprobs' `bytes`, OpenAI's field for joining characters split
+across tokens): on byte-level vocabularies the tokens' bytes join to exactly the text's UTF-8,
+CJK and emoji split mid-character included, on both backends."""
+from __future__ import annotations
+
+import pytest
+
+from prelude.tokenizer.fast import FastTokenizer
+from prelude.tokenizer.hf import HFTokenizer
+from tests.data import tokenizer_dir
+
+TEXTS = ["Hello world, 你好! def f(x): return x**2", "判断：这个回答是否安全？是 🙂👍🏽 naïve café",
+         "\u200b\ttabs and\r\nnewlines\u00a0", "罕见字：𠜎𠜱𡃁 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🫠🪿ꙮ", "<|im_end|> is special only as an added token"]
+
+
+@pytest.mark.parametrize("backend", [FastTokenizer, HFTokenizer])
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gpt2"])
+def test_byte_level_tokens_bytes_join_to_the_text(name, backend):
+    tok = backend(tokenizer_dir(name) / "tokenizer.json")
+    split = 0  # tokens holding part of a character: their decoded text alone is U+FFFD
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8"), (name, text)
+        split += sum("\ufffd" in tok.decode([i]) for i in ids)
+    assert split > 0, "no text split a character: the case this guards was not exercised"
