@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from prelude.model.config import ModelConfig
 from prelude.tokenizer import Tokenizer
@@ -36,7 +37,7 @@ class ServedModel:
         return self.config.head == "ForSequenceClassification"
 
     @property
-    def pair_scoring(self) -> str:
+    def pair_scoring(self) -> Literal["cross-encoder", "embedding", "generative"]:
         """How /v1/score and /rerank score a (query, document) pair, decided here only:
         "cross-encoder" (the pair through a classification head), "embedding" (the cosine of the
         two texts' embeddings, as vLLM scores with an embedding model: a model with no LM head,
