@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short requests of the unloaded-after-idle-gaps calibration (0: skip it)")
     p.add_argument("--deadline-x", type=float, default=2.0,
                    help="short-request deadline as a multiple of the unloaded short P99")
+    p.add_argument("--deadlines", choices=("both", "on", "off"), default="both",
+                   help="run each policy with and without short-request deadlines (both), or one way only")
     p.add_argument("--deadline-ms", type=float,
                    help="a fixed short-request deadline instead (runs stay comparable when the unloaded P99 "
                         "moves between calibrations, as it does on a shared VM)")
@@ -249,7 +251,8 @@ def policy_runs(args: argparse.Namespace, env: dict[str, str]) -> tuple[dict, li
           f"{1000 * p99_unloaded:.1f} ms back to back, {_ms(p99_idle)} ms after idle gaps; offered "
           f"{short_rate:.1f} short/s + {long_rate:.2f} long/s; short deadline {1000 * deadline_s:.1f} ms", flush=True)
     results: list[PolicyResult] = []
-    runs = [(policy, policy, deadlines) for policy in args.policies.split(",") for deadlines in (False, True)]
+    with_deadlines = {"both": (False, True), "on": (True,), "off": (False,)}[args.deadlines]
+    runs = [(policy, policy, deadlines) for policy in args.policies.split(",") for deadlines in with_deadlines]
     if args.baseline:  # deadlines change nothing for it: fcfs ignores them and nothing is shed
         runs.insert(0, (BASELINE, "fcfs", False))
     if args.shorts_alone:

@@ -82,20 +82,20 @@ class StepBudget:
             return True
         if tokens > self.tokens_left or temp_bytes > self.temp_left:
             return False
-        if self.costs is None:
+        if self.costs is None or self.deadline == math.inf:
             return True
-        # The step may grow only while it keeps its most urgent row on time; a row already late
-        # gains nothing from a smaller step, and the rows behind it would lose throughput.
-        urgent = self.deadline
-        if urgent == math.inf or self.now + self.costs.estimate(self.tokens_taken) > urgent:
-            return True
-        return self.now + self.costs.estimate(self.tokens_taken + tokens) <= urgent
+        # The step may grow only while it keeps its most urgent row on time.
+        return self.now + self.costs.estimate(self.tokens_taken + tokens) <= self.deadline
 
     def take(self, tokens: int, temp_bytes: int = 0, deadline: float | None = None) -> None:
         self.tokens_left -= tokens
         self.temp_left -= temp_bytes
         self.tokens_taken += tokens
-        if deadline is not None:
+        # Only a row the step still finishes in time for caps it: a row already late gains
+        # nothing from a smaller step, and the rows behind it would lose throughput. (Capped by
+        # a late row's past deadline, the step took every row after it, however urgent.)
+        if deadline is not None and self.costs is not None \
+                and self.now + self.costs.estimate(self.tokens_taken) <= deadline:
             self.deadline = min(self.deadline, deadline)
         self.empty = False
 

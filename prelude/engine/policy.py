@@ -5,8 +5,9 @@
 - sjf: JCT-aware (PrefillOnly): shortest estimated job first, the estimate made from the
   request's *uncached* tokens with the step cost model calibrated online, and refreshed when the
   prefix cache changes. Aging bounds every wait: see `SJF`.
-- edf: slack-based earliest deadline first (FlowPrefill): the request that must start soonest
-  to meet its deadline goes first; requests without a deadline are ordered as under sjf.
+- edf: slack-based earliest deadline first (FlowPrefill's S-EDF): the request that must start
+  soonest to meet its deadline goes first; one that can no longer meet it goes behind those that
+  still can (within a bound); requests without a deadline are ordered as under sjf.
 
 The scheduler iterates a policy in order, then removes what it admitted; preempted work
 re-enters with `push_front`. Every policy counts the tokens it holds waiting, for admission
@@ -176,18 +177,36 @@ class SJF(_Keyed):
         return item.request.arrival_time + AGING * seconds
 
     def key(self, item: Work) -> float:
+        return self.current_key(item, time.monotonic())
+
+    def current_key(self, item: Work, now: float) -> float:
         return self.estimate(item).key
 
     def __iter__(self) -> Iterator[Work]:
-        if any(e[0] != self.estimate(e[2]).key for e in self._entries):
-            self._entries = sorted(((self.estimate(w).key, n, w) for _, n, w in self._entries),
-                                   key=lambda e: e[:2])
+        now = time.monotonic()
+        keys = [self.current_key(e[2], now) for e in self._entries]
+        if any(e[0] != k for e, k in zip(self._entries, keys)):
+            self._entries = sorted(((k, n, w) for k, (_, n, w) in zip(keys, self._entries)), key=lambda e: e[:2])
         return super().__iter__()
 
 
 class EDF(SJF):
     """Slack-based earliest deadline first: a request with a deadline is keyed by the latest
-    time it can start and still finish (deadline - estimated cost); one without, as under SJF."""
+    time it can start and still finish (deadline - estimated cost); one without, as under SJF.
+
+    Once that time has passed (negative slack) the request is keyed by deadline + AGING x cost:
+    it goes behind the requests that can still make theirs, as FlowPrefill's S-EDF puts it,
+    rather than spend their slack on a deadline already lost. Beside long inputs on the CPU,
+    short requests that waited out a segment together ran in one step, and the step's length
+    made all of them late. The key is still a fixed time, so the request is overtaken only by
+    work due before it: its extra wait is bounded as under SJF."""
+
+    def current_key(self, item: Work, now: float) -> float:
+        estimate = self.estimate(item)
+        deadline = item.open_deadline
+        if deadline is None or now <= estimate.key:
+            return estimate.key
+        return deadline + AGING * estimate.seconds
 
     def order_key(self, item: Work, seconds: float) -> float:
         # The deadline still to be met: a sequence preempted after its first token has none

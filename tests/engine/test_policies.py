@@ -154,6 +154,36 @@ def test_edf_step_grows_only_while_the_most_urgent_row_meets_its_deadline():
     assert [p.job.request.request_id for p in step.oneshots] == ["urgent", "bulk0"]
 
 
+def test_edf_puts_work_that_can_no_longer_meet_its_deadline_behind_work_that_can():
+    scheduler = make("edf", max_num_batched_tokens=10_000)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3  # 10 tokens: 11 ms
+    now = time.monotonic()
+    scheduler.add(embed("lost", 10, deadline=now + 0.005))  # its latest start has passed
+    scheduler.add(embed("on-time", 10, start=100, deadline=now + 0.025))  # with lost: 21 ms
+    assert first_rows(scheduler) == ["on-time", "lost"]
+
+
+def test_edf_work_past_its_deadline_is_overtaken_only_by_work_due_before_a_bound():
+    scheduler = make("edf", max_num_batched_tokens=10_000)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
+    now = time.monotonic()
+    scheduler.add(embed("relaxed", 10, start=100, deadline=now + 1))  # may start up to now + 0.989
+    scheduler.add(embed("lost", 10, deadline=now + 0.005))  # behind work due before now + 0.027 only
+    assert first_rows(scheduler) == ["lost", "relaxed"]
+
+
+def test_edf_step_stays_capped_by_its_urgent_row_when_a_late_row_joins():
+    scheduler = make("edf", max_num_batched_tokens=10_000)
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
+    now = time.monotonic()
+    scheduler.add(embed("urgent", 10, deadline=now + 0.05))  # 11 ms alone
+    scheduler.add(embed("late", 20, start=100, deadline=now + 0.015))  # 21 ms: lost; with urgent, 31 ms
+    for i in range(5):
+        scheduler.add(embed(f"bulk{i}", 30, start=200 + 30 * i))  # +30 ms each: urgent would miss
+    step = scheduler.schedule()
+    assert [p.job.request.request_id for p in step.oneshots] == ["urgent", "late"]
+
+
 def test_late_requests_are_shed_only_when_asked():
     for shed in (False, True):
         scheduler = make("edf", shed_late_requests=shed)
