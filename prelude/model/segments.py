@@ -9,7 +9,8 @@ Chunks are sized by their work (segment_tokens, query_chunks), not by a count. T
 merges a query chunk's causal part and its earlier keys by their log-sum-exps, and projections
 and norms act on each token alone, so a segmented forward equals an uninterrupted one within
 float32 rounding. Its longest segment on the demo model at 8K tokens went from ~40 ms (the last
-query chunk with the whole output projection; the whole q/k/v projection took ~20 ms) to ~15."""
+query chunk with the whole output projection; the whole q/k/v projection took ~20 ms) to ~15 with
+1,024-token segments, and is about half that with 512."""
 from __future__ import annotations
 
 import math
@@ -23,16 +24,20 @@ from prelude.model.layers import MLP_CHUNK_TOKENS
 
 # A segment's work, sized on the demo model where a short request's wait was measured: at most
 # SEGMENT_TOKENS tokens, and for wider models as many as make SEGMENT_MLP_MACS of MLP (Qwen3-0.6B:
-# 64 tokens, not 1,024 of 16x the work). Beside 8K-token embeddings on the demo model a short
-# request's P99 fell from 82-87 ms at 2,048 tokens to 56-58 ms at 1,024 (bench.serving.long_short,
-# fcfs), for 3% more time on the long step run alone; 512 gave the same P99 for 12% more.
-SEGMENT_TOKENS = 1024
+# the floor, 64 tokens, not 512 of 16x the work). Beside 8K-token embeddings on the demo model a
+# short request's P99 fell from 82-87 ms at 2,048 tokens to 56-58 ms at 1,024 (bench.serving.
+# long_short, fcfs). At 512 (2026-11-28, `--long-share 0.85 --deadline-ms 20`, five runs
+# alternating with 1,024): short P50 10.7-11.8 ms against 12.0-12.6, SLO attainment 94.7-98.7%
+# against 91.8-94.8%, for 9-14% more time on an 8K-token step run alone. Most of that cost and of
+# the gain is the attention's: MLP and projections at 512 with attention chunks as at 1,024 cost
+# 0-4% more and gained nothing.
+SEGMENT_TOKENS = 512
 SEGMENT_MLP_MACS = 3 * 256 * 768 * SEGMENT_TOKENS
 MIN_SEGMENT_TOKENS = 64  # below, the matmuls lose more than a shorter wait gains
 # An attention segment's work, in (query, key) pairs times head_dim: a chunk of queries late in a
 # long input sees many more keys than an early one, so chunks are sized by pairs, not queries.
-# Two 1,024-square blocks at the demo's head_dim (32): about an MLP segment's time (~7 ms). With
-# fixed 1,024-query chunks the last ones of an 8K input took 4x that (27 ms, attention only).
+# Two SEGMENT_TOKENS-square blocks at the demo's head_dim (32): about an MLP segment's time. With
+# fixed 1,024-query chunks the last ones of an 8K input took 4x an MLP segment (27 ms).
 SEGMENT_PAIR_DIMS = 2 * SEGMENT_TOKENS * SEGMENT_TOKENS * 32
 
 if TYPE_CHECKING:  # the decoder imports this module
