@@ -10,7 +10,7 @@ merges a query chunk's causal part and its earlier keys by their log-sum-exps, a
 and norms act on each token alone, so a segmented forward equals an uninterrupted one within
 float32 rounding. Its longest segment on the demo model at 8K tokens went from ~40 ms (the last
 query chunk with the whole output projection; the whole q/k/v projection took ~20 ms) to ~15 with
-1,024-token segments, and is about half that with 512."""
+1,024-token segments; SEGMENT_TOKENS has what 512 gained beside that."""
 from __future__ import annotations
 
 import math
@@ -36,8 +36,9 @@ SEGMENT_MLP_MACS = 3 * 256 * 768 * SEGMENT_TOKENS
 MIN_SEGMENT_TOKENS = 64  # below, the matmuls lose more than a shorter wait gains
 # An attention segment's work, in (query, key) pairs times head_dim: a chunk of queries late in a
 # long input sees many more keys than an early one, so chunks are sized by pairs, not queries.
-# Two SEGMENT_TOKENS-square blocks at the demo's head_dim (32): about an MLP segment's time. With
-# fixed 1,024-query chunks the last ones of an 8K input took 4x an MLP segment (27 ms).
+# Two SEGMENT_TOKENS-square blocks at the demo's head_dim (32); at 1,024 that was about an MLP
+# segment's time (~7 ms), and fixed 1,024-query chunks made the last ones of an 8K input take 4x
+# that (27 ms). The pairs shrink with the square of SEGMENT_TOKENS, the MLP's tokens linearly.
 SEGMENT_PAIR_DIMS = 2 * SEGMENT_TOKENS * SEGMENT_TOKENS * 32
 
 if TYPE_CHECKING:  # the decoder imports this module
