@@ -15,8 +15,10 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
-# Every decoder layer of a step in one call (prelude/model/fused_step.py wraps it).
+# Every decoder layer of a step in one call, or resumably in several (prelude/model/fused_step.py
+# wraps them).
 forward_step = _native.forward_step if _native is not None else None
+resumable_step = _native.ResumableStep if _native is not None else None
 
 
 # Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's

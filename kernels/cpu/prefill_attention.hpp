@@ -267,14 +267,22 @@ __attribute__((always_inline)) static inline void prefill_items_body(const Prefi
 
 PRELUDE_CPU_VARIANTS(prefill_items, (const PrefillAttention& a, long first, long last), (a, first, last))
 
+// A row's work items (KV heads x query tiles), which prefill_attention_items runs in any order.
+static long prefill_items(const PrefillAttention& a) { return (a.n + kTile - 1) / kTile * a.kv_heads; }
+
+// Items [first, last) on the team. Work ~ the keys each query sees: n queries over about
+// (m - n) + n / 2 keys, K and V, the range's share of it.
+static void prefill_attention_items(const PrefillAttention& a, long first, long last, int threads) {
+    const long work = 2 * a.n * (a.m - a.n / 2) * a.heads * a.dim / 8 * (last - first) / prefill_items(a);
+    threads = threads_worth(work, threads);
+    parallel_ranges(last - first, threads < 1 ? 1 : threads, 1,
+                    [&](long begin, long end) { run_prefill_items(a, first + begin, first + end); });
+}
+
 // dim must be a multiple of 8, heads a multiple of kv_heads, m >= n >= 1, m - context >= n (the
 // caller checks).
 static void prefill_attention(const PrefillAttention& a, int threads) {
-    const long tiles = (a.n + kTile - 1) / kTile;
-    // Work ~ the keys each query sees: n queries over about (m - n) + n / 2 keys, K and V.
-    threads = threads_worth(2 * a.n * (a.m - a.n / 2) * a.heads * a.dim / 8, threads);
-    if (threads < 1) threads = 1;
-    parallel_ranges(tiles * a.kv_heads, threads, 1, [&](long first, long last) { run_prefill_items(a, first, last); });
+    prefill_attention_items(a, 0, prefill_items(a), threads);
 }
 
 }  // namespace prelude_cpu

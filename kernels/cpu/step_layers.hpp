@@ -3,11 +3,15 @@
 // cache, attention, the output projection, RMSNorm, SwiGLU, and the final norm. Each piece is the
 // same kernel the per-op path calls (elementwise.hpp, linear.hpp, paged_attention.hpp,
 // prefill_attention.hpp). What this saves is a dozen torch dispatches, tensor allocations and
-// GIL round trips per layer. A small model's decode step spent more time in those than in its
-// arithmetic. A prompt step paid for them again in the server, where the event loop took the GIL
-// between ops: a one-row Mixed step of the demo model took 12-18 ms while tokens streamed at
-// c=4, against 6.1-6.8 ms alone. Parallel pieces run on the thread team.
+// GIL round trips per layer, which cost a small model's steps more than their arithmetic, and
+// gave the event loop the GIL between every two ops. Parallel pieces run on the thread team.
+//
+// A step can also run resumably (StepProgress): it looks at a stop flag between pieces of about
+// a given number of multiply-adds (token chunks of the projections and the MLP, slices of a
+// row's attention items) and returns there when the flag is up, to be advanced later from the
+// same place, with the same results as a run straight through. Looking costs one load per piece.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -63,9 +67,6 @@ struct StepRows {
     long kept;
 };
 
-// Rows of the MLP at a time, so its largest activation stays bounded (prelude/model/layers.py).
-constexpr long kMlpRows = 2048;
-
 static void step_linear(const float* x, long rows, const float* w, const float* packed, const float* bias, long in,
                         long out_features, float* out, int threads) {
     linear_rows(x, rows, w, packed, in, out, out_features, threads);
@@ -74,12 +75,14 @@ static void step_linear(const float* x, long rows, const float* w, const float* 
             for (long o = 0; o < out_features; ++o) out[t * out_features + o] += bias[o];
 }
 
-// Each token's q and k heads normed (Qwen3) and rotated, into q [tokens, q_size] and k
-// [tokens, kv_size]; the stored tokens' K and V copied to their cache slots.
-static void project_heads(const ModelShape& m, const LayerWeights& w, const StepRows& r, const float* qkv, float* q,
-                          float* k, int threads) {
+// Tokens [first, last): their q and k heads normed (Qwen3) and rotated, into q [tokens, q_size]
+// and k [tokens, kv_size]; the stored tokens' K and V copied to their cache slots.
+static void project_heads(const ModelShape& m, const LayerWeights& w, const StepRows& r, long first, long last,
+                          const float* qkv, float* q, float* k, int threads) {
     const long dim = m.dim, q_size = m.heads * dim, kv_size = m.kv_heads * dim, width = q_size + 2 * kv_size;
-    parallel_ranges(r.tokens, threads_worth(r.tokens * width, threads), 1, [&](long begin, long end) {
+    parallel_ranges(last - first, threads_worth((last - first) * width, threads), 1, [&](long begin, long end) {
+        begin += first;
+        end += first;
         std::vector<float> normed(m.heads * dim);
         for (long t = begin; t < end; ++t) {
             const float* cos = r.rope + r.positions[t] * dim;
@@ -105,27 +108,25 @@ static void project_heads(const ModelShape& m, const LayerWeights& w, const Step
     });
 }
 
-// Every row's attention into out [tokens, q_size]: prompt rows one at a time over their cached
-// context and fresh keys, decode rows together from the cache (their keys are stored by now).
-static void attend_rows(const ModelShape& m, const LayerWeights& w, const StepRows& r, const float* q, const float* k,
-                        const float* qkv, const long* decode_lens, float* out, int threads) {
+// Prompt row `row`'s attention: its queries over its cached context and its fresh keys.
+static PrefillAttention row_attention(const ModelShape& m, const LayerWeights& w, const StepRows& r, long row,
+                                      const float* q, const float* k, const float* qkv, float* out) {
     const long dim = m.dim, q_size = m.heads * dim, kv_size = m.kv_heads * dim, width = q_size + 2 * kv_size;
-    const float scale = 1.0f / std::sqrt((float)dim);
-    for (long row = 0; row < r.decode_from; ++row) {
-        const long first = r.query_starts[row], n = r.query_starts[row + 1] - first, context = r.context_lens[row];
-        PrefillAttention a{q + first * q_size, k + first * kv_size, qkv + first * width + q_size + kv_size,
-                           out + first * q_size, n, context + n, m.heads, m.kv_heads, dim, q_size, kv_size, width,
-                           scale, w.k_cache, w.v_cache, r.block_tables + row * r.table_width, context,
-                           m.block_size, m.block_size * kv_size, kv_size};
-        prefill_attention(a, threads);
-    }
-    if (r.decode_from < r.rows) {
-        const long first = r.query_starts[r.decode_from];
-        PagedDecode a{q + first * q_size, w.k_cache, w.v_cache, r.block_tables + r.decode_from * r.table_width,
-                      decode_lens, out + first * q_size, r.rows - r.decode_from, m.heads, m.kv_heads, dim,
-                      m.block_size, r.table_width, scale};
-        paged_decode_attention(a, threads);
-    }
+    const long first = r.query_starts[row], n = r.query_starts[row + 1] - first, context = r.context_lens[row];
+    return PrefillAttention{q + first * q_size, k + first * kv_size, qkv + first * width + q_size + kv_size,
+                            out + first * q_size, n, context + n, m.heads, m.kv_heads, dim, q_size, kv_size, width,
+                            1.0f / std::sqrt((float)dim), w.k_cache, w.v_cache, r.block_tables + row * r.table_width,
+                            context, m.block_size, m.block_size * kv_size, kv_size};
+}
+
+// The decode rows' attention, together, from the cache (their keys are stored by now).
+static void attend_decodes(const ModelShape& m, const LayerWeights& w, const StepRows& r, const float* q,
+                           const long* decode_lens, float* out, int threads) {
+    const long q_size = m.heads * m.dim, first = r.query_starts[r.decode_from];
+    PagedDecode a{q + first * q_size, w.k_cache, w.v_cache, r.block_tables + r.decode_from * r.table_width,
+                  decode_lens, out + first * q_size, r.rows - r.decode_from, m.heads, m.kv_heads, m.dim,
+                  m.block_size, r.table_width, 1.0f / std::sqrt((float)m.dim)};
+    paged_decode_attention(a, threads);
 }
 
 // Rows `keep` lists moved to the front of x [*, width], in order (keep is increasing).
@@ -134,56 +135,132 @@ static void keep_rows(float* x, long width, const long* keep, long kept) {
         if (keep[i] != i) std::memcpy(x + i * width, x + keep[i] * width, width * sizeof(float));
 }
 
+// Rows of the MLP at a time, so its largest activation stays bounded (prelude/model/layers.py).
+constexpr long kMlpRows = 2048;
+// A resumable step's token chunks are at least this long: shorter ones lose more in the
+// products than a shorter wait gains.
+constexpr long kMinChunkRows = 64;
+
+// Where a step stands between two calls, and the scratch it keeps meanwhile. Phases of a layer:
+// the input norm and q/k/v (by token chunks), the attention (prompt rows by slices of their work
+// items, then the decode rows), and the output projection, norm and MLP (by token chunks).
+struct StepProgress {
+    enum Phase { kProject, kAttend, kFeedForward, kDone };
+    long layer = 0, phase = kProject, row = 0, at = 0;  // `at`: the next token, or item of prompt row `row`
+    long live = -1;  // tokens computed past the attention: all of them, or the kept ones in the last layer
+    std::unique_ptr<float[]> residual, normed, qkv, q, k, attended, gate_up, act;
+    std::vector<long> decode_lens;
+};
+
+// Whether the step may go on: the flag is down, or nothing ran yet in this call (each call makes
+// progress, so a step asked to stop at every chance still finishes).
+static inline bool go_on(const int* stop, bool& ran) {
+    if (ran && stop != nullptr && __atomic_load_n(stop, __ATOMIC_RELAXED) != 0) return false;
+    ran = true;
+    return true;
+}
+
+// Chunk rows for `macs_per_row` multiply-adds a row within `segment_macs` (0: one chunk of `most`).
+static long chunk_rows(long segment_macs, long macs_per_row, long most) {
+    if (segment_macs <= 0) return most;
+    const long rows = segment_macs / macs_per_row;
+    return rows < kMinChunkRows ? kMinChunkRows : rows > most ? most : rows;
+}
+
 // x: [tokens, hidden], the embeddings in; out, the final-norm hidden states of every token, or
-// of the kept ones in its first `kept` rows. The caller checks the shapes the kernels need
-// (hidden, q_size and intermediate multiples of 8, dim of 16) and that the row layout holds.
-static void step_layers(const ModelShape& m, const LayerWeights* layers, long num_layers, const float* final_norm,
-                        const StepRows& r, float* x, int threads) {
+// of the kept ones in its first `kept` rows. Runs from where `s` stands (a fresh StepProgress: the
+// start) until the end, or until `stop` (may be null) is up between two pieces of about
+// `segment_macs` multiply-adds (0: whole phases); returns whether the step finished. The caller
+// checks the shapes the kernels need (hidden, q_size and intermediate multiples of 8, dim of 16)
+// and that the row layout holds, and keeps every pointer valid until the step finished.
+static bool advance_step(const ModelShape& m, const LayerWeights* layers, long num_layers, const float* final_norm,
+                         const StepRows& r, float* x, StepProgress& s, long segment_macs, const int* stop,
+                         int threads) {
     const long n = r.tokens, hidden = m.hidden, inter = m.intermediate;
     const long q_size = m.heads * m.dim, kv_size = m.kv_heads * m.dim, qkv_width = q_size + 2 * kv_size;
     const long mlp_rows = n < kMlpRows ? n : kMlpRows;
-    // Uninitialized: every buffer is written before it is read, and zero-filling them cost an
-    // 8K-token step of a small model about 50 MB of memset.
-    const auto scratch = [](long floats) { return std::unique_ptr<float[]>(new float[floats]); };
-    const auto residual = scratch(n * hidden), normed = scratch(n * hidden), qkv = scratch(n * qkv_width),
-               q = scratch(n * q_size), k = scratch(n * kv_size), attended = scratch(n * q_size),
-               gate_up = scratch(mlp_rows * 2 * inter), act = scratch(mlp_rows * inter);
-    std::vector<long> decode_lens;
-    for (long row = r.decode_from; row < r.rows; ++row) decode_lens.push_back(r.context_lens[row] + 1);
-    const int norm_threads = threads_worth(n * hidden, threads);
-    long live = n;  // rows still computed: all of them until the last layer's attention
-    for (long layer = 0; layer < num_layers; ++layer) {
-        const LayerWeights& w = layers[layer];
-        if (layer == 0) {
-            std::memcpy(residual.get(), x, n * hidden * sizeof(float));
-            team_rms_norm({x, n, 1, hidden, hidden, 0}, w.input_norm, m.eps, nullptr, nullptr, normed.get(),
-                          norm_threads);
-        } else {
-            team_rms_norm({x, n, 1, hidden, hidden, 0}, w.input_norm, m.eps, residual.get(), residual.get(),
-                          normed.get(), norm_threads);
+    if (s.live < 0) {
+        // Uninitialized: every buffer is written before it is read, and zero-filling them cost an
+        // 8K-token step of a small model about 50 MB of memset.
+        const auto scratch = [](long floats) { return std::unique_ptr<float[]>(new float[floats]); };
+        s.residual = scratch(n * hidden), s.normed = scratch(n * hidden), s.qkv = scratch(n * qkv_width);
+        s.q = scratch(n * q_size), s.k = scratch(n * kv_size), s.attended = scratch(n * q_size);
+        s.gate_up = scratch(mlp_rows * 2 * inter), s.act = scratch(mlp_rows * inter);
+        for (long row = r.decode_from; row < r.rows; ++row) s.decode_lens.push_back(r.context_lens[row] + 1);
+        s.live = n;
+    }
+    const long project_chunk = chunk_rows(segment_macs, hidden * qkv_width, n);
+    const long forward_chunk = chunk_rows(segment_macs, q_size * hidden + 3 * hidden * inter, mlp_rows);
+    bool ran = false;
+    for (; s.layer < num_layers; ++s.layer, s.phase = StepProgress::kProject, s.at = 0) {
+        const LayerWeights& w = layers[s.layer];
+        const bool last = s.layer == num_layers - 1;
+        for (; s.phase == StepProgress::kProject && s.at < n; s.at += project_chunk) {
+            if (!go_on(stop, ran)) return false;
+            const long rows = n - s.at < project_chunk ? n - s.at : project_chunk;
+            float *in = x + s.at * hidden, *residual = s.residual.get() + s.at * hidden;
+            float* normed = s.normed.get() + s.at * hidden;
+            if (s.layer == 0) std::memcpy(residual, in, rows * hidden * sizeof(float));
+            team_rms_norm({in, rows, 1, hidden, hidden, 0}, w.input_norm, m.eps, s.layer == 0 ? nullptr : residual,
+                          s.layer == 0 ? nullptr : residual, normed, threads_worth(rows * hidden, threads));
+            step_linear(normed, rows, w.qkv, w.qkv_packed, w.qkv_bias, hidden, qkv_width,
+                        s.qkv.get() + s.at * qkv_width, threads);
+            project_heads(m, w, r, s.at, s.at + rows, s.qkv.get(), s.q.get(), s.k.get(), threads);
         }
-        step_linear(normed.get(), n, w.qkv, w.qkv_packed, w.qkv_bias, hidden, qkv_width, qkv.get(), threads);
-        project_heads(m, w, r, qkv.get(), q.get(), k.get(), threads);
-        attend_rows(m, w, r, q.get(), k.get(), qkv.get(), decode_lens.data(), attended.get(), threads);
-        if (layer == num_layers - 1 && r.keep != nullptr) {
-            // Past its attention the last layer computes only the tokens whose states are read.
-            keep_rows(attended.get(), q_size, r.keep, r.kept);
-            keep_rows(residual.get(), hidden, r.keep, r.kept);
-            live = r.kept;
+        if (s.phase == StepProgress::kProject) s.phase = StepProgress::kAttend, s.row = 0, s.at = 0;
+        for (; s.phase == StepProgress::kAttend && s.row < r.decode_from; ++s.row, s.at = 0) {
+            const PrefillAttention a = row_attention(m, w, r, s.row, s.q.get(), s.k.get(), s.qkv.get(),
+                                                     s.attended.get());
+            const long items = prefill_items(a);
+            // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
+            const long item_macs = 2 * (kTile * m.heads / m.kv_heads) * (a.m - a.n / 2) * m.dim;
+            const long slice = segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, item_macs));
+            for (; s.at < items; s.at += slice) {
+                if (!go_on(stop, ran)) return false;
+                prefill_attention_items(a, s.at, std::min(items, s.at + slice), threads);
+            }
         }
-        step_linear(attended.get(), live, w.o_proj, w.o_proj_packed, nullptr, q_size, hidden, x, threads);
-        team_rms_norm({x, live, 1, hidden, hidden, 0}, w.post_norm, m.eps, residual.get(), residual.get(),
-                      normed.get(), threads_worth(live * hidden, threads));
-        for (long first = 0; first < live; first += kMlpRows) {
-            const long rows = live - first < kMlpRows ? live - first : kMlpRows;
-            step_linear(normed.get() + first * hidden, rows, w.gate_up, w.gate_up_packed, nullptr, hidden, 2 * inter,
-                        gate_up.get(), threads);
-            team_silu_and_mul(gate_up.get(), rows, inter, act.get(), threads_worth(rows * 2 * inter, threads));
-            step_linear(act.get(), rows, w.down, w.down_packed, nullptr, inter, hidden, x + first * hidden, threads);
+        if (s.phase == StepProgress::kAttend) {
+            if (r.decode_from < r.rows) {
+                if (!go_on(stop, ran)) return false;
+                attend_decodes(m, w, r, s.q.get(), s.decode_lens.data(), s.attended.get(), threads);
+            }
+            if (last && r.keep != nullptr) {
+                // Past its attention the last layer computes only the tokens whose states are read.
+                keep_rows(s.attended.get(), q_size, r.keep, r.kept);
+                keep_rows(s.residual.get(), hidden, r.keep, r.kept);
+                s.live = r.kept;
+            }
+            s.phase = StepProgress::kFeedForward, s.at = 0;
+        }
+        for (; s.at < s.live; s.at += forward_chunk) {
+            if (!go_on(stop, ran)) return false;
+            const long rows = s.live - s.at < forward_chunk ? s.live - s.at : forward_chunk;
+            float *out = x + s.at * hidden, *residual = s.residual.get() + s.at * hidden;
+            float* normed = s.normed.get() + s.at * hidden;
+            step_linear(s.attended.get() + s.at * q_size, rows, w.o_proj, w.o_proj_packed, nullptr, q_size, hidden,
+                        out, threads);
+            team_rms_norm({out, rows, 1, hidden, hidden, 0}, w.post_norm, m.eps, residual, residual, normed,
+                          threads_worth(rows * hidden, threads));
+            step_linear(normed, rows, w.gate_up, w.gate_up_packed, nullptr, hidden, 2 * inter, s.gate_up.get(),
+                        threads);
+            team_silu_and_mul(s.gate_up.get(), rows, inter, s.act.get(), threads_worth(rows * 2 * inter, threads));
+            step_linear(s.act.get(), rows, w.down, w.down_packed, nullptr, inter, hidden, out, threads);
         }
     }
-    team_rms_norm({x, live, 1, hidden, hidden, 0}, final_norm, m.eps, residual.get(), residual.get(), x,
-                  threads_worth(live * hidden, threads));
+    if (s.phase != StepProgress::kDone) {
+        team_rms_norm({x, s.live, 1, hidden, hidden, 0}, final_norm, m.eps, s.residual.get(), s.residual.get(), x,
+                      threads_worth(s.live * hidden, threads));
+        s.phase = StepProgress::kDone;
+    }
+    return true;
+}
+
+// The whole step in one call.
+static void step_layers(const ModelShape& m, const LayerWeights* layers, long num_layers, const float* final_norm,
+                        const StepRows& r, float* x, int threads) {
+    StepProgress progress;
+    advance_step(m, layers, num_layers, final_norm, r, x, progress, 0, nullptr, threads);
 }
 
 }  // namespace prelude_cpu

@@ -254,9 +254,9 @@ class Engine:
         self.flush_kv_events()
         return done
 
-    async def _run_short_step(self) -> bool:
+    async def _run_short_step(self, max_tokens: int) -> bool:
         """One step of short waiting work while a long step is parked; whether there was any."""
-        step = self.scheduler.schedule(max_tokens=self.steps.short_tokens)
+        step = self.scheduler.schedule(max_tokens=max_tokens)
         if step is None:
             return False
         await self._run_step(step, preemptible=False)

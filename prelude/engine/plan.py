@@ -12,36 +12,10 @@ from prelude.engine.cost_model import StepCostModel
 from prelude.engine.work import OneShotJob, Sequence, Work
 
 
-# A running stream waits about this long at most for its next token because of OneShot work: a
-# OneShot row predicted to take longer does not share a step with the streams' decodes (they would
-# all stall for the whole row: 1.3 s for an 8K-token embedding on the demo model); it gets a step
-# of its own, run in segments, which steps aside this often for a step of their tokens. Decode
-# prompts beside their decodes are cut into chunks predicted to take at most this long, but of at
-# least MIN_PROMPT_CHUNK tokens. Beside an 8K-token prompt on the demo model (bench.serving.
-# stream_stall) a stream waited 1.5-1.6 s for the whole-prompt step; 0.53-0.63 s with 2,048-token
-# chunks, the prompt's first token 0-10% later. 1,024-token chunks: 0.29-0.34 s, but generation
-# with 1,536-token prompts at c=4 lost 8-12% of its output rate (at 2,048: -14% to +6% over two
-# runs) and the prompt's first token came 10% later.
-STREAM_GAP_S = 0.1
+# Decode prompts beside running decodes are cut into chunks predicted to take at most
+# preemption.STREAM_GAP_S, but of at least this many tokens: shorter chunks cost generation
+# with long prompts more output rate than they save the streams.
 MIN_PROMPT_CHUNK = 2048
-# A OneShot step predicted to take at least this long may step aside for short requests, those
-# at most SHORT_SHARE of its longest row. The longest row, not the step's total: a step of sixteen
-# 128-token rows is a batch of short work, and parking it for the next 128-token arrival broke
-# batching up (embeddings at c=16 ran at half the rate).
-PREEMPTIBLE_S = 0.05
-SHORT_SHARE = 1 / 8
-
-
-def preemptible(costs: StepCostModel, tokens: int) -> bool:
-    """Whether a OneShot step (or row) computing `tokens` is predicted to take long enough to run
-    in segments and step aside for short work."""
-    return costs.estimate(tokens) >= PREEMPTIBLE_S
-
-
-def short_tokens_beside(long_tokens: int) -> int:
-    """The most tokens of work that runs while a step whose longest row has `long_tokens` is
-    parked, rather than in that step."""
-    return max(1, int(SHORT_SHARE * long_tokens))
 
 
 class Skip(enum.Enum):

@@ -2,13 +2,13 @@
 ForwardBatch, and after the step folds the results back in.
 
 Order within a tick: running decodes first (one token each; the newest sequence, under priority
-the least urgent, is preempted by recompute when blocks run out), then chunks of running prefills, then waiting work in queue-policy
-order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). So that no
-request waits for all of another's long work (engine.plan has the thresholds and the figures):
+the least urgent, is preempted by recompute when blocks run out), then chunks of running
+prefills, then waiting work in queue-policy order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). So that no
+request waits for all of another's long work (engine.preemption has the policy):
 - beside running decodes, prompts come in chunks of MIN_PROMPT_CHUNK tokens (or STREAM_GAP_S);
 - with layer preemption, a OneShot row longer than STREAM_GAP_S is not put beside running
-  sequences: the next tick is a step of OneShot rows alone, which the engine runs in segments,
-  stepping aside for the sequences' tokens;
+  sequences: the next tick is a step of OneShot rows alone, which steps aside for the
+  sequences' tokens;
 - with layer preemption, short work does not join a long OneShot row's step: it runs while that
   step is parked;
 - a row too big for what running decodes leave of the step budget (a OneShot row, a prompt that
@@ -34,18 +34,16 @@ from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import (
     MIN_PROMPT_CHUNK,
-    STREAM_GAP_S,
     PlannedOneShot,
     SchedulerStats,
     ScheduledStep,
     Skip,
     StepBudget,
     StepEvent,
-    preemptible,
-    short_tokens_beside,
 )
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.policy import QueuePolicy, make_policy
+from prelude.engine.preemption import STREAM_GAP_S, PreemptionPolicy
 from prelude.engine.prefix_sharing import PrefixSharing
 from prelude.engine.request import ExecutionClass, Request
 from prelude.engine.scheduler_config import SchedulerConfig
@@ -57,6 +55,7 @@ class Scheduler:
         self.config = config
         self.pool = pool
         self.costs = StepCostModel()
+        self.preemption = PreemptionPolicy(config.layer_preemption, self.costs)
         self.waiting: QueuePolicy = make_policy(config.policy, pool, self.costs)
         self.stats = SchedulerStats()
         prefix = PrefixSharing(pool, self.stats)
@@ -158,14 +157,14 @@ class Scheduler:
         pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
         admitted: list[Work] = []
         decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        segmentable = self.config.layer_preemption and max_tokens is None and not (decodes or chunks)
+        apart = self.preemption.apart if max_tokens is None and not (decodes or chunks) else None
         long_tokens = shortest = 0
         for work in self.waiting:
             tokens = len(work.tokens_to_compute)
-            if segmentable and self._apart(work, tokens, long_tokens, shortest):
+            if apart is not None and apart(isinstance(work, OneShotJob), tokens, long_tokens, shortest):
                 continue
             if isinstance(work, OneShotJob):
-                if (decodes or chunks) and self._stalls_streams(tokens):
+                if (decodes or chunks) and self.preemption.stalls_streams(tokens):
                     self._held_apart = True
                     continue
                 planned = self.oneshot.plan(work, budget, pending)
@@ -181,7 +180,7 @@ class Scheduler:
                 rows.append(self.oneshot.row(planned))
                 work.status = WorkStatus.RUNNING
                 computed = len(rows[-1].token_ids)  # the uncached ones
-                if preemptible(self.costs, computed):
+                if self.preemption.preemptible(computed):
                     long_tokens = max(long_tokens, computed)
             else:
                 if decode_full or (alone and not work.request.needs_every_position):
@@ -229,24 +228,6 @@ class Scheduler:
         if seqs is None:
             return None
         return ScheduledStep(DecodeBatch([self.decode.ahead_row(s) for s in seqs]), [], [], seqs)
-
-    def _apart(self, work: Work, tokens: int, long_tokens: int, shortest: int) -> bool:
-        """Whether work of `tokens` goes in another step than this one, whose longest long
-        OneShot row has `long_tokens` (0: none yet) and shortest row `shortest` (0: no row yet):
-        it is short beside that row, or it is a long OneShot row that the short rows already
-        planned would wait for. A long row passed over goes first in the next step unless more
-        short work came first; then it is passed over again, for as long as the queue policy
-        puts short work ahead of it (fcfs: never, sjf/edf: until its aging bound)."""
-        if long_tokens and tokens <= short_tokens_beside(long_tokens):
-            return True
-        return (isinstance(work, OneShotJob) and bool(shortest) and shortest <= short_tokens_beside(tokens)
-                and preemptible(self.costs, tokens))
-
-    def _stalls_streams(self, tokens: int) -> bool:
-        """Whether a OneShot row of `tokens` would hold running streams' next token too long if it
-        shared their step (only with layer preemption, which lets a step of its own step aside
-        for them)."""
-        return self.config.layer_preemption and self.costs.estimate(tokens) > STREAM_GAP_S
 
     # -- after the step -------------------------------------------------------------------
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:

@@ -1,45 +1,37 @@
 """Runs scheduled steps in the engine's one worker thread, so the event loop keeps serving HTTP
 while a forward runs.
 
-A long OneShot step runs layer by layer and steps aside between two layers while a short request
-waits (FlowPrefill's cooperative preemption), and every STREAM_GAP_S while sequences are running:
-the engine runs a step of that request or of the sequences' next tokens, then the long one resumes
-where it stopped, with the same results as an uninterrupted run. Every other step runs whole,
-with failures isolated row by row (engine.isolation)."""
+A long OneShot step may step aside for short work (engine.preemption): it runs until its flag
+goes up, then the engine runs steps of the short work (and of running sequences' next tokens),
+then the long one goes on where it stopped, with the same results as an uninterrupted run.
+Every other step runs whole, with failures isolated row by row (engine.isolation)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
-from prelude.contract.batch import DecodeBatch, OneShotBatch
+from prelude.contract.batch import BatchResult, DecodeBatch, OneShotBatch
 from prelude.engine.decode_chain import DecodeChain
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.plan import STREAM_GAP_S, ScheduledStep, preemptible, short_tokens_beside
+from prelude.engine.plan import ScheduledStep
+from prelude.engine.preemption import MAX_SHORT_STEPS, LongStep
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
 from prelude.executor.executors import Executors
+from prelude.executor.runner import Progress
 
 T = TypeVar("T")
-MAX_SHORT_STEPS = 16  # steps of short work per park
-# The long step may stop only while it has computed, in all since it began, at least this much
-# of the time the short work it stepped aside for took: it keeps at least a third of the machine
-# under any stream of short requests. Counted per park instead (after each park, run half as
-# long as it), a short request arriving just after a park waited out that whole run even when
-# the long step had had far more than its share: traced beside 8K-token embeddings, 40-50 ms.
-LONG_RUN_PER_SHORT_S = 0.5
 
 
 class StepRunner:
     def __init__(self, executors: Executors, scheduler: Scheduler):
         self.executors = executors
         self.scheduler = scheduler
-        self.urgent = threading.Event()  # read by the worker thread between layers
+        self.long_step = LongStep()
         self.preemptions = 0
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
-        self._long_tokens = 0  # the longest row of the preemptible step in flight; 0 when none runs
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
 
     async def in_worker(self, fn: Callable[..., T], *args) -> T:
@@ -56,66 +48,49 @@ class StepRunner:
 
     def note_arrivals(self, requests: list[Request]) -> None:
         """A request short beside the long step in flight asks it to step aside."""
-        if self._long_tokens and any(r.num_prompt_tokens <= self.short_tokens for r in requests):
-            self.urgent.set()
+        if self.long_step.in_flight and any(r.num_prompt_tokens <= self.short_tokens for r in requests):
+            self.long_step.note_short_arrival()
 
     @property
     def short_tokens(self) -> int:
         """The most tokens a step that runs while the long one is parked may take."""
-        return short_tokens_beside(self._long_tokens)
+        return self.long_step.short_tokens
 
-    def _stop_when_urgent(self, owed: float) -> Callable[[], bool]:
-        """Between two segments: stop when short work waits, but only once the step has run for
-        `owed` seconds. Stopping at every segment let a steady stream of short requests hold a
-        long one to a segment per park (a 3K-token embedding took 20 s instead of 1.4 s)."""
-        resumed = time.perf_counter()
-        return lambda: self.urgent.is_set() and time.perf_counter() - resumed >= owed
-
-    async def run(self, step: ScheduledStep, run_urgent: Callable[[], Awaitable[bool]]) -> StepOutcome:
-        """The step's results. `run_urgent` runs (schedules, executes, folds back) a step of the
-        short waiting work while this one is parked."""
+    async def run(self, step: ScheduledStep, run_short: Callable[[int], Awaitable[bool]]) -> StepOutcome:
+        """The step's results. `run_short(max_tokens)` runs (schedules, executes, folds back) a
+        step of short waiting work while this one is parked; whether there was any."""
         batch = step.batch
         self.last_parked = False
         tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        if not (self.scheduler.config.layer_preemption and tokens and preemptible(self.scheduler.costs, tokens)):
+        if not (tokens and self.scheduler.preemption.preemptible(tokens)):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
-        self.urgent.clear()
-        self._long_tokens = max(len(row.token_ids) for row in batch.rows)
-        loop = asyncio.get_running_loop()
+        long_step = self.long_step
+        long_step.begin(max(len(row.token_ids) for row in batch.rows))
         try:
-            oneshot = self.executors.oneshot
-            progress = await self.in_worker(oneshot.start, batch)
-            computed = parked_for = 0.0  # seconds, since the step began
+            progress: Progress | None = None
             while True:
-                # Short work already waiting counts as much as an arrival: a long request that
-                # the queue's order put first (sjf/edf aging) must not hold back the short ones
-                # queued behind it until the next short arrival.
-                if self.scheduler.waiting_within(self.short_tokens):
-                    self.urgent.set()
-                # Running sequences' next tokens count as short work once they have waited
-                # STREAM_GAP_S (the scheduler kept this step's rows out of a step with them).
-                stream_due = loop.call_later(STREAM_GAP_S, self.urgent.set) if self.scheduler.num_running else None
-                resumed = time.perf_counter()
-                owed = LONG_RUN_PER_SHORT_S * parked_for - computed
-                result = await self.in_worker(oneshot.advance, progress, self._stop_when_urgent(owed))
-                if stream_due is not None:
-                    stream_due.cancel()
-                computed += time.perf_counter() - resumed
+                long_step.resume(self.scheduler.waiting_within(self.short_tokens), bool(self.scheduler.num_running))
+                progress, result = await self.in_worker(self._advance, batch, progress)
+                long_step.stopped()
                 if result is not None:
                     return StepOutcome(result)
                 self.preemptions += 1
                 self.last_parked = True
-                self.urgent.clear()
-                # One step (the sequences' tokens and short waiting work), then more while short
-                # work waits (at most MAX_SHORT_STEPS, which bounds how long the parked step
-                # waits), then the long step goes on.
                 parked = time.perf_counter()
                 for _ in range(MAX_SHORT_STEPS):
-                    if not await run_urgent() or not self.scheduler.waiting_within(self.short_tokens):
+                    if not await run_short(self.short_tokens) or not self.scheduler.waiting_within(self.short_tokens):
                         break
-                parked_for += time.perf_counter() - parked
+                long_step.parked(time.perf_counter() - parked)
         except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         finally:
-            self._long_tokens = 0
+            long_step.end()
+
+    def _advance(self, batch: OneShotBatch, progress: Progress | None) -> tuple[Progress, BatchResult | None]:
+        """In the worker: starts the step (when `progress` is None) and runs it on until it
+        finished or its flag went up."""
+        oneshot, flag = self.executors.oneshot, self.long_step.flag
+        if progress is None:
+            progress = oneshot.start(batch, flag)
+        return progress, oneshot.advance(progress, flag)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
+from prelude.contract.stop import StopFlag
 from prelude.executor.runner import ModelRunner, Progress
 
 # A step of fresh rows replays one prefill graph per row, rather than launching one eager forward
@@ -36,12 +37,12 @@ class OneShotExecutor:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
 
-    def start(self, batch: OneShotBatch) -> Progress:
-        """A long step that can step aside between layers (see ModelRunner.advance)."""
-        return self.runner.start(batch.rows)
+    def start(self, batch: OneShotBatch, stop: StopFlag) -> Progress:
+        """A long step that steps aside when `stop` is raised (see ModelRunner.advance)."""
+        return self.runner.start(batch.rows, stop)
 
-    def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
-        return self.runner.advance(progress, should_stop)
+    def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
+        return self.runner.advance(progress, stop)
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, OneShotBatch)

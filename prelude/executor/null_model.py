@@ -12,7 +12,8 @@ from torch import nn
 from prelude.executor.runner import ModelRunner
 from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
 from prelude.model.config import ModelConfig
-from prelude.model.decoder import LayerState
+from prelude.contract.stop import StopFlag
+from prelude.model.decoder import ResumableForward
 
 
 class _NoAttention(AttentionBackend):
@@ -23,6 +24,16 @@ class _NoAttention(AttentionBackend):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor:
         raise AssertionError("the null model has no layers to run attention in")
+
+
+class _Done:
+    """A forward with nothing left to run."""
+
+    def __init__(self, hidden: torch.Tensor):
+        self.hidden = hidden
+
+    def advance(self, attention: AttentionBackend, stop: StopFlag) -> torch.Tensor | None:
+        return self.hidden
 
 
 class NullModel(nn.Module):
@@ -47,17 +58,9 @@ class NullModel(nn.Module):
             on_launch()
         return torch.zeros(input_ids.shape[0] if keep is None else len(keep), self.hidden_size)
 
-    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor,
-              keep: torch.Tensor | None = None) -> LayerState:
-        empty = torch.empty(0)
-        return LayerState(torch.zeros(input_ids.shape[0], self.hidden_size), None, (empty, empty), keep)
-
-    def run_layers(self, state: LayerState, attention: AttentionBackend,
-                   should_stop: Callable[[], bool] | None = None) -> bool:
-        return True
-
-    def finish(self, state: LayerState) -> torch.Tensor:
-        return state.x if state.keep is None else state.x[state.keep]
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+              keep: torch.Tensor | None, stop: StopFlag) -> ResumableForward:
+        return _Done(self.forward(input_ids, positions, attention, keep))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_row.expand(hidden.shape[0], -1).clone()

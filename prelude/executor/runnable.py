@@ -9,7 +9,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from prelude.model.attention import AttentionBackend
-from prelude.model.decoder import LayerState
+from prelude.contract.stop import StopFlag
+from prelude.model.decoder import ResumableForward
 
 
 class RunnableModel(Protocol):
@@ -21,13 +22,8 @@ class RunnableModel(Protocol):
 
     def prepare_weights(self) -> None: ...
 
-    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor,
-              keep: torch.Tensor | None = None) -> LayerState: ...
-
-    def run_layers(self, state: LayerState, attention: AttentionBackend,
-                   should_stop: Callable[[], bool] | None = None) -> bool: ...
-
-    def finish(self, state: LayerState) -> torch.Tensor: ...
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+              keep: torch.Tensor | None, stop: StopFlag) -> ResumableForward: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 

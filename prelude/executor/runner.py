@@ -14,17 +14,19 @@ from prelude.executor.heads import row_results
 from prelude.executor.host_step import HostStep, host_step
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
 from prelude.executor.runnable import RunnableModel
-from prelude.model.decoder import LayerState
+from prelude.contract.stop import StopFlag
+from prelude.model.decoder import ResumableForward
 
 
 @dataclass(slots=True)
 class Progress:
-    """A prefill step between layers: its rows, its layout, and the model's state."""
+    """A prefill step that may be parked: its rows, its layout, and the model's forward."""
 
     prefills: Sequence[PrefillRow]
     layout: StepLayout
-    state: LayerState
+    forward: ResumableForward
     num_tokens: int
+    keep: torch.Tensor | None
     parks: int = 0  # how many times it stepped aside for another step
 
 
@@ -47,24 +49,27 @@ class ModelRunner:
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden))
 
     @torch.inference_mode()
-    def start(self, prefills: Sequence[PrefillRow]) -> Progress:
-        """A prefill-only step run layer by layer (eagerly), to be advanced with `advance`."""
+    def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> Progress:
+        """A prefill-only step that steps aside when `stop` is raised, to be run with `advance`."""
         step = host_step(prefills, (), self.block_size)
         input_ids, positions, layout = self.upload(step)
-        return Progress(prefills, layout, self.model.begin(input_ids, positions, self._kept(step)), len(step.ids))
+        self.attention.plan(layout)
+        keep = self._kept(step)
+        forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
+        return Progress(prefills, layout, forward, len(step.ids), keep)
 
     @torch.inference_mode()
-    def advance(self, progress: Progress, should_stop: Callable[[], bool]) -> BatchResult | None:
-        """Runs the step's remaining layers until `should_stop` says so between two layers (then
-        None: the step is parked, and another step may run), or to its results. Attention is
-        planned again each time: a step that ran meanwhile planned it for itself."""
-        self.attention.plan(progress.layout)
-        if not self.model.run_layers(progress.state, self.attention, should_stop):
+    def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
+        """Runs the step on until it finished (its results) or saw `stop` raised (None: the step
+        is parked, and another step may run)."""
+        if progress.parks:  # a step that ran meanwhile planned the attention for itself
+            self.attention.plan(progress.layout)
+        hidden = progress.forward.advance(self.attention, stop)
+        if hidden is None:
             progress.parks += 1
             return None
-        hidden = self.model.finish(progress.state)
-        if progress.state.keep is not None:
-            hidden = _scattered(hidden, progress.state.keep, progress.num_tokens)
+        if progress.keep is not None:
+            hidden = _scattered(hidden, progress.keep, progress.num_tokens)
         return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden))
 
     def has_graph(self, kind: GraphKind, size: int) -> bool:

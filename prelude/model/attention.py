@@ -95,7 +95,6 @@ class AttentionBackend(ABC):
     fuses_rope: bool = False
     graph_kinds: frozenset[GraphKind] = frozenset()
     supports_items: bool = False  # can mask multi-item rows (StepLayout.item_lengths)
-    supports_head_ranges: bool = False  # implements attend_heads
 
     @abstractmethod
     def plan(self, layout: StepLayout) -> None: ...
@@ -109,18 +108,6 @@ class AttentionBackend(ABC):
         """The planned step's paged layout when the backend keeps its cache where a native step
         can read it and the step is one such a step computes; None otherwise (the default)."""
         return None
-
-    def head_chunks(self) -> int:
-        """How many pieces attend_heads splits each KV head's queries of the planned step into."""
-        raise NotImplementedError(f"{type(self).__name__} attends all heads at once")
-
-    def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     kv_heads: tuple[int, int], chunk: int) -> tuple[int, int, torch.Tensor]:
-        """Piece `chunk` of a call, for KV heads [first, last) and the query heads they serve only
-        (q, k and v hold just those heads), on a step of prefill rows: (first token, end token,
-        their output). Chunk 0 stores those heads' K/V. A long prefill's attention in pieces
-        that a short request can run between (prelude.model.segments)."""
-        raise NotImplementedError(f"{type(self).__name__} attends all heads at once")
 
     def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
         """Plans a step padded to `bucket` (rows for decode, tokens for prefill) on that

@@ -1,12 +1,13 @@
 """The Qwen3 / Qwen2 / Llama decoder (they differ only in q/k norm and q/k/v bias) and its heads."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, cast
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, cast
 
 import torch
 from torch import nn
 
+from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.layers import (
@@ -20,7 +21,6 @@ from prelude.model.layers import (
 )
 from prelude.model.fused_step import FusedStep
 from prelude.model.ops import Ops
-from prelude.model.segments import LayerProgress, run_segment, worth_segmenting
 from prelude.model.cpu_linear import linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
@@ -31,6 +31,15 @@ PACKED_WEIGHTS = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+
+class ResumableForward(Protocol):
+    """A forward that steps aside when asked (cooperative preemption, FlowPrefill): `advance`
+    runs it on until it finished (its final-norm hidden states, as forward returns them) or
+    until it saw `stop` raised (None; the next call goes on from there). Each call makes some
+    progress, so a forward asked to stop at every chance still finishes."""
+
+    def advance(self, attention: AttentionBackend, stop: StopFlag) -> torch.Tensor | None: ...
 
 
 @dataclass(slots=True)
@@ -44,7 +53,6 @@ class LayerState:
     # everything after its attention for these tokens only.
     keep: torch.Tensor | None = None
     next_layer: int = 0
-    progress: LayerProgress = field(default_factory=LayerProgress)  # inside layer next_layer
 
 
 class DecoderLayer(nn.Module):
@@ -104,7 +112,8 @@ class DecoderLM(nn.Module):
             if isinstance(module, UsesOps):
                 module.ops = ops
         kernel = ops.forward_step
-        self.fused_step = FusedStep(self, kernel) if kernel is not None and FusedStep.fits(self) else None
+        self.fused_step = FusedStep(self, kernel, ops.resumable_step) \
+            if kernel is not None and FusedStep.fits(self) else None
 
     def prepare_weights(self) -> None:
         """Makes every linear layer's packed weight copy now rather than on the first prompt.
@@ -125,34 +134,38 @@ class DecoderLM(nn.Module):
                 return hidden
         if on_launch is not None:
             on_launch()
-        state = self.begin(input_ids, positions, keep)
+        state = self.layer_state(input_ids, positions, keep)
         self.run_layers(state, attention)
         return self.finish(state)
 
-    # A forward in pieces, for cooperative preemption between layers (FlowPrefill): begin, run
-    # layers until asked to stop, and later run the rest (after re-planning attention).
-    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor | None = None) -> LayerState:
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+              keep: torch.Tensor | None, stop: StopFlag) -> ResumableForward:
+        """The forward, to be run in calls that step aside when `stop` is raised: natively where
+        the native step takes it (it looks at the flag inside layers, at no cost while it stays
+        down), else layer by layer (on a GPU a layer is short enough to wait for)."""
+        if self.fused_step is not None:
+            native = self.fused_step.begin(input_ids, positions, attention, keep, stop.check_every_macs)
+            if native is not None:
+                return native
+        return LayerByLayer(self, self.layer_state(input_ids, positions, keep))
+
+    def layer_state(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                    keep: torch.Tensor | None = None) -> LayerState:
         x = self.model.embed_tokens(input_ids)
         return LayerState(x, None, self.rotary.lookup(positions, x.dtype), keep)
 
-    def run_layers(self, state: LayerState, attention: AttentionBackend,
-                   should_stop: Callable[[], bool] | None = None) -> bool:
-        """Runs the remaining layers; whether all ran. With `should_stop`, a long input runs in
-        segments (prelude.model.segments) and stops between two when asked. Each call runs at
-        least one segment, so a step that is asked to stop at every chance still finishes."""
+    def run_layers(self, state: LayerState, attention: AttentionBackend, stop: StopFlag | None = None) -> bool:
+        """Runs the remaining layers, or (with `stop`) at least one and then until it is raised
+        between two; whether all ran."""
         layers = self.model.layers
-        segmented = should_stop is not None and worth_segmenting(state.x)
         ran = False
         while state.next_layer < len(layers):
-            if should_stop is not None and ran and should_stop():
+            if ran and stop is not None and stop.is_set():
                 return False
             layer = cast(DecoderLayer, layers[state.next_layer])
             keep = state.keep if state.next_layer == len(layers) - 1 else None
-            if segmented:
-                run_segment(layer, state, attention, keep)
-            else:
-                state.x, state.residual = layer(state.x, state.residual, state.rope, attention, keep)
-                state.next_layer += 1
+            state.x, state.residual = layer(state.x, state.residual, state.rope, attention, keep)
+            state.next_layer += 1
             ran = True
         return True
 
@@ -223,3 +236,16 @@ class DecoderLM(nn.Module):
         if name.split(".")[0] in ("embed_tokens", "layers", "norm"):
             return "model." + name
         return None
+
+
+class LayerByLayer:
+    """A ResumableForward that looks at the flag between layers."""
+
+    def __init__(self, model: DecoderLM, state: LayerState):
+        self.model = model
+        self.state = state
+
+    def advance(self, attention: AttentionBackend, stop: StopFlag) -> torch.Tensor | None:
+        if not self.model.run_layers(self.state, attention, stop):
+            return None
+        return self.model.finish(self.state)

@@ -11,11 +11,12 @@ backend exposes its paged cache and row layout (AttentionBackend.paged_step_inpu
 the vector kernels take; every other step runs layer by layer."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, cast
+from typing import TYPE_CHECKING, Callable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 
+from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend, PagedStepInputs
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from prelude.model.layers import Linear
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
+ResumableKernel = Callable[..., "NativeSteps"]  # kernels/cpu/_native.pyi: ResumableStep
 
 # LayerWeights' fifteen pointers, in their order.
 _WEIGHT_FIELDS = 15
@@ -37,9 +39,10 @@ _ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 class FusedStep:
     """Binds a loaded model's parameters to the native step kernel."""
 
-    def __init__(self, model: DecoderLM, kernel: StepKernel):
+    def __init__(self, model: DecoderLM, kernel: StepKernel, resumable: ResumableKernel | None = None):
         self.model = model
         self.kernel = kernel
+        self.resumable = resumable
         self._pointers: tuple[int, int, torch.Tensor] | None = None  # (k ptr, v ptr, table)
         layer_weights = sum(p.numel() for p in model.model.layers[0].parameters()) if len(model.model.layers) else 0
         self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
@@ -59,6 +62,30 @@ class FusedStep:
         """Final-norm hidden states of the step's tokens (only of those `keep` indexes, when
         given: increasing), or None when the backend cannot lay this step out for the kernel.
         `on_launch` is called right before the native call, which runs without the GIL."""
+        call = self._arguments(input_ids, positions, attention, keep)
+        if call is None:
+            return None
+        arguments, x, _ = call
+        if on_launch is not None:
+            on_launch()
+        self.kernel(*arguments)
+        return x if keep is None else x[:len(keep)]
+
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+              keep: torch.Tensor | None, check_every_macs: int) -> NativeForward | None:
+        """The same step run resumably (see NativeForward), or None where try_forward would be."""
+        call = self._arguments(input_ids, positions, attention, keep)
+        if call is None or self.resumable is None:
+            return None
+        arguments, x, held = call
+        return NativeForward(self.resumable(*arguments, check_every_macs), x, len(x) if keep is None else len(keep),
+                             held)
+
+    def _arguments(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                   keep: torch.Tensor | None) -> tuple[tuple, torch.Tensor, tuple] | None:
+        """The kernel's arguments for this step, the tensor it computes in place, and the
+        tensors whose memory the arguments point to; None when the backend cannot lay the step
+        out for the kernel."""
         paged = attention.paged_step_inputs()
         if paged is None or input_ids.device.type != "cpu":
             return None
@@ -72,16 +99,15 @@ class FusedStep:
         rows = len(paged.context_lens)
         decode_only = paged.decode_from == 0
         threads = 1 if decode_only and self.single_threaded_decode else torch.get_num_threads()
-        if on_launch is not None:
-            on_launch()
-        self.kernel(self._layer_table(paged).data_ptr(), c.num_layers, self.model.model.norm.weight.data_ptr(),
-                    c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
-                    paged.k_cache.shape[2], c.rms_norm_eps, rows, x.shape[0], paged.decode_from,
-                    paged.query_starts.data_ptr(), paged.context_lens.data_ptr(), paged.block_tables.data_ptr(),
-                    paged.block_tables.shape[1], rotary.data_ptr(), positions.data_ptr(), paged.slots.data_ptr(),
-                    0 if keep is None else keep.data_ptr(), 0 if keep is None else len(keep), x.data_ptr(),
-                    threads)
-        return x if keep is None else x[:len(keep)]
+        table = self._layer_table(paged)
+        arguments = (table.data_ptr(), c.num_layers, self.model.model.norm.weight.data_ptr(),
+                     c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                     paged.k_cache.shape[2], c.rms_norm_eps, rows, x.shape[0], paged.decode_from,
+                     paged.query_starts.data_ptr(), paged.context_lens.data_ptr(), paged.block_tables.data_ptr(),
+                     paged.block_tables.shape[1], rotary.data_ptr(), positions.data_ptr(), paged.slots.data_ptr(),
+                     0 if keep is None else keep.data_ptr(), 0 if keep is None else len(keep), x.data_ptr(),
+                     threads)
+        return arguments, x, (paged, positions, keep, table)
 
     def _layer_table(self, paged: PagedStepInputs) -> torch.Tensor:
         """[layers, 15] int64 pointers, built once per KV cache (the parameters and their packed
@@ -113,3 +139,25 @@ def _packed(linear: Linear) -> int:
     copy = linear.packed.get(linear.weight)
     assert copy is not None, "FusedStep.fits takes only weights the packed kernel takes"
     return copy.data_ptr()
+
+
+class NativeSteps(Protocol):
+    def advance(self, stop_ptr: int) -> bool: ...
+
+
+class NativeForward:
+    """A step's layers run natively in calls that each stop once the StopFlag is up, between two
+    pieces of about its check_every_macs multiply-adds, and go on from there: as fast as one
+    call (try_forward) while the flag stays down. Holds every tensor the kernel points to."""
+
+    def __init__(self, steps: NativeSteps, x: torch.Tensor, outputs: int, held: tuple):
+        self._steps = steps
+        self._x = x
+        self._outputs = outputs
+        self._held = held
+
+    def advance(self, attention: AttentionBackend, stop: StopFlag) -> torch.Tensor | None:
+        """The final-norm hidden states once every layer ran; None when it stopped first."""
+        if not self._steps.advance(stop.address):
+            return None
+        return self._x[:self._outputs]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -24,8 +24,10 @@ class Ops:
     rms_norm: Callable[..., object]
     rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
-    # Every layer of a step in one call (prelude.model.fused_step), where one exists.
+    # Every layer of a step in one call (prelude.model.fused_step), where one exists, and the
+    # same in calls that stop when asked (cooperative preemption).
     forward_step: Callable[..., None] | None = None
+    resumable_step: Callable[..., Any] | None = None
 
 
 TORCH_OPS = Ops("torch", rms_norm, rotate, silu_and_mul)
@@ -36,7 +38,7 @@ def cpu_native_ops() -> Ops:
     inputs it does not take."""
     from kernels.cpu import ops as cpu
 
-    return Ops("cpu-native", cpu.rms_norm, cpu.rotate, cpu.silu_and_mul, cpu.forward_step)
+    return Ops("cpu-native", cpu.rms_norm, cpu.rotate, cpu.silu_and_mul, cpu.forward_step, cpu.resumable_step)
 
 
 def triton_ops() -> Ops:

@@ -1,7 +1,6 @@
 """The torch reference backend's prompt rows over a cached prefix whose KV blocks are scattered in
 the cache (not contiguous, not in order, the last one partial) equal softmax(q K^T / sqrt(d)) V
-over the prefix and the row, whole and a KV head and query chunk at a time (a segmented
-forward), for GQA groups and heads of 32, 64 and 128, on the native kernel and on torch's: rows
+over the prefix and the row, for GQA groups and heads of 32, 64 and 128, on the native kernel and on torch's: rows
 that store their K/V, and rows that store none."""
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import torch
 
 from bench.serving.scattered_blocks import scatter, scattered_table
 from prelude.contract.batch import PrefillRow
-from prelude.model import segments
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
@@ -47,23 +45,5 @@ CASES = [(8, 4, 32, 37, 20), (8, 2, 64, 300, 33), (16, 8, 128, 37, 20), (8, 4, 1
 def test_row_over_a_scattered_prefix(heads, kv_heads, dim, prefix, n, stores):
     attention, q, k, v, past_k, past_v = _row(heads, kv_heads, dim, prefix, n, stores, dim + prefix + n)
     out = attention(0, q, k, v)
-    expected = reference(q, torch.cat([past_k, k]), torch.cat([past_v, v]))
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("heads,kv_heads,dim,prefix,n", CASES)
-def test_segmented_row_over_a_scattered_prefix(monkeypatch, heads, kv_heads, dim, prefix, n):
-    # chunks of at most 8 queries, fewer as they see more keys (one query each past 128 keys)
-    monkeypatch.setattr(segments, "SEGMENT_TOKENS", 8)
-    monkeypatch.setattr(segments, "SEGMENT_PAIR_DIMS", 128 * dim)
-    attention, q, k, v, past_k, past_v = _row(heads, kv_heads, dim, prefix, n, True, dim + prefix)
-    group = heads // kv_heads
-    out = torch.full_like(q, float("nan"))
-    for h in range(kv_heads):
-        heads_of = slice(h * group, (h + 1) * group)
-        for chunk in range(attention.head_chunks()):
-            start, end, part = attention.attend_heads(0, q[:, heads_of], k[:, h:h + 1], v[:, h:h + 1], (h, h + 1),
-                                                      chunk)
-            out[start:end, heads_of] = part
     expected = reference(q, torch.cat([past_k, k]), torch.cat([past_v, v]))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ import torch
 from kernels.cpu import ops as cpu_ops
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
 from prelude.contract.sampling import GREEDY
+from prelude.contract.stop import StopFlag
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
@@ -110,3 +111,58 @@ def test_multi_item_rows_and_torch_ops_run_layer_by_layer(tmp_path):
     assert model.fused_step.try_forward(ids, positions, attention) is None
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64, ops=TORCH_OPS)
     assert model.fused_step is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_resumable_step_stopped_at_every_chance_equals_one_call(tmp_path, threads):
+    """The native step run in calls that each stop at the first chance (pieces of a few tokens
+    and attention items: a flag raised throughout) gives the one call's hidden states and K/V."""
+    path = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512)
+    config, model, attention = _model_and_attention(path)
+    gen = torch.Generator().manual_seed(3)
+    # A prompt over a cached context (filled by a first step), and a fresh one; the last tokens kept.
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=gen).tolist() for n in (150, 90)]
+    tables = [list(range(0, 40)), list(range(40, 64))]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            first = _step([PrefillRow(0, prompts[0][:40], 0, tables[0], None)])
+            attention.plan(first[2])
+            model.fused_step.try_forward(*first[:2], attention, first[3])
+            ids, positions, layout, keep = _step([PrefillRow(0, prompts[0][40:], 40, tables[0], SPEC),
+                                                  PrefillRow(1, prompts[1], 0, tables[1], SPEC)])
+            cache = attention.kv_cache
+            before_k, before_v = cache.k.clone(), cache.v.clone()
+            attention.plan(layout)
+            whole = model.fused_step.try_forward(ids, positions, attention, keep).clone()
+            whole_k, whole_v = cache.k.clone(), cache.v.clone()
+            cache.k.copy_(before_k)
+            cache.v.copy_(before_v)
+            stop = StopFlag(check_every_macs=1)
+            stop.set()
+            forward = model.begin(ids, positions, attention, keep, stop)
+            calls, hidden = 1, forward.advance(attention, stop)
+            while hidden is None:
+                calls, hidden = calls + 1, forward.advance(attention, stop)
+    finally:
+        torch.set_num_threads(previous)
+    # Per layer: at least two token chunks in each projection, items of two rows, and the MLP.
+    assert calls > 4 * config.num_layers
+    # Within fp32 rounding: short chunks multiply on the skinny GEMM, long ones on the packed.
+    torch.testing.assert_close(hidden, whole, atol=3e-5, rtol=3e-5)
+    torch.testing.assert_close(cache.k, whole_k, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(cache.v, whole_v, atol=2e-5, rtol=2e-5)
+
+
+def test_a_resumable_step_with_its_flag_down_runs_in_one_call(tmp_path):
+    path = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512)
+    config, model, attention = _model_and_attention(path)
+    ids, positions, layout, keep = _step([PrefillRow(0, list(range(3, 200)), 0, list(range(50)), SPEC)])
+    with torch.inference_mode():
+        attention.plan(layout)
+        whole = model.fused_step.try_forward(ids, positions, attention, keep).clone()
+        stop = StopFlag(check_every_macs=1)
+        hidden = model.begin(ids, positions, attention, keep, stop).advance(attention, stop)
+    assert hidden is not None
+    torch.testing.assert_close(hidden, whole, atol=3e-5, rtol=3e-5)

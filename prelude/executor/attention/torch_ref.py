@@ -10,7 +10,6 @@ from kernels.cpu.ops import CachedContext, prefill_wins
 from prelude.executor.kv_cache import KVCache
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
 from prelude.model.attention import AttentionBackend, PagedStepInputs, QKNorm, StepLayout
-from prelude.model.segments import query_chunks
 
 paged_decode: Callable[..., None] | None
 try:
@@ -27,7 +26,6 @@ class TorchAttention(AttentionBackend):
     row_attention (multi-item rows there too)."""
 
     supports_items = True
-    supports_head_ranges = True
 
     def __init__(self, kv_cache: KVCache):
         self.kv_cache = kv_cache
@@ -64,10 +62,6 @@ class TorchAttention(AttentionBackend):
             )
             items = layout.item_lengths[row] if layout.item_lengths is not None else ()
             self.prefills.append((start, layout.query_starts[row + 1], ctx, prefix, items))
-        # A segmented forward attends a KV head's queries a segment at a time (multi-item rows whole).
-        head_dim = self.kv_cache.shape.head_dim
-        self.query_chunks = [(i, a, b) for i, (start, end, ctx, _, items) in enumerate(self.prefills)
-                             for a, b in ([(0, end - start)] if items else query_chunks(ctx, end - start, head_dim))]
         self.batched_rows = None
         if batched:
             lengths = [layout.context_lens[r] + 1 for r in batched]
@@ -117,28 +111,6 @@ class TorchAttention(AttentionBackend):
             )
             out[self.batched_rows] = o.squeeze(2)
         return out
-
-    def head_chunks(self) -> int:
-        self._plan_per_layer()
-        return len(self.query_chunks)
-
-    def attend_heads(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     kv_heads: tuple[int, int], chunk: int) -> tuple[int, int, torch.Tensor]:
-        self._plan_per_layer()
-        assert self.batched_rows is None, "head ranges are for steps of prefill rows"
-        k_cache, v_cache = self.kv_cache.layer(layer)
-        first, last = kv_heads
-        k_cache, v_cache = k_cache[:, :, first:last], v_cache[:, :, first:last]
-        if chunk == 0:
-            self._store(k_cache, v_cache, k, v)
-        row, a, b = self.query_chunks[chunk]
-        start, end, ctx, prefix, items = self.prefills[row]
-        if items:
-            return start, end, self._attend_row(k_cache, v_cache, q, k, v, start, end, ctx, prefix, items)
-        # the chunk's queries over the context, the row's tokens before them and their own
-        context = CachedContext(k_cache, v_cache, prefix, ctx) if prefix is not None else None
-        return start + a, start + b, chunk_attention(q[start + a:start + b], k[start:start + b],
-                                                     v[start:start + b], context)
 
     def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:
