@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "/ready, /version and /metrics (default: none)")
     server.add_argument("--backlog", type=int, default=d.backlog, metavar="N",
                         help="pending connections the listening socket queues")
+    server.add_argument("--http-server", default=d.http_server, choices=_choices("http_server"),
+                        help="the HTTP/1.1 server under the app: uvicorn (with httptools) costs the least "
+                             "CPU per request; hypercorn as before")
     server.add_argument("--max-request-bytes", type=_bytes, default=d.max_request_bytes, metavar="BYTES",
                         help="largest request body, e.g. 32MiB; larger ones get 413 (default: 32MiB)")
     server.add_argument("--max-logprobs", type=int, default=d.max_logprobs, metavar="N",

@@ -33,6 +33,7 @@ CHOICES: dict[str, tuple[str | None, ...]] = {
     "log_format": ("text", "json"),
     "pooling": (None, "last", "mean", "cls"),
     "generation_config": ("auto", "vllm"),
+    "http_server": ("uvicorn", "hypercorn"),
 }
 
 
@@ -54,6 +55,9 @@ class Config:
     uds: str | None = None  # a Unix domain socket path, served instead of host:port
     api_key: str | None = None
     backlog: int = 2048
+    # uvicorn (with httptools): the least server CPU per request (bench.serving.http_servers);
+    # hypercorn for deployments that already depend on it.
+    http_server: str = "uvicorn"
     log_level: str = "info"
     log_format: str = "text"
     disable_log_requests: bool = False

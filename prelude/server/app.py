@@ -16,13 +16,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from prelude import __version__
 from prelude.contract.config import Config
 from prelude.engine.engine import Engine
-from prelude.server import access_log, metrics
+from prelude.server import access_log, http_server, metrics
 from prelude.server.access_log import AccessLog
 from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.chat import ChatAPI
 from prelude.server.compat import CompatAPI
 from prelude.server.early_refusal import RefuseWhenFull
+from prelude.server.http_server import ShutdownTrigger
 from prelude.server.listen import Listener, bind
 from prelude.server.openai import CompletionsAPI
 from prelude.server.served_model import ServedModel
@@ -252,29 +253,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     return HealthFirst(EchoRequestId(outer), engine)
 
 
-def hypercorn_config(config: Config, listener: Listener):
-    from hypercorn.config import Config as HypercornConfig
-
-    hc = HypercornConfig()
-    hc.bind = [listener.bind]
-    hc.accesslog = None  # Prelude writes its own access log (server/access_log.py), or none
-    hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.loglevel = config.log_level.upper()
-    hc.graceful_timeout = 3.0
-    hc.keep_alive_timeout = config.keep_alive_timeout
-    hc.backlog = config.backlog
-    return hc
-
-
-async def serve_app(app: ASGIApp, config: Config, shutdown_trigger=None, listener: Listener | None = None) -> None:
+async def serve_app(app: ASGIApp, config: Config, shutdown_trigger: ShutdownTrigger,
+                    listener: Listener | None = None) -> None:
     """Serves `app` on `listener` (bound from the config when not given) until the trigger."""
-    from hypercorn.asyncio import serve as hypercorn_serve
-
     listener = listener or bind(config)
-    kwargs = {"shutdown_trigger": shutdown_trigger} if shutdown_trigger is not None else {}
     try:
-        # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
-        # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
-        await hypercorn_serve(app, hypercorn_config(config, listener), **kwargs)  # type: ignore[arg-type]
+        await http_server.serve(app, listener, config, shutdown_trigger)
     finally:
         listener.cleanup()

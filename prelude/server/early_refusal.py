@@ -10,11 +10,13 @@ room, requests pass and the engine decides on each one's rows together (Engine.s
 before: the gate never refuses a request that could have been admitted.
 
 A small body (DRAIN_BYTES at most, by its Content-Length) is still read, and dropped, before the
-503: hypercorn closes a connection whose request body had not all arrived when the response
-ended, and a client that sent its headers and body in two writes had its kept-alive connection
-closed under it, or not, by how the two raced (a pooled client's next request on it then failed
-with a read error instead of getting its own answer). A larger or unsized one is refused unread,
-and its connection closed."""
+503, for --http-server hypercorn: it closes a connection whose request body had not all arrived
+when the response ended, and a client that sent its headers and body in two writes had its
+kept-alive connection closed under it, or not, by how the two raced (a pooled client's next
+request on it then failed with a read error instead of getting its own answer). uvicorn reads
+and drops the rest of an answered request's body itself, so there the drain only moves that
+read earlier. A larger or unsized body is refused unread (hypercorn closes its connection;
+uvicorn keeps it, dropping the body as it arrives)."""
 from __future__ import annotations
 
 from typing import Collection

@@ -1,5 +1,6 @@
 """The listening socket, bound before the model loads: a port already in use is reported in a
-second, not after the weights are read. Hypercorn gets the bound socket as `fd://N`."""
+second, not after the weights are read. The HTTP server (server/http_server.py) takes the bound
+socket by its descriptor."""
 from __future__ import annotations
 
 import errno
@@ -13,16 +14,13 @@ from prelude.contract.config import Config
 
 @dataclass(frozen=True, slots=True)
 class Listener:
-    fd: int  # bound, not yet listening: connections are refused until hypercorn listens
+    fd: int  # bound, not yet listening: connections are refused until the HTTP server listens
     url: str  # what the banner shows: http://host:port, or unix:PATH
     uds: str | None = None  # the socket file to remove on exit
-
-    @property
-    def bind(self) -> str:
-        return f"fd://{self.fd}"
+    port: int | None = None  # the TCP port bound (the kernel's pick when asked for port 0)
 
     def close(self) -> None:
-        """Gives the socket up before hypercorn took it (startup failed after binding)."""
+        """Gives the socket up before the HTTP server took it (startup failed after binding)."""
         try:
             os.close(self.fd)
         except OSError:
@@ -30,7 +28,7 @@ class Listener:
         self.cleanup()
 
     def cleanup(self) -> None:
-        """Removes the Unix socket file (hypercorn closes the socket itself)."""
+        """Removes the Unix socket file (the HTTP server closes the socket itself)."""
         if self.uds is not None:
             try:
                 os.unlink(self.uds)
@@ -42,7 +40,13 @@ def bind(config: Config) -> Listener:
     """A socket bound to --uds or --host/--port. Raises OSError (EADDRINUSE, EACCES, ...)."""
     if config.uds is not None:
         return _bind_unix(config.uds)
-    infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return bind_tcp(config.host, config.port)
+
+
+def bind_tcp(host: str, port: int) -> Listener:
+    """A TCP socket bound to host:port; port 0 binds a free port, held from then on (a port
+    found free and bound again later may be taken in between)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -52,8 +56,9 @@ def bind(config: Config) -> Listener:
     except OSError:
         sock.close()
         raise
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    return Listener(sock.detach(), f"http://{host}:{config.port}")
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return Listener(sock.detach(), f"http://{shown}:{port}", port=port)
 
 
 def _bind_unix(path: str) -> Listener:

@@ -1,5 +1,6 @@
 """A real Prelude server on a free loopback port, run in a background thread of the test process
-(real hypercorn, real HTTP; sharing the process lets tests check engine invariants directly)."""
+(the configured --http-server, real HTTP; sharing the process lets tests check engine invariants
+directly)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,10 +10,10 @@ from dataclasses import replace
 
 import httpx
 
-from bench.serving.server import free_port
 from prelude.assembly import build
 from prelude.contract.config import Config
 from prelude.server.app import create_app, serve_app
+from prelude.server.listen import bind_tcp
 
 
 class ServerThread:
@@ -20,10 +21,17 @@ class ServerThread:
         """`started_at`: the probe that must answer 200 before start() returns. /ready, by
         default: tests start once the engine is warm (a fault injected during the warm-up would
         hit the loop's first schedule before any request); /health for a test of the warm-up."""
+        # Bound now and held: a port found free and bound only once the model is built could be
+        # taken by then (another test's server, another process).
+        self.listener = bind_tcp("127.0.0.1", 0)
         # CPU even on a GPU machine: these tests compare with fp32 references exactly.
-        self.config = replace(config, host="127.0.0.1", port=free_port(), device="cpu")
-        self.base_url = f"http://127.0.0.1:{self.config.port}"
-        built = build(self.config)
+        self.config = replace(config, host="127.0.0.1", port=self.listener.port, device="cpu")
+        self.base_url = self.listener.url
+        try:
+            built = build(self.config)
+        except BaseException:
+            self.listener.close()
+            raise
         self.engine, self.served = built.engine, built.served
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -35,7 +43,8 @@ class ServerThread:
         async def run():
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            await serve_app(create_app(self.engine, self.served, self.config), self.config, self._stop.wait)
+            await serve_app(create_app(self.engine, self.served, self.config), self.config, self._stop.wait,
+                            self.listener)
 
         try:
             asyncio.run(run())

@@ -40,8 +40,8 @@ def _run_drain(demo_model, extra: list[str], max_tokens: int = 400) -> tuple[lis
     return lines, refused, code, server.log_path.read_text()
 
 
-def test_sigterm_finishes_live_streams_refuses_new_work_and_exits_0(demo_model):
-    lines, refused, code, log = _run_drain(demo_model, [])
+def test_sigterm_finishes_live_streams_refuses_new_work_and_exits_0(demo_model, http_server):
+    lines, refused, code, log = _run_drain(demo_model, ["--http-server", http_server])
     assert lines[-1] == "data: [DONE]"
     assert not any('"error"' in line for line in lines)
     assert refused.status_code == 503 and refused.headers["connection"] == "close"
@@ -50,14 +50,16 @@ def test_sigterm_finishes_live_streams_refuses_new_work_and_exits_0(demo_model):
     assert "Traceback" not in log and "draining" in log
 
 
-def test_shutdown_timeout_ends_streams_with_an_error_event(demo_model):
-    lines, _, code, log = _run_drain(demo_model, ["--shutdown-timeout", "0.3"], max_tokens=4000)
+def test_shutdown_timeout_ends_streams_with_an_error_event(demo_model, http_server):
+    lines, _, code, log = _run_drain(demo_model, ["--shutdown-timeout", "0.3", "--http-server", http_server],
+                                     max_tokens=4000)
     assert '"error"' in lines[-2] and "shut down" in lines[-2] and lines[-1] == "data: [DONE]"
     assert code == 0 and "Traceback" not in log
 
 
-def test_second_signal_exits_at_once(demo_model):
-    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256"], env=prelude_env())
+def test_second_signal_exits_at_once(demo_model, http_server):
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--http-server", http_server],
+                           env=prelude_env())
 
     def cut_stream(started: threading.Event) -> None:
         try:
@@ -78,11 +80,11 @@ def test_second_signal_exits_at_once(demo_model):
         assert time.monotonic() - began < 2
 
 
-def test_shutdown_timeout_answers_a_cut_request_503_with_retry_after(demo_model):
+def test_shutdown_timeout_answers_a_cut_request_503_with_retry_after(demo_model, http_server):
     """A whole-answer request the shutdown timeout ends was not at fault: 503 with Retry-After
     (another replica may serve it), as a draining server refuses new work; it was a 500."""
-    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--shutdown-timeout", "0.3"],
-                           env=prelude_env())
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--shutdown-timeout", "0.3",
+                            "--http-server", http_server], env=prelude_env())
     with server, ThreadPoolExecutor(1) as pool:
         cut = pool.submit(httpx.post, server.base_url + "/v1/completions",
                           json={"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}, timeout=60)

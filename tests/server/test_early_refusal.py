@@ -71,9 +71,9 @@ def _statuses_with_bodies_sent_late(port: int, requests: int = 2, pause_s: float
     return statuses
 
 
-def test_full_queue_refuses_before_reading_the_body(demo_model):
+def test_full_queue_refuses_before_reading_the_body(demo_model, http_server):
     config = Config(model=str(demo_model), num_kv_blocks=256, max_queued_requests=QUEUE,
-                    max_request_bytes=2 * HUGE_BYTES)
+                    max_request_bytes=2 * HUGE_BYTES, http_server=http_server)
     with ServerThread(config) as srv:
         want = httpx.post(srv.base_url + "/v1/completions", json=BODY).json()["choices"][0]["text"]
         gate = Gate(srv.engine.executors)

@@ -7,11 +7,12 @@ import asyncio
 import httpx
 import pytest
 
+from bench.serving.server import free_port
 from prelude.assembly import serve
 from prelude.contract.config import Config
 from prelude.executor.runner import ModelRunner
 from prelude.preflight import StartupError
-from tests.server.harness import ServerThread, free_port
+from tests.server.harness import ServerThread
 
 
 def test_dead_engine_fails_requests_and_health(demo_model):

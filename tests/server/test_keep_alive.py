@@ -1,9 +1,11 @@
 """Idle keep-alive connections: the server keeps one open longer than client pools keep theirs
 (httpx and the OpenAI client expire an idle connection after 5 s), so a client never sends a
 request on a connection the server is closing at that moment, which fails before reaching it.
---keep-alive-timeout sets how long."""
+--keep-alive-timeout sets how long. And pipelined requests on one connection are answered in
+order, each with its own response."""
 from __future__ import annotations
 
+import json
 import socket
 import time
 from urllib.parse import urlsplit
@@ -39,17 +41,48 @@ def _exchange(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def test_a_connection_idle_past_a_client_pools_expiry_still_serves(server):
-    with _connect(server.base_url) as sock:
+def test_a_connection_idle_past_a_client_pools_expiry_still_serves(each_server):
+    with _connect(each_server.base_url) as sock:
         assert _exchange(sock).startswith(b"HTTP/1.1 200")
         time.sleep(5.5)  # past httpx's keepalive_expiry and uvicorn's timeout (both 5 s)
         assert _exchange(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_keep_alive_timeout_closes_an_idle_connection(demo_model):
-    with ServerThread(Config(model=str(demo_model), keep_alive_timeout=0.5)) as srv, _connect(srv.base_url) as sock:
+def test_keep_alive_timeout_closes_an_idle_connection(demo_model, http_server):
+    config = Config(model=str(demo_model), keep_alive_timeout=0.5, http_server=http_server)
+    with ServerThread(config) as srv, _connect(srv.base_url) as sock:
         assert _exchange(sock).startswith(b"HTTP/1.1 200")
         sock.settimeout(5)
         began = time.monotonic()
         assert sock.recv(1) == b""  # the server closed it
         assert time.monotonic() - began < 3
+
+
+def _post(path: str, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: test\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\n\r\n").encode() + payload
+
+
+def _read_response(reader) -> tuple[int, bytes]:
+    """(status, body) of the next response on a buffered reader of the connection."""
+    status = int(reader.readline().split()[1])
+    length = 0
+    while (line := reader.readline().strip()):
+        name, _, value = line.partition(b":")
+        length = int(value) if name.lower() == b"content-length" else length
+    return status, reader.read(length)
+
+
+def test_pipelined_requests_are_answered_in_order(each_server):
+    """Three requests written at once, before any answer: a generation (slowest), a probe the
+    server answers at once, and a tokenization. Each answer comes back in the order asked."""
+    requests = (_post("/v1/completions", {"prompt": "hello", "max_tokens": 8, "ignore_eos": True})
+                + HEALTH + _post("/tokenize", {"prompt": "hello"}))
+    with _connect(each_server.base_url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(requests)
+        answers = [_read_response(reader) for _ in range(3)]
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert json.loads(answers[0][1])["usage"]["completion_tokens"] == 8
+    assert answers[1][1] == b""
+    assert json.loads(answers[2][1])["tokens"]

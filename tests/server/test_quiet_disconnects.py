@@ -26,18 +26,18 @@ def _request(path: str, body: bytes, declared_length: int | None = None) -> byte
             f"content-length: {length}\r\n\r\n").encode() + body
 
 
-def test_disconnects_are_logged_quietly(server, caplog):
+def test_disconnects_are_logged_quietly(each_server, caplog):
     # The fixture's longest: 500 tokens take the demo model at least 0.25 s.
     long_generation = json.dumps({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True}).encode()
     with caplog.at_level(logging.INFO):
         # Mid-body: the declared length never arrives.
-        _send_and_drop(server, _request("/v1/completions", b'{"prompt": "hel', declared_length=500), 0.2)
+        _send_and_drop(each_server, _request("/v1/completions", b'{"prompt": "hel', declared_length=500), 0.2)
         # Mid-generation, plain and streamed.
-        _send_and_drop(server, _request("/v1/completions", long_generation), 0, generating=True)
+        _send_and_drop(each_server, _request("/v1/completions", long_generation), 0, generating=True)
         streamed = json.dumps({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True,
                                "stream": True}).encode()
-        _send_and_drop(server, _request("/v1/completions", streamed), 0, generating=True)
-        server.wait_idle()
+        _send_and_drop(each_server, _request("/v1/completions", streamed), 0, generating=True)
+        each_server.wait_idle()
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert not noisy, [r.getMessage() for r in noisy]
     gone = [r for r in caplog.records if "client went away" in r.getMessage()]

@@ -37,10 +37,10 @@ def wait_ready(http: httpx.Client, path: str, proc: subprocess.Popen, timeout: f
         time.sleep(0.1)
 
 
-def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model):
+def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model, http_server):
     path = str(tmp_path / "prelude.sock")
     proc = subprocess.Popen([sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", path,
-                             "--served-model-name", "prelude-demo"],
+                             "--served-model-name", "prelude-demo", "--http-server", http_server],
                             env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://prelude", timeout=30) as http:
@@ -58,12 +58,12 @@ def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model):
     assert not os.path.exists(path), "the socket file is removed on exit"
 
 
-def test_a_second_server_on_a_live_socket_refuses_to_start(tmp_path, demo_model):
+def test_a_second_server_on_a_live_socket_refuses_to_start(tmp_path, demo_model, http_server):
     """The socket of a running server is not a stale file: a second server given the same --uds
     exits 2 naming it, and the first stays reachable (it used to be unlinked and replaced, the
     first server left running where no client could reach it)."""
     path = str(tmp_path / "prelude.sock")
-    args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", path]
+    args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", path, "--http-server", http_server]
     first = subprocess.Popen(args, env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://prelude", timeout=30) as http:

@@ -1,0 +1,90 @@
+"""The HTTP server under the ASGI app (--http-server): uvicorn with httptools by default, or
+hypercorn. Either serves on the Listener bound before the model loaded, stops when the caller's
+shutdown trigger fires (never on a signal of its own: the caller drains first), and leaves the
+access log to Prelude (server/access_log.py).
+
+uvicorn with httptools is the default because it costs the least CPU per request of the servers
+that keep what Prelude relies on: keep-alive with --keep-alive-timeout, --backlog, --uds,
+pipelined requests answered in order, a client's disconnect seen by `receive()`, and a response
+sent before its request's body was read (bench.serving.http_servers measures the servers)."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any, Awaitable, Callable, Iterator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from prelude.contract.config import Config
+from prelude.server.listen import Listener
+
+ShutdownTrigger = Callable[[], Awaitable[Any]]
+
+# Seconds connections get to finish their responses once the trigger fired. The caller has
+# already let the requests in flight end (--shutdown-timeout): what remains is writing them out.
+GRACEFUL_S = 3.0
+
+
+async def serve(app: ASGIApp, listener: Listener, config: Config, shutdown_trigger: ShutdownTrigger) -> None:
+    """Serves `app` on `listener` with config.http_server until `shutdown_trigger()` returns, then
+    closes the listener, lets open responses finish, and runs the app's lifespan shutdown."""
+    if config.http_server == "hypercorn":
+        await _serve_hypercorn(app, listener, config, shutdown_trigger)
+    else:
+        await _serve_uvicorn(app, listener, config, shutdown_trigger)
+
+
+async def _serve_uvicorn(app: ASGIApp, listener: Listener, config: Config, shutdown_trigger: ShutdownTrigger) -> None:
+    level = logging.getLevelName(config.log_level.upper())
+    server = _UvicornServer(uvicorn.Config(
+        app, http="httptools", ws="none", lifespan="on", interface="asgi3",
+        log_config=None, access_log=False,  # Prelude's access log and logging setup stand
+        # Its startup and shutdown lines at info would repeat the banner's news (debug shows them).
+        log_level=level if level == logging.DEBUG else max(level, logging.WARNING),
+        proxy_headers=False,  # no X-Forwarded-* rewriting: Prelude logs and trusts no client address
+        backlog=config.backlog,
+        timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # annotated int, used as seconds
+        timeout_graceful_shutdown=GRACEFUL_S,  # type: ignore[arg-type]
+    ))
+    sock = socket.socket(fileno=listener.fd)  # family and type read from the descriptor
+
+    async def exit_on_trigger() -> None:
+        await shutdown_trigger()
+        server.should_exit = True  # seen by uvicorn's main loop within its 0.1 s tick
+
+    trigger = asyncio.create_task(exit_on_trigger())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        trigger.cancel()
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn's Server without its signal handlers: `serve` replaces the process's SIGINT and
+    SIGTERM handlers, and would stop the server at once instead of letting the caller's handler
+    drain first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_hypercorn(app: ASGIApp, listener: Listener, config: Config,
+                           shutdown_trigger: ShutdownTrigger) -> None:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
+    hc = HypercornConfig()
+    hc.bind = [f"fd://{listener.fd}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.loglevel = config.log_level.upper()
+    hc.graceful_timeout = GRACEFUL_S
+    hc.keep_alive_timeout = config.keep_alive_timeout
+    hc.backlog = config.backlog
+    # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
+    # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
+    await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
