@@ -22,10 +22,10 @@ from bench.serving.client import make_client, send
 from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.runner import Level, Limits, RunResult, run_level
 from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
-from bench.serving.workloads import Fixed, Options, Score, SharedPrefix, Workload
+from bench.serving.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96)
-WORKLOADS = ("fixed", "score", "recommend", "system-prompt")
+WORKLOADS = ("fixed", "embed", "prompt-logprobs", "score", "recommend", "system-prompt")
 # Shared-prefix presets: (prefixes, prefix tokens, suffix tokens, output tokens).
 SHARED_PRESETS = {"recommend": (4, 1024, 64, 1), "system-prompt": (8, 512, 64, 32)}
 
@@ -149,6 +149,10 @@ async def build_workloads(args: argparse.Namespace, factory: PromptFactory, toke
     for name in (w.strip() for w in args.workload.split(",")):
         if name == "fixed":
             out += [Fixed(factory, options, i, o) for i, o in args.shapes or [(args.input_len, args.output_len)]]
+        elif name == "embed":
+            out.append(Embed(factory, options, args.input_len))
+        elif name == "prompt-logprobs":
+            out.append(PromptLogprobs(factory, options, args.input_len))
         elif name in SHARED_PRESETS:
             n, prefix, suffix, output = SHARED_PRESETS[name]
             out.append(SharedPrefix(factory, options, name, args.num_prefixes or n, args.prefix_len or prefix,

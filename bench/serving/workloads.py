@@ -4,6 +4,8 @@ before a run starts, so the client spends its measured time sending, not composi
 - fixed: distinct prompts of an exact input length, generating an exact output length (the
   paper's Table 2 shapes: 128/1, 512/1, 128/32).
 - embed: /v1/embeddings of distinct prompts of an exact length.
+- prompt-logprobs: completions of distinct prompts of an exact length asking for every prompt
+  token's logprob (vLLM's prompt_logprobs) and one output token.
 - score: the decision endpoint /v1/score in SGLang's label-token shape, one shared query
   against several short items per request.
 - recommend: PrefillOnly's recommendation shape, scaled down: a few users with long shared
@@ -119,6 +121,24 @@ class Embed(Fixed):
         if self.options.model:
             body["model"] = self.options.model
         return Job(self.path, encode(body), False, prompt.num_tokens, 0)
+
+
+class PromptLogprobs(Fixed):
+    """One distinct prompt of exactly `input_len` tokens per request, prompt_logprobs=1, one token
+    out: a judge or evaluator reading the prompt's own likelihood."""
+
+    def __init__(self, factory: PromptFactory, options: Options, input_len: int):
+        super().__init__(factory, options, input_len, output_len=1)
+
+    @property
+    def label(self) -> str:
+        return f"prompt-logprobs {self.input_len}"
+
+    def completion(self, prompt: Prompt) -> Job:
+        job = super().completion(prompt)
+        body = json.loads(job.body)
+        body["prompt_logprobs"] = 1
+        return Job(job.path, encode(body), job.stream, job.prompt_tokens, job.output_tokens)
 
 
 class SharedPrefix(Workload):

@@ -180,6 +180,8 @@ cdef extern from "step_layers.hpp" namespace "prelude_cpu" nogil:
         const long* slots
         const long* keep
         long kept
+        const long* item_starts
+        const long* item_lengths
     cdef cppclass StepProgress:
         StepProgress() except +
     void step_layers(const ModelShape& m, const LayerWeights* layers, long num_layers, const float* final_norm,
@@ -199,31 +201,34 @@ cdef ModelShape _model_shape(long hidden, long heads, long kv_heads, long dim, l
 
 cdef StepRows _step_rows(long rows, long tokens, long decode_from, size_t starts_ptr, size_t lens_ptr,
                          size_t tables_ptr, long table_width, size_t rope_ptr, size_t positions_ptr,
-                         size_t slots_ptr, size_t keep_ptr, long kept):
+                         size_t slots_ptr, size_t keep_ptr, long kept, size_t item_starts_ptr,
+                         size_t item_lengths_ptr):
     cdef StepRows r
     r.rows, r.tokens, r.decode_from = rows, tokens, decode_from
     r.query_starts, r.context_lens = <const long*>starts_ptr, <const long*>lens_ptr
     r.block_tables, r.table_width, r.rope = <const long*>tables_ptr, table_width, <const float*>rope_ptr
     r.positions, r.slots = <const long*>positions_ptr, <const long*>slots_ptr
     r.keep, r.kept = <const long*>keep_ptr, kept
+    r.item_starts, r.item_lengths = <const long*>item_starts_ptr, <const long*>item_lengths_ptr
     return r
 
 
 def forward_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long hidden, long heads, long kv_heads,
                  long dim, long intermediate, long block_size, float eps, long rows, long tokens, long decode_from,
                  size_t starts_ptr, size_t lens_ptr, size_t tables_ptr, long table_width, size_t rope_ptr,
-                 size_t positions_ptr, size_t slots_ptr, size_t keep_ptr, long kept, size_t x_ptr,
-                 int threads) -> None:
+                 size_t positions_ptr, size_t slots_ptr, size_t keep_ptr, long kept, size_t item_starts_ptr,
+                 size_t item_lengths_ptr, size_t x_ptr, int threads) -> None:
     """Runs every decoder layer and the final norm over x [tokens, hidden] (the step's
     embeddings) in place, and writes the stored tokens' K/V at their slots. Rows: query starts
     [rows + 1], cached lengths [rows], block tables [rows, table_width]; rows from decode_from on
     hold one stored token each. Per token: positions and slots (-1: not stored). keep: `kept`
     increasing token indices whose states are wanted (0: all), written to x's first rows.
-    `layers_ptr`: num_layers rows of fifteen pointers (kernels/cpu/step_layers.hpp, LayerWeights).
+    Multi-item rows: row i's items have lengths item_lengths[item_starts[i]:item_starts[i + 1]]
+    (both 0: no row has items). `layers_ptr`: num_layers rows of fifteen pointers (kernels/cpu/step_layers.hpp, LayerWeights).
     int64 and fp32, contiguous."""
     cdef ModelShape m = _model_shape(hidden, heads, kv_heads, dim, intermediate, block_size, eps)
     cdef StepRows r = _step_rows(rows, tokens, decode_from, starts_ptr, lens_ptr, tables_ptr, table_width, rope_ptr,
-                                 positions_ptr, slots_ptr, keep_ptr, kept)
+                                 positions_ptr, slots_ptr, keep_ptr, kept, item_starts_ptr, item_lengths_ptr)
     with nogil:
         step_layers(m, <const LayerWeights*>layers_ptr, num_layers, <const float*>final_norm_ptr, r, <float*>x_ptr,
                     threads)
@@ -248,10 +253,10 @@ cdef class ResumableStep:
                   long kv_heads, long dim, long intermediate, long block_size, float eps, long rows, long tokens,
                   long decode_from, size_t starts_ptr, size_t lens_ptr, size_t tables_ptr, long table_width,
                   size_t rope_ptr, size_t positions_ptr, size_t slots_ptr, size_t keep_ptr, long kept,
-                  size_t x_ptr, int threads, long segment_macs):
+                  size_t item_starts_ptr, size_t item_lengths_ptr, size_t x_ptr, int threads, long segment_macs):
         self.m = _model_shape(hidden, heads, kv_heads, dim, intermediate, block_size, eps)
         self.r = _step_rows(rows, tokens, decode_from, starts_ptr, lens_ptr, tables_ptr, table_width, rope_ptr,
-                            positions_ptr, slots_ptr, keep_ptr, kept)
+                            positions_ptr, slots_ptr, keep_ptr, kept, item_starts_ptr, item_lengths_ptr)
         self.layers, self.num_layers = <const LayerWeights*>layers_ptr, num_layers
         self.final_norm, self.x = <const float*>final_norm_ptr, <float*>x_ptr
         self.segment_macs, self.threads = segment_macs, threads

@@ -37,6 +37,9 @@ struct PrefillAttention {
     const float* v_cache;
     const long* block_table;
     long context, block_size, cache_block_stride, cache_token_stride;
+    // Fresh keys from gap_from on lie `gap` tokens further on (0: none): an item of a multi-item
+    // row sees the row's shared part, then its own tokens, not the items between.
+    long gap_from = 0, gap = 0;
 };
 
 static constexpr long kTile = 16;  // most queries per work item
@@ -121,8 +124,10 @@ __attribute__((always_inline)) static inline void key_rows(const PrefillAttentio
             keys[j] = a.k_cache + at;
             values[j] = a.v_cache + at;
         } else {
-            keys[j] = a.k + (key - a.context) * a.k_stride + g * a.dim;
-            values[j] = a.v + (key - a.context) * a.v_stride + g * a.dim;
+            long fresh = key - a.context;
+            if (fresh >= a.gap_from) fresh += a.gap;
+            keys[j] = a.k + fresh * a.k_stride + g * a.dim;
+            values[j] = a.v + fresh * a.v_stride + g * a.dim;
         }
     }
 }

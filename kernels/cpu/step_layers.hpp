@@ -65,6 +65,11 @@ struct StepRows {
     const long* slots;          // [tokens]: flat cache slot of each new token, -1 where not stored
     const long* keep;           // [kept] tokens whose final states are wanted, in order; null: all
     long kept;
+    // Multi-item rows: row i ends with items of lengths item_lengths[item_starts[i] ..
+    // item_starts[i + 1]) ([rows + 1] offsets), each seen as if it alone followed the part
+    // before them. Null: no row has items.
+    const long* item_starts;
+    const long* item_lengths;
 };
 
 static void step_linear(const float* x, long rows, const float* w, const float* packed, const float* bias, long in,
@@ -108,15 +113,36 @@ static void project_heads(const ModelShape& m, const LayerWeights& w, const Step
     });
 }
 
-// Prompt row `row`'s attention: its queries over its cached context and its fresh keys.
-static PrefillAttention row_attention(const ModelShape& m, const LayerWeights& w, const StepRows& r, long row,
-                                      const float* q, const float* k, const float* qkv, float* out) {
+// A prompt row's attention comes in parts: its tokens before its items (all of them when it
+// has none), over its cached context and their own causally; then each item, over the context,
+// the part before the items and its own tokens causally (not the items between).
+static long row_parts(const StepRows& r, long row) {
+    return r.item_starts == nullptr ? 1 : 1 + r.item_starts[row + 1] - r.item_starts[row];
+}
+
+// Part `part` of prompt row `row`'s attention (see row_parts).
+static PrefillAttention part_attention(const ModelShape& m, const LayerWeights& w, const StepRows& r, long row,
+                                       long part, const float* q, const float* k, const float* qkv, float* out) {
     const long dim = m.dim, q_size = m.heads * dim, kv_size = m.kv_heads * dim, width = q_size + 2 * kv_size;
-    const long first = r.query_starts[row], n = r.query_starts[row + 1] - first, context = r.context_lens[row];
-    return PrefillAttention{q + first * q_size, k + first * kv_size, qkv + first * width + q_size + kv_size,
-                            out + first * q_size, n, context + n, m.heads, m.kv_heads, dim, q_size, kv_size, width,
-                            1.0f / std::sqrt((float)dim), w.k_cache, w.v_cache, r.block_tables + row * r.table_width,
-                            context, m.block_size, m.block_size * kv_size, kv_size};
+    const long first = r.query_starts[row], context = r.context_lens[row];
+    long shared = r.query_starts[row + 1] - first, begin = first, items_before = 0;
+    if (r.item_starts != nullptr) {
+        for (long i = r.item_starts[row]; i < r.item_starts[row + 1]; ++i) shared -= r.item_lengths[i];
+        for (long i = r.item_starts[row]; i < r.item_starts[row] + part - 1; ++i) items_before += r.item_lengths[i];
+    }
+    long n = shared;
+    if (part > 0) {
+        n = r.item_lengths[r.item_starts[row] + part - 1];
+        begin = first + shared + items_before;
+    }
+    PrefillAttention a{q + begin * q_size, k + first * kv_size, qkv + first * width + q_size + kv_size,
+                       out + begin * q_size, n, context + (part > 0 ? shared : 0) + n, m.heads, m.kv_heads, dim,
+                       q_size, kv_size, width, 1.0f / std::sqrt((float)dim), w.k_cache, w.v_cache,
+                       r.block_tables + row * r.table_width, context, m.block_size, m.block_size * kv_size,
+                       kv_size};
+    a.gap_from = shared;
+    a.gap = items_before;
+    return a;
 }
 
 // The decode rows' attention, together, from the cache (their keys are stored by now).
@@ -146,7 +172,8 @@ constexpr long kMinChunkRows = 64;
 // items, then the decode rows), and the output projection, norm and MLP (by token chunks).
 struct StepProgress {
     enum Phase { kProject, kAttend, kFeedForward, kDone };
-    long layer = 0, phase = kProject, row = 0, at = 0;  // `at`: the next token, or item of prompt row `row`
+    // `at`: the next token, or the next work item of prompt row `row`'s attention part `part`
+    long layer = 0, phase = kProject, row = 0, part = 0, at = 0;
     long live = -1;  // tokens computed past the attention: all of them, or the kept ones in the last layer
     std::unique_ptr<float[]> residual, normed, qkv, q, k, attended, gate_up, act;
     std::vector<long> decode_lens;
@@ -207,17 +234,20 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
                         s.qkv.get() + s.at * qkv_width, threads);
             project_heads(m, w, r, s.at, s.at + rows, s.qkv.get(), s.q.get(), s.k.get(), threads);
         }
-        if (s.phase == StepProgress::kProject) s.phase = StepProgress::kAttend, s.row = 0, s.at = 0;
-        for (; s.phase == StepProgress::kAttend && s.row < r.decode_from; ++s.row, s.at = 0) {
-            const PrefillAttention a = row_attention(m, w, r, s.row, s.q.get(), s.k.get(), s.qkv.get(),
-                                                     s.attended.get());
-            const long items = prefill_items(a);
-            // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
-            const long item_macs = 2 * (kTile * m.heads / m.kv_heads) * (a.m - a.n / 2) * m.dim;
-            const long slice = segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, item_macs));
-            for (; s.at < items; s.at += slice) {
-                if (!go_on(stop, ran)) return false;
-                prefill_attention_items(a, s.at, std::min(items, s.at + slice), threads);
+        if (s.phase == StepProgress::kProject) s.phase = StepProgress::kAttend, s.row = 0, s.part = 0, s.at = 0;
+        for (; s.phase == StepProgress::kAttend && s.row < r.decode_from; ++s.row, s.part = 0) {
+            for (; s.part < row_parts(r, s.row); ++s.part, s.at = 0) {
+                const PrefillAttention a = part_attention(m, w, r, s.row, s.part, s.q.get(), s.k.get(), s.qkv.get(),
+                                                          s.attended.get());
+                if (a.n == 0) continue;
+                const long items = prefill_items(a);
+                // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
+                const long item_macs = 2 * (kTile * m.heads / m.kv_heads) * (a.m - a.n / 2) * m.dim;
+                const long slice = segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, item_macs));
+                for (; s.at < items; s.at += slice) {
+                    if (!go_on(stop, ran)) return false;
+                    prefill_attention_items(a, s.at, std::min(items, s.at + slice), threads);
+                }
             }
         }
         if (s.phase == StepProgress::kAttend) {

@@ -58,6 +58,10 @@ class PagedStepInputs:
     block_tables: torch.Tensor  # [rows, width]: the blocks of the context and of the stored new tokens
     slots: torch.Tensor  # [tokens]: where each new token's K/V goes, -1 where it is not stored
     decode_from: int
+    # Multi-item rows: row i's items' lengths are item_lengths[item_starts[i]:item_starts[i + 1]]
+    # (None: no row has items).
+    item_starts: torch.Tensor | None = None
+    item_lengths: torch.Tensor | None = None
 
 
 def own_token_mask(n: int, items: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -105,8 +105,9 @@ class FusedStep:
                      paged.k_cache.shape[2], c.rms_norm_eps, rows, x.shape[0], paged.decode_from,
                      paged.query_starts.data_ptr(), paged.context_lens.data_ptr(), paged.block_tables.data_ptr(),
                      paged.block_tables.shape[1], rotary.data_ptr(), positions.data_ptr(), paged.slots.data_ptr(),
-                     0 if keep is None else keep.data_ptr(), 0 if keep is None else len(keep), x.data_ptr(),
-                     threads)
+                     0 if keep is None else keep.data_ptr(), 0 if keep is None else len(keep),
+                     0 if paged.item_starts is None else paged.item_starts.data_ptr(),
+                     0 if paged.item_lengths is None else paged.item_lengths.data_ptr(), x.data_ptr(), threads)
         return arguments, x, (paged, positions, keep, table)
 
     def _layer_table(self, paged: PagedStepInputs) -> torch.Tensor:

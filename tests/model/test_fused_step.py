@@ -4,7 +4,7 @@ multiply on other GEMM kernels). For q/k norms (Qwen3),
 q/k/v bias (Qwen2) and plain Llama, GQA, on one thread and on the thread team: fresh prompts,
 prompt chunks over a cached context in scattered blocks, prompt rows beside decode rows (a Mixed
 step), rows whose K/V is not stored, only some tokens' states kept, and decode steps over
-ragged contexts. Steps it does not take (multi-item rows, other ops) run layer by layer."""
+ragged contexts, multi-item rows. Models on other ops run layer by layer."""
 from __future__ import annotations
 
 import pytest
@@ -102,13 +102,30 @@ def test_fused_step_equals_layer_by_layer(tmp_path, family, threads):
         torch.set_num_threads(previous)
 
 
-def test_multi_item_rows_and_torch_ops_run_layer_by_layer(tmp_path):
-    path = make_checkpoint(tmp_path / "q3", "qwen3")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_multi_item_rows_run_natively(tmp_path, threads):
+    """Each item sees the part before the items and its own tokens (kernels/cpu/prefill_attention.hpp's
+    key gap): a fresh row, and one over a cached prefix whose remaining query part is empty."""
+    path = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512)
     config, model, attention = _model_and_attention(path)
-    row = PrefillRow(0, list(range(5, 17)), 0, list(range(4)), SPEC, item_lengths=(3, 4))
-    ids, positions, layout, _ = _step([row])
-    attention.plan(layout)
-    assert model.fused_step.try_forward(ids, positions, attention) is None
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            first = _step([PrefillRow(0, list(range(5, 17)), 0, list(range(3)), None)])
+            attention.plan(first[2])
+            model.fused_step.try_forward(*first[:2], attention, first[3])
+            rows = [PrefillRow(0, list(range(5, 17)) + list(range(30, 37)), 0, list(range(3, 6)), SPEC,
+                               item_lengths=(3, 4)),
+                    PrefillRow(1, list(range(40, 49)), 12, list(range(3)), SPEC, item_lengths=(2, 5, 2))]
+            _check_step(model, attention, _step(rows))
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_torch_ops_run_layer_by_layer(tmp_path):
+    path = make_checkpoint(tmp_path / "q3", "qwen3")
+    config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64, ops=TORCH_OPS)
     assert model.fused_step is None
 

@@ -1,6 +1,7 @@
 """Reference attention in plain torch: runs anywhere, and is the oracle for the CUDA backends."""
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
@@ -74,7 +75,7 @@ class TorchAttention(AttentionBackend):
 
     def paged_step_inputs(self) -> PagedStepInputs | None:
         layout, cache = self.layout, self.kv_cache
-        if (layout.item_lengths is not None and any(layout.item_lengths)) or not self._native_cache(cache.k):
+        if not self._native_cache(cache.k):
             return None
         rows, block_size, dim = layout.num_rows, cache.block_size, cache.shape.head_dim
         decode_from = rows  # the trailing rows of one stored token each
@@ -88,9 +89,13 @@ class TorchAttention(AttentionBackend):
             tables.append(layout.block_tables[row][:-(-(ctx + n) // block_size)])
         width = max([1, *map(len, tables)])
         flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
+        item_starts = item_lengths = None
+        if layout.item_lengths is not None and any(layout.item_lengths):
+            item_starts = torch.tensor([0, *itertools.accumulate(map(len, layout.item_lengths))])
+            item_lengths = torch.tensor([n for items in layout.item_lengths for n in items] or [0])
         return PagedStepInputs(cache.k, cache.v, torch.tensor(layout.query_starts), torch.tensor(layout.context_lens),
                                torch.tensor(flat, dtype=torch.long).view(rows, width),
-                               layout.slot_mapping.contiguous(), decode_from)
+                               layout.slot_mapping.contiguous(), decode_from, item_starts, item_lengths)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
