@@ -1,16 +1,13 @@
-"""The Starlette application: routes, auth, error rendering, and the engine's lifespan."""
+"""The application: its endpoints and routes (server/routing.py), the plain ASGI layers around
+them (request ids, the access log, auth, the overload gate), and serving it."""
 from __future__ import annotations
 
-import contextlib
 import hmac
 import logging
 import time
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request as HTTPRequest
+from starlette.requests import Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prelude import __version__
@@ -26,10 +23,9 @@ from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.http_server import ShutdownTrigger
 from prelude.server.listen import Listener, bind
 from prelude.server.openai import CompletionsAPI
+from prelude.server.routing import Route, Router
 from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response, log_ignored_fields
-
-logger = logging.getLogger(__name__)
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.
 OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/metrics"})
@@ -80,27 +76,6 @@ class EchoRequestId:
         await self.app(scope, receive, send_with_id)
 
 
-class HealthFirst:
-    """Answers GET /health before routing, auth or anything else, so a liveness probe is one
-    small response on the event loop even while thousands of requests are in flight."""
-
-    def __init__(self, app: ASGIApp, engine: Engine):
-        self.app = app
-        self.engine = engine
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/health":
-            if scope["method"] not in ("GET", "HEAD"):  # no route to say 405: it was a 404
-                response = APIError(405, "Method Not Allowed", headers={"Allow": "GET, HEAD"}).response()
-                await response(scope, receive, send)
-                return
-            await send({"type": "http.response.start", "status": 200 if self.engine.healthy else 503,
-                        "headers": [(b"content-length", b"0")]})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        await self.app(scope, receive, send)
-
-
 def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot,
@@ -108,6 +83,12 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     completions = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     chat = ChatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+
+    # Liveness: one small response, built once, whatever else is in flight.
+    alive, dead = Response(status_code=200), Response(status_code=503)
+
+    async def health(_: HTTPRequest) -> Response:
+        return alive if engine.healthy else dead
 
     async def ping(_: HTTPRequest) -> Response:
         return Response(status_code=200 if engine.healthy else 503)
@@ -185,72 +166,46 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
         ids = await admission.checked_ids(tokens, "tokens") if tokens else []  # no tokens: "", as vLLM
         return json_response({"prompt": await admission.decode(ids)})
 
-    async def on_api_error(_: HTTPRequest, exc: APIError) -> Response:
-        return exc.response()
-
-    async def on_http_error(_: HTTPRequest, exc: HTTPException) -> Response:
-        # Starlette's headers carry a 405's Allow, which the response must have (RFC 9110).
-        return APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})).response()
-
-    async def on_disconnect(http: HTTPRequest, _: ClientDisconnect) -> Response:
-        # Nobody reads this response; the request's engine work was already aborted.
-        logged = access_log.entry(http)
-        if logged is not None:
-            logged.error = "client went away"
-        else:
-            logger.info("client went away: %s %s", http.method, http.url.path)
-        return Response(status_code=499)
-
-    async def on_error(_: HTTPRequest, exc: Exception) -> Response:
-        logger.exception("unhandled error")
-        return APIError(500, f"internal error: {type(exc).__name__}").response()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette):
+    async def startup() -> None:
         await engine.start()
+
+    async def shutdown() -> None:
         try:
-            yield
-        finally:
             await engine.stop()
+        finally:
             admission.close()
 
     # The routes that queue engine work: refused unread while the engine admits nothing, and
     # logging (at debug) the fields they ignored.
-    work = [Route(path, log_ignored_fields(endpoint), methods=["POST"]) for path, endpoint in (
+    work = [Route(path, log_ignored_fields(endpoint), ("POST",)) for path, endpoint in (
         ("/v1/completions", completions.completions), ("/v1/chat/completions", chat.chat),
         ("/v1/embeddings", decision.embeddings), ("/classify", decision.classify),
         ("/v1/classify", decision.classify), ("/pooling", decision.pooling), ("/score", decision.score),
         ("/v1/score", decision.score), ("/rerank", decision.rerank), ("/v1/rerank", decision.rerank),
         ("/embed", decision.tei_embed), ("/predict", decision.tei_predict),
         ("/v2/embed", decision.cohere_embed), ("/v2/rerank", decision.cohere_rerank))]
-    app = Starlette(
-        routes=[
-            Route("/ping", ping, methods=["GET", "POST"]),
-            Route("/ready", ready, methods=["GET"]),
-            Route("/version", version, methods=["GET"]),
-            Route("/model_info", model_info, methods=["GET"]),
-            Route("/get_model_info", model_info, methods=["GET"]),
-            Route("/server_info", server_info, methods=["GET"]),
-            Route("/get_server_info", server_info, methods=["GET"]),
-            Route("/metrics", metrics_endpoint, methods=["GET"]),
-            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            *work,
-            Route("/tokenize", tokenize, methods=["POST"]),
-            Route("/detokenize", detokenize, methods=["POST"]),
-        ],
-        # Starlette types each handler as taking any Exception; ours take the class they are
-        # registered for, which is what Starlette passes them.
-        exception_handlers={APIError: on_api_error, HTTPException: on_http_error,  # type: ignore[dict-item]
-                            ClientDisconnect: on_disconnect, Exception: on_error},  # type: ignore[dict-item]
-        lifespan=lifespan,
-    )
-    outer: ASGIApp = RefuseWhenFull(app, engine, [(m, r.path) for r in work for m in r.methods or ()])
+    router = Router([
+        Route("/health", health, ("GET",)),
+        Route("/ping", ping, ("GET", "POST")),
+        Route("/ready", ready, ("GET",)),
+        Route("/version", version, ("GET",)),
+        Route("/model_info", model_info, ("GET",)),
+        Route("/get_model_info", model_info, ("GET",)),
+        Route("/server_info", server_info, ("GET",)),
+        Route("/get_server_info", server_info, ("GET",)),
+        Route("/metrics", metrics_endpoint, ("GET",)),
+        Route("/reset_prefix_cache", reset_prefix_cache, ("POST",)),
+        Route("/v1/models", models, ("GET",)),
+        *work,
+        Route("/tokenize", tokenize, ("POST",)),
+        Route("/detokenize", detokenize, ("POST",)),
+    ], startup, shutdown)
+    outer: ASGIApp = RefuseWhenFull(router, engine, [(m, r.path) for r in work for m in r.methods])
     if config.api_key:
         outer = BearerAuth(outer, config.api_key)
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
         outer = AccessLog(outer)  # outside auth: refused keys are logged too
-    return HealthFirst(EchoRequestId(outer), engine)
+    return EchoRequestId(outer)
 
 
 async def serve_app(app: ASGIApp, config: Config, shutdown_trigger: ShutdownTrigger,
