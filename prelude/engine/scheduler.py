@@ -140,6 +140,9 @@ class Scheduler:
     def schedule(self, max_tokens: int | None = None) -> ScheduledStep | None:
         """The next step; `max_tokens` caps it below the configured budget (a step that runs
         while a long one is parked stays short)."""
+        if not self.waiting and not self.decode.running:
+            self._held_apart = False
+            return None
         now = time.monotonic()
         tokens = self.config.max_num_batched_tokens if max_tokens is None else min(
             max_tokens, self.config.max_num_batched_tokens)

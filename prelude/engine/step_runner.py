@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import BatchResult, DecodeBatch, OneShotBatch
@@ -19,6 +18,7 @@ from prelude.engine.plan import ScheduledStep
 from prelude.engine.preemption import MAX_SHORT_STEPS, LongStep
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
+from prelude.engine.worker import Worker
 from prelude.executor.executors import Executors
 from prelude.executor.runner import Progress
 
@@ -32,10 +32,10 @@ class StepRunner:
         self.long_step = LongStep()
         self.preemptions = 0
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-step")
+        self._worker = Worker("prelude-step")
 
     async def in_worker(self, fn: Callable[..., T], *args) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        return await self._worker.call(fn, *args)
 
     def start_chain(self, batch: DecodeBatch) -> DecodeChain:
         """Starts a step of decodes in the worker, as the first of a DecodeChain."""
@@ -44,7 +44,7 @@ class StepRunner:
         return chain
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=True)
+        self._worker.shutdown()
 
     def note_arrivals(self, requests: list[Request]) -> None:
         """A request short beside the long step in flight asks it to step aside."""
