@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (and of sampling) per class")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25, help="frames shown per table")
+    p.add_argument("--gil", action="store_true",
+                   help="sample only the thread holding the GIL: where Python runs, without threads "
+                        "that are waking or waiting")
     p.add_argument("--json", type=Path, help="results file (default bench-results/server_profile-<time>.json)")
     return p
 
@@ -95,7 +98,7 @@ async def profile_class(server: ServerProcess, name: str, output_len: int, args:
     # Warm up (connections, caches) before sampling starts.
     await run_level(server.base_url, workload, level, Limits(200, None, 32), random.Random(0), server.label,
                     server.pid, show_progress=False)
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking",
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking", *(["--gil"] if args.gil else []),
                             "--duration", str(int(args.duration)), "--format", "raw", "--output", str(raw)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attaches

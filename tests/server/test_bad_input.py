@@ -170,6 +170,8 @@ def test_unknown_route_and_wrong_method(server):
     assert options.status_code == 405 and set(options.headers["allow"].split(", ")) == {"GET", "HEAD"}
     health = httpx.post(server.base_url + "/health")  # answered before routing: it said 404
     assert health.status_code == 405 and health.headers["allow"] == "GET, HEAD" and "error" in health.json()
+    slash = httpx.post(server.base_url + COMPLETIONS + "/", json={"prompt": "hi", "max_tokens": 1})
+    assert slash.status_code == 307 and slash.headers["location"] == server.base_url + COMPLETIONS
 
 
 def test_server_keeps_serving_and_leaks_nothing_after_bad_input(server, client):

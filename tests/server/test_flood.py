@@ -1,69 +1,25 @@
-"""Under 1,000 simultaneous connections the server stays reachable: no connection is refused or
-reset (the listen backlog holds them all), and /health answers within a second throughout."""
+"""Under a flood of 1,000 simultaneous completions, with default flags (the access log on), the
+server stays reachable: every request is answered 200, or 503 with Retry-After once the waiting
+queue is full, none is refused or reset at connect (the listen backlog holds them all), and a
+liveness probe polling /health on a kept-alive connection is answered 200 every time."""
 from __future__ import annotations
 
-import asyncio
-import json
-import socket
-import threading
-import time
-
+from bench.serving.health_flood import run_flood
 from bench.serving.server import ServerProcess, prelude_env
 
-CONNECTIONS = 1000
-HEALTH_LIMIT_S = 1.0
+REQUESTS = 1000
+# A hang guard, not a latency target (bench.serving.health_flood measures that): a poll stuck
+# behind the flood would take as long as the flood itself.
+POLL_LIMIT_S = 5.0
 
 
-def _health_latencies(port: int, stop: threading.Event, out: list[float]) -> None:
-    """GET /health on a fresh connection every 50 ms; a failure counts as infinite latency."""
-    request = b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
-    while not stop.is_set():
-        began = time.perf_counter()
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-                sock.sendall(request)
-                ok = sock.recv(64).startswith(b"HTTP/1.1 200")
-        except OSError:
-            ok = False
-        out.append(time.perf_counter() - began if ok else float("inf"))
-        stop.wait(0.05)
-
-
-async def _flood(port: int) -> list[str]:
-    """Opens every connection at once, each sending one small request; returns the status line
-    of each response (or the error that replaced it)."""
-    body = json.dumps({"prompt": "hello there", "max_tokens": 1, "temperature": 0}).encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
-               b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-
-    async def one() -> str:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(request)
-            await writer.drain()
-            status = (await reader.readline()).decode().strip()
-            await reader.read()
-            writer.close()
-            return status
-        except OSError as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    return await asyncio.gather(*(one() for _ in range(CONNECTIONS)))
-
-
-def test_thousand_connections_no_reset_and_health_stays_fast(demo_model):
-    # Access logging off: 1,000 log lines are not what this test measures.
-    with ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "512", "--disable-log-requests"],
-                       env=prelude_env()) as server:
-        latencies: list[float] = []
-        stop = threading.Event()
-        prober = threading.Thread(target=_health_latencies, args=(server.port, stop, latencies))
-        prober.start()
-        try:
-            statuses = asyncio.run(_flood(server.port))
-        finally:
-            stop.set()
-            prober.join()
-    failed = [s for s in statuses if not s.startswith("HTTP/1.1 200")]
-    assert not failed, f"{len(failed)} of {CONNECTIONS} failed, e.g. {failed[:3]}"
-    assert latencies and max(latencies) < HEALTH_LIMIT_S, f"worst /health {max(latencies):.2f}s"
+def test_flood_is_answered_and_every_health_poll_too(demo_model, http_server):
+    # A KV pool for a fraction of the flood: requests wait, and the queue's token bound refuses some.
+    args = ["--model", str(demo_model), "--num-kv-blocks", "512", "--http-server", http_server]
+    with ServerProcess(args, env=prelude_env()) as server:
+        outcomes, polls, _ = run_flood(server.port, REQUESTS, max_tokens=16, prompt_words=16, poll_s=0.2)
+    unanswered = [o for o in outcomes if not (o.status == 200 or (o.status == 503 and o.retry_after))]
+    assert not unanswered, f"{len(unanswered)} of {REQUESTS} not answered 200 or 503 + Retry-After: {unanswered[:3]}"
+    assert sum(o.status == 200 for o in outcomes) > 0
+    assert polls and all(status == 200 for _, status in polls), polls
+    assert max(seconds for seconds, _ in polls) < POLL_LIMIT_S
