@@ -19,6 +19,7 @@ INLINE_CHARS = 2048
 # 50 ns an id each); a 32 MiB body holds 5M ids, 0.27 s to check and 0.29 s to decode.
 INLINE_IDS = 4096
 T = TypeVar("T")
+_INT_ONLY = {int}
 
 
 class Admission:
@@ -90,7 +91,7 @@ class Admission:
         if not ids:
             raise bad_request(f"'{param}' must not be empty", param)
         # The common case in C-speed passes (type() excludes bool); the loop only names the culprit.
-        if not (all(type(t) is int for t in ids) and 0 <= min(ids) and max(ids) < self.vocab_size):
+        if not (set(map(type, ids)) == _INT_ONLY and 0 <= min(ids) and max(ids) < self.vocab_size):
             for token in ids:
                 if type(token) is not int or not 0 <= token < self.vocab_size:
                     raise bad_request(f"'{param}' contains {token!r}, not a token id in [0, {self.vocab_size})",

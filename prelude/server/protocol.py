@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
 
 from prelude.server.errors import APIError, bad_request
 
@@ -66,17 +66,26 @@ def parse_json(raw: bytes) -> Any:
 
 
 async def read_json(http: HTTPRequest, limit: int) -> "Body":
+    """The request's body as a JSON object, read from the ASGI messages directly (most bodies
+    are one message). 413 past `limit`, by the Content-Length before any byte is read, or once
+    the bytes read pass it; ClientDisconnect if the client goes away first."""
     length = http.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes",
                        code="request_too_large")
     chunks, size = [], 0
-    async for chunk in http.stream():
+    while True:
+        message = await http.receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
         chunks.append(chunk)
-    data = parse_json(b"".join(chunks))
+        if not message.get("more_body", False):
+            break
+    data = parse_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
     return Body(data)
