@@ -4,16 +4,17 @@ Launches Prelude with `--executor null` (flags after a lone `--` go to it), driv
 with `bench.serving.cpu_cost`'s request classes, and samples the server process with py-spy
 (`pip install py-spy`; it attaches to the running server, so it needs ptrace rights: root, or
 kernel.yama.ptrace_scope=0) only while the measured load runs: the startup's imports and the
-warm-up stay out of the profile. Prints each profile's top frames (self time), the share per
-file or package, and the share of each Prelude server layer (inclusive); writes py-spy's raw
-collapsed stacks, which speedscope and flamegraph.pl read, beside the JSON."""
+warm-up stay out of the profile. Samples are taken of the thread holding the GIL (`--gil`):
+where Python runs, not threads that are waking up or waiting for a core. Prints the samples'
+shares by layer (the step thread; on the event loop the server, the engine, the HTTP server),
+then `bench.serving.gil_profile`'s top functions; writes py-spy's raw collapsed stacks (which
+speedscope and flamegraph.pl read) beside the JSON."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import collections
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -22,55 +23,36 @@ from typing import Sequence
 
 from bench.serving import report
 from bench.serving.client import make_client
+from bench.serving.gil_profile import summarize
 from bench.serving.loadgen import prompt_source, split_server_args
 from bench.serving.runner import Level, Limits, run_level
 from bench.serving.server import ServerProcess, prelude_env
 from bench.serving.workloads import Fixed, Options
 
-_LINE = re.compile(r":\d+\)$")  # a frame's line number: frames of one function are summed
+# Where a loop sample's stack says the loop was: the first match, in this order, names it.
+LAYERS = (("prelude/server/", "server (prelude/server)"), ("starlette/", "server (prelude/server)"),
+          ("prelude/engine/", "engine, on the loop"), ("prelude/cache/", "engine, on the loop"),
+          ("uvicorn/", "HTTP server"), ("hypercorn/", "HTTP server"), ("h11/", "HTTP server"))
 
 
-def summarize(raw: Path, top: int) -> dict[str, list[tuple[str, float]]]:
-    """Shares (percent of samples) from py-spy's raw output: `frame;frame;... count` per line,
-    outermost first (a thread's name first with --threads, which is not passed here)."""
-    own: collections.Counter[str] = collections.Counter()
-    inclusive: collections.Counter[str] = collections.Counter()
-    places: collections.Counter[str] = collections.Counter()
-    total = 0
+def layer_shares(raw: Path) -> list[tuple[str, float]]:
+    """Percent of the GIL samples per layer: other threads' by name; the event loop's by what
+    its stack holds, in LAYERS' order: a stack through an endpoint is the server's with all it
+    calls (the engine's submit, the HTTP server's send), the engine's step loop is the engine's,
+    the HTTP server's own callbacks (parsing) its own, the rest (the loop, asyncio) "other"."""
+    shares: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
             continue
-        count = int(count_text)
-        frames = [_LINE.sub(")", f) for f in stack.split(";")]
-        total += count
-        own[frames[-1]] += count
-        places[_place(frames[-1])] += count
-        for frame in set(frames):
-            inclusive[frame] += count
-    if not total:
-        return {"self": [], "place": [], "server_layers": [], "samples": [("samples", 0.0)]}
-
-    def shares(counter: collections.Counter[str], n: int) -> list[tuple[str, float]]:
-        return [(name, 100 * c / total) for name, c in counter.most_common(n)]
-
-    layers = collections.Counter({f: c for f, c in inclusive.items() if "prelude/server/" in f or "starlette/" in f})
-    return {"self": shares(own, top), "place": shares(places, top), "server_layers": shares(layers, top),
-            "samples": [("samples", float(total))]}
-
-
-def _place(frame: str) -> str:
-    """The file (Prelude's) or package (third party) or stdlib module a frame runs in."""
-    inside = frame[frame.find("(") + 1:-1]
-    for marker, keep in (("site-packages/", 1), ("/prelude/", 2), ("/lib/python3", 3)):
-        if marker in inside:
-            rest = inside.split(marker, 1)[1]
-            if keep == 1:
-                return rest.split("/")[0]
-            if keep == 2:
-                return "prelude/" + rest
-            return "stdlib " + rest.split("/", 1)[-1].split("/")[0]
-    return inside
+        thread, _, frames = stack.partition(";")
+        if not thread.endswith("MainThread"):
+            layer = f"thread {thread.rpartition(': ')[2]}"
+        else:
+            layer = next((name for marker, name in LAYERS if marker in frames), "event loop, other")
+        shares[layer] += int(count)
+    total = sum(shares.values()) or 1
+    return [(layer, 100 * n / total) for layer, n in shares.most_common()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,9 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (and of sampling) per class")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25, help="frames shown per table")
-    p.add_argument("--gil", action="store_true",
-                   help="sample only the thread holding the GIL: where Python runs, without threads "
-                        "that are waking or waiting")
     p.add_argument("--json", type=Path, help="results file (default bench-results/server_profile-<time>.json)")
     return p
 
@@ -98,7 +77,7 @@ async def profile_class(server: ServerProcess, name: str, output_len: int, args:
     # Warm up (connections, caches) before sampling starts.
     await run_level(server.base_url, workload, level, Limits(200, None, 32), random.Random(0), server.label,
                     server.pid, show_progress=False)
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking", *(["--gil"] if args.gil else []),
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking", "--gil", "--threads",
                             "--duration", str(int(args.duration)), "--format", "raw", "--output", str(raw)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attaches
@@ -111,7 +90,7 @@ async def profile_class(server: ServerProcess, name: str, output_len: int, args:
         raise SystemExit(f"py-spy failed: {err.decode(errors='replace').strip()[-500:]}")
     return {"class": name, "requests": result.summary.completed, "req_s": result.summary.request_rate,
             "server_cpu_us_per_request": result.server_cpu_us_per_request, "raw": str(raw),
-            **summarize(raw, args.top)}
+            "layers": layer_shares(raw)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -130,11 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in profiles:
         print(f"\n== {p['class']} 128/{classes[p['class']]} at c={args.concurrency}: {p['requests']} requests, "
               f"{p['req_s']:.0f} req/s, server CPU {p['server_cpu_us_per_request'] or 0:.0f} us/request "
-              f"(py-spy attached: it slows the server), {p['samples'][0][1]:.0f} samples")
-        for title, key in (("self", "self"), ("self, by file or package", "place"),
-                           ("Prelude server layers and Starlette, inclusive", "server_layers")):
-            print(f"-- {title}")
-            print("\n".join(f"{share:5.1f}%  {frame[:140]}" for frame, share in p[key]))
+              "(py-spy attached: it slows the server)")
+        print("GIL samples by layer:")
+        print("\n".join(f"  {share:5.1f}%  {layer}" for layer, share in p["layers"]))
+        print(summarize(Path(p["raw"]), args.top))
     report.write_json(path, {"tool": "bench.serving.server_profile", "server_args": server_args,
                              "concurrency": args.concurrency, "profiles": profiles})
     print(f"\nresults: {path}")

@@ -65,11 +65,21 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
+def header(http: HTTPRequest, name: bytes) -> str | None:
+    """The request's first `name` header (lowercase, as ASGI gives names), or None. Starlette's
+    `headers.get` builds a Headers object and raises and catches a KeyError for each header that
+    is absent, as most optional ones are."""
+    for key, value in http.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 async def read_json(http: HTTPRequest, limit: int) -> "Body":
     """The request's body as a JSON object, read from the ASGI messages directly (most bodies
     are one message). 413 past `limit`, by the Content-Length before any byte is read, or once
     the bytes read pass it; ClientDisconnect if the client goes away first."""
-    length = http.headers.get("content-length")
+    length = header(http, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes",
                        code="request_too_large")

@@ -25,7 +25,7 @@ from prelude.server import access_log
 from prelude.server.admission import Admission
 from prelude.server.early_refusal import overloaded_error
 from prelude.server.errors import APIError, bad_request
-from prelude.server.protocol import Body, read_json
+from prelude.server.protocol import Body, header, read_json
 from prelude.server.served_model import ServedModel
 from prelude.server.streaming import dumps, engine_error, wait_disconnect
 
@@ -45,7 +45,7 @@ MAX_ITEMS = 1024
 def new_id(kind: str, http: HTTPRequest | None = None) -> str:
     """A response id: built on the client's X-Request-Id when it sent a usable one (as vLLM
     does), else unique to this server."""
-    client = http.headers.get("x-request-id") if http is not None else None
+    client = header(http, b"x-request-id") if http is not None else None
     if client is not None and _CLIENT_ID.fullmatch(client):
         return f"{kind}-{client}"
     return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
@@ -220,12 +220,12 @@ class Serving:
         its first token or OneShot result from the X-Deadline-Ms header, the `deadline_ms`
         field, or the server's --default-deadline-ms."""
         fields: dict[str, Any] = {"priority": body.int("priority", 0)}
-        header = http.headers.get("x-deadline-ms")
-        if header is not None:
+        given = header(http, b"x-deadline-ms")
+        if given is not None:
             try:
-                deadline_ms = float(header)
+                deadline_ms = float(given)
             except ValueError:
-                raise bad_request(f"X-Deadline-Ms must be a number of milliseconds, got {header!r}") from None
+                raise bad_request(f"X-Deadline-Ms must be a number of milliseconds, got {given!r}") from None
             if not 0 < deadline_ms < 1e9:
                 raise bad_request("X-Deadline-Ms must be in (0, 1e9) milliseconds")
         else:
