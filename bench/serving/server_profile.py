@@ -26,7 +26,7 @@ from bench.serving.client import make_client
 from bench.serving.gil_profile import summarize
 from bench.serving.loadgen import prompt_source, split_server_args
 from bench.serving.runner import Level, Limits, run_level
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.server import ServerProcess, parse_command, prelude_env
 from bench.serving.workloads import Fixed, Options
 
 # Where a loop sample's stack says the loop was: the first match, in this order, names it.
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (and of sampling) per class")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--server-cmd", help="command launching the server (default: this python -m prelude)")
     p.add_argument("--top", type=int, default=25, help="frames shown per table")
     p.add_argument("--json", type=Path, help="results file (default bench-results/server_profile-<time>.json)")
     return p
@@ -102,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = args.json or report.default_json_path("server_profile")
     path.parent.mkdir(parents=True, exist_ok=True)
     profiles = []
-    with ServerProcess(["--executor", "null", *server_args], env=prelude_env(), label="prelude") as server:
+    with ServerProcess(["--executor", "null", *server_args], parse_command(args.server_cmd), prelude_env(),
+                       label="prelude") as server:
         for name in args.classes.split(","):
             raw = path.with_name(f"{path.stem}-{name}.txt")
             profiles.append(asyncio.run(profile_class(server, name, classes[name], args, raw)))
