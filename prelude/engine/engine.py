@@ -65,7 +65,8 @@ class Engine:
         return not self.requests and not self._in_flight
 
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self.scheduler, self.stats, self.steps.preemptions, len(self.requests))
+        return take_snapshot(self.scheduler, self.stats, self.steps.preemptible_steps, self.steps.preemptions,
+                             len(self.requests))
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:

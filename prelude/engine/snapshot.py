@@ -23,7 +23,8 @@ class EngineSnapshot:
     prefix_hit_tokens: int
     scheduler: SchedulerStats
     stats: EngineStats
-    layer_preemptions: int = 0  # times a long OneShot step stepped aside between layers
+    preemptible_steps: int = 0  # long OneShot steps run so that they could step aside
+    layer_preemptions: int = 0  # times such a step stepped aside (parked) for other work
     # Admitted rows neither waiting nor finished: Decode sequences and the OneShot rows of the
     # steps in flight. What a router reads as the requests running: OneShot rows hold no KV
     # across steps, so counting sequences alone showed a replica computing long embeddings
@@ -31,7 +32,7 @@ class EngineSnapshot:
     num_rows_running: int = 0
 
 
-def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: int = 0,
+def take_snapshot(scheduler: Scheduler, stats: EngineStats, preemptible_steps: int = 0, layer_preemptions: int = 0,
                   num_admitted: int = 0) -> EngineSnapshot:
     """`num_admitted`: rows the engine admitted that have not finished."""
     pool = scheduler.pool
@@ -41,5 +42,6 @@ def take_snapshot(scheduler: Scheduler, stats: EngineStats, layer_preemptions: i
         kv_blocks_total=pool.num_blocks, kv_blocks_in_use=pool.num_used_blocks,
         kv_blocks_cached=pool.num_cached_blocks, kv_usage=pool.usage,
         prefix_query_tokens=pool.queries_tokens, prefix_hit_tokens=pool.hit_tokens,
-        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats), layer_preemptions=layer_preemptions,
+        scheduler=copy.deepcopy(scheduler.stats), stats=copy.deepcopy(stats),
+        preemptible_steps=preemptible_steps, layer_preemptions=layer_preemptions,
         num_rows_running=max(0, num_admitted - scheduler.num_waiting))

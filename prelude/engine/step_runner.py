@@ -30,7 +30,8 @@ class StepRunner:
         self.executors = executors
         self.scheduler = scheduler
         self.long_step = LongStep()
-        self.preemptions = 0
+        self.preemptible_steps = 0  # long OneShot steps run so that they could step aside
+        self.preemptions = 0  # times one did
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
         self._worker = Worker("prelude-step")
 
@@ -65,6 +66,7 @@ class StepRunner:
         if not (tokens and self.scheduler.preemption.preemptible(tokens)):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
+        self.preemptible_steps += 1
         long_step = self.long_step
         long_step.begin(max(len(row.token_ids) for row in batch.rows))
         try:

@@ -1,6 +1,6 @@
-"""Cooperative preemption at layer boundaries (FlowPrefill): a long OneShot step steps aside
-between layers while a short request waits. The short request is answered before the long one
-finishes (after it without preemption), and both results equal those computed alone."""
+"""Cooperative preemption (FlowPrefill): a long OneShot step steps aside while a short request
+waits, and only then. The short request is answered before the long one finishes (after it
+without preemption), and both results equal those computed alone."""
 from __future__ import annotations
 
 import asyncio
@@ -58,6 +58,19 @@ def test_short_request_overtakes_a_long_step_only_with_preemption(demo_model, pr
         assert preemptions >= 1 and short_done < long_done
     else:
         assert preemptions == 0 and short_done >= long_done
+
+
+def test_a_long_step_with_nothing_waiting_runs_in_one_piece(demo_model):
+    """Preemptible, but never asked to step aside: it parks no time (and runs the model's one-call
+    path whole, kernels/cpu/step_layers.hpp, as an unpreemptible step does)."""
+    config = Config(model=str(demo_model), num_kv_blocks=64, max_model_len=8192, allow_long_max_model_len=True)
+    with ServerThread(config) as srv:
+        for _ in range(2):
+            assert httpx.post(srv.base_url + "/v1/embeddings", json={"input": [LONG]}, timeout=120).status_code == 200
+        snapshot = srv.engine.snapshot()
+        srv.wait_idle()
+    assert snapshot.preemptible_steps == 2
+    assert snapshot.layer_preemptions == 0
 
 
 BUSY = [[(i * 5 + j) % 500 + 3 for j in range(120)] for i in range(48)]  # one step, no row long
