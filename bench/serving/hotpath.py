@@ -4,8 +4,8 @@ Runs, on the demo model (or --model), never loading two servers at once:
 
 1. **OneShot against its ablation**: the same requests to a default server and to a
    `--disable-oneshot` one (every request takes the decode lifecycle), both up at once and
-   loaded in turn, cell by cell, in alternating rounds (oneshot then ablation, then the other
-   way round), so that a ratio near a limit is read more than once.
+   loaded in turn, cell by cell, in short rounds of alternating order (oneshot then ablation,
+   then the other way round); each half of the rounds, pooled, is one run of the ratio.
    Uniform cells (one-token 128/1 and 512/1 at c=1, 16, 64), and cells where the class
    contract saves work: a KV pool smaller than the concurrent prompts need, embeddings,
    /v1/score, prompt_logprobs, and judge traffic sharing one long rubric.
@@ -52,15 +52,15 @@ def _fixed(tokens: int) -> Make:
     return lambda f, o, _: Fixed(f, o, tokens, 1)
 
 
-UNIFORM = [Cell(f"{n}/1 c={c}", _fixed(n), c, 300 if c > 1 else 200) for n in (128, 512) for c in (1, 16, 64)]
+UNIFORM = [Cell(f"{n}/1 c={c}", _fixed(n), c, 80 if c > 1 else 50) for n in (128, 512) for c in (1, 16, 64)]
 # A KV pool of 16 x 512 tokens (block size 16) at c=64: the decode lifecycle holds each prompt's
 # KV until its token is out, OneShot only its step's.
 CONTRACT = [
-    Cell("512/1 c=64, KV pool of 16 x 512 tokens", _fixed(512), 64, 300, ("--num-kv-blocks", "512")),
-    Cell("embeddings 512 c=16", lambda f, o, _: Embed(f, o, 512), 16, 300),
-    Cell("score 256 + 8 x 32 c=16", lambda f, o, labels: Score(f, o, 256, 32, 8, labels, seed=0), 16, 200),
-    Cell("prompt_logprobs 512 c=16", lambda f, o, _: PromptLogprobs(f, o, 512), 16, 200),
-    Cell("judge 2048 + 32 c=16", lambda f, o, _: SharedPrefix(f, o, "judge", 1, 2048, 32, 1, seed=0), 16, 300),
+    Cell("512/1 c=64, KV pool of 16 x 512 tokens", _fixed(512), 64, 80, ("--num-kv-blocks", "512")),
+    Cell("embeddings 512 c=16", lambda f, o, _: Embed(f, o, 512), 16, 64),
+    Cell("score 256 + 8 x 32 c=16", lambda f, o, labels: Score(f, o, 256, 32, 8, labels, seed=0), 16, 48),
+    Cell("prompt_logprobs 512 c=16", lambda f, o, _: PromptLogprobs(f, o, 512), 16, 48),
+    Cell("judge 2048 + 32 c=16", lambda f, o, _: SharedPrefix(f, o, "judge", 1, 2048, 32, 1, seed=0), 16, 80),
 ]
 # Targets (issue 45).
 MIN_RATIO, MIN_LOWER_RUN, MIN_CONTRACT_RATIO = 1.0, 0.97, 1.25
@@ -83,7 +83,7 @@ async def measure(servers: Sequence[ServerProcess], cells: Sequence[Cell], round
             for server in servers if k % 2 == 0 else list(reversed(servers)):
                 rng = random.Random(k)  # both servers get the same requests in a round
                 result = await run_level(server.base_url, cell.make(factory, options, labels),
-                                         Level("concurrency", cell.concurrency), Limits(cell.requests, warmup=16),
+                                         Level("concurrency", cell.concurrency), Limits(cell.requests, warmup=8),
                                          rng, f"{server.label}#{k + 1}", server.pid, show_progress=progress)
                 result.workload = cell.name
                 results.append(result)
@@ -105,14 +105,20 @@ def compare(cells: Sequence[Cell], base: list[str], labels: tuple[str, str], fla
 
 
 def ratios(results: Sequence[RunResult], labels: tuple[str, str], rounds: int) -> dict[str, list[float]]:
-    """Per cell, the req/s ratio labels[0] / labels[1] of each round."""
-    rate = {(r.server, r.workload): r.summary.request_rate for r in results}
+    """Per cell, the req/s ratio labels[0] / labels[1] of each half of the rounds (two runs, each
+    pooled over its rounds: completed requests over the time they took)."""
+    pooled: dict[tuple[str, str, int], list[float]] = {}
+    for r in results:
+        label, k = r.server.split("#")
+        half = 0 if int(k) <= (rounds + 1) // 2 else 1
+        done, seconds = pooled.setdefault((label, r.workload, half), [0.0, 0.0])
+        pooled[(label, r.workload, half)] = [done + r.summary.completed, seconds + r.summary.duration_s]
     out: dict[str, list[float]] = {}
     for cell in dict.fromkeys(r.workload for r in results):
-        for k in range(1, rounds + 1):
-            num, den = rate.get((f"{labels[0]}#{k}", cell)), rate.get((f"{labels[1]}#{k}", cell))
-            if num and den:
-                out.setdefault(cell, []).append(num / den)
+        for half in (0, 1):
+            num, den = pooled.get((labels[0], cell, half)), pooled.get((labels[1], cell, half))
+            if num and den and num[1] and den[1] and den[0]:
+                out.setdefault(cell, []).append((num[0] / num[1]) / (den[0] / den[1]))
     return out
 
 
@@ -181,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model directory for the servers (default: the demo model)")
     p.add_argument("--server-cmd", help="command launching the server (default: this python -m prelude)")
     p.add_argument("--sections", default="ablation,preemption,cpu", help="comma list of: ablation, preemption, cpu")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of each comparison")
+    p.add_argument("--rounds", type=int, default=8,
+                   help="rounds of each comparison, the order alternating; their halves are its two runs")
     p.add_argument("--log-dir", type=Path, default=report.RESULTS_DIR / "logs")
     p.add_argument("--json", type=Path, help="results file (default bench-results/hotpath-<time>.json)")
     p.add_argument("--no-progress", action="store_true")
@@ -213,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ablation = ratios(results.get("ablation", []), labels_ablation, args.rounds)
     preemption = ratios(results.get("preemption", []), labels_preemption, args.rounds)
-    rounds = [f"round {k + 1}" for k in range(args.rounds)]
+    rounds = ["run 1", "run 2"]
     if ablation:
         print("\nOneShot against its ablation (--disable-oneshot): req/s (median of the rounds) and ratios")
         print(report.table(["cell", "oneshot", "ablation", *rounds, "mean", "lower"],

@@ -8,7 +8,8 @@ same one-row Mixed step took 12-18 ms while streaming tokens at c=4, against 6.1
 This runs the same kernels the per-op path calls, for every layer and the final norm, in one
 call without the GIL. It takes only what it was written for: fp32 on the CPU, a step whose
 backend exposes its paged cache and row layout (AttentionBackend.paged_step_inputs), and sizes
-the vector kernels take; every other step runs layer by layer."""
+the vector kernels take; every other step runs layer by layer. The same step can run resumably
+(NativeForward), stepping aside when the engine's StopFlag goes up (engine.preemption)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Protocol, cast
