@@ -142,8 +142,9 @@ def generated(rng: random.Random, bounded: bool = False, depth: int = 0) -> Sche
     if kind == "pattern":
         return {"type": "string", "pattern": rng.choice(["^[a-z]{2,8}$", "^[0-9]{3}-[0-9]{4}$", "^(ab|cd)+x?$",
                                                           "^[A-Z][a-z]{0,6}$"])}
-    return {"type": [rng.choice(["string", "integer", "boolean"]), "null"],
-            **({"maxLength": 8} if bounded else {})}
+    nullable = rng.choice(["string", "integer", "boolean"])
+    bounds = {"string": {"maxLength": 8}, "integer": {"minimum": 0, "maximum": 9}}.get(nullable, {})
+    return {"type": [nullable, "null"], **(bounds if bounded else {})}
 
 
 def corpus(count: int, seed: int = 0, bounded: bool = False) -> dict[str, Schema]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from prelude.contract.constraint import TokenConstraint
 from prelude.contract.sampling import SamplingParams
 
 
@@ -31,6 +32,8 @@ class OutputSpec:
     # False: label logprobs normalized over the label tokens alone, from just their K rows of
     # the LM head (the compact label head); True: over the whole vocabulary.
     label_vocab_normalized: bool = True
+    # The sampled token obeys this grammar (structured outputs): the request's own state.
+    grammar: TokenConstraint | None = None
 
     @property
     def needs_last_logits(self) -> bool:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from prelude.contract.batch import OutputSpec
+from prelude.contract.constraint import TokenConstraint
 from prelude.contract.sampling import GREEDY, SamplingParams
 
 
@@ -41,6 +42,8 @@ class Request:
     priority: int = 0  # lower runs first (vLLM's semantics), under --scheduling-policy priority
     deadline: float | None = None  # time.monotonic() by which the result is wanted
     arrival_time: float = field(default_factory=time.monotonic)
+    # Structured outputs: the generated tokens obey this grammar (a state of this request's own).
+    grammar: TokenConstraint | None = None
     # The outputs the row carrying the last prompt token produces (derived, once).
     output: OutputSpec = field(init=False, repr=False)
 
@@ -54,6 +57,7 @@ class Request:
             classify=self.task is Task.CLASSIFY,
             label_token_ids=self.label_token_ids if self.task is Task.SCORE else None,
             label_vocab_normalized=self.label_vocab_normalized,
+            grammar=self.grammar if generates else None,
         ))
 
     @property

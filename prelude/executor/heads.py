@@ -2,6 +2,7 @@
 label-token logprobs, prompt logprobs, pooled state, classifier scores), per its OutputSpec."""
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Callable, Sequence
 
 import torch
@@ -9,8 +10,9 @@ import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.runnable import RunnableModel
-from prelude.executor.sampler import sample
+from prelude.executor.sampler import RowMasks, sample
 from prelude.model.attention import StepLayout
+from prelude.structured.masks import StepMasks
 
 # Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
 # long prompt never materializes a [prompt_len, vocab] tensor.
@@ -21,8 +23,10 @@ LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
 
 
 def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
-                decodes: Sequence[DecodeRow], layout: StepLayout, last_hidden: LastHidden) -> list[RowResult]:
-    """Results of every row that produces something: prefill rows first, then decode rows."""
+                decodes: Sequence[DecodeRow], layout: StepLayout, last_hidden: LastHidden,
+                masks: Future[StepMasks] | None = None) -> list[RowResult]:
+    """Results of every row that produces something: prefill rows first, then decode rows.
+    `masks`: the token masks of the rows that sample under a grammar (being filled)."""
     # (row index in the step, spec, row) for every row that produces something.
     wanted: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]] = [
         (i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
@@ -43,7 +47,8 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
             chosen = [wanted[full[j]] for j in sample_at]
             sampled = logits if len(sample_at) == len(logits) else logits[sample_at]  # no copy when all sample
             tokens = sample(sampled, [spec.sample for _, spec, _ in chosen if spec.sample],
-                            [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen])
+                            [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen],
+                            _row_masks(masks.result(), chosen) if masks is not None else None)
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token
     # Label rows read at item ends, or through the compact head (just the labels' K rows): one
@@ -91,6 +96,16 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
         if spec.pooling is not None and spec.pooling != "last":
             results[k].pooled = _pool(hidden[start:end], spec).tolist()
     return results
+
+
+def _row_masks(masks: StepMasks, chosen: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]]) -> RowMasks | None:
+    """The step's masks lined up with the sampled rows: (bitmask rows, sampled row indices)."""
+    at = [(masks.rows[row.seq_id], j) for j, (_, _, row) in enumerate(chosen) if row.seq_id in masks.rows]
+    if not at:
+        return None
+    bitmask_rows, sampled_rows = zip(*at)
+    bitmask = masks.bitmask if list(bitmask_rows) == list(range(len(masks.bitmask))) else masks.bitmask[list(bitmask_rows)]
+    return RowMasks(bitmask, list(sampled_rows))
 
 
 def positions_read(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], starts: Sequence[int]) -> list[int] | None:

@@ -4,6 +4,7 @@ heads. This class runs every step eagerly; CudaModelRunner adds staging and grap
 from __future__ import annotations
 
 from array import array
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -16,6 +17,7 @@ from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
 from prelude.executor.runnable import RunnableModel
 from prelude.contract.stop import StopFlag
 from prelude.model.decoder import ResumableForward
+from prelude.structured.masks import MaskRequest, StepMasks, start_filling
 
 
 @dataclass(slots=True)
@@ -27,6 +29,7 @@ class Progress:
     forward: ResumableForward
     num_tokens: int
     keep: torch.Tensor | None
+    masks: Future[StepMasks] | None
     parks: int = 0  # how many times it stepped aside for another step
 
 
@@ -45,8 +48,9 @@ class ModelRunner:
         `on_launch` is called as the forward's kernels start, which run without the GIL (see
         engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
+        masks = start_masks(prefills, decodes)
         hidden, layout = self.forward(step, graph, on_launch)
-        return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden))
+        return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks))
 
     @torch.inference_mode()
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> Progress:
@@ -56,7 +60,7 @@ class ModelRunner:
         self.attention.plan(layout)
         keep = self._kept(step)
         forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
-        return Progress(prefills, layout, forward, len(step.ids), keep)
+        return Progress(prefills, layout, forward, len(step.ids), keep, start_masks(prefills, ()))
 
     @torch.inference_mode()
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
@@ -70,7 +74,8 @@ class ModelRunner:
             return None
         if progress.keep is not None:
             hidden = _scattered(hidden, progress.keep, progress.num_tokens)
-        return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden))
+        return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden,
+                                       progress.masks))
 
     def has_graph(self, kind: GraphKind, size: int) -> bool:
         """Whether a step of this kind and size (decode rows, prefill tokens) replays a CUDA graph."""
@@ -106,6 +111,16 @@ class ModelRunner:
     def warmup(self) -> None:
         """Pays one-time costs before serving: on the CPU, the linear layers' packed weights."""
         self.model.prepare_weights()
+
+
+def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow]) -> Future[StepMasks] | None:
+    """Starts filling the token masks of the rows that sample under a grammar, to run beside
+    the forward; None when no row does."""
+    requests = [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_ids[-1])
+                for r in prefills if r.output is not None and r.output.grammar is not None]
+    requests += [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_id)
+                 for r in decodes if r.output.grammar is not None]
+    return start_filling(requests) if requests else None
 
 
 def _scattered(kept: torch.Tensor, keep: torch.Tensor, num_tokens: int) -> torch.Tensor:

@@ -2,18 +2,26 @@
 and the logprobs a request asked for."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from prelude.contract.batch import TokenLogprob
 from prelude.contract.sampling import SamplingParams
+from prelude.structured.masks import apply_token_bitmask
 
 sample_tokens: Callable[..., None] | None
 try:
     from kernels.cpu._native import sample_tokens
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     sample_tokens = None
+
+
+class RowMasks(NamedTuple):
+    """Grammar token masks of some rows: bitmask row i masks logits row rows[i]."""
+
+    bitmask: torch.Tensor  # [len(rows), words] int32, on the host
+    rows: list[int]
 
 
 def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],
@@ -59,13 +67,17 @@ def _uniforms(params: Sequence[SamplingParams], steps: Sequence[int], device: to
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],
-           histories: Sequence[Sequence[int]] | None = None) -> list[TokenLogprob]:
+           histories: Sequence[Sequence[int]] | None = None, masks: RowMasks | None = None) -> list[TokenLogprob]:
     """logits: [N, vocab] float32, one row per sampled row; steps: the index of the token each
-    row samples; histories: each row's prompt + generated tokens (needed for penalties)."""
+    row samples; histories: each row's prompt + generated tokens (needed for penalties);
+    masks: the grammar masks of the rows that have one."""
+    if masks is not None:
+        apply_token_bitmask(logits, masks.bitmask, masks.rows)
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         # Reported logprobs are the model's own distribution, before any restriction or
-        # temperature (what vLLM reports by default).
+        # temperature (what vLLM reports by default), except a grammar's: as in vLLM, they are
+        # the distribution over the tokens the grammar allows.
         raw_logprobs = torch.log_softmax(logits, dim=-1)
     if any(p.restricts_logits for p in params):
         restrict_logits(logits, params, steps, histories or [()] * len(params))
@@ -146,6 +158,7 @@ def token_logprob(logprobs: torch.Tensor, token_id: int, top: int,
         alternatives = list(zip(candidates[order].tolist(), values.tolist()))
     elif top > 0:
         values, ids = logprobs.topk(top)
-        alternatives = list(zip(ids.tolist(), values.tolist()))
+        # A token the grammar forbids (-inf) is no alternative either.
+        alternatives = [(t, v) for t, v in zip(ids.tolist(), values.tolist()) if v != float("-inf")]
     chosen = logprobs[token_id]
     return TokenLogprob(token_id, float(chosen), alternatives, int((logprobs >= chosen).sum()))

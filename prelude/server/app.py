@@ -19,6 +19,7 @@ from prelude.server.admission import Admission
 from prelude.server.errors import APIError, bad_request
 from prelude.server.chat import ChatAPI
 from prelude.server.compat import CompatAPI
+from prelude.server.constraints import Grammars
 from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.http_server import ShutdownTrigger
 from prelude.server.listen import Listener, bind
@@ -26,6 +27,7 @@ from prelude.server.openai import CompletionsAPI
 from prelude.server.routing import Route, Router
 from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response, log_ignored_fields
+from prelude.structured.compiler import GrammarCompiler
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.
 OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/metrics"})
@@ -82,6 +84,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
                           served.eos_token_ids, served.config.vocab_size, served.sampling_defaults)
     completions = CompletionsAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
     chat = ChatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
+    grammars = _grammars(served)
+    completions.grammars = chat.grammars = grammars
     decision = CompatAPI(engine, admission, served, config.max_request_bytes, config.default_deadline_ms)
 
     # Liveness: one small response, built once, whatever else is in flight.
@@ -174,6 +178,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
             await engine.stop()
         finally:
             admission.close()
+            if grammars is not None:
+                grammars.close()
 
     # The routes that queue engine work: refused unread while the engine admits nothing, and
     # logging (at debug) the fields they ignored.
@@ -216,3 +222,13 @@ async def serve_app(app: ASGIApp, config: Config, shutdown_trigger: ShutdownTrig
         await http_server.serve(app, listener, config, shutdown_trigger)
     finally:
         listener.cleanup()
+
+
+def _grammars(served: ServedModel) -> Grammars | None:
+    """Structured outputs' compiler for the served tokenizer (its tokenizer.json), with masks as
+    wide as the model's logits; None for a model with no LM head."""
+    tokenizer_json = served.path / "tokenizer.json"
+    if not served.has_lm_head or not tokenizer_json.is_file():
+        return None
+    vocab = max(served.config.vocab_size, served.tokenizer.vocab_size)
+    return Grammars(GrammarCompiler(tokenizer_json, vocab, served.eos_token_ids))

@@ -22,10 +22,18 @@ from prelude.server.serving import json_response, new_id
 from prelude.server.streaming import EventStream, merge, sse
 
 
+REASONING_END = "</think>"
+
+
 class ChatAPI(GenerationAPI):
     def __init__(self, engine, admission, served, max_request_bytes: int, default_deadline_ms: float | None = None):
         super().__init__(engine, admission, served, max_request_bytes, default_deadline_ms)
         self.chat_prompt = ChatPrompt(served.chat_template, admission)
+        # A template that writes reasoning blocks (Qwen3's, DeepSeek-R1's): its end token, after
+        # which a grammar applies (as vLLM's reasoning parsers have it).
+        template = served.chat_template
+        self.reasoning_end = self.tokenizer.token_to_id(REASONING_END) \
+            if template is not None and REASONING_END in template.source else None
 
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
@@ -53,9 +61,12 @@ class ChatAPI(GenerationAPI):
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
         include_usage, continuous_usage = self.stream_usage(body)
-        choice = await self._choice(body)
+        # The prompt closed the block itself (Qwen3's enable_thinking: false renders an empty one):
+        # the grammar applies from the first token.
+        thinks = self.reasoning_end is not None and not rendered.text.rstrip().endswith(REASONING_END)
+        constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None)
         rid = new_id("chatcmpl", http)
-        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, choice, **self.scheduling(http, body))
+        requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, constraint, **self.scheduling(http, body))
         if prompt_logprobs is not None:
             # One prompt, one field in the answer: the first choice computes them, and the others
             # stay free to reuse the prompt's cached prefix (prompt logprobs read every position).

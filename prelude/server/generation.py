@@ -1,27 +1,35 @@
 """What the two generation endpoints (/v1/completions and /v1/chat/completions) share: fanning
-a request out into n choices per prompt, structured single-token choices, and vLLM's
+a request out into n choices per prompt, structured outputs (server.constraints), and vLLM's
 prompt_logprobs field (read and answered the same way by both)."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from functools import partial
 from typing import AsyncIterator, Callable
 
 from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import EngineError, RequestOutput
 from prelude.engine.request import Request
 from prelude.server.access_log import AccessEntry
+from prelude.server.constraints import AnswerConstraint, Grammars, requested
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.serving import MAX_ITEMS, Serving
 from prelude.server.streaming import SSE_DONE, sse, stream_error
+from prelude.structured.compiler import Constraint
 
 
 class GenerationAPI(Serving):
+    grammars: Grammars | None = None  # set by the app: structured outputs for the served tokenizer
+
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
-                logprobs: int | None, choice_ids: tuple[int, ...] | None, **fields) -> list[Request]:
+                logprobs: int | None, constraint: AnswerConstraint, **fields) -> list[Request]:
         """n choices per prompt, all validated before any is submitted. Sampling is read from the
         body once; each prompt gets its own output budget (it depends on the prompt's length), and
-        seeded sampling gets seed + choice index so that choices differ."""
+        seeded sampling gets seed + choice index so that choices differ. Each choice under a
+        grammar gets a state of its own."""
+        choice_ids = constraint.token_ids
         # n multiplies the rows: 1,024 prompts with n=128 queued 131,072 rows at once, past the
         # queue's bound; scheduling them took 403 s and stalled other requests up to 8.5 s.
         if len(prompts) * n > MAX_ITEMS:
@@ -43,27 +51,28 @@ class GenerationAPI(Serving):
                 seeded = prompt_params
                 if j and params.seed is not None:
                     seeded = replace(prompt_params, seed=params.seed + j)
-                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, **fields))
+                grammar = constraint.new_state() if constraint.new_state is not None else None
+                requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, grammar=grammar, **fields))
         return requests
 
-    async def _choice(self, body: Body) -> tuple[int, ...] | None:
-        """Structured choice (`structured_outputs.choice`, or the older `guided_choice`): the
-        answer is one of the given strings. Supported when each is a single token."""
-        structured = body.object("structured_outputs")
-        _refuse_constraints(body, structured)
-        name = "structured_outputs.choice" if structured is not None else "guided_choice"
-        choices = structured.list("choice") if structured is not None else body.list("guided_choice")
-        if choices is None:
-            return None
-        if not choices or not all(isinstance(c, str) and c for c in choices):
-            raise bad_request(f"'{name}' must be a non-empty array of non-empty strings", name)
-        ids = []
-        for choice, encoded in zip(choices, await self.admission.encode_many(choices, add_special_tokens=False)):
-            if len(encoded) != 1:
-                raise bad_request(f"'{name}' supports single-token choices only; {choice!r} is "
-                                  f"{len(encoded)} tokens", name)
-            ids.append(encoded[0])
-        return tuple(ids)
+    async def answer_constraint(self, body: Body, reasoning_end: int | None = None) -> AnswerConstraint:
+        """What constrains the answer's text (see server.constraints). A choice whose strings are
+        each one token is the allowed tokens of a one-token answer; any other choice, schema,
+        regex or grammar is compiled. `reasoning_end`: the token ending the reasoning block the
+        answer starts with, after which the grammar applies."""
+        _refuse_unsupported(body)
+        wanted = requested(body)
+        if wanted is None:
+            return AnswerConstraint()
+        if isinstance(wanted, list):
+            encoded = await self.admission.encode_many(wanted, add_special_tokens=False)
+            if all(len(ids) == 1 for ids in encoded):
+                return AnswerConstraint(token_ids=tuple(ids[0] for ids in encoded))
+            wanted = Constraint("choice", json.dumps(wanted), param=_choice_param(body))
+        if self.grammars is None:
+            raise bad_request(f"'{wanted.param}' is not supported: structured outputs are off", wanted.param)
+        compiled = await self.grammars.compile(wanted)
+        return AnswerConstraint(new_state=partial(compiled.new_state, reasoning_end))
 
     @staticmethod
     def stream_usage(body: Body) -> tuple[bool, bool]:
@@ -143,23 +152,11 @@ class GenerationAPI(Serving):
         return out
 
 
-# Constraints on the answer's text that need a grammar engine at every sampled token. This server
-# has none: answering free text to a request that asked for JSON looked like success, so they
-# are refused, naming the field.
-UNSUPPORTED_CONSTRAINTS = ("json", "regex", "grammar", "json_object", "structural_tag")
+def _choice_param(body: Body) -> str:
+    return "guided_choice" if body.has("guided_choice") else "structured_outputs.choice"
 
 
-def _refuse_constraints(body: Body, structured: Body | None) -> None:
-    unsupported = [f"structured_outputs.{key}" for key in UNSUPPORTED_CONSTRAINTS
-                   if structured is not None and structured.has(key)]
-    unsupported += [name for name in ("guided_json", "guided_regex", "guided_grammar") if body.has(name)]
-    response_format = body.object("response_format")
-    kind = response_format.str("type", "text") if response_format is not None else "text"
-    if kind != "text":
-        unsupported.append(f"response_format.type {kind!r}")
-    if unsupported:
-        raise bad_request(f"{unsupported[0]} is not supported: this server has no constrained decoding; "
-                          "single-token choices (structured_outputs.choice) are", unsupported[0].split(" ")[0])
+def _refuse_unsupported(body: Body) -> None:
     # vLLM's other ways to shape the answer that this server does not have: beam search, banned
     # word sequences, server-side logits processors. Each was ignored as unknown.
     if body.bool("use_beam_search"):

@@ -44,9 +44,9 @@ class CompletionsAPI(GenerationAPI):
             prompt_logprobs = logprobs
         stream = body.bool("stream")
         include_usage, continuous_usage = self.stream_usage(body)
-        choice = await self._choice(body)
+        constraint = await self.answer_constraint(body)
         rid = new_id("cmpl", http)
-        requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, choice,
+        requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, constraint,
                                 prompt_logprobs=prompt_logprobs, **self.scheduling(http, body))
         created = int(time.time())
         if stream:

@@ -109,3 +109,21 @@ def test_a_tokens_rank_counts_the_tokens_tied_with_it_as_vllm_does():
     assert sampler.token_logprob(logprobs, 0, 2).rank == 1
     assert sampler.token_logprob(logprobs, 1, 2).rank == 3 and sampler.token_logprob(logprobs, 2, 2).rank == 3
     assert sampler.token_logprob(logprobs, 3, 2).rank == 4
+
+
+def test_grammar_masks_only_their_rows():
+    """Rows with a grammar mask sample among its tokens, and report the constrained
+    distribution's logprobs; the unconstrained rows beside them are untouched."""
+    from prelude.executor.sampler import RowMasks
+
+    logits = torch.stack([LOGITS, LOGITS, LOGITS])
+    bitmask = torch.tensor([[0b0101_0000]], dtype=torch.int32)  # tokens 4 and 6
+    greedy = SamplingParams(temperature=0.0, logprobs=2)
+    out = sample(logits.clone(), [greedy, greedy, SamplingParams(temperature=1.0, seed=3)], [0, 0, 0],
+                 masks=RowMasks(bitmask, [1]))
+    assert out[0].token_id == 0 and out[1].token_id == 4
+    expected = torch.log_softmax(LOGITS[[4, 6]], dim=-1)
+    assert out[1].logprob == pytest.approx(float(expected[0]))
+    assert [t for t, _ in out[1].top] == [4, 6]  # forbidden tokens are no alternatives
+    unconstrained = sample(logits.clone(), [greedy, SamplingParams(temperature=1.0, seed=3)], [0, 0])
+    assert out[2].token_id == unconstrained[1].token_id and out[0] == unconstrained[0]

@@ -369,7 +369,7 @@ BAD = [
     ("/v1/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]}, "text_2"),
     ("/v1/rerank", {"query": "", "documents": ["a"]}, "query"),
     ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
-    ("/v1/completions", {"prompt": "x", "guided_choice": ["a fairly long multi token choice"]}, "guided_choice"),
+    ("/v1/completions", {"prompt": "x", "guided_choice": ["a fairly long multi token choice", ""]}, "guided_choice"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0, "prompt_logprobs": 99}, "prompt_logprobs"),
 ]
 

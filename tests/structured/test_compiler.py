@@ -1,0 +1,92 @@
+"""Constraints compile once per (constraint, tokenizer), bad ones fail with the library's
+reason, and a grammar state consumes each token exactly once however often its row runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from prelude.structured.compiler import Constraint, GrammarCompiler, GrammarError
+from prelude.structured.masks import MaskRequest, apply_token_bitmask, start_filling, unpack_bitmask
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def compiler(demo_model):
+    return GrammarCompiler(demo_model / "tokenizer.json", 2048, (EOS,))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model):
+    from prelude.tokenizer import load
+
+    return load(demo_model)
+
+
+def allowed(state, step: int, last_token: int) -> set[int]:
+    masks = start_filling([MaskRequest(7, state, step, last_token)]).result()
+    if 7 not in masks.rows:
+        return set(range(2048))
+    return set(unpack_bitmask(masks.bitmask, 2048)[masks.rows[7]].nonzero().flatten().tolist())
+
+
+def test_repeated_constraint_compiles_once(compiler):
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    first = compiler.compile(Constraint.json_schema(schema, "a"))
+    compiles, hits = compiler.compiles, compiler.hits
+    # Equal whatever field carried it; a different schema is another grammar.
+    assert compiler.compile(Constraint.json_schema(schema, "b")) is first
+    assert (compiler.compiles, compiler.hits) == (compiles, hits + 1)
+    compiler.compile(Constraint.json_schema({"type": "array"}, "a"))
+    assert compiler.compiles == compiles + 1
+
+
+@pytest.mark.parametrize("constraint, reason", [
+    (Constraint.json_schema({"type": "nope"}, "p"), "Invalid type"),
+    (Constraint.json_schema({"type": "array", "uniqueItems": True}, "p"), "uniqueItems"),
+    (Constraint("regex", "[0-9", param="p"), "regex"),
+    (Constraint("grammar", "start: undefined_rule", param="p"), "undefined_rule"),
+])
+def test_bad_constraints_name_the_reason(compiler, constraint, reason):
+    with pytest.raises(GrammarError, match=reason):
+        compiler.compile(constraint)
+
+
+def test_lenient_schema_ignores_unsupported_keywords(compiler):
+    compiler.compile(Constraint.json_schema({"type": "array", "uniqueItems": True}, "p", lenient=True))
+
+
+def test_state_consumes_each_token_once(compiler, tokenizer):
+    state = compiler.compile(Constraint("choice", json.dumps(["ab12", "cd"]), param="p")).new_state()
+    first = allowed(state, 0, 99)
+    ids = tokenizer.encode("ab12", add_special_tokens=False)
+    assert ids[0] in first and EOS not in first
+    after = allowed(state, 1, ids[0])
+    assert allowed(state, 1, ids[0]) == after  # the row run again: the state did not move
+    for step, token in enumerate(ids[1:], start=2):
+        allowed(state, step, token)
+    assert allowed(state, len(ids) + 1, ids[-1]) == {EOS}
+
+
+def test_reasoning_block_is_unconstrained_until_its_end(compiler):
+    end = 1234
+    state = compiler.compile(Constraint("regex", "[0-9]+", param="p")).new_state(reasoning_end=end)
+    assert len(allowed(state, 0, 5)) == 2048
+    assert len(allowed(state, 1, 17)) == 2048
+    after = allowed(state, 2, end)
+    assert 0 < len(after) < 100 and EOS not in after
+
+
+def test_bitmask_paths_agree():
+    """The CPU's numpy unpacking and the device path's tensor ops give the same masks."""
+    gen = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32, generator=gen)
+    vocab = 150
+    expected = torch.tensor([[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)]).bool()
+    assert torch.equal(unpack_bitmask(bitmask, vocab), expected)
+    logits = torch.zeros(4, vocab)
+    apply_token_bitmask(logits, bitmask[:2], [1, 3])
+    assert torch.equal(logits[1] == 0, expected[0]) and torch.equal(logits[3] == 0, expected[1])
+    assert (logits[0] == 0).all() and (logits[2] == 0).all()
