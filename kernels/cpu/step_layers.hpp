@@ -166,6 +166,9 @@ constexpr long kMlpRows = 2048;
 // A resumable step's token chunks are at least this long: shorter ones lose more in the
 // products than a shorter wait gains.
 constexpr long kMinChunkRows = 64;
+// A multiply-add of attention takes about this many of a projection's on these kernels; pieces
+// of attention are sized by the same budget in these units, so that they last about as long.
+constexpr long kAttentionMacCost = 2;
 
 // Where a step stands between two calls, and the scratch it keeps meanwhile. Phases of a layer:
 // the input norm and q/k/v (by token chunks), the attention (prompt rows by slices of their work
@@ -243,7 +246,8 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
                 const long items = prefill_items(a);
                 // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
                 const long item_macs = 2 * (kTile * m.heads / m.kv_heads) * (a.m - a.n / 2) * m.dim;
-                const long slice = segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, item_macs));
+                const long slice =
+                    segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, kAttentionMacCost * item_macs));
                 for (; s.at < items; s.at += slice) {
                     if (!go_on(stop, ran)) return false;
                     prefill_attention_items(a, s.at, std::min(items, s.at + slice), threads);

@@ -36,7 +36,9 @@ MAX_SHORT_STEPS = 16  # steps of short work per park: bounds how long a parked s
 # does not wait for more than that debt.
 LONG_RUN_PER_SHORT_S = 0.5
 # The most work a preemptible step does between two looks at its flag: the demo model's MLP over
-# 512 tokens (a few ms on two cores). On wider models that is fewer tokens per piece.
+# 512 tokens, a few ms on two cores (attention pieces are sized to last about as long); fewer
+# tokens on wider models. A short request waits for the running piece to end before its own step
+# runs, so a piece's length is part of every short request's latency.
 CHECK_EVERY_MACS = 3 * 256 * 768 * 512
 
 
