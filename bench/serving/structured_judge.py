@@ -1,0 +1,196 @@
+"""`python -m bench.serving.structured_judge`: a judge's structured outputs against the same
+requests unconstrained.
+
+Three judge workloads: a pairwise verdict as JSON ({"winner", "confidence", "reason"}), a 1-5
+score as JSON, and a choice among multi-token labels. Each runs closed-loop at each concurrency,
+streamed, constrained and then free (the same prompts and max_tokens, with ignore_eos, so the
+free answers are as long as the cap). Reported per cell: output tokens/s, TPOT, TTFT, the server
+process's CPU per output token, and for constrained cells how many answers failed to parse and
+validate. Then the grammar compile time on the served tokenizer, in process: p50/p99 over
+distinct variants of the judge schemas, and the cost of a repeat (a cache hit). Prints tables,
+writes JSON and a PNG."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+
+from bench.charts import write_chart
+from bench.serving import proc, report
+from bench.serving.client import parse_sse_line
+from bench.serving.schemas import JUDGE, LABELS
+from bench.serving.server import ServerProcess, parse_command
+
+MAX_TOKENS = 64
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "pairwise": {"structured_outputs": {"json": JUDGE["pairwise"]}},
+    "score": {"structured_outputs": {"json": JUDGE["score"]}},
+    "label": {"structured_outputs": {"choice": LABELS}},
+}
+
+
+def prompt(rng: random.Random) -> str:
+    words = "answer good bad relevant helpful safe the question model reason score judge".split()
+    return "Judge the answer. " + " ".join(rng.choice(words) for _ in range(40)) + "\nVerdict:"
+
+
+def valid(workload: str, text: str) -> bool:
+    if workload == "label":
+        return text in LABELS
+    try:
+        jsonschema.validate(json.loads(text), JUDGE[workload])
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+async def one(client: httpx.AsyncClient, body: dict) -> dict:
+    started = time.perf_counter()
+    times, text, usage = [], "", None
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            data = parse_sse_line(line)
+            if not isinstance(data, dict):
+                continue
+            for choice in data.get("choices", []):
+                if choice.get("text"):
+                    times.append(time.perf_counter())
+                    text += choice["text"]
+            usage = data.get("usage") or usage
+    tokens = usage["completion_tokens"] if usage else len(times)
+    ttft = (times[0] - started) if times else None
+    tpot = (times[-1] - times[0]) / (tokens - 1) if len(times) > 1 and tokens > 1 else None
+    return {"text": text, "tokens": tokens, "ttft": ttft, "tpot": tpot}
+
+
+async def cell(base_url: str, model: str, workload: str, constrained: bool, concurrency: int, count: int,
+               pid: int) -> dict:
+    rng = random.Random(11)
+    bodies = []
+    for _ in range(count):
+        body = {"model": model, "prompt": prompt(rng), "max_tokens": MAX_TOKENS, "temperature": 1.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        body.update(WORKLOADS[workload] if constrained else {"ignore_eos": True})
+        bodies.append(body)
+    pending = iter(bodies)
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as client:
+        async def worker() -> None:
+            for body in pending:
+                results.append(await one(client, body))
+
+        cpu0, wall0 = proc.cpu_seconds(pid), time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall, cpu1 = time.perf_counter() - wall0, proc.cpu_seconds(pid)
+    tokens = sum(r["tokens"] for r in results)
+    tpots = [r["tpot"] for r in results if r["tpot"] is not None]
+    ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
+    return {"workload": workload, "constrained": constrained, "concurrency": concurrency, "requests": count,
+            "tokens_per_s": tokens / wall, "tpot_ms": 1e3 * statistics.median(tpots) if tpots else None,
+            "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else None, "tokens_per_request": tokens / count,
+            "cpu_us_per_token": 1e6 * (cpu1 - cpu0) / tokens if cpu0 is not None and cpu1 is not None else None,
+            "invalid": sum(not valid(workload, r["text"]) for r in results) if constrained else None}
+
+
+def compile_times(model_dir: Path, variants: int) -> dict:
+    """Compile seconds over distinct variants of the judge schemas, and a repeat's."""
+    from prelude.structured.compiler import Constraint, GrammarCompiler
+
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    compiler = GrammarCompiler(model_dir / "tokenizer.json", vocab, ())
+    compiler.compile(Constraint("regex", "warm", param="x"))  # the tokenizer's tables, built once
+    seconds, repeats = [], []
+    for i in range(variants):
+        schema = json.loads(json.dumps(list(JUDGE.values())[i % len(JUDGE)]))
+        schema["properties"][f"v{i}"] = {"type": "integer", "minimum": 0, "maximum": i}
+        constraint = Constraint.json_schema(schema, "x")
+        started = time.perf_counter()
+        compiler.compile(constraint)
+        seconds.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        compiler.compile(constraint)
+        repeats.append(time.perf_counter() - started)
+    ordered = sorted(seconds)
+    return {"variants": variants, "p50_ms": 1e3 * ordered[len(ordered) // 2],
+            "p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+            "repeat_us": 1e6 * statistics.median(repeats)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the demo model)")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--num-requests", type=int, default=100, help="per cell")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--server-cmd", default=None, help="the server command (default: python -m prelude)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from prelude.demo import ensure_demo_model
+
+    model_dir = Path(args.model) if args.model else ensure_demo_model()
+    server = ServerProcess(["--model", str(model_dir), "--served-model-name", "judge"], parse_command(args.server_cmd))
+    server.start()
+    cells = []
+    try:
+        for workload in args.workloads.split(","):
+            for c in map(int, args.concurrency.split(",")):
+                for constrained in (False, True):
+                    result = asyncio.run(cell(server.base_url, "judge", workload, constrained, c, args.num_requests,
+                                              server.pid))
+                    cells.append(result)
+                    print(f"{workload} c={c} {'constrained' if constrained else 'free'}: "
+                          f"{result['tokens_per_s']:.0f} tok/s", flush=True)
+    finally:
+        server.stop()
+    compiled = compile_times(model_dir, 200)
+    rows = []
+    for free, con in zip(cells[::2], cells[1::2]):
+        rows.append([con["workload"], con["concurrency"], free["tokens_per_s"], con["tokens_per_s"],
+                     con["tokens_per_s"] / free["tokens_per_s"], free["tpot_ms"], con["tpot_ms"], free["ttft_ms"],
+                     con["ttft_ms"], free["cpu_us_per_token"], con["cpu_us_per_token"], con["tokens_per_request"],
+                     f"{con['invalid']}/{con['requests']}"])
+    print(report.table(["workload", "c", "free tok/s", "constr tok/s", "ratio", "free TPOT ms", "constr TPOT ms",
+                        "free TTFT ms", "constr TTFT ms", "free CPU us/tok", "constr CPU us/tok", "constr tok/req",
+                        "invalid"], rows))
+    print(f"\ncompile on {model_dir.name}'s tokenizer, {compiled['variants']} distinct judge schemas: "
+          f"p50 {compiled['p50_ms']:.2f} ms, p99 {compiled['p99_ms']:.2f} ms; a repeat {compiled['repeat_us']:.1f} us")
+    path = report.write_json(args.json or report.default_json_path("structured_judge"),
+                             {"model": str(model_dir), "cells": cells, "compile": compiled})
+    print(f"json: {path}")
+    write_chart(lambda p: _chart(cells, p), path.with_suffix(".png"))
+
+
+def _chart(cells: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(c["workload"] for c in cells))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for constrained in (False, True):
+            mine = [c for c in cells if c["workload"] == workload and c["constrained"] == constrained]
+            ax.plot([c["concurrency"] for c in mine], [c["tokens_per_s"] for c in mine], marker="o",
+                    label="constrained" if constrained else "free")
+        ax.set_title(workload)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s")
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
