@@ -43,7 +43,8 @@ def requested(body: Body) -> Constraint | list[str] | None:
         if structured.has("structural_tag"):
             raise bad_request("'structured_outputs.structural_tag' is not supported",
                               "structured_outputs.structural_tag")
-        found += [(f"structured_outputs.{k}", structured.data[k]) for k in _KINDS if structured.has(k)]
+        found += [(f"structured_outputs.{k}", structured.data[k]) for k in _KINDS
+                  if structured.has(k) and structured.data[k] is not False]
         whitespace = structured.str("whitespace_pattern")
     found += [(f"guided_{k}", body.data[f"guided_{k}"]) for k in ("json", "regex", "choice", "grammar")
               if body.has(f"guided_{k}")]
