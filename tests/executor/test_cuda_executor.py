@@ -10,6 +10,7 @@ static buffers, and must reproduce the reference exactly (fp32)."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -263,3 +264,58 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     # OneShot step's 3, the served prompts' 3, the single row, and the new prompts beside decodes
     # (1, then 2). Rows over a cached prefix and multi-item rows run eagerly.
     assert replayed.count("prefill") == (10 if fuse_rope else 0)
+
+
+def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_model):
+    """Rows under a grammar beside free rows, through the CUDA runner (decode graphs replayed
+    on the API stand-in) and the CPU reference, each feeding its sampled tokens back: the same
+    tokens, and every constrained one allowed by the grammar."""
+    from prelude.executor import cuda_graphs
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+    from prelude.executor.cuda_runner import CudaModelRunner
+    from prelude.structured.compiler import Constraint, GrammarCompiler
+    from prelude.tokenizer import load
+    from tests.checkpoints import make_model_dir
+
+    fake_flashinfer.install(monkeypatch)
+
+    def capture(runner, kind, bucket):
+        captured = cuda_graphs._Captured(None, torch.empty(bucket, runner.model.config.hidden_size))
+        captured.graph = _EagerGraph(runner, bucket, captured.hidden)
+        return captured
+
+    monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
+    path = make_model_dir(tmp_path / "q3", "qwen3", demo_model)
+    config = ModelConfig.from_dir(path)
+    grammar = GrammarCompiler(path / "tokenizer.json", config.vocab_size, (2,)).compile(
+        Constraint("regex", "[0-9]{2,12}", param="p"))
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
+    cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
+    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
+                                    workspace_bytes=16)
+    cuda = CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8, max_num_batched_tokens=512,
+                           pad_slot=BLOCKS * BS)
+    cuda.warmup()
+    tokenizer = load(path)
+    answers = []
+    for runner in (_reference(path), cuda):
+        executors = Executors.over(runner)
+        specs = [OutputSpec(sample=SamplingParams(temperature=0.0), grammar=grammar.new_state()),
+                 OutputSpec(sample=SamplingParams(temperature=0.0)),
+                 OutputSpec(sample=SamplingParams(temperature=1.0, seed=5), grammar=grammar.new_state())]
+        tables = [[0, 1], [2, 3], [4, 5]]
+        prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]
+        rows = executors.execute(MixedBatch([PrefillRow(i, p, 0, t, s) for i, (p, t, s) in
+                                             enumerate(zip(prompts, tables, specs))], [])).rows
+        tokens = [[r.token.token_id] for r in rows]
+        for step in range(1, 6):
+            batch = DecodeBatch([DecodeRow(i, tokens[i][-1], len(prompts[i]) + step - 1, tables[i], specs[i], step)
+                                 for i in range(3)])
+            for i, row in enumerate(executors.execute(batch).rows):
+                tokens[i].append(row.token.token_id)
+        answers.append(tokens)
+    assert answers[0] == answers[1]
+    for i in (0, 2):  # digits, then EOS (the rows run on past it here)
+        text = tokenizer.decode(answers[0][i], skip_special_tokens=True)
+        assert re.fullmatch("[0-9]{2,12}", text), answers[0][i]
+    assert cuda.graphs is not None and ("decode", 4) in cuda.graphs.graphs
