@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="/v1/score with several short items runs them in one masked forward "
                             "(per request: \"multi_item\": true/false)")
     sched.add_argument("--layer-preemption", action=argparse.BooleanOptionalAction, default=d.layer_preemption,
-                       help="a long OneShot step steps aside between layers while short requests wait")
+                       help="a long OneShot step steps aside while short requests wait")
     sched.add_argument("--disable-oneshot", action="store_true",
                        help="ablation: run OneShot work through the Decode lifecycle")
 

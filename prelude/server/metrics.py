@@ -70,8 +70,10 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.metric("failed_requests_total", "counter", "Requests ended because their own row made a step raise.",
              stats.failed_requests)
     w.metric("num_preemptions_total", "counter", "Decode sequences preempted for recompute.", sched.num_preemptions)
-    w.metric("layer_preemptions_total", "counter", "Times a long OneShot step stepped aside between layers "
-             "for short requests or running streams.", snap.layer_preemptions)
+    w.metric("preemptible_steps_total", "counter", "Long OneShot steps run so that they could step aside.",
+             snap.preemptible_steps)
+    w.metric("layer_preemptions_total", "counter", "Times a long OneShot step stepped aside for short requests "
+             "or running streams.", snap.layer_preemptions)
     w.metric("oneshot_rows_total", "counter", "OneShot rows executed.", sched.num_oneshot_rows)
     w.metric("oneshot_deferrals_total", "counter", "Requests deferred one tick behind a cold-prefix leader.",
              sched.num_deferrals)
