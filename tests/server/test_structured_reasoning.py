@@ -1,0 +1,63 @@
+"""A reasoning model's constraint starts after its reasoning block: on a copy of the demo model
+whose token 0 is `</think>` and whose chat template thinks (Qwen3's shape, enable_thinking
+included), a logit bias makes `</think>` the model's favourite token."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import httpx
+import pytest
+
+from prelude.contract.config import Config
+from tests.server.harness import ServerThread
+
+END = 0
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+            "{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinking(demo_model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("thinking") / "model"
+    shutil.copytree(demo_model, path)
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    tokenizer["added_tokens"][END]["content"] = "</think>"
+    vocab = tokenizer["model"]["vocab"]
+    vocab["</think>"] = vocab.pop("<|endoftext|>")
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.update(chat_template=TEMPLATE, pad_token=None)
+    config["added_tokens_decoder"][str(END)]["content"] = "</think>"
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
+    with ServerThread(Config(model=str(path), max_model_len=512, num_kv_blocks=256)) as srv:
+        yield srv
+
+
+def chat(srv, **body):
+    body = {"model": srv.served.name, "messages": [{"role": "user", "content": "count"}], "max_tokens": 12,
+            "temperature": 0.0, "logit_bias": {str(END): 100}, "guided_regex": "[0-9]{3,10}",
+            "return_token_ids": True, **body}
+    response = httpx.post(srv.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def test_grammar_applies_after_the_reasoning_block(thinking):
+    choice = chat(thinking)
+    assert choice["token_ids"][0] == END  # the reasoning, unconstrained: the biased token
+    assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
+
+
+def test_grammar_applies_from_the_first_token_without_thinking(thinking):
+    choice = chat(thinking, chat_template_kwargs={"enable_thinking": False})
+    assert END not in choice["token_ids"]
+    assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
+    completion = httpx.post(thinking.base_url + "/v1/completions", json={
+        "model": thinking.served.name, "prompt": "count", "max_tokens": 12, "temperature": 0.0,
+        "logit_bias": {str(END): 100}, "guided_regex": "[0-9]{3,10}", "return_token_ids": True}, timeout=60).json()
+    assert END not in completion["choices"][0]["token_ids"]
