@@ -42,13 +42,12 @@ class CudaModelRunner(ModelRunner):
         self._record_copy()
         self._starts: torch.Tensor | None = None
         self.graphs: GraphRunner | None = None
-        if enforce_eager:
-            pass
-        elif "decode" in attention.graph_kinds:
-            prefill = PREFILL_SIZES if "prefill" in attention.graph_kinds else ()
-            self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill)
-        else:
-            logger.info("attention backend %s cannot be captured: CUDA graphs off", type(attention).__name__)
+        if not enforce_eager:
+            if "decode" in attention.graph_kinds:
+                prefill = PREFILL_SIZES if "prefill" in attention.graph_kinds else ()
+                self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill)
+            else:
+                logger.info("attention backend %s cannot be captured: CUDA graphs off", type(attention).__name__)
         self._gather = None
         from kernels import available
 

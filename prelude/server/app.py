@@ -23,7 +23,7 @@ from prelude.server.constraints import Grammars
 from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.http_server import ShutdownTrigger
 from prelude.server.listen import Listener, bind
-from prelude.server.openai import CompletionsAPI
+from prelude.server.completions import CompletionsAPI
 from prelude.server.routing import Route, Router
 from prelude.server.served_model import ServedModel
 from prelude.server.serving import json_response, log_ignored_fields
