@@ -140,7 +140,8 @@ def generated(rng: random.Random, bounded: bool = False, depth: int = 0) -> Sche
     if kind == "enum":
         return {"enum": rng.sample(["low", "mid", "high", "x", "yes", "no", "n/a", "🙂"], rng.randint(1, 4))}
     if kind == "pattern":
-        return {"type": "string", "pattern": rng.choice(["^[a-z]{2,8}$", "^[0-9]{3}-[0-9]{4}$", "^(ab|cd)+x?$",
+        repeated = "^(ab|cd){1,6}x?$" if bounded else "^(ab|cd)+x?$"
+        return {"type": "string", "pattern": rng.choice(["^[a-z]{2,8}$", "^[0-9]{3}-[0-9]{4}$", repeated,
                                                           "^[A-Z][a-z]{0,6}$"])}
     nullable = rng.choice(["string", "integer", "boolean"])
     bounds = {"string": {"maxLength": 8}, "integer": {"minimum": 0, "maximum": 9}}.get(nullable, {})
