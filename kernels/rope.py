@@ -3,8 +3,8 @@
 Two programs handle one token: one normalizes, rotates and writes all its query heads to the
 contiguous q output; the other does its key heads, writes them to the k output and, with its
 value heads, into the paged cache at the token's slot (-1: the token is not stored). Programs
-of one head each were too small to keep an H200 busy: 120 us per layer for 8,192 tokens of
-Qwen3-0.6B, a fifth of the step's GPU time. On a decode step this replaces five launches per
+of one head each were too small to keep an H200 busy, a large share of a prompt step's GPU time
+(`python -m bench.serving.gpu_profile`). On a decode step this replaces five launches per
 layer (two norms, two rotations, the cache write) with one. Rounding follows layers.RMSNorm and
 layers._rotate step by step.
 """

@@ -19,10 +19,9 @@ EXIT_STARTUP_ERROR = 2  # as argparse's for a bad flag: the command line or its 
 
 def _passive_openmp_threads() -> None:
     """torch's OpenMP threads sleep when an op ends instead of spinning for the next one: read once,
-    when torch loads, so it is set before. Spinning, they held the cores that the event loop, the
-    native kernels' thread team and the other compute thread needed next; on the 2-core machine,
-    the 103M model's one-token c=1 TTFT P99/P50 went from 1.64 to 1.20 without it, c=16 from 17.1
-    to 18.7 req/s, TPOT from 19.1 to 18.2 ms (README "CPU threads"). A value the user set stays."""
+    when torch loads, so it is set before. Spinning, they hold the cores that the event loop, the
+    native kernels' thread team and the other compute thread need next, which widens the TTFT tail
+    (`python -m bench.serving.side_by_side`). A value the user set stays."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

@@ -43,9 +43,9 @@ def keep_freed_memory() -> bool:
 
 def freeze_startup_objects() -> None:
     """Moves every object alive now (imports, model, tokenizer: about 170K on the demo model) out
-    of the garbage collector's reach. A full collection otherwise rescans them all, 40-90 ms on
-    the 2-core machine, and lands on whichever request is in flight when it triggers; they live as
-    long as the process anyway. Called once, when the engine is warm."""
+    of the garbage collector's reach. A full collection otherwise rescans them all, tens of
+    milliseconds on a small machine, and lands on whichever request is in flight when it triggers;
+    they live as long as the process anyway. Called once, when the engine is warm."""
     gc.collect()
     gc.freeze()
 

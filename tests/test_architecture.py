@@ -1,9 +1,11 @@
 """The architecture is checked, not just described: import-linter's contracts in pyproject.toml
 (layers that never import upward; the product never imports bench or tests) and mypy over
-prelude/ and kernels/, both with the configuration in pyproject.toml."""
+prelude/ and kernels/, both with the configuration in pyproject.toml; product comments carry no
+measurement history."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,21 @@ def test_mypy_is_clean(monkeypatch):
     monkeypatch.chdir(ROOT)  # the config's `files` are relative to the repository root
     stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
     assert status == 0, f"mypy reports errors (run `mypy` at the repository root):\n{stdout}{stderr}"
+
+
+PRODUCT_SOURCES = {".py", ".pyx", ".pxd", ".hpp", ".cpp", ".h"}
+
+
+def test_product_files_carry_no_dates():
+    """Measurements belong to commits and bench/serving/results, not to product comments: no file
+    of prelude/ or kernels/ holds a date (Cython's generated .cpp files aside)."""
+    date = re.compile(r"20\d{2}-\d{2}-\d{2}")
+    hits = []
+    for package in ("prelude", "kernels"):
+        for path in sorted((ROOT / package).rglob("*")):
+            if path.suffix not in PRODUCT_SOURCES or (path.suffix == ".cpp" and path.with_suffix(".pyx").exists()):
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if date.search(line):
+                    hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not hits, "dated lines in product files (history goes in commits):\n" + "\n".join(hits)

@@ -80,7 +80,7 @@ PRELUDE_CPU_VARIANTS(rotate, (Strided3 x, const float* cos, const float* sin, lo
 PRELUDE_CPU_VARIANTS(silu_and_mul, (const float* x, long rows, long width, float* out), (x, rows, width, out))
 
 // The same three over a prompt's many rows, split by rows across `threads` of the team (the
-// caller asked threads_worth; a prefill's SwiGLU took 0.5 ms a layer on one thread).
+// caller asked threads_worth): on one thread a prefill's SwiGLU is a visible share of a layer.
 static void team_rms_norm(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
                           float* out, int threads) {
     const long d = x.dim;

@@ -22,12 +22,8 @@ resumable_step = _native.ResumableStep if _native is not None else None
 
 
 # Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's
-# flash kernel, which is faster there (2 threads, Qwen3-0.6B's heads, against the row's torch
-# path, context gathered: 2,048 tokens 149 against 127 ms, 1,024 over 1,024 cached 108 against
-# 92, 1,024 over 3,072 255 against 197). Shorter chunks are as fast or faster natively at any
-# context (16 over 4,096 cached 5.8 against 34 ms, 256 over 4,096 74 against 86, 512 over 1,024
-# 42 against 42), and so are rows of up to 1,024 tokens (34 against 39 ms). Heads of 32 and 64
-# are faster at every length.
+# flash kernel, which is faster there; shorter chunks, rows of up to 1,024 tokens and heads of 32
+# and 64 are as fast or faster natively (`python -m bench.serving.prefill_attention`).
 WIDE_HEAD, WIDE_HEAD_MAX_KEYS, WIDE_HEAD_MAX_QUERIES = 128, 1024, 512
 
 

@@ -3,16 +3,13 @@
 // 16p..16p+15 contiguous), and a tile of up to 6 rows by one panel accumulates an outer product
 // per k in twelve registers: two panel loads and six broadcasts of x feed twelve FMAs, and no
 // horizontal sum is left at the end. skinny_gemm's dot-product tile (four weight rows by two x
-// rows, made for few rows) reached 80-150 GFLOPS on 128 rows of the demo model's layers on the
-// 2-core dev machine, against 90-200 for oneDNN on its own packed copy.
+// rows, made for few rows) falls well short of oneDNN on its own packed copy at many rows.
 //
 // Rows go in blocks of kBlockRows and K in slices of kSliceK: a slice of a panel (16 KB) stays
 // in L1 while every row tile of the block passes over it, and the block's slice of x stays in L2
-// while the thread's panels pass. Without the row blocks, 2,048 rows of the 103M Qwen3 re-read x
-// from L3 for every panel and ran at 113-156 GFLOPS. The next panel's slice is prefetched while
-// the tiles compute: the 103M Qwen3's eight layers of weights come from memory, and without it
-// 128 rows of them ran at 150 GFLOPS against oneDNN's 190 (with it 186; 2,048 rows 194 against
-// 209, the eight layers' products in turn). A thread's outputs are a range of whole panels.
+// while the thread's panels pass; without the row blocks, many rows re-read x from L3 for every
+// panel. The next panel's slice is prefetched while the tiles compute, as a larger model's weights
+// come from memory. A thread's outputs are a range of whole panels.
 #pragma once
 #include "simd.hpp"
 #include "team.hpp"

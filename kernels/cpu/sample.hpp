@@ -1,8 +1,8 @@
 // Draws one token per row from softmax(logits / temperature) by inverse CDF, fp32 logits on the
-// CPU: one uniform per row, no per-entry noise, no tensor the size of the vocabulary. Before
-// this a decode step's sampling ran half a dozen torch ops over [rows, vocab] (softmax, a float64
-// copy, cumsum, searchsorted) on torch's OpenMP threads, whose spinning after each op held the
-// core the next native kernel wanted: a 103M model's 4-row step lost 3-5 ms to it.
+// CPU: one uniform per row, no per-entry noise, no tensor the size of the vocabulary. Torch's
+// version is half a dozen ops over [rows, vocab] (softmax, a float64 copy, cumsum,
+// searchsorted) on torch's OpenMP threads, whose spinning after each op holds the core the next
+// native kernel wants (`python -m bench.serving.decode_step`).
 //
 // Exactness: the cumulative mass runs in float64 over blocks of kBlock entries (each block summed
 // in float), and the search skips whole blocks by their sums, then walks one entry by entry in

@@ -3,11 +3,10 @@
 // memory once and dotted with every row of x while it is in L1.
 //
 // Up to kStreamRows rows of x: one weight row at a time (a single sequential stream), with the
-// rows of x four at a time, and a software prefetch of the weight 8 KB ahead into L2. On the
-// 2-core test machine, for the Qwen3 LM head [151936, 512] and 4 rows, this ran at 13-18 ms
-// against 24 ms for the four-interleaved-rows kernel below, whose compute did not overlap its
-// memory reads once the hardware prefetcher fell behind. Past that, compute dominates and the
-// 4x2 register tile below does better.
+// rows of x four at a time, and a software prefetch of the weight 8 KB ahead into L2: faster
+// than interleaving four weight rows, whose compute stops overlapping its memory reads once the
+// hardware prefetcher falls behind (`python -m bench.serving.lm_head`). Past that, compute
+// dominates and the 4x2 register tile below does better.
 #pragma once
 #include "simd.hpp"
 #include "team.hpp"

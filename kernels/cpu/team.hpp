@@ -1,7 +1,7 @@
 // A persistent team of worker threads for the CPU kernels' parallel ranges. Starting a
-// std::thread costs ~30 µs, and a decode step of a small model runs dozens of parallel pieces
-// (every linear layer, the attention, the LM head) of 20-300 µs each: spawning per piece cost
-// more than it saved, so the small ones ran on one thread. The team's workers spin briefly after
+// std::thread costs tens of µs, and a decode step of a small model runs dozens of parallel pieces
+// (every linear layer, the attention, the LM head) of about that size each: spawning per piece
+// costs more than it saves. The team's workers spin briefly after
 // each piece (the next one usually follows within microseconds) and then sleep on a condition
 // variable, so an idle server does not burn the cores it shares with the event loop.
 #pragma once
@@ -40,9 +40,9 @@ class Team {
         job(0);
         // A worker the OS has descheduled (the event loop shares the two cores) finishes late.
         // Past kSleepAfter of waiting the caller sleeps until the last worker wakes it, leaving
-        // the core to that worker: spinning on took the core it needed, and the 103M Qwen3's
-        // c=16 prompt steps ran at 0.80-0.87x of the per-op build. Sleeping after the 20-50 µs
-        // spin cost the demo model's short pieces a wake-up each (its c=16 fell 1.22x -> 0.98x).
+        // the core to that worker, as spinning on takes the core it needs; sleeping right after
+        // the short spin would cost small models' short pieces a wake-up each
+        // (`python -m bench.serving.side_by_side`, c=16, on the demo model and a 103M Qwen3).
         const auto sleep_at = std::chrono::steady_clock::now() + kSleepAfter;
         for (long spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
             if (spins < kSpinLimit) continue;
@@ -56,7 +56,7 @@ class Team {
     }
 
    private:
-    static constexpr long kSpinLimit = 1 << 14;  // ~20-50 µs of polling before sleeping
+    static constexpr long kSpinLimit = 1 << 14;  // tens of µs of polling before sleeping
     static constexpr std::chrono::microseconds kSleepAfter{500};  // a caller's wait for late workers
 
     void grow(int workers) {

@@ -101,8 +101,8 @@ cdef struct IntTable:
     # an increment and a store instead of an allocation, and the list's death a decrement
     # instead of a free. Sized by the decode table (every id the engine can return). The
     # pointers are zeroed at load on a 2 MiB page where the table is 1 MiB or more (ft_mem.hpp):
-    # calloc'ed 4 KiB pages left each first touch to a page fault inside an encode (perf: ~3%
-    # of 500-char encodes of unseen text) and each later random read to a TLB miss.
+    # calloc'ed 4 KiB pages leave each first touch to a page fault inside an encode and each
+    # later random read to a TLB miss.
     PyObject** ints
     size_t n
 

@@ -24,9 +24,9 @@ cdef enum:
 
 
 cdef list _ids_list(IntTable* table, const int32_t* ids, size_t count):
-    """The ids as a list. Ints are immutable, so each id shares one object (see IntTable);
-    perf showed the allocations and frees of ids past the old 32K shared range as ~8% of a
-    warm encode. The list is made in C++ (ft_pyints.hpp) for its prefetches."""
+    """The ids as a list. Ints are immutable, so each id shares one object (see IntTable)
+    instead of an allocation and a free per id. The list is made in C++ (ft_pyints.hpp) for its
+    prefetches."""
     return new_id_list(table.ints, table.n, ids, count)
 
 
@@ -200,8 +200,8 @@ cdef class Core:
 
     cdef object _encode_long(self, str text, TextRef t, bint add_special_tokens):
         """A text long enough for the parallel split (ft_parallel.hpp): the list is built from
-        the chunks already finished while the pool encodes the rest (ft_pyints.hpp ListSink;
-        perf: building it after the encode was ~25% of the calling thread on 200K characters)."""
+        the chunks already finished while the pool encodes the rest (ft_pyints.hpp ListSink), so
+        building it overlaps the encode instead of following it."""
         cdef ListSink result
         cdef const int32_t* out
         cdef size_t count

@@ -1,9 +1,9 @@
 // encode_batch: the texts are encoded on the pool in blocks of neighbours, and the calling
 // thread turns finished blocks into result lists, under the GIL, between blocks of its own.
 // Building the lists (and the cyclic GC's passes over them, which their allocations set off)
-// is Python-object work only one thread can do; done after the encode, it was about 40% of a
-// 1,024 x 500-character batch on the calling thread alone, and capped the batch at ~1.1x one
-// thread. Needs the GIL around construction and finish(); only core.pyx includes it.
+// is Python-object work only one thread can do; done after the encode, it would serialize a
+// large share of the batch on the calling thread (`python -m bench.tokenizer`). Needs the GIL
+// around construction and finish(); only core.pyx includes it.
 #pragma once
 
 #include <Python.h>
@@ -29,8 +29,8 @@ namespace ft {
 constexpr size_t kParallelBytes = 16 * 1024;
 
 // Block buffers kept between batches (up to kKeptIds ids in all): a batch's buffers, freed at
-// its end, went back to the kernel and came back as fresh pages (perf: page faults ~10% of the
-// calling thread on 256 x 8K-character batches).
+// its end, would go back to the kernel and come back as fresh pages, each first touch a page
+// fault on the calling thread.
 class BlockBuffers {
 public:
     static BlockBuffers& get() {

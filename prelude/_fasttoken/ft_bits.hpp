@@ -177,8 +177,8 @@ inline uint64_t bit_starts(const uint8_t* p, size_t n, int max_digits, uint64_t&
 // Splits p[0, len) into pieces (emit(begin, end) for each, in order), 64 bytes at a time through
 // bit_starts. In a window that is not simple, the pieces that end before its first refused
 // byte still come from the masks; the scanner takes over at the last start before that byte
-// and hands back at the first piece end past it. (Handing it the whole window made the scanner
-// ~7% of a paper-text encode: one window in nine holds a non-ASCII character.) A piece longer
+// and hands back at the first piece end past it, as many windows of real text hold a non-ASCII
+// character and the scanner is slower than the masks. A piece longer
 // than a window goes to the scanner too.
 template <PatternKind kind, class Emit>
 FT_INLINE void split_bits(Scanner& scanner, int max_digits, const uint8_t* p, size_t len, Emit& emit) {

@@ -2,8 +2,7 @@
 //
 // The scanner fills a block of pieces; its cache lines are all prefetched before any is read,
 // so the waits for those lines overlap instead of following one another (profiling showed that
-// wait, and the branches of interleaving scan and lookup piece by piece, as the main costs;
-// without the prefetches a warm 8K encode is ~10% slower).
+// wait, and the branches of interleaving scan and lookup piece by piece, as the main costs).
 #pragma once
 
 #include <cstddef>
@@ -19,8 +18,8 @@ struct Piece {
     const uint8_t* p;
     size_t n;
 };
-// 16 pieces a block: with 32, a warm 8K encode was ~4% slower (the prefetches of a 32-piece
-// block stalled, more lines in flight than the core holds); 8 and 24 measured as 16, 64 as 32.
+// 16 pieces a block: larger blocks put more lines in flight than the core holds and their
+// prefetches stall (`python -m bench.tokenizer.ab OLD.so NEW.so` compares two builds).
 constexpr size_t kBlock = 16;
 
 // A block of pieces between its two phases: prepare() (keys, cache lines, prefetches) and
@@ -69,7 +68,8 @@ FT_INLINE void resolve_block(PieceCache& cache, const StrMap& vocab, const Block
     };
     // The text's last block (a short text's only one) was prepared just now, so its first miss
     // would wait for its vocabulary slot alone: its misses all start theirs before any is read
-    // (every block doing so a block ahead cost ~10% on 8K texts, whose blocks mostly all hit).
+    // (only the last: done for every block, a block ahead, it costs long texts, whose blocks
+    // mostly all hit).
     if (last) look_ahead(0);
     // The write cursor is a local: o.w itself was reloaded after every 16-byte copy (memcpy
     // may alias anything), a store-forwarding wait per piece.

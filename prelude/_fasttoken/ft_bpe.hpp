@@ -20,8 +20,8 @@ namespace ft {
 // Where merged ids never fall from one rank to the next (GPT-2, Qwen, DeepSeek-V3, Llama 3),
 // the key is (merged id - first merged id) << shift | the rank's place among the ranks giving
 // that id: it orders like the rank, and the merged id is key >> shift, with no second table
-// read (for Llama 3 a dependent miss in a 1.1 MiB per-rank array; ~14% of the merge loop's
-// samples on 50-character encodes). Where every rank gives a new id, shift is 0 and the key is
+// read (for Llama 3 a dependent miss in a 1.1 MiB per-rank array, a large share of the merge
+// loop). Where every rank gives a new id, shift is 0 and the key is
 // the rank. Other tables keep the rank as key and read the id from that array.
 class PairMap {
 public:
@@ -171,9 +171,8 @@ private:
     void linear(const PairMap& merges, std::vector<int32_t>& syms) {
         size_t n = syms.size();
         ranks_.resize(n);
-        // No prefetch of the initial pairs' slots: GCC had silently deleted that loop (see
-        // PieceCache::prefetch); restored, it measured no faster (50 and 500 characters within
-        // 3%), as most pairs are answered by the memo or the filter.
+        // No prefetch of the initial pairs' slots: most pairs are answered by the memo or the
+        // filter, so it buys nothing (see PieceCache::prefetch).
         for (size_t k = 0; k + 1 < n; ++k) set_pair(merges, syms, k);
         while (n > 1) {
             size_t best = 0;

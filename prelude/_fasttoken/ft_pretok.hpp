@@ -133,8 +133,8 @@ private:
         // An earlier call already swept past `begin` and found no number or CJK before
         // clear_to_: resume there. Each call ran its own sweep to the next one, and split_bits
         // calls once per 64-byte window that holds a non-ASCII byte, so a long stretch without
-        // numbers or CJK (emoji and letters) was swept again per window: quadratic, 20,000
-        // "😀x" took a second where HF takes 40 ms.
+        // numbers or CJK (emoji and letters) was swept again per window: quadratic in the
+        // stretch's length.
         size_t sweep = i;  // no number or CJK in [sweep, i)
         if (clear_end_ == end && clear_from_ <= begin && begin < clear_to_) {
             sweep = clear_from_;

@@ -1,9 +1,9 @@
 // Python str -> UTF-8 without the GIL.
 //
 // PyUnicode_AsUTF8AndSize encodes a non-ASCII str one code point at a time with the GIL held
-// (about 1 ns a character: an eighth of a whole 8K-character encode, and serial in
-// encode_batch). A str is immutable, so its PEP 393 buffer can be read by the encoding thread:
-// ASCII stretches are packed 8 or 16 characters at a time, the rest one at a time.
+// (a visible share of a whole encode, and serial in encode_batch). A str is immutable, so its
+// PEP 393 buffer can be read by the encoding thread: ASCII stretches are packed 8 or 16
+// characters at a time, the rest one at a time.
 #pragma once
 
 #include <cstddef>
@@ -78,8 +78,8 @@ inline bool to_utf8(const TextRef& t, std::vector<uint8_t>& buf, const uint8_t*&
         const uint16_t* s = static_cast<const uint16_t*>(t.data);
         while (i < n) {
 #if defined(__SSE2__)
-            // 16 units a step (one full store): perf put this loop at ~9% of the calling thread's
-            // time on 200K-character texts, where it runs before the parallel split.
+            // 16 units a step (one full store): this loop runs on the calling thread before the
+            // parallel split of a long text.
             for (; i + 16 <= n; i += 16) {
                 const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
                 const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 8));

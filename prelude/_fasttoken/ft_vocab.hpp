@@ -46,8 +46,7 @@ inline uint64_t hash_bytes(const uint8_t* s, size_t n) {
 // Immutable map from byte strings to ids (open addressing, 16-byte slots). A key of up to 11
 // bytes (~95% of the whole-token pieces of paper text) sits in its slot, so the probe compares
 // in the line it loads; a longer key keeps 32 bits of its hash and an offset into a byte arena,
-// whose compare is a second, dependent miss (perf put that compare at ~5% of short encodes on
-// unseen text when every key lived in the arena).
+// whose compare is a second, dependent miss.
 class StrMap {
 public:
     static constexpr size_t kInlineMax = 11;

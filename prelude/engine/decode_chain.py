@@ -19,10 +19,9 @@ class DecodeChain:
     step N runs, the loop plans step N+1 and hands it over (`follow`); the worker starts it the
     moment N ends, with the tokens N sampled. N's outcome goes to the loop as N+1's forward is
     launched, so the loop folds it back (outputs, streams) while the forward's kernels run
-    without the GIL. Posted as soon as N ended, the folding ran beside N+1's Python instead, and
-    the two threads' turns at the GIL made N+1 as much longer as the hand-offs saved: on the demo
-    model at c=4, 0.5 ms less between steps and 0.5 ms more per step; posted at the launch,
-    its TPOT fell from 2.22 to 1.88 ms (medians of seven alternating runs).
+    without the GIL: posted as soon as N ended, the folding would run beside N+1's Python, and
+    the two threads' turns at the GIL would lengthen N+1 by as much as the hand-offs save
+    (TPOT of generation at c=4: `python -m bench.serving.side_by_side`).
 
     The loop hands over exactly one decision (a step, or None to end the chain) per step it
     gave, before it awaits that step's outcome, so the worker waits for the loop only when the

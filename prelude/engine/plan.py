@@ -33,11 +33,9 @@ class StepBudget:
     SLO-aware batch sizing).
 
     Without deadlines a step takes all the waiting work that fits. That holds even on a CPU,
-    where a step's time grows with its rows and batching saves little: capping steps at one
-    128-token row (`--max-num-batched-tokens 128`) made the tail worse. Short scores alone at 35%
-    load on the 2-core machine had a P99 of 49-61 ms, against 45-46 ms uncapped (the runs of
-    short requests alone in bench.serving.long_short): the extra steps' fixed costs outweighed
-    the smaller batches."""
+    where a step's time grows with its rows and batching saves little: smaller steps (capped with
+    `--max-num-batched-tokens 128`) pay each step's fixed cost more often and make the tail worse
+    (`python -m bench.serving.long_short`, its short requests alone)."""
 
     def __init__(self, tokens: int, temp_bytes: int, costs: StepCostModel | None = None,
                  now: float = 0.0, strict: bool = False):

@@ -21,24 +21,27 @@ from prelude.engine.cost_model import StepCostModel
 # A OneShot step predicted to take at least this long may step aside for short requests, those
 # of at most SHORT_SHARE of its longest row's tokens. The longest row, not the step's total: a
 # step of sixteen 128-token rows is a batch of short work, which must not park for the next
-# 128-token arrival (batching would break up).
+# 128-token arrival (batching would break up). Short requests' latency beside long ones:
+# `python -m bench.serving.long_short`.
 PREEMPTIBLE_S = 0.05
 SHORT_SHARE = 1 / 8
 # A running stream waits about this long at most for its next token because of OneShot work: a
 # OneShot row predicted to take longer does not share a step with the streams' decodes (they
 # would all stall for the whole row); it gets a step of its own, which steps aside this often
 # for a step of their tokens. Decode prompts beside decodes are chunked to it too (scheduler).
+# A stream's gaps beside a long request: `python -m bench.serving.stream_stall`.
 STREAM_GAP_S = 0.1
 MAX_SHORT_STEPS = 16  # steps of short work per park: bounds how long a parked step waits
 # A parked step may stop again only once it has computed, since it began, at least this share
 # of the time the short work it stepped aside for took: it keeps at least a third of the
 # machine under any stream of short requests, and a short request arriving just after a park
-# does not wait for more than that debt.
+# does not wait for more than that debt (`python -m bench.serving.long_short`).
 LONG_RUN_PER_SHORT_S = 0.5
 # The most work a preemptible step does between two looks at its flag: the demo model's MLP over
 # 512 tokens, a few ms on two cores (attention pieces are sized to last about as long); fewer
 # tokens on wider models. A short request waits for the running piece to end before its own step
-# runs, so a piece's length is part of every short request's latency.
+# runs, so a piece's length is part of every short request's latency
+# (`python -m bench.serving.stop_latency` measures it).
 CHECK_EVERY_MACS = 3 * 256 * 768 * 512
 
 

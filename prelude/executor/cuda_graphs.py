@@ -3,9 +3,9 @@
 Pure decode steps are padded to the next decode bucket (1, 2, 4, ... up to max_num_seqs) and
 replayed from a graph captured for that bucket: one launch instead of a few hundred, which is
 most of a small model's decode step. Single-row OneShot prefills up to 1,024 tokens are
-launch-bound the same way and get their own buckets: on an H200, one 512-token row of Qwen3-4B
-took 16.5 ms eagerly for 7.0 ms of kernels, the host launching ~400 operations. Graphs are
-captured lazily, the first time a bucket is used, so startup pays nothing.
+launch-bound the same way (the host launching hundreds of operations takes longer than their
+kernels; `python -m bench.serving.gpu_profile`) and get their own buckets. Graphs are captured
+lazily, the first time a bucket is used, so startup pays nothing.
 
 Inputs live in one static device buffer (ids, positions, KV slots) that every graph reads; the
 executor copies each step's padded inputs into it from pinned memory, the attention backend

@@ -17,11 +17,10 @@ from prelude.contract.stop import StopFlag
 from prelude.executor.runner import ModelRunner, Progress
 
 # A step of fresh rows replays one prefill graph per row, rather than launching one eager forward
-# over them all, while it has at most this many rows and tokens. On an H200 an eager step of
-# Qwen3-0.6B spent about 15 ms launching kernels whatever its size (1.3 ms of kernels for a
-# 128-token row), and a 128-token row's graph replay took about 2 ms: a few rows replayed one by
-# one finish first. Past a few, the replays' kernels add up to more than one eager step's launching,
-# and big rows are bound by their kernels either way.
+# over them all, while it has at most this many rows and tokens: a small model's eager step is
+# bound by the host launching its kernels, so a few rows replayed one by one finish first. Past a
+# few, the replays' kernels add up to more than one eager step's launching, and big rows are bound
+# by their kernels either way (`python -m bench.serving.gpu_profile`).
 MAX_REPLAYED_ROWS = 4
 MAX_REPLAYED_TOKENS = 1024
 
@@ -78,9 +77,9 @@ class DecodeExecutor:
 
 class MixedExecutor:
     """A few fresh prefill rows (new streams' prompts) beside decodes run as graph replays where
-    the runner has the graphs, each row's prefill graph then the decode graph: on an H200 an eager
-    step of one 128-token row of Qwen3-0.6B took 15 ms of host launching for 1.3 ms of kernels,
-    and every running stream waited for it (TPOT 2.6 ms at c=4 against a 1.9 ms decode step)."""
+    the runner has the graphs, each row's prefill graph then the decode graph: a small model's
+    eager step is bound by the host launching its kernels, and every running stream would wait
+    for it (`python -m bench.serving.gpu_profile`)."""
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner

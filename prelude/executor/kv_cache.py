@@ -52,9 +52,9 @@ class KVCache:
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros without a startup memset on the CPU: an anonymous mapping, whose pages the OS hands
-    out already zeroed on first touch. In small pages: numpy's zeros asked for 2 MB huge pages,
-    and each first touch of one zeroed it whole inside a step, a 50 ms stall every 32nd request
-    of the demo model at c=1 until the whole pool had been used once (issue #20's P99 spikes).
+    out already zeroed on first touch. In small pages: with 2 MB huge pages (numpy's zeros), each
+    first touch zeroes a whole one inside a step, a P99 spike until the whole pool has been used
+    once (issue #20).
     (On CUDA the memset is cheap.)"""
     if device.type != "cpu":
         return torch.zeros(dims, dtype=dtype, device=device)

@@ -3,17 +3,15 @@ the speed of memory, many at the speed of the cores.
 
 A decode step multiplies a few token rows by every weight of the model, so its cost should be
 one pass over the weights whatever the row count. `F.linear` is not: MKL's matrix-vector path
-for one row and its skinny GEMM for a few each took two to five times as long as reading the
-weight (the Qwen3 LM head [151936, 512], one thread: 34 ms for one row, 60-80 ms for two to
-eight, against 15-18 ms to read it), and in a decode step's profile the linear layers and the LM
-head were two thirds of the time. kernels/cpu/skinny_gemm.hpp reads each weight row once and
-dots it with every input row while it is in L1; `python -m bench.serving.lm_head` measures it.
+for one row and its skinny GEMM for a few each take several times as long as reading the
+weight, and the linear layers and the LM head are most of a decode step.
+kernels/cpu/skinny_gemm.hpp reads each weight row once and dots it with every input row while it
+is in L1; `python -m bench.serving.lm_head` measures it.
 
-Prompts (more rows) are compute-bound. There MKL's sgemm, which `F.linear` calls, ran at
-80-170 GFLOPS on the 2-core AMD dev machine. kernels/cpu/packed_gemm.hpp ran at 160-200 on a
-copy of the weight packed once into panels, as fast as oneDNN on its own reordered copy (the
-demo model's 128-row products 1.0-2.3x, the 103M Qwen3's 0.85-1.7x), and it runs inside the
-native step (kernels/cpu/step_layers.hpp) without the GIL. A module keeps that copy in a
+Prompts (more rows) are compute-bound. kernels/cpu/packed_gemm.hpp runs on a copy of the weight
+packed once into panels, faster than MKL's sgemm (which `F.linear` calls) and as fast as oneDNN
+on its own reordered copy, and it runs inside the native step (kernels/cpu/step_layers.hpp)
+without the GIL. A module keeps that copy in a
 `PackedWeight`, made at warm-up: the weights of the decoder layers are then held twice.
 """
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Run op by op, a step of a small model on the CPU is mostly overhead: per layer a dozen torch
 dispatches, tensor allocations and GIL hand-offs. A decode step's few rows cost less arithmetic
-than that (the demo model's 4-row step spent two thirds of its time holding the GIL). A prompt
-step gives the GIL up at every op, and in the server the event loop takes it in between: the
-same one-row Mixed step took 12-18 ms while streaming tokens at c=4, against 6.1-6.8 ms alone.
+than that: most of a small model's decode step is spent holding the GIL. A prompt step gives
+the GIL up at every op, and in the server the event loop takes it in between, so the same step
+runs slower while tokens stream than alone.
 This runs the same kernels the per-op path calls, for every layer and the final norm, in one
 call without the GIL. It takes only what it was written for: fp32 on the CPU, a step whose
 backend exposes its paged cache and row layout (AttentionBackend.paged_step_inputs), and sizes
@@ -30,10 +30,10 @@ ResumableKernel = Callable[..., "NativeSteps"]  # kernels/cpu/_native.pyi: Resum
 # LayerWeights' fifteen pointers, in their order.
 _WEIGHT_FIELDS = 15
 # A model whose layers hold fewer weights than this decodes on one thread: a second one buys
-# little on so few weights and takes the core the event loop streams tokens from. On the demo
-# model (786K per layer) one thread gave 4-12% lower TPOT and CPU per request in the server than
-# two (two side-by-side runs); the 103M Qwen3 (3.1M per layer) needs both for its bandwidth.
-# Steps with prompt rows are compute-bound and always use every thread.
+# little on so few weights (the demo model's) and takes the core the event loop streams tokens
+# from, while larger layers need both for their bandwidth (TPOT and CPU per request:
+# `python -m bench.serving.side_by_side`). Steps with prompt rows are compute-bound and always
+# use every thread.
 _ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 
 

@@ -103,9 +103,8 @@ class RotaryEmbedding:
 
 # Rows of the MLP's input processed at once; longer inputs are chunked (see MLP.forward). On a
 # GPU, 8,192 rows (a default step) at once: the largest activation is then at most 320 MB
-# (Qwen3-4B), within the step's temporary budget, and 2,048-row chunks launched a dozen more
-# kernels per layer, while on an H200 the host's launching set the step's time (16 x 512 tokens
-# of Qwen3-0.6B: 27 ms wall for 15 ms of kernels).
+# (Qwen3-4B), within the step's temporary budget, and smaller chunks launch more kernels per
+# layer where the host's launching sets the step's time (`python -m bench.serving.gpu_profile`).
 MLP_CHUNK_TOKENS = 2048
 MLP_CHUNK_TOKENS_GPU = 8192
 

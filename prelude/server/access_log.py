@@ -118,8 +118,8 @@ class AccessLog:
                 if not message.get("more_body", False):
                     # The response is complete: hypercorn writes its last bytes within this send,
                     # then may wait for the connection to close (a refusal that left its body
-                    # unread, Connection: close), and that wait, 160 ms at P50 under a
-                    # 1,000-connection herd, is no part of answering.
+                    # unread, Connection: close), and that wait, long under a herd of
+                    # connections, is no part of answering.
                     current.total_s = time.perf_counter() - current.started
             await send(message)
 

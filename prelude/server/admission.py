@@ -15,8 +15,8 @@ from prelude.tokenizer import Tokenizer
 
 # Below this many characters, a thread hop costs more than encoding on the loop.
 INLINE_CHARS = 2048
-# Below this many token ids, checking or decoding them on the loop costs less than 0.3 ms (about
-# 50 ns an id each); a 32 MiB body holds 5M ids, 0.27 s to check and 0.29 s to decode.
+# Below this many token ids, checking or decoding them on the loop costs well under a millisecond;
+# a 32 MiB body's millions of ids would hold the loop for a large part of a second.
 INLINE_IDS = 4096
 T = TypeVar("T")
 _INT_ONLY = {int}

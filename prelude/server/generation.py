@@ -30,8 +30,8 @@ class GenerationAPI(Serving):
         seeded sampling gets seed + choice index so that choices differ. Each choice under a
         grammar gets a state of its own."""
         choice_ids = constraint.token_ids
-        # n multiplies the rows: 1,024 prompts with n=128 queued 131,072 rows at once, past the
-        # queue's bound; scheduling them took 403 s and stalled other requests up to 8.5 s.
+        # n multiplies the rows: unbounded, one request could queue far past the queue's bound and
+        # stall every other request while its rows are scheduled.
         if len(prompts) * n > MAX_ITEMS:
             raise bad_request(f"{len(prompts)} prompts with n={n} make {len(prompts) * n} choices; at most "
                               f"{MAX_ITEMS} are allowed per request", "n")

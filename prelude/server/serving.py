@@ -202,7 +202,8 @@ class Serving:
                            add_special_tokens: bool = True) -> list[list[int]]:
         """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked,
         in the pool when long). `whole`: no truncation will cut the ids, so a list past the
-        context is refused before its ids are walked (5M of them held the loop 0.6 s for that 400)."""
+        context is refused before its ids are walked (millions of them would hold the loop just to
+        answer 400)."""
         texts = [item for item in items if isinstance(item, str)]
         encoded = iter(await self.admission.encode_many(texts, add_special_tokens) if texts else [])
         out = []

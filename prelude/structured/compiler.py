@@ -1,9 +1,9 @@
 """Constraints compiled into grammars for one tokenizer, cached by the constraint.
 
 A compiled grammar is a fresh llguidance matcher that never consumes a token; each request gets
-a copy of it (a copy costs under a microsecond, a compile 0.5-1 ms on the project's tokenizers:
-bench.serving.grammar_libs). The tokenizer's llguidance form is built on the first compile
-(about a second for a 150K vocabulary), in the thread that compiles."""
+a copy of it (a copy costs a tiny fraction of a compile: `python -m bench.serving.grammar_libs`).
+The tokenizer's llguidance form is built on the first compile (about a second for a 150K
+vocabulary), in the thread that compiles."""
 from __future__ import annotations
 
 import json

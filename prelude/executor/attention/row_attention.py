@@ -23,8 +23,8 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Causal attention of a chunk of queries (the last len(q) of the new keys k/v) over its own
     keys and all the keys before it: the cached context and the new keys before the chunk, seen
     whole. Off the native kernel, two flash attentions merged by their log-sum-exps: the same
-    work as the chunk's rows of one causal attention, where a mask over all keys cost twice that
-    (2,048 queries over 6,144 cached keys, demo model's heads: 120 against 214 ms)."""
+    work as the chunk's rows of one causal attention, where a mask over all keys costs about
+    twice that (`python -m bench.serving.prefill_attention`)."""
     native = causal_prefill(q, k, v, context)
     if native is not None:
         return native
@@ -51,10 +51,8 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: 
     quadratic math path costs most, the shared part attends as any chunk does; the items'
     queries attend to the context and the shared part in one flash attention, and each item to
     itself causally in one batched flash attention (items padded at their end to the longest,
-    which causality hides); the two are merged by their log-sum-exps. A 300-token query, items
-    of 10 tokens, one layer's attention (micro-benchmark, min of 15): Qwen3-0.6B's heads
-    (16/8 x 128) at 200 items 280 -> 60-66 ms, at 50 items 33-37 -> 28-31 ms, at 10 items
-    (400 keys) 9.5-9.9 ms dense against 13-16 ms merged; demo model's heads at 200 items 82 -> 13 ms."""
+    which causality hides); the two are merged by their log-sum-exps. The merged form wins by a
+    wide margin at many items, the dense one at few keys (`python -m bench.serving.multi_item`)."""
     n, heads = q.shape[0], q.shape[1]
     past_k, past_v = context.gathered() if context is not None and context.length else (None, None)
     keys_seen = n + (0 if past_k is None else len(past_k))
