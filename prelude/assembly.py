@@ -81,9 +81,9 @@ class Built:
 
     def banner(self, config: Config, listen_url: str, seconds_to_ready: float) -> Banner:
         served = self.served
+        tokenizer = tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason, config.tokenizer_backend)
         return Banner(__version__, str(served.path), served.name, served.config.architecture, self.dtype,
-                      self.device, self.compute_threads, tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason,
-                                                  config.tokenizer_backend),
+                      self.device, self.compute_threads, tokenizer,
                       served.kv_capacity_tokens, self.num_blocks, config.block_size, config.enable_prefix_caching,
                       listen_url, seconds_to_ready)
 

@@ -1,14 +1,14 @@
 """The architecture is checked, not just described: import-linter's contracts in pyproject.toml
-(layers that never import upward; the product never imports bench or tests) and mypy over
-prelude/ and kernels/, both with the configuration in pyproject.toml; product comments carry no
-measurement history."""
+(layers that never import upward; the product never imports bench or tests), mypy over prelude/
+and kernels/ and ruff over the repository, all with the configuration in pyproject.toml; product
+comments carry no measurement history."""
 from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,6 +32,13 @@ def test_mypy_is_clean(monkeypatch):
     monkeypatch.chdir(ROOT)  # the config's `files` are relative to the repository root
     stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml")])
     assert status == 0, f"mypy reports errors (run `mypy` at the repository root):\n{stdout}{stderr}"
+
+
+def test_ruff_is_clean():
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, \
+        f"ruff reports findings (run `ruff check` at the repository root):\n{result.stdout}{result.stderr}"
 
 
 PRODUCT_SOURCES = {".py", ".pyx", ".pxd", ".hpp", ".cpp", ".h"}

@@ -141,7 +141,8 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         banner = banner_lines(log)
         assert banner[0].startswith(f"Prelude {__version__} ready in ") and banner[0].endswith("s")
         fields = dict(line.split(None, 1) for line in banner[1:])
-        assert fields["model"] == f"{tmp_path / 'cache' / f'demo-v{VERSION}'} (Qwen3ForCausalLM), served as prelude-demo"
+        demo_dir = tmp_path / "cache" / f"demo-v{VERSION}"
+        assert fields["model"] == f"{demo_dir} (Qwen3ForCausalLM), served as prelude-demo"
         assert fields["dtype"] == f"float32 on cpu, {threads} compute thread{'' if threads == 1 else 's'}"
         assert fields["tokenizer"] == "fasttoken"
         assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]

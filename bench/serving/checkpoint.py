@@ -54,8 +54,13 @@ def write_checkpoint(target: Path, size: str, tokenizer: Path | None, seed: int 
     h, inter, hd = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * hd, config["num_key_value_heads"] * hd
     store = getattr(torch, dtype)
-    rand = lambda *shape: (torch.randn(*shape, generator=gen, device=device) * 0.02).to(store).cpu()
-    ones = lambda n: torch.ones(n, dtype=store)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device) * 0.02).to(store).cpu()
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=store)
+
     tensors = {"model.embed_tokens.weight": rand(config["vocab_size"], h), "model.norm.weight": ones(h)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."

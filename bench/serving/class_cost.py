@@ -106,7 +106,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     try:
         for seed, workload in enumerate(WORKLOADS):
             figures = await measure(engines, workload, args.requests, args.warmup, seed)
-            rows.append({"workload": workload.name, **{f"{k}_{m}": v for k, f in figures.items() for m, v in f.items()}})
+            rows.append({"workload": workload.name,
+                         **{f"{k}_{m}": v for k, f in figures.items() for m, v in f.items()}})
     finally:
         for engine in engines.values():
             await engine.stop()

@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: bench.serving must import from this checkout
     sys.path.insert(0, str(REPO))
+# The imports below must follow that set-up:
+# ruff: noqa: E402
 
 from bench.serving.checkpoint import write_checkpoint
 from bench.serving.prompts import Prompt

@@ -179,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
             entry: dict[str, Any] = {"library": lib_name, "tokenizer": tok, "vocab": lib.vocab, "prepare_s": prepare_s}
             for set_name, schemas in sets.items():
                 seconds, failed = compile_times(lib, schemas)
-                entry[set_name] = {"p50_ms": 1e3 * (percentile(seconds, 0.5) or 0), "p99_ms": 1e3 * (percentile(seconds, 0.99) or 0),
-                                   "max_ms": 1e3 * max(seconds, default=0), "compiled": len(seconds), "total": len(schemas),
-                                   "failed": failed}
+                entry[set_name] = {"p50_ms": 1e3 * (percentile(seconds, 0.5) or 0),
+                                   "p99_ms": 1e3 * (percentile(seconds, 0.99) or 0),
+                                   "max_ms": 1e3 * max(seconds, default=0), "compiled": len(seconds),
+                                   "total": len(schemas), "failed": failed}
             walkable = [s for s in walk_schemas if not compile_times(lib, {"s": s})[1]]
             for batch in (1, 16):
                 times = mask_times(lib, walkable, batch, random.Random(7))
@@ -209,8 +210,9 @@ def _chart(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     labels = [f"{r['tokenizer']}\n{r['library']}" for r in results]
     x = range(len(results))
-    for offset, (key, name) in enumerate((("judge", "judge"), ("real-world", "real-world"), ("generated", "generated"))):
-        axes[0].bar([i + 0.27 * (offset - 1) for i in x], [r[key]["p50_ms"] for r in results], 0.27, label=f"{name} p50")
+    for offset, key in enumerate(("judge", "real-world", "generated")):
+        axes[0].bar([i + 0.27 * (offset - 1) for i in x], [r[key]["p50_ms"] for r in results], 0.27,
+                    label=f"{key} p50")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("schema to first mask, ms (p50)")
     axes[0].legend(fontsize=8)

@@ -71,8 +71,9 @@ async def flood(port: int, count: int, max_tokens: int, prompt_words: int, seed:
 def poll_health(port: int, interval: float, polling, stop, out) -> None:
     """GET /health every `interval` seconds on one kept-alive connection (reconnecting if the
     server closes it), setting `polling` once the first poll is answered, until `stop` is set;
-    sends [(seconds to the whole response, status; 0 when it failed), ...] on `out`. Run in its own process: in the flood's process, the flood's
-    own work on the GIL and the event loop would delay the polls' timing, not the server."""
+    sends [(seconds to the whole response, status; 0 when it failed), ...] on `out`. Run in its
+    own process: in the flood's process, the flood's own work on the GIL and the event loop would
+    delay the polls' timing, not the server."""
     polls: list[tuple[float, int]] = []
     sock = reader = None
     while not stop.is_set():

@@ -29,7 +29,7 @@ from bench.charts import write_chart
 from bench.serving import cpu_cost, proc, report
 from bench.serving.client import make_client
 from bench.serving.loadgen import label_ids, launch_plan, prompt_source, split_server_args, started
-from bench.serving.prompts import PromptFactory, TextTokenizer, TokenizerError
+from bench.serving.prompts import PromptFactory, TokenizerError
 from bench.serving.runner import Level, Limits, RunResult, run_level
 from bench.serving.server import ServerError, ServerProcess
 from bench.serving.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload

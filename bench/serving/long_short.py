@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queued-requests", type=int, default=256, help="queue bound in the overload run")
     p.add_argument("--overload-only", action="store_true",
                    help="skip the calibration and the policy runs: only the overload run")
-    p.add_argument("--server-args", default="", help="more flags for every server, e.g. '--max-num-batched-tokens 2048'")
+    p.add_argument("--server-args", default="",
+                   help="more flags for every server, e.g. '--max-num-batched-tokens 2048'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "long_short.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

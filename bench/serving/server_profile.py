@@ -78,8 +78,9 @@ async def profile_class(server: ServerProcess, name: str, output_len: int, args:
     # Warm up (connections, caches) before sampling starts.
     await run_level(server.base_url, workload, level, Limits(200, None, 32), random.Random(0), server.label,
                     server.pid, show_progress=False)
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking", "--gil", "--threads",
-                            "--duration", str(int(args.duration)), "--format", "raw", "--output", str(raw)],
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", str(args.rate), "--nonblocking",
+                            "--gil", "--threads", "--duration", str(int(args.duration)), "--format", "raw",
+                            "--output", str(raw)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attaches
     # More requests than the server can answer in the time: the duration ends the run.

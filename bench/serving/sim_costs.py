@@ -82,7 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = httpx.get(a.base_url + "/v1/models").json()["data"][0]["id"]
         prompt = system_prompts(1, 2048, lambda t: httpx.post(a.base_url + "/tokenize", json={"prompt": t},
                                                                  timeout=30).json()["count"], 0)[0]
-        seen = {"a": 0, "b": 0}
 
         def run(jobs: dict) -> dict:
             """jobs: replica name -> client URL; returns per replica (client, engine) time pairs."""

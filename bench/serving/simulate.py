@@ -259,9 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["policy", "figure", "simulated", "measured", "runs", "error", "per run"], check))
     for r in results:
         del r["ids"]
-    path = report.write_json(args.json, {"tool": "bench.serving.simulate", "settings": {
-        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "step": STEP, "overhead": OVERHEAD, "share": SHARE, "replicate": REPLICATE,
-        "results": results, "check": check})
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    path = report.write_json(args.json, {"tool": "bench.serving.simulate", "settings": settings, "step": STEP,
+                                         "overhead": OVERHEAD, "share": SHARE, "replicate": REPLICATE,
+                                         "results": results, "check": check})
     print(f"results: {path}")
     return 0
 

@@ -75,9 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{path}, {torch.get_num_threads()} threads")
     print(report.table(["tokens", "check every M MACs", "whole ms", "interrupted ms", "stops", "wait P50 ms",
                         "P90 ms", "max ms"], rows))
-    written = report.write_json(args.json or report.default_json_path("stop_latency"), {"tool": "bench.serving.stop_latency", "model": path,
-                                            "tokens": args.tokens, "check_every_macs": args.check_every_macs,
-                                            "whole_s": whole, "interrupted_s": interrupted, "waits_ms": waits})
+    written = report.write_json(args.json or report.default_json_path("stop_latency"),
+                                {"tool": "bench.serving.stop_latency", "model": path,
+                                 "tokens": args.tokens, "check_every_macs": args.check_every_macs,
+                                 "whole_s": whole, "interrupted_s": interrupted, "waits_ms": waits})
     print(f"results: {written}")
     return 0
 

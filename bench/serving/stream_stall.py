@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kinds", default="embed,chat", help="embed, chat, or both")
     p.add_argument("--long-tokens", type=int, default=8000)
     p.add_argument("--runs", type=int, default=3, help="runs per kind (each with fresh token ids)")
-    p.add_argument("--stream-tokens", type=int, default=4000, help="the stream's max_tokens: it must outlast the long request")
+    p.add_argument("--stream-tokens", type=int, default=4000,
+                   help="the stream's max_tokens: it must outlast the long request")
     p.add_argument("--server-cmd", help="command launching the server (default: this checkout)")
     p.add_argument("--base-url", help="measure this running server instead")
     p.add_argument("--json", type=Path, default=report.RESULTS_DIR / "stream_stall.json")

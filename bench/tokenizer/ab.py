@@ -48,7 +48,8 @@ def main() -> None:
                 for c in rows:
                     res.setdefault((name, c, build), []).append(
                         median_us(_rotating(ft.encode, inputs[c]), args.budget, max_reps=len(inputs[c]) - 1))
-    print(f"{'tokenizer':12s} {'chars':>7s} {'old min':>9s} {'old med':>9s} {'new min':>9s} {'new med':>9s}  new/old(min) pairs(med)")
+    print(f"{'tokenizer':12s} {'chars':>7s} {'old min':>9s} {'old med':>9s} {'new min':>9s} {'new med':>9s}"
+          "  new/old(min) pairs(med)")
     for name in names:
         for c in rows:
             a, b = res[(name, c, "old")], res[(name, c, "new")]

@@ -52,12 +52,14 @@ def main() -> None:
                 for c in rows:
                     res.setdefault((name, c, lib), []).append(
                         median_us(_rotating(enc, inputs[c]), args.budget, max_reps=len(inputs[c]) - 1))
-    print(f"{'tokenizer':12s} {'chars':>7s} {'ft min':>9s} {'ft med':>9s} {'fk min':>9s} {'fk med':>9s}  fk/ft(min) fk/ft(med)")
+    print(f"{'tokenizer':12s} {'chars':>7s} {'ft min':>9s} {'ft med':>9s} {'fk min':>9s} {'fk med':>9s}"
+          "  fk/ft(min) fk/ft(med)")
     for name in names:
         for c in rows:
             a, b = res[(name, c, "ft")], res[(name, c, "fk")]
             ma, mb = statistics.median(a), statistics.median(b)
-            print(f"{name:12s} {c:7d} {min(a):9.2f} {ma:9.2f} {min(b):9.2f} {mb:9.2f}  {min(b) / min(a):10.2f} {mb / ma:10.2f}")
+            print(f"{name:12s} {c:7d} {min(a):9.2f} {ma:9.2f} {min(b):9.2f} {mb:9.2f}"
+                  f"  {min(b) / min(a):10.2f} {mb / ma:10.2f}")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import random
 
-_EN = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "or", "at", "from", "which", "have", "an", "not", "they", "but", "we", "his", "all", "been", "has", "their", "one", "there", "were", "would", "can", "more", "about", "said", "what", "when", "model", "server", "request", "response", "token", "latency", "throughput", "memory", "cache", "batch", "queue", "decision", "system", "user", "assistant", "question", "answer", "reason", "because", "however", "therefore", "example", "result", "data", "between", "during", "without", "within", "against", "through", "before", "after", "under", "over", "again", "further", "then", "policy", "approve", "reject", "review", "customer", "account", "payment", "invoice", "order", "shipment", "delivery", "important", "particular", "different", "following", "available", "possible", "necessary", "including", "whether"]
-_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Niaj", "Olivia", "Peggy"]
+_EN = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are",
+       "or", "at", "from", "which", "have", "an", "not", "they", "but", "we", "his", "all", "been", "has", "their",
+       "one", "there", "were", "would", "can", "more", "about", "said", "what", "when", "model", "server", "request",
+       "response", "token", "latency", "throughput", "memory", "cache", "batch", "queue", "decision", "system", "user",
+       "assistant", "question", "answer", "reason", "because", "however", "therefore", "example", "result", "data",
+       "between", "during", "without", "within", "against", "through", "before", "after", "under", "over", "again",
+       "further", "then", "policy", "approve", "reject", "review", "customer", "account", "payment", "invoice", "order",
+       "shipment", "delivery", "important", "particular", "different", "following", "available", "possible",
+       "necessary", "including", "whether"]
+_NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Niaj",
+          "Olivia", "Peggy"]
 _CODE = [
     "def {f}(x, y=None):\n    if y is None:\n        return x * 2\n    return x + y\n",
     "for i in range(len(items)):\n    total += items[i].price * items[i].qty\n",
-    "class {F}(Base):\n    \"\"\"{s}\"\"\"\n\n    def __init__(self, value: int) -> None:\n        self.value = value\n",
-    "const {f} = async (req, res) => {{\n  const data = await db.query('SELECT * FROM t WHERE id = $1', [req.id]);\n  res.json(data);\n}};\n",
+    "class {F}(Base):\n    \"\"\"{s}\"\"\"\n\n"
+    "    def __init__(self, value: int) -> None:\n        self.value = value\n",
+    "const {f} = async (req, res) => {{\n"
+    "  const data = await db.query('SELECT * FROM t WHERE id = $1', [req.id]);\n  res.json(data);\n}};\n",
     "if (n < 0) {{\n\treturn -1;\n}} else if (n == 0) {{\n\treturn 0;\n}}\n",
     "{{\"id\": {n}, \"name\": \"{name}\", \"tags\": [\"a\", \"b\"], \"score\": {x}}}\n",
 ]

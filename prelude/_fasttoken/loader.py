@@ -48,7 +48,8 @@ def _arena(keys: list[bytes]) -> tuple[bytes, array]:
     return b"".join(keys), array("I", accumulate((len(k) for k in keys), initial=0))
 
 
-def _resolve_added(tokens: list[Added], vocab: dict[str, int]) -> tuple[dict[str, int], dict[int, Added], list[Added], set[str]]:
+def _resolve_added(tokens: list[Added],
+                   vocab: dict[str, int]) -> tuple[dict[str, int], dict[int, Added], list[Added], set[str]]:
     """HF's AddedVocabulary::add_tokens: returns (content->id, id->token, trie order, special contents)."""
     model_size = len(vocab)
     special_order: list[Added] = []
@@ -127,7 +128,8 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
     plan = Plan()
     norm_steps = normalizer_steps(spec.get("normalizer"))
     plan.normalizers = [(k, a.encode(), b.encode()) for k, a, b in norm_steps]
-    plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = pre_tokenizer_options(spec.get("pre_tokenizer"), use_scanners)
+    plan.pattern, plan.max_digits, plan.byte_level, plan.regexes = pre_tokenizer_options(spec.get("pre_tokenizer"),
+                                                                                         use_scanners)
     replaces, dec_byte_fallback, strip_content, strip_start, drop_first = decoder_options(
         spec.get("decoder"), plan.byte_level)
     pre = spec.get("pre_tokenizer") or {}

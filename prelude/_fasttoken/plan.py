@@ -133,7 +133,8 @@ def metaspace_options(spec: dict) -> tuple[str, int, bool]:
     return replacement, PREPEND_SCHEMES[scheme], bool(spec.get("split", True))
 
 
-def pre_tokenizer_options(spec: dict | None, use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
+def pre_tokenizer_options(spec: dict | None,
+                          use_scanners: bool = True) -> tuple[int, int, bool, tuple[str, ...] | None]:
     """(pattern kind, max digits, byte level, regexes left to the `regex` module)."""
     if spec is None:
         return -1, 3, False, None

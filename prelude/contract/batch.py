@@ -20,8 +20,9 @@ from prelude.contract.sampling import SamplingParams
 
 @dataclass(frozen=True, slots=True)
 class OutputSpec:
-    """What a row's forward must produce, fixed once per request at admission. Everything unset is skipped (no LM head for a row that
-    only needs a pooled state, no per-position logits unless prompt logprobs were asked for)."""
+    """What a row's forward must produce, fixed once per request at admission. Everything unset is
+    skipped (no LM head for a row that only needs a pooled state, no per-position logits unless
+    prompt logprobs were asked for)."""
 
     sample: SamplingParams | None = None  # sample one token from the last position's logits
     prompt_logprobs: int | None = None  # logprob of each prompt token (+ this many alternatives)

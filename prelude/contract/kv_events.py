@@ -31,7 +31,8 @@ class KVEventsConfig:
 
     def __post_init__(self) -> None:
         if self.publisher not in (None, "null", "zmq"):
-            raise KVEventsConfigError(f"--kv-events-config: publisher must be \"zmq\" or \"null\", not {self.publisher!r}")
+            raise KVEventsConfigError(f"--kv-events-config: publisher must be \"zmq\" or \"null\", "
+                                      f"not {self.publisher!r}")
         if self.encoding not in ENCODINGS:
             raise KVEventsConfigError(f"--kv-events-config: encoding must be one of {', '.join(ENCODINGS)}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
@@ -57,9 +58,10 @@ class KVEventsConfig:
         if unknown:
             raise KVEventsConfigError(f"--kv-events-config: unknown key(s) {', '.join(unknown)}; "
                                       f"known: {', '.join(known)}")
-        expected: dict[str, type | tuple[type, ...]] = {"enable_kv_cache_events": bool, "publisher": (str, type(None)), "endpoint": str,
-                    "replay_endpoint": (str, type(None)), "buffer_steps": int, "hwm": int,
-                    "max_queue_size": int, "topic": str, "encoding": str}
+        expected: dict[str, type | tuple[type, ...]] = {
+            "enable_kv_cache_events": bool, "publisher": (str, type(None)), "endpoint": str,
+            "replay_endpoint": (str, type(None)), "buffer_steps": int, "hwm": int,
+            "max_queue_size": int, "topic": str, "encoding": str}
         for key, value in raw.items():
             kind = expected[key]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -3,8 +3,9 @@ ForwardBatch, and after the step folds the results back in.
 
 Order within a tick: running decodes first (one token each; the newest sequence, under priority
 the least urgent, is preempted by recompute when blocks run out), then chunks of running
-prefills, then waiting work in queue-policy order, each piece offered to its class's planner (OneShotPlanner, DecodePlanner). So that no
-request waits for all of another's long work (engine.preemption has the policy):
+prefills, then waiting work in queue-policy order, each piece offered to its class's planner
+(OneShotPlanner, DecodePlanner). So that no request waits for all of another's long work
+(engine.preemption has the policy):
 - beside running decodes, prompts come in chunks of MIN_PROMPT_CHUNK tokens (or STREAM_GAP_S);
 - with layer preemption, a OneShot row longer than STREAM_GAP_S is not put beside running
   sequences: the next tick is a step of OneShot rows alone, which steps aside for the

@@ -104,11 +104,13 @@ def _row_masks(masks: StepMasks, chosen: list[tuple[int, OutputSpec, PrefillRow 
     if not at:
         return None
     bitmask_rows, sampled_rows = zip(*at)
-    bitmask = masks.bitmask if list(bitmask_rows) == list(range(len(masks.bitmask))) else masks.bitmask[list(bitmask_rows)]
+    all_rows = list(bitmask_rows) == list(range(len(masks.bitmask)))
+    bitmask = masks.bitmask if all_rows else masks.bitmask[list(bitmask_rows)]
     return RowMasks(bitmask, list(sampled_rows))
 
 
-def positions_read(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], starts: Sequence[int]) -> list[int] | None:
+def positions_read(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
+                   starts: Sequence[int]) -> list[int] | None:
     """The step's token positions whose final hidden states `row_results` reads, ascending, given
     the rows' query starts; None when it reads every position. The model may skip the rest."""
     read: list[int] = []
@@ -141,7 +143,8 @@ def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> boo
     return spec.label_vocab_normalized and not (isinstance(row, PrefillRow) and row.item_lengths)
 
 
-def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequence[int],
+                     top: int) -> list[TokenLogprob]:
     """Logprob (and rank) of prompt token j+1 given tokens 0..j, for every j, with `top`
     alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time, one host copy each."""
     out: list[TokenLogprob] = []

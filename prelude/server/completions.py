@@ -117,8 +117,9 @@ class CompletionsAPI(GenerationAPI):
             choice.update(prompt_token_ids=prompt, token_ids=out.token_ids)
         return choice
 
-    def _stream_completion(self, rid, created, streams, prompts, n, echo_texts: list[str] | None, logprobs, as_ids: bool,
-                           return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
+    def _stream_completion(self, rid, created, streams, prompts, n, echo_texts: list[str] | None, logprobs,
+                           as_ids: bool, return_ids: bool, include_usage, continuous_usage: bool,
+                           logged: AccessEntry | None):
         finals: dict[int, RequestOutput] = {}
         echoed: set[int] = set()
         started: set[int] = set()  # choices whose first chunk went out (with return_ids, the prompt's ids)

@@ -36,7 +36,8 @@ def test_a_consumer_replaying_the_events_holds_exactly_the_pools_cache():
     for step in range(400):
         action = rng.random()
         if action < 0.55 and pool.can_allocate(6):
-            prompt = rng.choice(prefixes)[: BS * rng.randrange(1, 5)] + [rng.randrange(50) for _ in range(rng.randrange(8))]
+            fresh = [rng.randrange(50) for _ in range(rng.randrange(8))]
+            prompt = rng.choice(prefixes)[: BS * rng.randrange(1, 5)] + fresh
             held.append(play(pool, prompt))
         elif action < 0.95 and held:
             pool.release(held.pop(rng.randrange(len(held))))

@@ -95,7 +95,10 @@ def _script(vocab: int, short: bool = False):
     single-row OneShot (20 tokens) lands in the 32-token prefill graph bucket, the long one's
     (100 tokens) in the 128-token bucket."""
     gen = torch.Generator().manual_seed(7)
-    tok = lambda n: torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    def tok(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
     # a, b, c: served prompts; c's first 16 tokens (one block) are a chunk of their own.
     # first, second: OneShot rows, second partly stored (full blocks only); hit: new tokens after
     # a prefix hit on a's first block; single: the single-row OneShot.
@@ -110,7 +113,8 @@ def _script(vocab: int, short: bool = False):
                     PrefillRow(3, c[:16], 0, tc, None)], []),
     ]
     for i in range(3):
-        steps.append(DecodeBatch([DecodeRow(1, tok(1)[0], la + i, ta, SPEC), DecodeRow(2, tok(1)[0], lb + i, tb, SPEC)]))
+        steps.append(DecodeBatch([DecodeRow(1, tok(1)[0], la + i, ta, SPEC),
+                                  DecodeRow(2, tok(1)[0], lb + i, tb, SPEC)]))
     steps += [
         # Chunk continuation, a prefix hit on a's first block with an unstored tail, decodes.
         MixedBatch([PrefillRow(3, c[16:], 16, tc, SPEC), PrefillRow(103, tok(hit), 16, ta[:1], SPEC)],
@@ -130,7 +134,10 @@ def _script(vocab: int, short: bool = False):
     # where a causal prefill graph must not take it, and beside an ordinary row.
     items = (3, 2, 4) if short else (10, 6, 12, 8)
     shared = 6 if short else 40
-    multi = lambda seq: PrefillRow(seq, tok(shared + sum(items)), 0, [], LABELS, item_lengths=items)
+
+    def multi(seq: int) -> PrefillRow:
+        return PrefillRow(seq, tok(shared + sum(items)), 0, [], LABELS, item_lengths=items)
+
     steps += [OneShotBatch([multi(105)]), OneShotBatch([PrefillRow(106, tok(first), 0, [], SPEC), multi(107)])]
     return steps
 

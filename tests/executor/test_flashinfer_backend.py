@@ -76,7 +76,10 @@ def _assert_same_logits(model, reference, backend, steps) -> None:
 def test_flashinfer_backend_matches_torch_reference(monkeypatch, model, fuse_rope):
     reference, backend = _backends(monkeypatch, model, fuse_rope)
     gen = torch.Generator().manual_seed(0)
-    tok = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+
+    def tok(n: int) -> list[int]:
+        return torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+
     a, b, c = tok(11), tok(6), tok(6)
     ta, tb, tc = [3, 7, 12, 14], [20, 5], [9]
     steps = [
@@ -115,7 +118,10 @@ def test_multi_item_rows_attend_under_their_mask_like_the_torch_reference(monkey
     logits equal the torch reference's."""
     reference, backend = _backends(monkeypatch, model, fuse_rope=False)
     gen = torch.Generator().manual_seed(1)
-    tok = lambda n: torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+
+    def tok(n: int) -> list[int]:
+        return torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+
     labels = OutputSpec(label_token_ids=(3, 5))
     shared = tok(8)
     steps = [

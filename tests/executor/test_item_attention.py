@@ -1,8 +1,9 @@
-"""The torch reference's multi-item attention (row_attention.items_attention), on both of its paths (one dense mask for short
-rows, flash attentions merged by log-sum-exp for long ones), equals one attention under the mask
-that defines multi-item rows (model.attention.own_token_mask, the cached context seen by every
-token): with and without cached context (in scattered KV blocks), a shared part or none (the
-whole query cached), equal and unequal items, grouped query heads."""
+"""The torch reference's multi-item attention (row_attention.items_attention), on both of its
+paths (one dense mask for short rows, flash attentions merged by log-sum-exp for long ones),
+equals one attention under the mask that defines multi-item rows (model.attention.own_token_mask,
+the cached context seen by every token): with and without cached context (in scattered KV
+blocks), a shared part or none (the whole query cached), equal and unequal items, grouped query
+heads."""
 from __future__ import annotations
 
 import pytest

@@ -51,7 +51,8 @@ def test_shapes_it_does_not_cover_fall_back():
 def test_bias_and_leading_dimensions_follow_f_linear():
     weight, bias = torch.randn(40, 16), torch.randn(40)
     x = torch.randn(2, 3, 16)
-    torch.testing.assert_close(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_warm_up_packs_the_layers_but_not_the_lm_head_nothing_multiplies_through(tmp_path):

@@ -47,7 +47,8 @@ def _ours_and_reference(path, num_blocks: int):
     return config, model, TorchAttention(cache), load_reference(path)
 
 
-@pytest.mark.parametrize("family,extra", CASES, ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
+@pytest.mark.parametrize("family,extra", CASES,
+                         ids=lambda c: str(c) if isinstance(c, str) else "-".join(map(str, c)) or "plain")
 def test_varlen_prefill_then_paged_decode_match_transformers(tmp_path, family, extra):
     _prefill_then_decode(tmp_path, family, extra)
 

@@ -71,7 +71,8 @@ def test_null_or_absent_content_renders_as_empty(server, client, model):
     assert _ids(server, {"messages": replay}) == _ids(server, {"messages": empty})
     answer = client.chat.completions.create(model=model, messages=replay, max_tokens=2, temperature=0)
     assert answer.choices[0].finish_reason == "length"
-    assert _ids(server, {"messages": [{"role": "user"}]}) == _ids(server, {"messages": [{"role": "user", "content": ""}]})
+    empty = {"messages": [{"role": "user", "content": ""}]}
+    assert _ids(server, {"messages": [{"role": "user"}]}) == _ids(server, empty)
 
 
 # A template that trims each message's content, as some checkpoints' do.

@@ -9,7 +9,11 @@ import struct
 import httpx
 import pytest
 
-from tests.server.test_decision_api import LABELS, classifier, lm, post  # noqa: F401  (fixtures)
+from tests.server import test_decision_api
+from tests.server.test_decision_api import LABELS, post
+
+# test_decision_api's module-scoped fixtures, found by pytest under these names.
+lm, classifier = test_decision_api.lm, test_decision_api.classifier
 
 TEXTS = ["a paged KV cache", "the weather is nice today", "blocks of sixteen tokens"]
 
@@ -88,7 +92,8 @@ def test_tei_predict_single_pair_and_batch(classifier):
     assert len(batch) == 2 and all(len(answer) == len(LABELS) for answer in batch)
 
 
-@pytest.mark.parametrize(("side", "kept"), [(None, slice(None, 8)), ("right", slice(None, 8)), ("left", slice(-8, None))])
+@pytest.mark.parametrize(("side", "kept"),
+                         [(None, slice(None, 8)), ("right", slice(None, 8)), ("left", slice(-8, None))])
 def test_vllm_truncate_prompt_tokens_keeps_the_first_tokens_of_a_pooling_input(lm, side, kept):
     # vLLM 0.32's pooling runner keeps the first k tokens unless `truncation_side` says "left"
     # (a generation prompt keeps its last k); keeping the last k, an embedding of a long

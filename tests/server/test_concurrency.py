@@ -19,7 +19,8 @@ def test_200_mixed_concurrent_requests_complete_correctly(server, client):
     expected, expected_chat = {}, {}
     for p in set(prompts):
         for n in (1, 6):
-            expected[(p, n)] = client.completions.create(model=name, prompt=p, max_tokens=n, temperature=0).choices[0].text
+            answer = client.completions.create(model=name, prompt=p, max_tokens=n, temperature=0)
+            expected[(p, n)] = answer.choices[0].text
             expected_chat[(p, n)] = client.chat.completions.create(
                 model=name, max_tokens=n, temperature=0,
                 messages=[{"role": "user", "content": p}]).choices[0].message.content

@@ -129,7 +129,8 @@ def test_a_chunk_short_of_blocks_preempts_a_sequence_decoding_in_its_step_cleanl
 
         async def run():
             async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as client:
-                chunked = asyncio.create_task(client.post("/v1/completions", json={"prompt": long_ids, "max_tokens": 2}))
+                chunked = asyncio.create_task(client.post("/v1/completions",
+                                                          json={"prompt": long_ids, "max_tokens": 2}))
                 await asyncio.to_thread(_until, srv, lambda: srv.engine.scheduler.num_running == 1)
                 stepper.steps.release()  # the long prompt's first chunk; the second is planned
                 await asyncio.to_thread(_until, srv, lambda: srv.engine.scheduler.num_waiting == 0)

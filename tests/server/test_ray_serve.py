@@ -28,7 +28,8 @@ def test_two_cpu_replicas_behind_ray_serve(monkeypatch):
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False,
              # the replicas import deploy/ (not an installed package) from the checkout
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}})
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                 p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         from deploy.ray_serve_app import app

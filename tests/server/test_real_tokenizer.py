@@ -75,7 +75,8 @@ def test_a_one_token_answer_keeps_its_leading_space(phi3):
     """The same token reads the same whether the answer is one token (OneShot path) or longer:
     " yes", decoded after the prompt, not "yes", decoded alone."""
     # "▁yes": the tokenizer prepends the "▁" to a text's first word
-    (yes,) = httpx.post(phi3.base_url + "/tokenize", json={"prompt": "yes", "add_special_tokens": False}).json()["tokens"]
+    (yes,) = httpx.post(phi3.base_url + "/tokenize",
+                        json={"prompt": "yes", "add_special_tokens": False}).json()["tokens"]
 
     def answer(max_tokens: int) -> str:
         body = {"prompt": "Is it good? Answer:", "max_tokens": max_tokens, "temperature": 0,

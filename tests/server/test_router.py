@@ -6,8 +6,6 @@ classify, and its own /v1/tokenize from the tokenizer path Prelude reports. (sgl
 one Prelude answers: score and rerank go to a replica directly.)"""
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import sys
 import time

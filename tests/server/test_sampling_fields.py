@@ -7,7 +7,10 @@ import json
 import pytest
 import torch
 
-from tests.server.test_decision_api import ids_of, lm, post  # noqa: F401  (fixture)
+from tests.server import test_decision_api
+from tests.server.test_decision_api import ids_of, post
+
+lm = test_decision_api.lm  # the module-scoped fixture, found by pytest under this name
 
 
 def greedy_with_penalties(reference, prompt: list[int], n: int, presence: float, frequency: float,

@@ -84,7 +84,8 @@ def test_bitmask_paths_agree():
     gen = torch.Generator().manual_seed(0)
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32, generator=gen)
     vocab = 150
-    expected = torch.tensor([[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)]).bool()
+    bits = [[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)]
+    expected = torch.tensor(bits).bool()
     assert torch.equal(unpack_bitmask(bitmask, vocab), expected)
     logits = torch.zeros(4, vocab)
     apply_token_bitmask(logits, bitmask[:2], [1, 3])

@@ -258,7 +258,8 @@ def test_wordpiece_falls_back_without_shared_data(tmp_path: Path, caplog: pytest
     spec = _tiny_byte_level()
     spec.update(model={"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1, "##b": 2},
                        "continuing_subword_prefix": "##", "max_input_chars_per_word": 100},
-                pre_tokenizer={"type": "BertPreTokenizer"}, decoder={"type": "WordPiece", "prefix": "##", "cleanup": True},
+                pre_tokenizer={"type": "BertPreTokenizer"},
+                decoder={"type": "WordPiece", "prefix": "##", "cleanup": True},
                 normalizer=None, added_tokens=[], post_processor=None)
     path = _write(tmp_path, spec)
     with pytest.raises(UnsupportedTokenizer, match="WordPiece"):

@@ -10,7 +10,8 @@ from prelude.tokenizer.hf import HFTokenizer
 from tests.data import tokenizer_dir
 
 TEXTS = ["Hello world, 你好! def f(x): return x**2", "判断：这个回答是否安全？是 🙂👍🏽 naïve café",
-         "\u200b\ttabs and\r\nnewlines\u00a0", "罕见字：𠜎𠜱𡃁 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🫠🪿ꙮ", "<|im_end|> is special only as an added token"]
+         "\u200b\ttabs and\r\nnewlines\u00a0", "罕见字：𠜎𠜱𡃁 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🫠🪿ꙮ",
+         "<|im_end|> is special only as an added token"]
 
 
 @pytest.mark.parametrize("backend", [FastTokenizer, HFTokenizer])

@@ -71,7 +71,8 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: 
     grid = first[:, None] + torch.minimum(offset[None, :], lengths[:, None] - 1)
     real = offset[None, :] < lengths[:, None]
     qi, ki, vi = q[shared:], k[shared:], v[shared:]
-    own, own_lse = _flash_with_lse(qi[grid].transpose(1, 2), _grid_heads(ki[grid], group), _grid_heads(vi[grid], group), True)
+    own, own_lse = _flash_with_lse(qi[grid].transpose(1, 2), _grid_heads(ki[grid], group), _grid_heads(vi[grid], group),
+                                   True)
     out_items = own.transpose(1, 2)[real]  # [tokens of the items, heads, D]
     lse_items = own_lse.transpose(1, 2)[real]
     keys = [x for x in (past_k, k[:shared]) if x is not None and len(x)]
@@ -118,7 +119,8 @@ def _merged(out: torch.Tensor, lse: torch.Tensor, other: torch.Tensor, other_lse
     return (out * w + other * other_w) / (w + other_w)
 
 
-def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with its log-sum-exp ([1, H, n, D] and [1, H, n]): torch's CPU flash kernel, or
     the explicit softmax elsewhere."""
     if q.device.type == "cpu":
