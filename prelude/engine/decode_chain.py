@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import time
 from dataclasses import replace
 from typing import Callable, Union
 
@@ -27,8 +26,9 @@ class DecodeChain:
     gave, before it awaits that step's outcome, so the worker waits for the loop only when the
     loop is slower than a step."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float]):
         self._loop = loop
+        self._clock = clock
         self._decisions: queue.SimpleQueue[DecodeBatch | None] = queue.SimpleQueue()
         self._outcomes: asyncio.Queue[ChainItem] = asyncio.Queue()
         self._held: ChainItem | None = None  # the outcome of the step before the one running
@@ -53,10 +53,10 @@ class DecodeChain:
 
         try:
             while batch is not None:
-                started = time.perf_counter()
+                started = self._clock()
                 outcome = execute_isolating(launched, batch)
                 self._post_held()  # the step never launched (it failed first)
-                seconds = time.perf_counter() - started
+                seconds = self._clock() - started
                 follow = self._decisions.get()
                 batch = None if follow is None or outcome.first_error else with_sampled_tokens(follow, outcome.result)
                 self._held = (outcome, seconds, batch is not None)

@@ -15,6 +15,7 @@ from typing import Callable
 
 from prelude.cache.kv_events import KVEventBatch, KVEventSink
 from prelude.contract.batch import DecodeBatch, MixedBatch, decode_rows, prefill_rows
+from prelude.engine.clock import SYSTEM_CLOCK, Clock
 from prelude.engine.in_flight import InFlight
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.output import DeadlineExceeded, EngineError, FinishReason, Overloaded, RequestStream, ShutDown
@@ -33,11 +34,14 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, scheduler: Scheduler, executors: Executors, tokenizer: Tokenizer,
                  eos_token_ids: tuple[int, ...], warmup: Callable[[], None] | None = None,
-                 kv_events: KVEventSink | None = None, on_ready: Callable[[], None] | None = None):
+                 kv_events: KVEventSink | None = None, on_ready: Callable[[], None] | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
+        """`clock`: the one the scheduler was given, with timers (tests pass a simulated one)."""
         self.scheduler = scheduler
-        self.steps = StepRunner(executors, scheduler)
+        self.clock = clock
+        self.steps = StepRunner(executors, scheduler, clock)
         self.stats = EngineStats()
-        self.requests = InFlight(scheduler, tokenizer, eos_token_ids, self.stats)
+        self.requests = InFlight(scheduler, tokenizer, eos_token_ids, self.stats, clock)
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._in_flight = 0  # steps running (a short one may run while a long one is parked)
@@ -179,7 +183,7 @@ class Engine:
             self._on_ready()
         self._ready = True
         while True:
-            for work in self.scheduler.late(time.monotonic()):
+            for work in self.scheduler.late(self.clock()):
                 self.requests.finish(work.seq_id, FinishReason.ERROR,
                                      DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
@@ -195,7 +199,7 @@ class Engine:
     async def _run_step(self, step: ScheduledStep, preemptible: bool) -> None:
         """Executes a step and folds its results back; a preemptible one may let short work run
         while it is parked."""
-        started = time.perf_counter()
+        started = self.clock()
         self._in_flight += 1
         try:
             if preemptible:
@@ -204,7 +208,7 @@ class Engine:
                 outcome = await self.steps.in_worker(execute_isolating, self.executors.execute, step.batch)
         finally:
             self._in_flight -= 1
-        self._fold(step, outcome, time.perf_counter() - started, observe=not (preemptible and self.steps.last_parked))
+        self._fold(step, outcome, self.clock() - started, observe=not (preemptible and self.steps.last_parked))
 
     async def _run_decodes(self, step: ScheduledStep) -> None:
         """A step of decodes, then, while no other work waits, the same sequences' next ones back

@@ -4,6 +4,7 @@ deadline, shutdown), so a request's blocks are freed and its end counted in one 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from prelude.engine.output import EngineError, FinishReason, RequestOutput, RequestStream
 from prelude.engine.plan import StepEvent
@@ -16,8 +17,9 @@ from prelude.tokenizer import Tokenizer
 
 class InFlight:
     def __init__(self, scheduler: Scheduler, tokenizer: Tokenizer, eos_token_ids: tuple[int, ...],
-                 stats: EngineStats):
+                 stats: EngineStats, clock: Callable[[], float] = time.monotonic):
         self._scheduler = scheduler
+        self._clock = clock
         self._tokenizer = tokenizer
         self._eos_token_ids = frozenset(eos_token_ids)
         self._stats = stats
@@ -37,7 +39,7 @@ class InFlight:
     def deliver(self, events: list[StepEvent], beside_decodes: bool = False) -> None:
         """Puts a step's row results on their requests' streams, and ends the requests they end.
         `beside_decodes`: the step ran prompts beside other requests' decodes (a Mixed step)."""
-        now = time.monotonic()
+        now = self._clock()
         for work, result in events:
             tracked = self._tracked.get(work.seq_id)
             if tracked is None:  # ended while its step ran
@@ -67,7 +69,7 @@ class InFlight:
             return
         work = tracked.work
         self._scheduler.release(work)
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         self._stats.on_finish(work, num_output_tokens, reason, now, tracked.first_token_time)
         if error is not None:
             tracked.stream.put(error)

@@ -19,7 +19,7 @@ import itertools
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prelude.cache.block_pool import BlockPool
 from prelude.engine.cost_model import StepCostModel
@@ -150,14 +150,15 @@ class SJF(_Keyed):
     AGING x C seconds. No stream of short requests can starve it. A sequence preempted after
     its first token is overtaken by none that arrived after it."""
 
-    def __init__(self, pool: BlockPool, costs: StepCostModel):
+    def __init__(self, pool: BlockPool, costs: StepCostModel, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.pool = pool
         self.costs = costs
+        self.clock = clock
 
     def estimate(self, item: Work) -> Estimate:
         """The item's cost from its uncached tokens, refreshed when the prefix cache changed."""
-        now = time.monotonic()
+        now = self.clock()
         current = item.estimate
         if current is not None and (current.pool_version == self.pool.version or now - current.made_at < REFRESH_S):
             return current
@@ -177,13 +178,13 @@ class SJF(_Keyed):
         return item.request.arrival_time + AGING * seconds
 
     def key(self, item: Work) -> float:
-        return self.current_key(item, time.monotonic())
+        return self.current_key(item, self.clock())
 
     def current_key(self, item: Work, now: float) -> float:
         return self.estimate(item).key
 
     def __iter__(self) -> Iterator[Work]:
-        now = time.monotonic()
+        now = self.clock()
         keys = [self.current_key(e[2], now) for e in self._entries]
         if any(e[0] != k for e, k in zip(self._entries, keys)):
             self._entries = sorted(((k, n, w) for k, (_, n, w) in zip(keys, self._entries)), key=lambda e: e[:2])
@@ -217,13 +218,14 @@ class EDF(SJF):
         return super().order_key(item, seconds) if deadline is None else deadline - seconds
 
 
-def make_policy(name: str, pool: BlockPool, costs: StepCostModel) -> QueuePolicy:
+def make_policy(name: str, pool: BlockPool, costs: StepCostModel,
+                clock: Callable[[], float] = time.monotonic) -> QueuePolicy:
     if name == "fcfs":
         return FCFS()
     if name == "priority":
         return Priority()
     if name == "sjf":
-        return SJF(pool, costs)
+        return SJF(pool, costs, clock)
     if name == "edf":
-        return EDF(pool, costs)
+        return EDF(pool, costs, clock)
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {POLICY_NAMES}")

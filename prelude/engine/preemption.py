@@ -12,10 +12,8 @@ Used by the scheduler (what goes in a step beside what) and the step runner (Lon
 flag goes up, and how much short work runs while the step is parked)."""
 from __future__ import annotations
 
-import asyncio
-import time
-
 from prelude.contract.stop import StopFlag
+from prelude.engine.clock import SYSTEM_CLOCK, Clock, Timer
 from prelude.engine.cost_model import StepCostModel
 
 # A OneShot step predicted to take at least this long may step aside for short requests, those
@@ -87,12 +85,13 @@ class LongStep:
     flag goes up. The engine's event loop raises it (arrivals, timers) while the step runs in
     the worker thread; LONG_RUN_PER_SHORT_S of debt defers it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.flag = StopFlag(CHECK_EVERY_MACS)
+        self._clock = clock
         self.long_tokens = 0  # the longest row of the step in flight; 0 when none runs
         self._computed = self._parked_for = 0.0  # seconds since the step began
         self._resumed = 0.0
-        self._timers: list[asyncio.TimerHandle] = []
+        self._timers: list[Timer] = []
 
     @property
     def in_flight(self) -> bool:
@@ -116,7 +115,7 @@ class LongStep:
         debt, if short work waits already; streams' tokens count as short work once they have
         waited STREAM_GAP_S."""
         self.flag.clear()
-        self._resumed = time.perf_counter()
+        self._resumed = self._clock()
         if short_waiting:
             self._raise_after(0.0)
         if streams_running:
@@ -130,7 +129,7 @@ class LongStep:
     def stopped(self) -> None:
         """The step came back from the worker, finished or parked."""
         self._cancel_timers()
-        self._computed += time.perf_counter() - self._resumed
+        self._computed += self._clock() - self._resumed
 
     def parked(self, seconds: float) -> None:
         """Short steps ran for `seconds` while the step was parked."""
@@ -139,11 +138,11 @@ class LongStep:
     def _raise_after(self, wait: float) -> None:
         """Raises the flag `wait` seconds after the step resumed, or once it paid its debt."""
         owed = LONG_RUN_PER_SHORT_S * self._parked_for - self._computed
-        delay = self._resumed + max(wait, owed) - time.perf_counter()
+        delay = self._resumed + max(wait, owed) - self._clock()
         if delay <= 0:
             self.flag.set()
         else:
-            self._timers.append(asyncio.get_running_loop().call_later(delay, self.flag.set))
+            self._timers.append(self._clock.call_later(delay, self.flag.set))
 
     def _cancel_timers(self) -> None:
         for timer in self._timers:

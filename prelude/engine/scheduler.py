@@ -21,6 +21,7 @@ request ends; the engine does, and calls `release`.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from prelude.cache.block_pool import BlockKey, BlockPool
 from prelude.contract.batch import (
@@ -52,12 +53,13 @@ from prelude.engine.work import OneShotJob, Sequence, Work, WorkStatus
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool):
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.pool = pool
+        self.clock = clock
         self.costs = StepCostModel()
         self.preemption = PreemptionPolicy(config.layer_preemption, self.costs)
-        self.waiting: QueuePolicy = make_policy(config.policy, pool, self.costs)
+        self.waiting: QueuePolicy = make_policy(config.policy, pool, self.costs, clock)
         self.stats = SchedulerStats()
         prefix = PrefixSharing(pool, self.stats)
         self.oneshot = OneShotPlanner(pool, prefix, config.temp_bytes_per_token, config.temp_bytes_per_logits_row)
@@ -144,7 +146,7 @@ class Scheduler:
         if not self.waiting and not self.decode.running:
             self._held_apart = False
             return None
-        now = time.monotonic()
+        now = self.clock()
         tokens = self.config.max_num_batched_tokens if max_tokens is None else min(
             max_tokens, self.config.max_num_batched_tokens)
         budget = StepBudget(tokens, self.config.temp_memory_budget,

@@ -8,10 +8,10 @@ Every other step runs whole, with failures isolated row by row (engine.isolation
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import BatchResult, DecodeBatch, OneShotBatch
+from prelude.engine.clock import Clock
 from prelude.engine.decode_chain import DecodeChain
 from prelude.engine.isolation import StepOutcome, execute_isolating
 from prelude.engine.plan import ScheduledStep
@@ -26,10 +26,11 @@ T = TypeVar("T")
 
 
 class StepRunner:
-    def __init__(self, executors: Executors, scheduler: Scheduler):
+    def __init__(self, executors: Executors, scheduler: Scheduler, clock: Clock):
         self.executors = executors
         self.scheduler = scheduler
-        self.long_step = LongStep()
+        self.clock = clock
+        self.long_step = LongStep(clock)
         self.preemptible_steps = 0  # long OneShot steps run so that they could step aside
         self.preemptions = 0  # times one did
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
@@ -40,7 +41,7 @@ class StepRunner:
 
     def start_chain(self, batch: DecodeBatch) -> DecodeChain:
         """Starts a step of decodes in the worker, as the first of a DecodeChain."""
-        chain = DecodeChain(asyncio.get_running_loop())
+        chain = DecodeChain(asyncio.get_running_loop(), self.clock)
         self._worker.submit(chain.run, self.executors.execute, batch)
         return chain
 
@@ -79,11 +80,11 @@ class StepRunner:
                     return StepOutcome(result)
                 self.preemptions += 1
                 self.last_parked = True
-                parked = time.perf_counter()
+                parked = self.clock()
                 for _ in range(MAX_SHORT_STEPS):
                     if not await run_short(self.short_tokens) or not self.scheduler.waiting_within(self.short_tokens):
                         break
-                long_step.parked(time.perf_counter() - parked)
+                long_step.parked(self.clock() - parked)
         except Exception:  # noqa: BLE001 (run it again whole, where failures are isolated row by row)
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         finally:
