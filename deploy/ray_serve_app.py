@@ -1,7 +1,7 @@
 """Prelude on Ray Serve: each Serve replica builds one Prelude engine and serves Prelude's own
 ASGI app (every endpoint, streaming, /metrics), one replica per GPU. Ray's HTTP proxy (port 8000
 by default) spreads requests over the replicas; for prefix-aware routing put sglang-router in
-front of the replicas' own ports instead (README "Scale out").
+front of the replicas' own ports instead (docs/deploy.md, "Ray Serve").
 
     pip install "ray[serve]" -e .
     ray start --head                       # one node; `ray start --address=HEAD:6379` on the others

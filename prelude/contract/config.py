@@ -75,7 +75,7 @@ class Config:
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    scheduling_policy: str = "edf"  # see README, Scheduling: why edf
+    scheduling_policy: str = "edf"  # see docs/design/scheduling.md: why edf
     max_queued_requests: int | None = None  # None: 4 x max_num_seqs
     max_queued_tokens: int | None = None  # None: 4 x the KV pool's tokens
     default_deadline_ms: int | None = None

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prelude[ray]'); the recipe is "
-                                        "checked by hand, see README 'Scale out'")
+                                        "checked by hand, see docs/deploy.md 'Scale out'")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install 'prelude[ray]')")
 
 from bench.serving.server import free_port  # noqa: E402
