@@ -52,7 +52,7 @@ def freeze_startup_objects() -> None:
 
 def set_compute_threads(threads: int | None) -> int:
     """Sets torch's intra-op threads (None: its default, one per core) and returns the count.
-    The event loop and the tokenizer pool share the cores with them; README "CPU threads" has
+    The event loop and the tokenizer pool share the cores with them; docs/design/cpu.md, "Threads", has
     the measurements behind the default."""
     if threads is not None:
         torch.set_num_threads(threads)
