@@ -52,8 +52,8 @@ def freeze_startup_objects() -> None:
 
 def set_compute_threads(threads: int | None) -> int:
     """Sets torch's intra-op threads (None: its default, one per core) and returns the count.
-    The event loop and the tokenizer pool share the cores with them; docs/design/cpu.md, "Threads", has
-    the measurements behind the default."""
+    The event loop and the tokenizer pool share the cores with them; docs/design/cpu.md
+    ("Threads") has the measurements behind the default."""
     if threads is not None:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
