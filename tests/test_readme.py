@@ -1,7 +1,8 @@
 """The README's and docs' examples work. Every `curl` command in their bash blocks, and every JSON
 block introduced by "`POST /route`", is replayed over real HTTP against the embedded demo model
 (port 8000 in the docs) or its classifier variant (port 8001), and must answer 2xx; every route
-the app serves has an example. Every `python -m MODULE` they name answers `--help`."""
+the app serves has an example. Every `python -m MODULE` they and the benchmarks' READMEs name
+answers `--help`."""
 from __future__ import annotations
 
 import json
@@ -22,9 +23,12 @@ from tests.server.harness import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The benchmarks' and the tokenizer's own READMEs name commands too (their --help is checked).
+COMMAND_DOCS = [*DOCS, *sorted(ROOT.glob("bench/**/README.md")),
+                *sorted(ROOT.glob("prelude/**/README.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 POST_LINE = re.compile(r"`POST (/\S*)`")
-PYTHON_M = re.compile(r"python -m ([A-Za-z_][\w.]*)")
+PYTHON_M = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)")  # a command may wrap a line
 PORTS = {8000: "lm", 8001: "classifier"}  # what the docs serve where
 OPTIONAL = ("fastokens", "kitoken")  # bench.tokenizer's rivals: `pip install fastokens kitoken`
 # Routes documented by name beside the example of the route they alias.
@@ -217,7 +221,8 @@ print("HELP-RESULTS " + json.dumps(results, default=str))
 
 
 def test_every_python_m_command_answers_help():
-    modules = sorted({m.rstrip(".") for doc in DOCS for m in PYTHON_M.findall(doc.read_text())})
+    named = (m for doc in COMMAND_DOCS for m in PYTHON_M.findall(doc.read_text()))
+    modules = sorted({m.rstrip(".") for m in named})
     assert "prelude" in modules and "bench.serving.side_by_side" in modules
     run = subprocess.run([sys.executable, "-c", HELP_PROBE, *modules], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
