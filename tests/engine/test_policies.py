@@ -1,9 +1,8 @@
 """Queue policies and deadline-aware batching, on the scheduler with a fake executor: priority
 order, shortest-uncached-first with aging (no starvation), slack-based EDF, SLO-aware step
-sizing, shedding of late requests, and the waiting-token count admission control reads."""
+sizing, shedding of late requests, and the waiting-token count admission control reads. Time is
+CLOCK's, which moves only when a test moves it."""
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -15,18 +14,23 @@ from prelude.engine.policy import AGING
 from prelude.engine.request import Request, Task
 from prelude.engine.scheduler import Scheduler
 from prelude.engine.scheduler_config import SchedulerConfig
+from tests.engine.clock import FakeClock
 from tests.engine.fakes import CountingExecutor
 from tests.engine.test_scheduler import end_like_the_engine
 
 BS = 4
+CLOCK = FakeClock()  # the schedulers' and the requests' (tests read it afresh: it only goes forward)
 
 
 def make(policy: str, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig.from_config(Config(scheduling_policy=policy, **config)), BlockPool(256, BS))
+    return Scheduler(SchedulerConfig.from_config(Config(scheduling_policy=policy, **config)), BlockPool(256, BS),
+                     CLOCK)
 
 
 def embed(rid, n: int, start: int = 0, **kw) -> Request:
-    return Request(str(rid), list(range(start, start + n)), SamplingParams(max_tokens=0), task=Task.EMBED, **kw)
+    """An embedding request of n tokens from `start`, arriving now."""
+    return Request(str(rid), list(range(start, start + n)), SamplingParams(max_tokens=0), task=Task.EMBED,
+                   arrival_time=CLOCK(), **kw)
 
 
 def first_rows(scheduler: Scheduler) -> list[str]:
@@ -89,7 +93,7 @@ def test_sjf_aging_bounds_the_wait_of_a_long_request():
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-4  # long: ~7 ms, short: ~1.4 ms
     long_request = embed("long", 60, start=1000)
     scheduler.add(long_request)
-    started = time.monotonic()
+    started = CLOCK()
     ran_long_at = None
     for i in range(2000):
         scheduler.add(embed(f"s{i}", 4, start=4 * i))
@@ -97,10 +101,10 @@ def test_sjf_aging_bounds_the_wait_of_a_long_request():
         ids = {p.job.request.request_id for p in step.oneshots}
         end_like_the_engine(scheduler, scheduler.update(step, executor.execute(step.batch)))
         if "long" in ids:
-            ran_long_at = time.monotonic() - started
+            ran_long_at = CLOCK() - started
             break
-        time.sleep(0.001)
-    bound = AGING * scheduler.costs.estimate(60) + 0.05  # plus the queue it found, and slack
+        CLOCK.advance(0.001)  # a short request a millisecond
+    bound = AGING * scheduler.costs.estimate(60)
     assert ran_long_at is not None and ran_long_at < bound, (ran_long_at, bound)
 
 
@@ -136,7 +140,7 @@ def test_a_sequence_preempted_mid_answer_resumes_before_later_requests(policy):
 def test_edf_orders_by_latest_start_time():
     scheduler = make("edf", max_num_batched_tokens=10_000)
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-4  # 400 tokens: 41 ms
-    now = time.monotonic()
+    now = CLOCK()
     scheduler.add(embed("relaxed", 8, deadline=now + 10))
     scheduler.add(embed("urgent", 8, start=100, deadline=now + 1))
     scheduler.add(embed("urgent-but-long", 400, start=200, deadline=now + 1.01))
@@ -146,7 +150,7 @@ def test_edf_orders_by_latest_start_time():
 def test_edf_step_grows_only_while_the_most_urgent_row_meets_its_deadline():
     scheduler = make("edf", max_num_batched_tokens=10_000)
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3  # 1 ms per token
-    now = time.monotonic()
+    now = CLOCK()
     scheduler.add(embed("urgent", 10, deadline=now + 0.05))  # 11 ms alone: fits
     for i in range(5):
         scheduler.add(embed(f"bulk{i}", 30, start=100 + 30 * i))  # +30 ms each
@@ -157,7 +161,7 @@ def test_edf_step_grows_only_while_the_most_urgent_row_meets_its_deadline():
 def test_edf_puts_work_that_can_no_longer_meet_its_deadline_behind_work_that_can():
     scheduler = make("edf", max_num_batched_tokens=10_000)
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3  # 10 tokens: 11 ms
-    now = time.monotonic()
+    now = CLOCK()
     scheduler.add(embed("lost", 10, deadline=now + 0.005))  # its latest start has passed
     scheduler.add(embed("on-time", 10, start=100, deadline=now + 0.025))  # with lost: 21 ms
     assert first_rows(scheduler) == ["on-time", "lost"]
@@ -166,7 +170,7 @@ def test_edf_puts_work_that_can_no_longer_meet_its_deadline_behind_work_that_can
 def test_edf_work_past_its_deadline_is_overtaken_only_by_work_due_before_a_bound():
     scheduler = make("edf", max_num_batched_tokens=10_000)
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
-    now = time.monotonic()
+    now = CLOCK()
     scheduler.add(embed("relaxed", 10, start=100, deadline=now + 1))  # may start up to now + 0.989
     scheduler.add(embed("lost", 10, deadline=now + 0.005))  # behind work due before now + 0.027 only
     assert first_rows(scheduler) == ["lost", "relaxed"]
@@ -175,7 +179,7 @@ def test_edf_work_past_its_deadline_is_overtaken_only_by_work_due_before_a_bound
 def test_edf_step_stays_capped_by_its_urgent_row_when_a_late_row_joins():
     scheduler = make("edf", max_num_batched_tokens=10_000)
     scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
-    now = time.monotonic()
+    now = CLOCK()
     scheduler.add(embed("urgent", 10, deadline=now + 0.05))  # 11 ms alone
     scheduler.add(embed("late", 20, start=100, deadline=now + 0.015))  # 21 ms: lost; with urgent, 31 ms
     for i in range(5):
@@ -188,9 +192,9 @@ def test_late_requests_are_shed_only_when_asked():
     for shed in (False, True):
         scheduler = make("edf", shed_late_requests=shed)
         scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
-        late = scheduler.add(embed("late", 100, deadline=time.monotonic() + 0.01))  # needs ~0.1 s
-        scheduler.add(embed("fine", 4, start=500, deadline=time.monotonic() + 5))
-        assert scheduler.late(time.monotonic()) == ([late] if shed else [])
+        late = scheduler.add(embed("late", 100, deadline=CLOCK() + 0.01))  # needs ~0.1 s
+        scheduler.add(embed("fine", 4, start=500, deadline=CLOCK() + 5))
+        assert scheduler.late(CLOCK()) == ([late] if shed else [])
 
 
 def test_admission_counts_waiting_requests_and_tokens():
