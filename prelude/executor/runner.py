@@ -48,7 +48,7 @@ class ModelRunner:
         `on_launch` is called as the forward's kernels start, which run without the GIL (see
         engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
-        masks = start_masks(prefills, decodes)
+        masks = start_masks(prefills, decodes, self.device)
         hidden, layout = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks))
 
@@ -60,7 +60,7 @@ class ModelRunner:
         self.attention.plan(layout)
         keep = self._kept(step)
         forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
-        return Progress(prefills, layout, forward, len(step.ids), keep, start_masks(prefills, ()))
+        return Progress(prefills, layout, forward, len(step.ids), keep, start_masks(prefills, (), self.device))
 
     @torch.inference_mode()
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
@@ -113,14 +113,15 @@ class ModelRunner:
         self.model.prepare_weights()
 
 
-def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow]) -> Future[StepMasks] | None:
+def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
+                device: torch.device) -> Future[StepMasks] | None:
     """Starts filling the token masks of the rows that sample under a grammar, to run beside
     the forward; None when no row does."""
     requests = [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_ids[-1])
                 for r in prefills if r.output is not None and r.output.grammar is not None]
     requests += [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_id)
                  for r in decodes if r.output.grammar is not None]
-    return start_filling(requests) if requests else None
+    return start_filling(requests, device) if requests else None
 
 
 def _scattered(kept: torch.Tensor, keep: torch.Tensor, num_tokens: int) -> torch.Tensor:

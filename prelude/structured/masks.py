@@ -3,9 +3,12 @@ of their own while the step's forward runs, and applied to the logits as a bitma
 vocabulary entry, 32 to an int32 word), with no per-row Python loop over the vocabulary.
 
 A few rows' masks are filled in the step's own thread instead: a hop to the mask thread costs
-more than they do (`python -m bench.serving.grammar_libs` times one row's mask)."""
+more than they do (`python -m bench.serving.grammar_libs` times one row's mask). So are every
+step's where torch's threads already take every core: the mask thread would take its core from
+the forward, not overlap it (`python -m bench.serving.structured_judge`)."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence, cast
@@ -47,11 +50,11 @@ class StepMasks:
     rows: dict[int, int]  # seq_id -> bitmask row
 
 
-def start_filling(requests: Sequence[MaskRequest]) -> Future[StepMasks]:
-    """Catches each row's state up and fills its mask; the future's result is ready once every
-    mask is."""
+def start_filling(requests: Sequence[MaskRequest], device: torch.device) -> Future[StepMasks]:
+    """Catches each row's state up and fills its mask, for a forward on `device`; the future's
+    result is ready once every mask is."""
     global _filler, _executor
-    if len(requests) < THREADED_ROWS:
+    if len(requests) < THREADED_ROWS or not _core_beside_forward(device):
         done: Future[StepMasks] = Future()
         done.set_result(_fill(list(requests)))
         return done
@@ -59,6 +62,12 @@ def start_filling(requests: Sequence[MaskRequest]) -> Future[StepMasks]:
         _filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-masks")
         _executor = llguidance.LLExecutor()
     return _filler.submit(_fill, list(requests))
+
+
+def _core_beside_forward(device: torch.device) -> bool:
+    """Whether a core is free while the forward runs: always beside a GPU's, on the CPU only
+    when torch's threads leave one."""
+    return device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
 
 
 def _fill(requests: list[MaskRequest]) -> StepMasks:
@@ -73,8 +82,7 @@ def _fill(requests: list[MaskRequest]) -> StepMasks:
             rows[request.seq_id] = len(matchers)
             matchers.append((state.matcher, len(matchers)))
     bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
-    if len(matchers) >= THREADED_ROWS:
-        assert _executor is not None
+    if len(matchers) >= THREADED_ROWS and _executor is not None:
         _executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, len(matchers))
     else:
         for matcher, row in matchers:

@@ -26,7 +26,7 @@ def tokenizer(demo_model):
 
 
 def allowed(state, step: int, last_token: int) -> set[int]:
-    masks = start_filling([MaskRequest(7, state, step, last_token)]).result()
+    masks = start_filling([MaskRequest(7, state, step, last_token)], torch.device("cpu")).result()
     if 7 not in masks.rows:
         return set(range(2048))
     return set(unpack_bitmask(masks.bitmask, 2048)[masks.rows[7]].nonzero().flatten().tolist())
@@ -91,3 +91,14 @@ def test_bitmask_paths_agree():
     apply_token_bitmask(logits, bitmask[:2], [1, 3])
     assert torch.equal(logits[1] == 0, expected[0]) and torch.equal(logits[3] == 0, expected[1])
     assert (logits[0] == 0).all() and (logits[2] == 0).all()
+
+
+def test_batched_masks_beside_a_gpu_forward_equal_the_inline_ones(compiler):
+    # Beside a forward on another device the masks are filled in one batched call in the mask
+    # thread; on a CPU whose cores torch's threads take, one row at a time inline. Same masks.
+    grammar = compiler.compile(Constraint("regex", "[a-c]{2}x", param="p"))
+    requests = [MaskRequest(i, grammar.new_state(), 0, EOS) for i in range(6)]
+    inline = start_filling(requests, torch.device("cpu")).result()
+    batched = start_filling(requests, torch.device("meta")).result()
+    assert inline.rows == batched.rows
+    assert torch.equal(inline.bitmask, batched.bitmask)
