@@ -8,13 +8,14 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from importlib.metadata import entry_points
 
 import httpx
 import pytest
 import torch
 
-from bench.serving.server import ServerProcess, free_port, log_tail, prelude_env
+from bench.serving.server import ServerProcess, log_tail, prelude_env
 from prelude import __version__
 from prelude.cli import build_parser
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
@@ -28,6 +29,12 @@ def run_to_exit(args: list[str], command: list[str] | None = None,
     done = subprocess.run([*(command or [sys.executable, "-m", "prelude"]), *args], env=env or prelude_env(),
                           capture_output=True, text=True, timeout=60, check=False)
     return done.returncode, done.stdout, done.stderr
+
+
+def listen_on(tmp_path: Path) -> list[str]:
+    """Where a server that fails at startup listens meanwhile: a Unix socket of its own, so no TCP
+    port found free could be taken by then (the error would be another)."""
+    return ["--uds", str(tmp_path / "prelude.sock")]
 
 
 def one_error_line(code: int, stderr: str) -> str:
@@ -87,16 +94,16 @@ def test_port_in_use_is_one_line_and_exit_2():
 
 def test_model_directory_without_tokenizer_is_one_line(tmp_path, demo_model):
     shutil.copy(demo_model / "config.json", tmp_path / "config.json")
-    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    code, _, err = run_to_exit(["--model", str(tmp_path), *listen_on(tmp_path)])
     line = one_error_line(code, err)
     assert "no tokenizer.json" in line and "save_pretrained" in line
 
 
-def test_max_model_len_past_the_models_positions_is_one_line(demo_model):
+def test_max_model_len_past_the_models_positions_is_one_line(demo_model, tmp_path):
     """It was served without a word (positions the model never trained on, wrong outputs); as in
     vLLM it is refused, naming both values, unless the operator opts in through the environment."""
     env = {k: v for k, v in prelude_env().items() if k != ALLOW_LONG_MAX_MODEL_LEN_ENV}
-    code, _, err = run_to_exit(["--model", str(demo_model), "--max-model-len", "8192", "--port", str(free_port())],
+    code, _, err = run_to_exit(["--model", str(demo_model), "--max-model-len", "8192", *listen_on(tmp_path)],
                                env=env)
     line = one_error_line(code, err)
     assert "--max-model-len 8192" in line and "max_position_embeddings (4096" in line
@@ -105,7 +112,7 @@ def test_max_model_len_past_the_models_positions_is_one_line(demo_model):
 
 def test_unreadable_model_files_are_one_line(tmp_path):
     (tmp_path / "config.json").mkdir()  # unreadable as a file, whoever runs the test (root included)
-    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    code, _, err = run_to_exit(["--model", str(tmp_path), *listen_on(tmp_path)])
     assert "cannot read" in one_error_line(code, err)
 
 
@@ -115,7 +122,7 @@ def test_unreadable_model_directory_is_one_line(tmp_path):
     model.mkdir()
     model.chmod(0)
     try:
-        code, _, err = run_to_exit(["--model", str(model), "--port", str(free_port())])
+        code, _, err = run_to_exit(["--model", str(model), *listen_on(tmp_path)])
     finally:
         model.chmod(0o755)
     line = one_error_line(code, err)
@@ -161,13 +168,13 @@ def banner_lines(log: str) -> list[str]:
 def test_unsupported_architecture_is_a_clear_startup_error(tmp_path, demo_model):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     shutil.copy(demo_model / "tokenizer.json", tmp_path / "tokenizer.json")
-    code, _, err = run_to_exit(["--model", str(tmp_path), "--port", str(free_port())])
+    code, _, err = run_to_exit(["--model", str(tmp_path), *listen_on(tmp_path)])
     line = one_error_line(code, err)
     assert "GPT2LMHeadModel" in line and "Qwen3ForCausalLM" in line
 
 
 def test_missing_model_directory_is_a_clear_startup_error(tmp_path):
-    code, _, err = run_to_exit(["--model", str(tmp_path / "nope"), "--port", str(free_port())])
+    code, _, err = run_to_exit(["--model", str(tmp_path / "nope"), *listen_on(tmp_path)])
     assert "not a local directory" in one_error_line(code, err)
 
 

@@ -30,6 +30,13 @@ class ServerError(RuntimeError):
     """The server exited or never became healthy; the message ends with its log's tail."""
 
 
+class PortTaken(ServerError):
+    """The server exited because another process had bound its port first."""
+
+
+PORT_ATTEMPTS = 3
+
+
 def default_command() -> list[str]:
     return [sys.executable, "-m", "prelude"]
 
@@ -39,6 +46,8 @@ def parse_command(text: str | None) -> list[str]:
 
 
 def free_port() -> int:
+    """A TCP port free now. Another process may bind it before the server does: ServerProcess
+    starts its server again on another port when that happens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -99,7 +108,20 @@ class ServerProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 600.0) -> float:
-        """Starts the server and waits for /health 200; returns seconds from spawn to ready."""
+        """Starts the server and waits for /health 200; returns seconds from spawn to ready. A
+        server that exits because its port was taken meanwhile (free_port) is started again on
+        another."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()
+                self.base_url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> float:
         if self.proc is not None and self.proc.poll() is None:
             # A second process on the same port would answer nothing, and the first, no longer
             # referenced, would outlive the benchmark.
@@ -117,8 +139,10 @@ class ServerProcess:
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if self.proc.poll() is not None:
-                    raise ServerError(f"{self.label} exited with {self.proc.returncode} before becoming "
-                                      f"healthy; log {self.log_path}:\n{log_tail(self.log_path)}")
+                    tail = log_tail(self.log_path)
+                    error = PortTaken if "already in use" in tail else ServerError
+                    raise error(f"{self.label} exited with {self.proc.returncode} before becoming "
+                                f"healthy; log {self.log_path}:\n{tail}")
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         break

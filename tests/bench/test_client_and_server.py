@@ -92,6 +92,22 @@ def test_server_process_that_dies_reports_its_log(tmp_path):
         server.start(timeout=30)
 
 
+def test_a_server_whose_port_was_taken_first_is_started_again_on_another(tmp_path):
+    """free_port's port may be bound by another process before the server binds it: the server
+    exits saying so, and is started again on another port."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    taken = tmp_path / "taken"
+    first_port_taken = (f"import pathlib, runpy, sys\nmarker = pathlib.Path({str(taken)!r})\n"
+                        "if not marker.exists():\n    marker.touch()\n"
+                        "    print('OSError: [Errno 98] Address already in use'); sys.exit(1)\n"
+                        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    server = ServerProcess([], [sys.executable, "-c", first_port_taken], log_path=tmp_path / "s.log", label="fake")
+    with server:
+        assert taken.exists()  # the first start found its port taken
+        assert httpx.get(server.base_url + "/health").status_code == 200
+
+
 def test_a_running_server_is_not_started_twice(tmp_path):
     """A second start would spawn a process that finds the port taken while the first, no longer
     referenced, outlived the benchmark (this file's SIGTERM test once did that, and left a server

@@ -7,7 +7,6 @@ import asyncio
 import httpx
 import pytest
 
-from bench.serving.server import free_port
 from prelude.assembly import serve
 from prelude.contract.config import Config
 from prelude.executor.runner import ModelRunner
@@ -28,13 +27,13 @@ def test_dead_engine_fails_requests_and_health(demo_model):
         assert again.status_code == 503
 
 
-def test_a_warm_up_failure_ends_the_server_with_a_startup_error(demo_model, monkeypatch):
+def test_a_warm_up_failure_ends_the_server_with_a_startup_error(demo_model, monkeypatch, tmp_path):
     """A server whose engine cannot warm up exits (status 2 from the CLI, a StartupError here)
     instead of answering 503 forever."""
     def broken_warmup(self):
         raise RuntimeError("injected warm-up failure")
 
     monkeypatch.setattr(ModelRunner, "warmup", broken_warmup)
-    config = Config(model=str(demo_model), num_kv_blocks=256, host="127.0.0.1", port=free_port(), device="cpu")
+    config = Config(model=str(demo_model), num_kv_blocks=256, uds=str(tmp_path / "prelude.sock"), device="cpu")
     with pytest.raises(StartupError, match="warming up"):
         asyncio.run(asyncio.wait_for(serve(config), timeout=60))
