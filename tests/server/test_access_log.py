@@ -6,14 +6,16 @@ import json
 import logging
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.serving.server import free_port, prelude_env
+from bench.serving.server import prelude_env
 from prelude.contract.config import Config
 from prelude.logs import JsonFormatter
 from tests.server.harness import ServerThread
@@ -78,27 +80,37 @@ def test_one_line_per_request_with_engine_fields(logged_server, caplog):
     assert as_json["error"] is None
 
 
-def test_json_log_format_and_disable_log_requests_end_to_end(demo_model):
+def _accepting(path: Path) -> bool:
+    """Whether a server accepts connections on the Unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def test_json_log_format_and_disable_log_requests_end_to_end(demo_model, tmp_path):
     """`python -m prelude --log-format json`: every stderr line is a JSON object, the banner and
-    the access lines among them; with --disable-log-requests no access line at all."""
+    the access lines among them; with --disable-log-requests no access line at all. (On a Unix
+    socket of its own: a TCP port found free could be taken before the server binds it.)"""
     for disabled in (False, True):
-        port = free_port()
-        args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--port", str(port),
+        uds = tmp_path / f"prelude-{disabled}.sock"
+        args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", str(uds),
                 "--log-format", "json", *(["--disable-log-requests"] if disabled else [])]
         proc = subprocess.Popen(args, env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+            while not _accepting(uds):  # (httpx leaks the socket of a refused Unix connect)
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
-            out = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
-            assert out.status_code == 200
-            httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": ""})
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(uds)), base_url="http://prelude") as http:
+                while http.get("/ready").status_code != 200:
+                    assert proc.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.1)
+                out = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+                assert out.status_code == 200
+                http.post("/v1/completions", json={"prompt": ""})
         finally:
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
@@ -106,7 +118,7 @@ def test_json_log_format_and_disable_log_requests_end_to_end(demo_model):
         (banner,) = [line for line in lines if line.get("event") == "ready"]
         assert banner["version"] and banner["architecture"] == "Qwen3ForCausalLM" and banner["dtype"] == "float32"
         assert banner["device"] == "cpu" and banner["tokenizer"] == "fasttoken" and banner["prefix_caching"] is True
-        assert banner["kv_capacity_tokens"] > 0 and banner["listen_url"] == f"http://127.0.0.1:{port}"
+        assert banner["kv_capacity_tokens"] > 0 and banner["listen_url"] == f"unix:{uds}"
         assert banner["seconds_to_ready"] > 0
         requests = [line for line in lines if line.get("event") == "request"]
         if disabled:
