@@ -129,6 +129,7 @@ def test_unreadable_model_directory_is_one_line(tmp_path):
     assert "permission denied" in line and "chmod" in line
 
 
+@pytest.mark.slow  # builds the demo model, then starts two servers
 def test_demo_model_serves_cold_then_warm(tmp_path):
     default_threads = torch.get_num_threads()
     for run, args, threads in (("cold", [], default_threads), ("warm", ["--cpu-threads", "1"], 1)):

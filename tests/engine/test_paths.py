@@ -60,6 +60,7 @@ def run(config: Config, jobs: list[tuple[list[int], int]], stagger: bool = False
     return asyncio.run(main()), engine
 
 
+@pytest.mark.slow  # transformers' reference forwards, and the real model on four paths
 @pytest.mark.parametrize("disable_oneshot", [False, True])
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_greedy_tokens_match_full_forward_on_every_path(demo_model, reference, disable_oneshot, prefix_caching):

@@ -4,6 +4,7 @@ whose pool holds all of it."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from prelude.contract.config import Config
 from tests.server.harness import ServerThread
@@ -24,6 +25,7 @@ def _embed_and_score(srv: ServerThread) -> tuple[list[float], list[float]]:
     return embedding.json()["data"][0]["embedding"], score.json()["scores"][0]
 
 
+@pytest.mark.slow  # two servers computing 8K-token rows on the CPU
 def test_oneshot_longer_than_the_kv_pool_equals_a_roomy_server(demo_model):
     common = dict(model=str(demo_model), block_size=16, max_model_len=TOKENS + 64,
                   allow_long_max_model_len=True)  # past the demo model's 4,096 positions
