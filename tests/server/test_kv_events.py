@@ -16,6 +16,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'pr
 from bench.serving.server import free_port  # noqa: E402
 from prelude.contract.config import Config  # noqa: E402
 from prelude.contract.kv_events import KVEventsConfig  # noqa: E402
+from prelude.preflight import StartupError  # noqa: E402
 from tests.kv_wire import Index, MapBatch  # noqa: E402
 from tests.server.harness import ServerThread  # noqa: E402
 
@@ -33,18 +34,32 @@ def receive(sub, quiet: float = 0.5) -> list[tuple[int, bytes]]:
     return out
 
 
+def _server_on_free_ports(demo_model) -> tuple[ServerThread, int, int]:
+    """A server publishing on two TCP ports found free (vLLM's endpoint shapes: a wildcard PUB
+    address binds; the replay ROUTER always binds), built again on others when one was taken by
+    the time it bound (a StartupError naming it)."""
+    for attempt in range(3):
+        port, replay_port = free_port(), free_port()
+        kv = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port}",
+                            replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic=TOPIC)
+        # 48 blocks of 4 tokens: the prompts below overflow it, so the cache evicts.
+        config = Config(model=str(demo_model), block_size=BS, num_kv_blocks=48, max_model_len=256,
+                        kv_events_config=kv)
+        try:
+            return ServerThread(config), port, replay_port
+        except StartupError as exc:
+            if "in use" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="module")
 def events_server(demo_model):
-    port, replay_port = free_port(), free_port()
-    # vLLM's endpoint shapes: a wildcard PUB address binds; the replay ROUTER always binds.
-    kv = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://*:{port}",
-                        replay_endpoint=f"tcp://127.0.0.1:{replay_port}", topic=TOPIC)
-    # 48 blocks of 4 tokens: the prompts below overflow it, so the cache evicts.
-    config = Config(model=str(demo_model), block_size=BS, num_kv_blocks=48, max_model_len=256, kv_events_config=kv)
+    server, port, replay_port = _server_on_free_ports(demo_model)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt_string(zmq.SUBSCRIBE, TOPIC)
-    with ServerThread(config) as server:
+    with server:
         sub.connect(f"tcp://127.0.0.1:{port}")
         time.sleep(0.5)  # a PUB drops what it sends before the subscription reaches it
         yield server, sub, ctx, replay_port

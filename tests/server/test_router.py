@@ -18,33 +18,48 @@ from bench.serving.server import ServerProcess, free_port, prelude_env
 pytest.importorskip("sglang_router", reason="the sglang-router wheel is not installed (pip install sglang-router)")
 
 
+ROUTER_ATTEMPTS = 3  # a port found free may be bound by another process before the router binds it
+
+
+def _start_router(workers: list[str], log_path) -> tuple[subprocess.Popen, str]:
+    """sglang-router on a port found free, started again on another when it exits because that
+    port was taken meanwhile; the process and its URL once it routes."""
+    for _ in range(ROUTER_ATTEMPTS):
+        port = free_port()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+                                     "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port)],
+                                    stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while proc.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200 and \
+                        httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                proc.terminate()
+                proc.wait(10)
+                raise AssertionError("the router did not come up")
+            time.sleep(0.2)
+        if "in use" not in log_path.read_text(errors="replace"):
+            break
+    raise AssertionError(f"the router exited: {log_path.read_text(errors='replace')[-2000:]}")
+
+
 @pytest.fixture(scope="module")
 def router(demo_model, tmp_path_factory):
     args = ["--model", str(demo_model), "--num-kv-blocks", "256"]
     with ServerProcess(args, env=prelude_env(), label="replica-a") as a, \
             ServerProcess(args, env=prelude_env(), label="replica-b") as b:
-        port = free_port()
-        log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", a.base_url,
-                                 b.base_url, "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = _start_router([a.base_url, b.base_url], tmp_path_factory.mktemp("router") / "router.log")
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200 and \
-                            httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "the router did not come up"
-                time.sleep(0.2)
             yield url, a, b
         finally:
             proc.terminate()
             proc.wait(10)
-            log.close()
 
 
 def test_discovery_endpoints(router):
