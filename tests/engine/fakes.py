@@ -74,6 +74,7 @@ PIECE_TOKENS = 512
 
 
 def step_tokens(batch: ForwardBatch) -> int:
+    """Tokens the step computes: its prompt rows' and one per decode row."""
     return sum(len(r.token_ids) for r in prefill_rows(batch)) + len(decode_rows(batch))
 
 
