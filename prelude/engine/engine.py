@@ -261,7 +261,7 @@ class Engine:
 
     async def _run_short_step(self, max_tokens: int) -> bool:
         """One step of short waiting work while a long step is parked; whether there was any."""
-        step = self.scheduler.schedule(max_tokens=max_tokens)
+        step = self.scheduler.schedule_short(max_tokens)
         if step is None:
             return False
         await self._run_step(step, preemptible=False)

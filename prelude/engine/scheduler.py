@@ -20,6 +20,7 @@ request ends; the engine does, and calls `release`.
 """
 from __future__ import annotations
 
+import enum
 import time
 from typing import Callable
 
@@ -140,88 +141,98 @@ class Scheduler:
         return late
 
     # -- one tick -------------------------------------------------------------------------
-    def schedule(self, max_tokens: int | None = None) -> ScheduledStep | None:
-        """The next step; `max_tokens` caps it below the configured budget (a step that runs
-        while a long one is parked stays short)."""
+    def schedule(self) -> ScheduledStep | None:
+        """The next step, within the configured budget (the engine loop's tick)."""
+        return self._schedule(None)
+
+    def schedule_short(self, max_tokens: int) -> ScheduledStep | None:
+        """The step that runs while a long one is parked: running sequences' next tokens and short
+        waiting work, at most `max_tokens` tokens. Even its first piece must fit; a piece that
+        does not is passed over (later ones are still offered), and nothing is held apart for
+        the next tick."""
+        return self._schedule(min(max_tokens, self.config.max_num_batched_tokens))
+
+    def _schedule(self, short_tokens: int | None) -> ScheduledStep | None:
+        """`short_tokens`: None for a usual step, else the cap of a short step (schedule_short)."""
         if not self.waiting and not self.decode.running:
             self._held_apart = False
             return None
-        now = self.clock()
-        tokens = self.config.max_num_batched_tokens if max_tokens is None else min(
-            max_tokens, self.config.max_num_batched_tokens)
-        budget = StepBudget(tokens, self.config.temp_memory_budget,
-                            self.costs if self.config.policy == "edf" else None, now, strict=max_tokens is not None)
-        alone = self._held_apart and max_tokens is None  # OneShot rows and unsplittable prompts only
-        self._held_apart = False
-        decodes = [] if alone else self.decode.decodes(budget)
-        if decodes and max_tokens is None:  # the streams wait for this step's prompt chunks
-            budget.prefill_left = max(MIN_PROMPT_CHUNK, self.costs.tokens_within(STREAM_GAP_S))
-        chunks = [] if alone else self.decode.prefill_chunks(budget, decodes)
-        prefills = [(seq, len(row.token_ids)) for seq, row in chunks]
-        rows: list[PrefillRow] = [row for _, row in chunks]
-        oneshots: list[PlannedOneShot] = []
-        pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
-        admitted: list[Work] = []
-        decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        apart = self.preemption.apart if max_tokens is None and not (decodes or chunks) else None
-        long_tokens = shortest = 0
+        tick = self._start_tick(short_tokens)
         for work in self.waiting:
             tokens = len(work.tokens_to_compute)
-            if apart is not None and apart(isinstance(work, OneShotJob), tokens, long_tokens, shortest):
+            if tick.apart is not None and tick.apart(isinstance(work, OneShotJob), tokens, tick.long_tokens,
+                                                     tick.shortest):
                 continue
             if isinstance(work, OneShotJob):
-                if (decodes or chunks) and self.preemption.stalls_streams(tokens):
-                    self._held_apart = True
-                    continue
-                planned = self.oneshot.plan(work, budget, pending)
-                if planned is Skip.NO_ROOM:
-                    if max_tokens is not None:
-                        continue  # a step of short work looks past what does not fit
-                    if (decodes or chunks) and len(rows) == len(chunks):  # only the decodes' share in its way
-                        self._held_apart = True
-                    break  # the step's token / temporary-memory budget is spent
-                if planned is Skip.DEFERRED:
-                    continue
-                oneshots.append(planned)
-                rows.append(self.oneshot.row(planned))
-                work.status = WorkStatus.RUNNING
-                computed = len(rows[-1].token_ids)  # the uncached ones
-                if self.preemption.preemptible(computed):
-                    long_tokens = max(long_tokens, computed)
+                offer = self._offer_oneshot(tick, work, tokens)
             else:
-                if decode_full or (alone and not work.request.needs_every_position):
-                    continue
-                row = self.decode.admit(work, budget, pending)
-                if row is Skip.DEFERRED:
-                    continue
-                if row is Skip.NO_ROOM:
-                    # Out of sequence slots or blocks: later Decode requests wait their turn, but
-                    # OneShot work behind it needs neither and is still admitted.
-                    if (decodes or chunks) and len(rows) == len(chunks) and max_tokens is None \
-                            and self.decode.fits_alone(work, budget):
-                        self._held_apart = True
-                    decode_full = True
-                    continue
-                prefills.append((work, len(row.token_ids)))
-                rows.append(row)
-            shortest = min(shortest, tokens) if shortest else tokens
-            if work.first_scheduled is None:
-                work.first_scheduled = now
-            admitted.append(work)
-        self.waiting.remove_many(admitted)
-        if alone and not rows:  # the held row went away meanwhile (aborted): a usual step
-            return self.schedule()
-        if not rows and not decodes:
-            return None
-        decoding_rows = [self.decode.decode_row(s) for s in decodes]
-        batch: ForwardBatch
-        if not rows:
-            batch = DecodeBatch(decoding_rows)
-        elif not decoding_rows and not prefills:
-            batch = OneShotBatch(rows)
-        else:
-            batch = MixedBatch(rows, decoding_rows)
-        return ScheduledStep(batch, oneshots, prefills, decodes)
+                offer = self._offer_sequence(tick, work)
+            if offer is _Offer.STOP:
+                break
+            if offer is _Offer.TAKEN:
+                tick.take(work, tokens)
+        self.waiting.remove_many(tick.admitted)
+        if tick.alone and not tick.rows:  # the held row went away meanwhile (aborted): a usual step
+            return self._schedule(None)
+        return tick.step(self.decode)
+
+    def _start_tick(self, short_tokens: int | None) -> _Tick:
+        """The tick's budget and its running work: the running sequences' decodes and prompt
+        chunks, none when the previous tick held a row apart (this one is that row's)."""
+        short = short_tokens is not None
+        now = self.clock()
+        budget = StepBudget(self.config.max_num_batched_tokens if short_tokens is None else short_tokens,
+                            self.config.temp_memory_budget, self.costs if self.config.policy == "edf" else None,
+                            now, strict=short)
+        alone = self._held_apart and not short  # OneShot rows and unsplittable prompts only
+        self._held_apart = False
+        decodes = [] if alone else self.decode.decodes(budget)
+        if decodes and not short:  # the streams wait for this step's prompt chunks
+            budget.prefill_left = max(MIN_PROMPT_CHUNK, self.costs.tokens_within(STREAM_GAP_S))
+        chunks = [] if alone else self.decode.prefill_chunks(budget, decodes)
+        # With layer preemption, short and long work go in separate steps (not beside streams).
+        apart = self.preemption.apart if not short and not (decodes or chunks) else None
+        return _Tick(now, budget, short, alone, decodes, chunks, apart)
+
+    def _offer_oneshot(self, tick: _Tick, work: OneShotJob, tokens: int) -> _Offer:
+        """Plans a waiting OneShot row of `tokens` to compute into the tick, or says why not."""
+        if tick.beside_streams and self.preemption.stalls_streams(tokens):
+            self._held_apart = True
+            return _Offer.PASS
+        planned = self.oneshot.plan(work, tick.budget, tick.pending)
+        if planned is Skip.NO_ROOM:
+            if tick.short:
+                return _Offer.PASS  # a step of short work looks past what does not fit
+            if tick.only_streams_in_way:
+                self._held_apart = True
+            return _Offer.STOP  # the step's token / temporary-memory budget is spent
+        if planned is Skip.DEFERRED:
+            return _Offer.PASS
+        tick.oneshots.append(planned)
+        tick.rows.append(self.oneshot.row(planned))
+        work.status = WorkStatus.RUNNING
+        computed = len(tick.rows[-1].token_ids)  # the uncached ones
+        if self.preemption.preemptible(computed):
+            tick.long_tokens = max(tick.long_tokens, computed)
+        return _Offer.TAKEN
+
+    def _offer_sequence(self, tick: _Tick, work: Sequence) -> _Offer:
+        """Admits a waiting Decode sequence's first prompt chunk into the tick, or says why not."""
+        if tick.decode_full or (tick.alone and not work.request.needs_every_position):
+            return _Offer.PASS
+        row = self.decode.admit(work, tick.budget, tick.pending)
+        if row is Skip.DEFERRED:
+            return _Offer.PASS
+        if row is Skip.NO_ROOM:
+            # Out of sequence slots or blocks: later Decode requests wait their turn, but OneShot
+            # work behind it needs neither and is still admitted.
+            if tick.only_streams_in_way and not tick.short and self.decode.fits_alone(work, tick.budget):
+                self._held_apart = True
+            tick.decode_full = True
+            return _Offer.PASS
+        tick.prefills.append((work, len(row.token_ids)))
+        tick.rows.append(row)
+        return _Offer.TAKEN
 
     def plan_ahead(self, in_flight: ScheduledStep) -> ScheduledStep | None:
         """The step to run right after `in_flight`, planned while it runs, when that is a step of
@@ -274,3 +285,60 @@ class Scheduler:
                 self.release(seq)
                 failed.append(seq)
         return step._replace(oneshots=oneshots), failed
+
+
+class _Offer(enum.Enum):
+    """What became of one waiting piece offered to the tick."""
+    TAKEN = "taken"  # its row is in the step
+    PASS = "pass"  # not this tick; later pieces are still offered
+    STOP = "stop"  # the step is full: no later piece is offered
+
+
+class _Tick:
+    """What one tick has planned so far."""
+
+    def __init__(self, now: float, budget: StepBudget, short: bool, alone: bool, decodes: list[Sequence],
+                 chunks: list[tuple[Sequence, PrefillRow]],
+                 apart: Callable[[bool, int, int, int], bool] | None):
+        self.now = now
+        self.budget = budget
+        self.short = short  # a short step, run while a long one is parked
+        self.alone = alone  # the row held apart last tick: no decodes, no prompt chunks
+        self.decodes = decodes
+        self.chunks = chunks
+        self.beside_streams = bool(decodes or chunks)
+        self.apart = apart  # layer preemption's split of short from long work, when it applies
+        self.prefills: list[tuple[Sequence, int]] = [(seq, len(row.token_ids)) for seq, row in chunks]
+        self.rows: list[PrefillRow] = [row for _, row in chunks]
+        self.oneshots: list[PlannedOneShot] = []
+        self.pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
+        self.admitted: list[Work] = []
+        self.decode_full = False  # no more Decode admissions this tick; OneShot work can still go
+        self.long_tokens = 0  # the longest preemptible OneShot row planned
+        self.shortest = 0  # the fewest tokens of waiting work admitted (0: none yet)
+
+    @property
+    def only_streams_in_way(self) -> bool:
+        """Running streams' decodes or chunks are in the step and nothing waiting was admitted: a
+        row refused now is held apart, to get the next tick without them."""
+        return self.beside_streams and len(self.rows) == len(self.chunks)
+
+    def take(self, work: Work, tokens: int) -> None:
+        """`work`, of `tokens` to compute when offered, is in the step."""
+        self.shortest = min(self.shortest, tokens) if self.shortest else tokens
+        if work.first_scheduled is None:
+            work.first_scheduled = self.now
+        self.admitted.append(work)
+
+    def step(self, decode: DecodePlanner) -> ScheduledStep | None:
+        if not self.rows and not self.decodes:
+            return None
+        decoding_rows = [decode.decode_row(s) for s in self.decodes]
+        batch: ForwardBatch
+        if not self.rows:
+            batch = DecodeBatch(decoding_rows)
+        elif not decoding_rows and not self.prefills:
+            batch = OneShotBatch(self.rows)
+        else:
+            batch = MixedBatch(self.rows, decoding_rows)
+        return ScheduledStep(batch, self.oneshots, self.prefills, self.decodes)

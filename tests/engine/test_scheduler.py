@@ -205,7 +205,7 @@ def test_randomized_mix_with_aborts_and_failed_rows_keeps_block_accounting(slow)
             live.append(scheduler.add(req(tick, prompt, max_tokens=rng.choice([0, 1, 1, 3, 8]))))
         if live and rng.random() < 0.1:
             scheduler.release(live.pop(rng.randrange(len(live))))
-        planned = scheduler.schedule(max_tokens=4 if rng.random() < 0.2 else None)
+        planned = scheduler.schedule_short(4) if rng.random() < 0.2 else scheduler.schedule()
         if planned is not None and rng.random() < 0.05:  # some rows of the step raise alone
             rows = [*prefill_rows(planned.batch), *decode_rows(planned.batch)]
             culprits = {r.seq_id for r in rng.sample(rows, rng.randrange(1, len(rows) + 1))}
