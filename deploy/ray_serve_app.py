@@ -22,8 +22,8 @@ from ray import serve
 def build_prelude_app():
     """Runs inside each replica: the ASGI app, whose lifespan starts and stops the engine (Ray
     Serve runs an ingress app's lifespan on the replica's own event loop)."""
-    from prelude.assembly import build
-    from prelude.cli import parse_args
+    from prelude.app.assembly import build
+    from prelude.app.cli import parse_args
     from prelude.server.app import create_app
 
     config = parse_args(shlex.split(os.environ.get("PRELUDE_ARGS", "")))

@@ -11,8 +11,8 @@ import time
 
 from typing import Any, Callable, Coroutine
 
-from prelude.cli import parse_args
-from prelude.logs import configure
+from prelude.app.cli import parse_args
+from prelude.app.logs import configure
 
 EXIT_STARTUP_ERROR = 2  # as argparse's for a bad flag: the command line or its inputs need fixing
 
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     configure(config.log_level, config.log_format)
     _passive_openmp_threads()
-    from prelude.assembly import serve
-    from prelude.preflight import StartupError
+    from prelude.app.assembly import serve
+    from prelude.app.preflight import StartupError
 
     try:
         _event_loop_runner()(serve(config, started))

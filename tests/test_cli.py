@@ -17,7 +17,7 @@ import torch
 
 from bench.serving.server import ServerProcess, log_tail, prelude_env
 from prelude import __version__
-from prelude.cli import build_parser
+from prelude.app.cli import build_parser
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
 from prelude.demo import VERSION
 

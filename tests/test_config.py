@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from prelude.cli import parse_args
+from prelude.app.cli import parse_args
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV, Config, parse_bytes
 
 

@@ -1,7 +1,7 @@
 """`python -m bench.serving.class_cost`: what a request costs in each execution class, without
 HTTP: where the OneShot class saves work on this machine, and where it cannot.
 
-Two engines in one process, built as the server builds them (`prelude.assembly.build`), one
+Two engines in one process, built as the server builds them (`prelude.app.assembly.build`), one
 default and one `--disable-oneshot` (every request takes the decode lifecycle), on the same model;
 the same requests alternate between them one at a time, so a drift of the host's speed falls on
 both alike. Per workload and class: the request's time from submission to its result, split into
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bench.serving import report
-from prelude.assembly import build
+from prelude.app.assembly import build
 from prelude.contract.batch import BatchResult, ForwardBatch
 from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams

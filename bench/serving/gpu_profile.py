@@ -32,7 +32,7 @@ from prelude.executor.kv_cache import KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
-from prelude.runner_setup import cuda_runner
+from prelude.app.runner_setup import cuda_runner
 
 BS = 16
 ONE_TOKEN = OutputSpec(sample=SamplingParams(temperature=0.0))

@@ -1,5 +1,5 @@
 """The one frozen configuration object, and the single source of every default (the command
-line in prelude.cli and the scheduler's settings derive from it). Imports nothing heavy:
+line in prelude.app.cli and the scheduler's settings derive from it). Imports nothing heavy:
 `--help` and flag errors must be instant."""
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prelude.contract.config import Config
-from prelude.assembly import build
+from prelude.app.assembly import build
 from prelude.engine.request import Request
 from prelude.contract.sampling import SamplingParams
 from tests.checkpoints import load_reference

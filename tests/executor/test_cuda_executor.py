@@ -71,7 +71,7 @@ def _reference(path):
 
 
 def _cuda(path, enforce_eager: bool):
-    from prelude.runner_setup import cuda_runner
+    from prelude.app.runner_setup import cuda_runner
     from prelude.model.ops import select_ops
 
     device = torch.device("cuda")

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import httpx
 
-from prelude.assembly import build
+from prelude.app.assembly import build
 from prelude.contract.config import Config
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind_tcp

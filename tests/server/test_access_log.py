@@ -17,7 +17,7 @@ import pytest
 
 from bench.serving.server import prelude_env
 from prelude.contract.config import Config
-from prelude.logs import JsonFormatter
+from prelude.app.logs import JsonFormatter
 from tests.server.harness import ServerThread
 
 TEXT = re.compile(r"(?P<request_id>\S+) (?P<method>[A-Z]+) (?P<route>\S+) (?P<status>\d{3}) (?P<cls>\S+) "

@@ -34,7 +34,7 @@ def test_bearer_scheme_is_case_insensitive(secured):
 
 
 def test_open_routes_are_the_documented_ones(secured):
-    from prelude.cli import build_parser
+    from prelude.app.cli import build_parser
 
     for path in ("/health", "/ping", "/ready", "/version", "/metrics"):
         assert httpx.get(secured.base_url + path).status_code == 200, path

@@ -7,10 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from prelude.assembly import serve
+from prelude.app.assembly import serve
 from prelude.contract.config import Config
 from prelude.executor.runner import ModelRunner
-from prelude.preflight import StartupError
+from prelude.app.preflight import StartupError
 from tests.server.harness import ServerThread
 
 

@@ -16,7 +16,7 @@ zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'pr
 from bench.serving.server import free_port  # noqa: E402
 from prelude.contract.config import Config  # noqa: E402
 from prelude.contract.kv_events import KVEventsConfig  # noqa: E402
-from prelude.preflight import StartupError  # noqa: E402
+from prelude.app.preflight import StartupError  # noqa: E402
 from tests.kv_wire import Index, MapBatch  # noqa: E402
 from tests.server.harness import ServerThread  # noqa: E402
 

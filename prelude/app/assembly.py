@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prelude import __version__, tokenizer as tokenizers
-from prelude.banner import Banner, tokenizer_text
+from prelude.app.banner import Banner, tokenizer_text
 from prelude.cache.block_pool import BlockPool
 from prelude.cache.kv_events import KVEventLog
 from prelude.contract.config import Config
@@ -25,8 +25,8 @@ from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
 from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
 from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
-from prelude.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
-from prelude.runner_setup import model_runner_setup, null_runner_setup
+from prelude.app.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
+from prelude.app.runner_setup import model_runner_setup, null_runner_setup
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind
 from prelude.server.served_model import ServedModel

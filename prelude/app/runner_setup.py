@@ -10,7 +10,7 @@ from pathlib import Path
 from prelude.contract.config import Config
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig
-from prelude.preflight import StartupError
+from prelude.app.preflight import StartupError
 
 logger = logging.getLogger(__name__)
 
