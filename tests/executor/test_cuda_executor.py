@@ -229,13 +229,9 @@ class _EagerGraph:
         self.hidden.copy_(self.runner.model(ids, positions, self.runner.attention))
 
 
-@pytest.mark.parametrize("fuse_rope", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not TRITON_ON_CPU, reason="the fused RoPE kernel on CPU tensors needs triton's interpreter "
-    "(no triton here, or a GPU machine, where the CUDA tests cover it)"))])
-def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rope):
+def _flashinfer_stand_in_with_eager_graphs(monkeypatch) -> None:
+    """flashinfer's API stand-in, and CUDA graphs that "capture" as _EagerGraph."""
     from prelude.executor import cuda_graphs
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-    from prelude.executor.cuda_runner import CudaModelRunner
 
     fake_flashinfer.install(monkeypatch)
 
@@ -245,6 +241,17 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
         return captured
 
     monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
+
+
+@pytest.mark.parametrize("fuse_rope", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not TRITON_ON_CPU, reason="the fused RoPE kernel on CPU tensors needs triton's interpreter "
+    "(no triton here, or a GPU machine, where the CUDA tests cover it)"))])
+def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rope):
+    from prelude.executor import cuda_graphs
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+    from prelude.executor.cuda_runner import CudaModelRunner
+
+    _flashinfer_stand_in_with_eager_graphs(monkeypatch)
     replayed: list[str] = []
     run_graph = cuda_graphs.GraphRunner.run
     monkeypatch.setattr(cuda_graphs.GraphRunner, "run",
@@ -277,21 +284,13 @@ def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_m
     """Rows under a grammar beside free rows, through the CUDA runner (decode graphs replayed
     on the API stand-in) and the CPU reference, each feeding its sampled tokens back: the same
     tokens, and every constrained one allowed by the grammar."""
-    from prelude.executor import cuda_graphs
     from prelude.executor.attention.flashinfer_backend import FlashInferAttention
     from prelude.executor.cuda_runner import CudaModelRunner
     from prelude.structured.compiler import Constraint, GrammarCompiler
     from prelude.tokenizer import load
     from tests.checkpoints import make_model_dir
 
-    fake_flashinfer.install(monkeypatch)
-
-    def capture(runner, kind, bucket):
-        captured = cuda_graphs._Captured(None, torch.empty(bucket, runner.model.config.hidden_size))
-        captured.graph = _EagerGraph(runner, bucket, captured.hidden)
-        return captured
-
-    monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
+    _flashinfer_stand_in_with_eager_graphs(monkeypatch)
     path = make_model_dir(tmp_path / "q3", "qwen3", demo_model)
     config = ModelConfig.from_dir(path)
     grammar = GrammarCompiler(path / "tokenizer.json", config.vocab_size, (2,)).compile(
