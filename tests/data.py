@@ -9,7 +9,7 @@ import pytest
 
 from bench.shared_data import shared_dir
 
-__all__ = ["hf_reference_tokenizer", "shared_dir", "tokenizer_dir"]
+__all__ = ["hf_reference_tokenizer", "shared_dir", "tokenizer_dir", "tokenizer_file"]
 
 
 def tokenizer_dir(name: str) -> Path:
@@ -18,6 +18,12 @@ def tokenizer_dir(name: str) -> Path:
     if not (path / "tokenizer.json").is_file():
         pytest.skip(f"tokenizer data not found at {path} (set PRELUDE_TEST_DATA to the shared folder)")
     return path
+
+
+
+def tokenizer_file(name: str) -> str:
+    """The tokenizer.json of one real tokenizer, as a path string (skips the test when absent)."""
+    return str(tokenizer_dir(name) / "tokenizer.json")
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """The architecture is checked, not just described: import-linter's contracts in pyproject.toml
-(layers that never import upward; the product never imports bench or tests), mypy over prelude/
+(layers that never import upward; the product never imports bench or tests; no import cycles
+within a package; tests take from bench only what pyproject names), mypy over prelude/
 and kernels/ and ruff over the repository, all with the configuration in pyproject.toml; product
 comments carry no measurement history."""
 from __future__ import annotations

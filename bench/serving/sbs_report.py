@@ -3,15 +3,39 @@ and the ratio Prelude / peer), the JSON of each side, and a PNG with one bar pan
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from bench.serving import report
+from bench.serving import host_noise, report
 from bench.serving.runner import RunResult
 
-if TYPE_CHECKING:
-    from bench.serving.side_by_side import SideResult, Spec
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One workload of the comparison at one concurrency."""
+
+    key: str  # stable name in the JSON and the table
+    kind: str  # "complete" | "embed"
+    input_len: int
+    output_len: int
+    concurrency: int
+    requests: int
+
+
+@dataclass(slots=True)
+class SideResult:
+    label: str
+    startup_s: float | None = None  # launched servers only: spawn to first /health 200
+    rss_bytes: int | None = None  # after load, before the first measured request
+    runs: dict[str, RunResult] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # spec key -> why
+    # Cores' worth of CPU used by processes other than the server and this client during each
+    # run: on a shared machine, a run with much of it is suspect.
+    foreign_cores: dict[str, float] = field(default_factory=dict)
+    # The machine's steadiness during this side's turn, measured just before its c=1 run.
+    host_noise: host_noise.HostNoise | None = None
+    servers: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +60,8 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
-def _run_metric(key: str, get: Callable[[RunResult], float | None]) -> Callable[["SideResult"], float | None]:
-    def value(side: "SideResult") -> float | None:
+def _run_metric(key: str, get: Callable[[RunResult], float | None]) -> Callable[[SideResult], float | None]:
+    def value(side: SideResult) -> float | None:
         run = side.runs.get(key)
         return None if run is None or not run.summary.completed else get(run)
     return value
@@ -53,7 +77,7 @@ def _cpu_ms(run: RunResult) -> float | None:
     return None if us is None else us / 1000
 
 
-def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[["SideResult"], float | None]]]:
+def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[[SideResult], float | None]]]:
     """(metric, unit, better, value of a side), in the issue's order."""
     c1, c16, gen, emb = spec_keys
     return [
@@ -77,7 +101,7 @@ def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[["Si
     ]
 
 
-def headline(sides: Sequence["SideResult"], specs: Sequence["Spec"]) -> list[Row]:
+def headline(sides: Sequence[SideResult], specs: Sequence[Spec]) -> list[Row]:
     return [Row(name, unit, better, tuple(value(s) for s in sides))
             for name, unit, better, value in metrics([s.key for s in specs])]
 
@@ -98,7 +122,7 @@ def render(rows: Sequence[Row], labels: Sequence[str], peer: str | None) -> str:
     return report.table(headers, body) + ("\n" + note if peer is not None else "")
 
 
-def side_json(side: "SideResult") -> dict:
+def side_json(side: SideResult) -> dict:
     return {"label": side.label, "startup_s": side.startup_s, "rss_bytes": side.rss_bytes,
             "servers": side.servers, "skipped": side.skipped, "foreign_cores": side.foreign_cores,
             "host_noise": None if side.host_noise is None else asdict(side.host_noise),

@@ -32,7 +32,7 @@ import shlex
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -41,24 +41,13 @@ from bench.serving import host_noise, proc, report, sbs_report
 from bench.serving.client import make_client, send
 from bench.serving.loadgen import model_name
 from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
-from bench.serving.runner import Level, Limits, RunResult, run_level
+from bench.serving.runner import Level, Limits, run_level
+from bench.serving.sbs_report import SideResult, Spec
 from bench.serving.server import ServerError, ServerProcess, prelude_env
 from bench.serving.workloads import Embed, Fixed, Options, Workload
 
 
 FOREIGN_NOTE_CORES = 0.1  # below this, other processes' CPU is background noise
-
-
-@dataclass(frozen=True, slots=True)
-class Spec:
-    """One workload of the comparison at one concurrency."""
-
-    key: str  # stable name in the JSON and the table
-    kind: str  # "complete" | "embed"
-    input_len: int
-    output_len: int
-    concurrency: int
-    requests: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,21 +57,6 @@ class Endpoint:
     url: str | None = None
     pid: int | None = None
     command: str | None = None
-
-
-@dataclass(slots=True)
-class SideResult:
-    label: str
-    startup_s: float | None = None  # launched servers only: spawn to first /health 200
-    rss_bytes: int | None = None  # after load, before the first measured request
-    runs: dict[str, RunResult] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)  # spec key -> why
-    # Cores' worth of CPU used by processes other than the server and this client during each
-    # run: on a shared machine, a run with much of it is suspect.
-    foreign_cores: dict[str, float] = field(default_factory=dict)
-    # The machine's steadiness during this side's turn, measured just before its c=1 run.
-    host_noise: host_noise.HostNoise | None = None
-    servers: list[dict] = field(default_factory=list)
 
 
 def specs(args: argparse.Namespace) -> list[Spec]:

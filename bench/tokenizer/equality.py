@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import random
-from pathlib import Path
 
 from tokenizers import Tokenizer as RawHF
 from tokenizers.decoders import DecodeStream
@@ -121,18 +120,3 @@ def random_texts(path: str, count: int, seed: int = 0) -> list[str]:
                 parts.append(chr(cp) if not 0xD800 <= cp <= 0xDFFF else "?")
         texts.append("".join(parts))
     return texts
-
-
-def long_text(length: int, seed: int = 7) -> str:
-    rng = random.Random(seed)
-    chunks = []
-    size = 0
-    while size < length:
-        frag = rng.choice(FRAGMENTS)
-        chunks.append(frag)
-        size += len(frag) + 1
-    return " ".join(chunks)[:length]
-
-
-def tokenizer_path(directory: Path) -> str:
-    return str(directory / "tokenizer.json")

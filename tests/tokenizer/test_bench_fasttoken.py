@@ -17,15 +17,15 @@ import pytest
 
 from bench.tokenizer import textgen
 from prelude.tokenizer.fast import FastTokenizer
-from tests.data import tokenizer_dir
-from bench.tokenizer.equality import load_pair, tokenizer_path
+from tests.data import tokenizer_file
+from bench.tokenizer.equality import load_pair
 
 NAMES = ["qwen3", "llama3", "gpt2"]
 
 
 @pytest.fixture(scope="module", params=NAMES)
 def tok(request: pytest.FixtureRequest) -> FastTokenizer:
-    fast, _, _ = load_pair(tokenizer_path(tokenizer_dir(request.param)))
+    fast, _, _ = load_pair(tokenizer_file(request.param))
     return fast
 
 

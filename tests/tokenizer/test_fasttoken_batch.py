@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bench.tokenizer import textgen
-from bench.tokenizer.equality import load_pair, long_text, tokenizer_path
+from bench.tokenizer.equality import load_pair
 from prelude.tokenizer.fast import FastTokenizer
-from tests.data import tokenizer_dir
+from tests.data import tokenizer_file
+from tests.tokenizer.texts import long_text
 
 UNSURE = "\U0001F6DC"  # Unicode 15: its class depends on the version, so HF encodes the text
 
@@ -29,7 +30,7 @@ def _mixed() -> list[str]:
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_mixed_batch(name: str) -> None:
-    path = tokenizer_path(tokenizer_dir(name))
+    path = tokenizer_file(name)
     _, hf, _ = load_pair(path)
     fast = FastTokenizer(path)  # its own: the shared one's reference_encodes must stay 0
     texts = _mixed()
@@ -45,13 +46,13 @@ def test_mixed_batch(name: str) -> None:
 @pytest.mark.parametrize("count, chars", [(3, 500), (31, 500), (40, 500), (2048, 500), (8, 8000)])
 def test_sizes_around_the_threshold(count: int, chars: int) -> None:
     """Below 16 KiB (one thread), just above it (a block or two each), and many blocks."""
-    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir("qwen3")))
+    fast, hf, _ = load_pair(tokenizer_file("qwen3"))
     texts = textgen.paper_texts(count, chars, seed=count)
     assert fast.encode_batch(texts) == [fast.encode(t) for t in texts] == hf.encode_batch(texts)
 
 
 def test_lone_surrogate_in_a_large_batch() -> None:
-    fast, _, _ = load_pair(tokenizer_path(tokenizer_dir("qwen3")))
+    fast, _, _ = load_pair(tokenizer_file("qwen3"))
     texts = textgen.paper_texts(1024, 500, seed=43)
     texts[700] = texts[700][:100] + "\ud800" + texts[700][100:]
     with pytest.raises(UnicodeEncodeError):
@@ -62,7 +63,7 @@ def test_lone_surrogate_in_a_large_batch() -> None:
 
 def test_concurrent_large_batches() -> None:
     """Batches from several threads at once: one has the pool, the others encode alone."""
-    fast, _, _ = load_pair(tokenizer_path(tokenizer_dir("qwen3")))
+    fast, _, _ = load_pair(tokenizer_file("qwen3"))
     sets = [textgen.paper_texts(512, 500, seed=50 + k) for k in range(4)]
     expected = [[fast.encode(t) for t in s] for s in sets]
     barrier = threading.Barrier(4)

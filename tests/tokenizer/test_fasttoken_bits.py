@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from bench.tokenizer.equality import load_pair, tokenizer_path
-from tests.data import tokenizer_dir
+from bench.tokenizer.equality import load_pair
+from tests.data import tokenizer_file
 
 SIMPLE = ["a", "b", "Z", "q", "word", "The", "x", "1", "2", "0", "99", "123", "1234", " ", " ", "\t",
           "\n", "\r", "\v", "\f", "(", ")", ".", ",", "-", "$", "_", '"', "`", "\x01", "\x7f", "((", ".\n"]
@@ -37,7 +37,7 @@ def _texts(seed: int, count: int) -> list[str]:
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3", "gpt2", "deepseek-v3"])
 def test_bit_parallel_split(name: str) -> None:
-    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir(name)))
+    fast, hf, _ = load_pair(tokenizer_file(name))
     texts = _texts(5, 3000)
     bad = [t for t in texts if fast.encode(t, False) != hf.encode(t, False)]
     assert not bad, [repr(t) for t in bad[:5]]
@@ -48,7 +48,7 @@ def test_bit_parallel_split(name: str) -> None:
 def test_str_kinds(name: str) -> None:
     """Every PEP 393 kind is transcoded by the engine (ft_text.hpp), ASCII stretches in bulk;
     a lone surrogate raises as CPython's own UTF-8 conversion does."""
-    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir(name)))
+    fast, hf, _ = load_pair(tokenizer_file(name))
     ascii_run = "plain words, 42 of them. " * 3
     texts = ["", "a", ascii_run, "caf\u00e9 \u00ff\u00e0" + ascii_run, ascii_run + "\u00e9",
              "a\u2014b \u4e2d\u6587 " + ascii_run + "\u2603", ascii_run + "\U0001F600 x \u00e9",
@@ -72,7 +72,7 @@ def test_deepseek_long_stretch_without_numbers_is_linear(unit: str) -> None:
     on the same text, so a loaded machine slows both."""
     import time
 
-    fast, hf, _ = load_pair(tokenizer_path(tokenizer_dir("deepseek-v3")))
+    fast, hf, _ = load_pair(tokenizer_file("deepseek-v3"))
     text = unit * (80_000 // len(unit))
     started = time.perf_counter()
     want = hf.encode(text, False)

@@ -11,8 +11,8 @@ import pytest
 
 from prelude._fasttoken import table_cache
 from prelude.tokenizer.fast import FastTokenizer
-from tests.data import tokenizer_dir
-from bench.tokenizer.equality import check_encode, corpus_for, load_pair, tokenizer_path
+from tests.data import tokenizer_dir, tokenizer_file
+from bench.tokenizer.equality import check_encode, corpus_for, load_pair
 
 NAME = "gpt2"  # small: every rebuild below stays quick
 
@@ -37,7 +37,7 @@ def _cache_file(cache: Path) -> Path:
 
 
 def _same_as_hf(tok: FastTokenizer, name: str = NAME) -> None:
-    path = tokenizer_path(tokenizer_dir(name))
+    path = tokenizer_file(name)
     _, hf, _ = load_pair(path)
     problems = [p for text in corpus_for(path) for p in check_encode(tok, hf, text)]
     assert not problems, "\n".join(problems[:5])

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prelude.tokenizer.fast import FastTokenizer
-from tests.data import tokenizer_dir
+from tests.data import tokenizer_file
+from tests.tokenizer.texts import long_text
 from bench.tokenizer.corpus import FRAGMENTS, added_contents
 from bench.tokenizer.equality import (
     check_decode,
@@ -18,9 +19,7 @@ from bench.tokenizer.equality import (
     check_text,
     corpus_for,
     load_pair,
-    long_text,
     random_texts,
-    tokenizer_path,
 )
 
 # Qwen3 first: it is the default model's tokenizer.
@@ -29,7 +28,7 @@ EXAMPLES = 250  # per tokenizer and strategy: 7 x 2 x 250 = 3,500 generated case
 
 
 def _path(name: str) -> str:
-    return tokenizer_path(tokenizer_dir(name))
+    return tokenizer_file(name)
 
 
 @pytest.mark.parametrize("name", NAMES)

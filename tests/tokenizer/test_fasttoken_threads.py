@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.data import tokenizer_dir
-from bench.tokenizer.equality import corpus_for, load_pair, long_text, random_texts, tokenizer_path
+from tests.data import tokenizer_file
+from tests.tokenizer.texts import long_text
+from bench.tokenizer.equality import corpus_for, load_pair, random_texts
 
 
 def test_threads_agree_with_serial() -> None:
-    path = tokenizer_path(tokenizer_dir("qwen3"))
+    path = tokenizer_file("qwen3")
     fast, _, _ = load_pair(path)
     texts = corpus_for(path) + random_texts(path, 200, seed=21) + [long_text(30_000, seed=s) for s in range(4)]
     expected = [fast.encode(t) for t in texts]

@@ -10,8 +10,8 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 
 from prelude._fasttoken import unicode_data as ud
 from prelude._fasttoken.plan import BYTE_TO_CHAR
-from tests.data import tokenizer_dir
-from bench.tokenizer.equality import load_pair, tokenizer_path
+from tests.data import tokenizer_file
+from bench.tokenizer.equality import load_pair
 
 ALL = ud._all_code_points()
 CLASSES = {
@@ -69,7 +69,7 @@ def test_nfc_version_gap_lists_match_hf() -> None:
 
 def test_nfc_fuzz_through_qwen3() -> None:
     """Random base + combining-mark soups: the slow NFC path must agree with HF's NFC."""
-    path = tokenizer_path(tokenizer_dir("qwen3"))
+    path = tokenizer_file("qwen3")
     fast, hf, _ = load_pair(path)
     rng = random.Random(5)
     marks = [cp for cp in range(0x3000) if unicodedata.combining(chr(cp))] + [
@@ -85,7 +85,7 @@ def test_nfc_fuzz_through_qwen3() -> None:
 
 def test_lossy_utf8_matches_hf_and_python() -> None:
     """Byte-level decode of arbitrary bytes: one U+FFFD per maximal invalid subpart."""
-    path = tokenizer_path(tokenizer_dir("gpt2"))
+    path = tokenizer_file("gpt2")
     fast, hf, _ = load_pair(path)
     byte_id = {b: fast.token_to_id(c) for b, c in BYTE_TO_CHAR.items()}
     rng = random.Random(11)
@@ -101,7 +101,7 @@ def test_lossy_utf8_matches_hf_and_python() -> None:
 
 def test_contractions_fold_like_oniguruma() -> None:
     """(?i:'s|...) in Qwen/Llama: every BMP code point after an apostrophe."""
-    path = tokenizer_path(tokenizer_dir("qwen3"))
+    path = tokenizer_file("qwen3")
     fast, hf, _ = load_pair(path)
     texts = [f"x'{chr(cp)}e'{chr(cp)}l" for cp in range(0x20, 0x10000) if not 0xD800 <= cp <= 0xDFFF]
     assert fast.encode_batch(texts, False) == hf.encode_batch(texts, False)
