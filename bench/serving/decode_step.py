@@ -2,7 +2,7 @@
 (ModelRunner.run: flattening, attention plan, forward, LM head, sampling at T=1) for a few rows
 at a given context: the model's ops in torch (`kernels/reference.py`), the native kernels
 (`kernels/cpu/ops.py`) layer by layer, and the whole step's layers in one native call
-(`prelude/model/fused_step.py`, what the server runs). Alternates them so a shared machine's
+(`prelude/executor/fused_step.py`, what the server runs). Alternates them so a shared machine's
 disturbances fall on all; reports the best and the median of the rounds."""
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from bench.serving import report
 from prelude.contract.batch import DecodeRow, OutputSpec
 from prelude.contract.sampling import SamplingParams
 from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.fused_step import native_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.executor.runner import ModelRunner
 from prelude.model.config import ModelConfig
@@ -40,12 +41,11 @@ def cpu_runner(path: str, max_positions: int, blocks: int, ops=None, fused_step:
     step unless `fused_step`) over a KV cache of `blocks` blocks, as the in-process step
     benchmarks (this one, suffix_step) time it."""
     config = ModelConfig.from_dir(path)
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=max_positions,
-                       ops=ops or select_ops(torch.device("cpu")))
-    if not fused_step:
-        model.fused_step = None
+    ops = ops or select_ops(torch.device("cpu"))
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=max_positions, ops=ops)
     shape = KVCacheShape.for_model(config, num_blocks=blocks, block_size=BLOCK, dtype=torch.float32)
-    return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK)
+    return ModelRunner(model, TorchAttention(KVCache(shape, torch.device("cpu"))), torch.device("cpu"), BLOCK,
+                       native_step(model, ops) if fused_step else None)
 
 
 def runner_for(path: str, ops_name: str, context: int, rows: int) -> ModelRunner:

@@ -15,7 +15,7 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
-# Every decoder layer of a step in one call, or resumably in several (prelude/model/fused_step.py
+# Every decoder layer of a step in one call, or resumably in several (prelude/executor/fused_step.py
 # wraps them).
 forward_step = _native.forward_step if _native is not None else None
 resumable_step = _native.ResumableStep if _native is not None else None

@@ -44,6 +44,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     import torch
 
     from prelude.executor.attention import get_backend
+    from prelude.executor.fused_step import native_step
     from prelude.executor.kv_cache import KVCache, KVCacheShape
     from prelude.model.loader import load_model, resolve_dtype
     from prelude.model.ops import select_ops
@@ -56,8 +57,8 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     dtype = resolve_dtype(config.dtype, device)
     if device.type == "cpu":
         torch.manual_seed(config.seed)
-    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len,
-                       ops=select_ops(device))
+    ops = select_ops(device)
+    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len, ops=ops)
     itemsize = torch.empty((), dtype=dtype).element_size()
     c = model_config
     temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -71,7 +72,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
                            f"cuda ({torch.cuda.get_device_name(device)})", dtype_name)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
-    runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size)
+    runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size, native_step(model, ops))
     return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name)
 
 

@@ -1,6 +1,8 @@
 """The model runner the three executors share: one model on one device with its attention
 backend. It flattens rows (host_step), uploads them, runs the forward, and applies the output
-heads. This class runs every step eagerly; CudaModelRunner adds staging and graph replay."""
+heads. This class runs every step eagerly; CudaModelRunner adds staging and graph replay. Where
+it is given a native step (executor.fused_step: the CPU in fp32), a step's layers run in one
+native call when the step fits it, else through the model layer by layer."""
 from __future__ import annotations
 
 from array import array
@@ -11,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from prelude.contract.batch import BatchResult, DecodeRow, PrefillRow
+from prelude.executor.fused_step import FusedStep
 from prelude.executor.heads import row_results
 from prelude.executor.host_step import HostStep, host_step
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
@@ -34,11 +37,13 @@ class Progress:
 
 
 class ModelRunner:
-    def __init__(self, model: RunnableModel, attention: AttentionBackend, device: torch.device, block_size: int):
+    def __init__(self, model: RunnableModel, attention: AttentionBackend, device: torch.device, block_size: int,
+                 native: FusedStep | None = None):
         self.model = model
         self.attention = attention
         self.device = device
         self.block_size = block_size
+        self.native = native  # the model's layers in one native call (fused_step.native_step), or None
 
     @torch.inference_mode()
     def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
@@ -59,7 +64,11 @@ class ModelRunner:
         input_ids, positions, layout = self.upload(step)
         self.attention.plan(layout)
         keep = self._kept(step)
-        forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
+        forward: ResumableForward | None = None
+        if self.native is not None:  # it looks at the flag inside layers, at no cost while it stays down
+            forward = self.native.begin(input_ids, positions, self.attention, keep, stop.check_every_macs)
+        if forward is None:
+            forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
         return Progress(prefills, layout, forward, len(step.ids), keep, start_masks(prefills, (), self.device))
 
     @torch.inference_mode()
@@ -88,7 +97,11 @@ class ModelRunner:
         input_ids, positions, layout = self.upload(step)
         self.attention.plan(layout)
         keep = self._kept(step)
-        hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
+        hidden = None
+        if self.native is not None:
+            hidden = self.native.try_forward(input_ids, positions, self.attention, keep, on_launch)
+        if hidden is None:
+            hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
         return hidden if keep is None else _scattered(hidden, keep, len(step.ids)), layout
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:

@@ -46,7 +46,7 @@ class StepLayout:
 @dataclass(frozen=True, slots=True)
 class PagedStepInputs:
     """A planned step as a model that runs all its layers natively reads it
-    (prelude.model.fused_step): the whole paged cache, each row's place in the step and its
+    (prelude.executor.fused_step): the whole paged cache, each row's place in the step and its
     blocks, each token's cache slot. Rows before `decode_from` are prompt rows, attended from
     the keys they compute over their cached context; the rest are decode rows (one stored token
     each), attended from the cache. int64, on the CPU."""

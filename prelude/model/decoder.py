@@ -19,7 +19,6 @@ from prelude.model.layers import (
     RotaryEmbedding,
     UsesOps,
 )
-from prelude.model.fused_step import FusedStep
 from prelude.model.ops import Ops
 from prelude.model.cpu_linear import linear
 
@@ -103,17 +102,13 @@ class DecoderLM(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.head == "ForSequenceClassification":
             self.score = Linear(config.hidden_size, config.num_labels, bias=False)
-        self.fused_step: FusedStep | None = None
 
     def set_ops(self, ops: Ops) -> None:
-        """Routes every norm, rotation and activation through `ops` (torch, Triton or native),
-        and whole steps through the ops' native step where it has one and fits."""
+        """Routes every norm, rotation and activation through `ops` (torch, Triton or native).
+        A whole step in one native call is the model runner's choice (executor.fused_step)."""
         for module in self.modules():
             if isinstance(module, UsesOps):
                 module.ops = ops
-        kernel = ops.forward_step
-        self.fused_step = FusedStep(self, kernel, ops.resumable_step) \
-            if kernel is not None and FusedStep.fits(self) else None
 
     def prepare_weights(self) -> None:
         """Makes every linear layer's packed weight copy now rather than on the first prompt.
@@ -128,10 +123,6 @@ class DecoderLM(nn.Module):
         """Returns the final-norm hidden states [num_tokens, hidden] for the flattened batch, or
         only those of the tokens `keep` indexes ([len(keep), hidden]). `on_launch` is called
         just before the layers run (the caller's cue that the GIL is about to be free)."""
-        if self.fused_step is not None:
-            hidden = self.fused_step.try_forward(input_ids, positions, attention, keep, on_launch)
-            if hidden is not None:
-                return hidden
         if on_launch is not None:
             on_launch()
         state = self.layer_state(input_ids, positions, keep)
@@ -140,13 +131,9 @@ class DecoderLM(nn.Module):
 
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
               keep: torch.Tensor | None, stop: StopFlag) -> ResumableForward:
-        """The forward, to be run in calls that step aside when `stop` is raised: natively where
-        the native step takes it (it looks at the flag inside layers, at no cost while it stays
-        down), else layer by layer (on a GPU a layer is short enough to wait for)."""
-        if self.fused_step is not None:
-            native = self.fused_step.begin(input_ids, positions, attention, keep, stop.check_every_macs)
-            if native is not None:
-                return native
+        """The forward, to be run in calls that step aside when `stop` is raised between two
+        layers (on a GPU a layer is short enough to wait for; on the CPU the runner's native
+        step, executor.fused_step, looks at the flag inside layers)."""
         return LayerByLayer(self, self.layer_state(input_ids, positions, keep))
 
     def layer_state(self, input_ids: torch.Tensor, positions: torch.Tensor,

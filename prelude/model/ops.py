@@ -24,7 +24,7 @@ class Ops:
     rms_norm: Callable[..., object]
     rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
-    # Every layer of a step in one call (prelude.model.fused_step), where one exists, and the
+    # Every layer of a step in one call (prelude.executor.fused_step), where one exists, and the
     # same in calls that stop when asked (cooperative preemption).
     forward_step: Callable[..., None] | None = None
     resumable_step: Callable[..., Any] | None = None

@@ -11,6 +11,7 @@ import torch
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
 from prelude.contract.sampling import GREEDY
 from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.fused_step import native_step
 from prelude.executor.heads import row_results
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
@@ -86,7 +87,8 @@ def test_step_skips_unread_tokens_without_changing_results(tmp_path):
     block = 4
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=block, dtype=torch.float32),
                     torch.device("cpu"))
-    runner = ModelRunner(model, TorchAttention(cache), torch.device("cpu"), block)
+    runner = ModelRunner(model, TorchAttention(cache), torch.device("cpu"), block,
+                         native_step(model, select_ops(torch.device("cpu"))))
     specs = [OutputSpec(sample=GREEDY), OutputSpec(pooling="last"), OutputSpec(pooling="mean"),
              OutputSpec(sample=GREEDY, prompt_logprobs=2), OutputSpec(label_token_ids=(5, 9)), None]
     lengths = [9, 6, 7, 5, 11, 8]

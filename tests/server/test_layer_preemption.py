@@ -1,6 +1,6 @@
 """Cooperative preemption end to end on the demo model: a long embedding parked for a short one
 gives, like the short one, the vector it gets alone (the runner re-plans its attention after the
-short step ran; tests/model/test_fused_step.py checks the model's resumable forward). When a
+short step ran; tests/executor/test_fused_step.py checks the native resumable forward). When a
 long step steps aside, and for what, is checked in simulated time in
 tests/engine/test_layer_preemption.py."""
 from __future__ import annotations

@@ -8,21 +8,21 @@ runs slower while tokens stream than alone.
 This runs the same kernels the per-op path calls, for every layer and the final norm, in one
 call without the GIL. It takes only what it was written for: fp32 on the CPU, a step whose
 backend exposes its paged cache and row layout (AttentionBackend.paged_step_inputs), and sizes
-the vector kernels take; every other step runs layer by layer. The same step can run resumably
-(NativeForward), stepping aside when the engine's StopFlag goes up (engine.preemption)."""
+the vector kernels take; every other step runs layer by layer (DecoderLM.forward). The same step
+can run resumably (NativeForward), stepping aside when the engine's StopFlag goes up
+(engine.preemption). The model runner chooses it (`native_step`): the model knows nothing of it."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Protocol, cast
+from typing import Callable, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend, PagedStepInputs
-
-if TYPE_CHECKING:
-    from prelude.model.decoder import DecoderLM, DecoderLayer
-    from prelude.model.layers import Linear
+from prelude.model.decoder import DecoderLayer, DecoderLM
+from prelude.model.layers import Linear
+from prelude.model.ops import Ops
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
 ResumableKernel = Callable[..., "NativeSteps"]  # kernels/cpu/_native.pyi: ResumableStep
@@ -35,6 +35,14 @@ _WEIGHT_FIELDS = 15
 # `python -m bench.serving.side_by_side`). Steps with prompt rows are compute-bound and always
 # use every thread.
 _ONE_THREAD_LAYER_WEIGHTS = 1 << 21
+
+
+def native_step(model: DecoderLM, ops: Ops) -> FusedStep | None:
+    """The one-call step of `model` on `ops`, where the ops have a native step and the model's
+    parameters and sizes fit it; else None (the runner runs the model layer by layer)."""
+    if ops.forward_step is None or not FusedStep.fits(model):
+        return None
+    return FusedStep(model, ops.forward_step, ops.resumable_step)
 
 
 class FusedStep:
@@ -120,7 +128,7 @@ class FusedStep:
         layer_bytes = paged.k_cache.stride(0) * paged.k_cache.element_size()
         rows = []
         for i, module in enumerate(self.model.model.layers):
-            layer = cast("DecoderLayer", module)
+            layer = cast(DecoderLayer, module)
             attn, mlp = layer.self_attn, layer.mlp
             bias = attn.qkv_proj.bias
             rows.append([layer.input_layernorm.weight.data_ptr(), attn.qkv_proj.weight.data_ptr(),
