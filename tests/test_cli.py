@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from bench.serving.server import ServerProcess, log_tail, prelude_env
+from bench.serving.core.server import ServerProcess, log_tail, prelude_env
 from prelude import __version__
 from prelude.app.cli import build_parser
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV

@@ -1,5 +1,5 @@
 import sys
 
-from bench.serving.loadgen import main
+from bench.serving.core.loadgen import main
 
 sys.exit(main())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bench.serving import report
+from bench.serving.core import report
 from prelude.app.assembly import build
 from prelude.contract.batch import BatchResult, ForwardBatch
 from prelude.contract.config import Config

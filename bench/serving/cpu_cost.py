@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.serving import proc, report
-from bench.serving.client import make_client
-from bench.serving.loadgen import int_list, launch_plan, prompt_source, split_server_args, started
-from bench.serving.prompts import TokenizerError
-from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerError, ServerProcess
-from bench.serving.workloads import Fixed, Options
+from bench.serving.core import proc, report
+from bench.serving.core.client import make_client
+from bench.serving.core.loadgen import int_list, launch_plan, prompt_source, split_server_args, started
+from bench.serving.core.prompts import TokenizerError
+from bench.serving.core.runner import Level, Limits, RunResult, run_level
+from bench.serving.core.server import ServerError, ServerProcess
+from bench.serving.core.workloads import Fixed, Options
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -126,7 +126,7 @@ timeout "$(limit "${PROFILE_TIMEOUT:-150}")" $PY -m bench.serving.gpu_profile --
 stage "multi-item scoring"
 # /v1/score with 1-200 short items: one masked forward (flashinfer's custom mask) against a row
 # per item, on the random-weight 0.6B; after the table, so its figures come back even if this fails.
-timeout "$(limit "${MULTI_TIMEOUT:-90}")" $PY -m bench.serving.multi_item --size 0.6B --repeats 2 \
+timeout "$(limit "${MULTI_TIMEOUT:-90}")" $PY -m bench.kernels.multi_item --size 0.6B --repeats 2 \
   --json "$OUT/multi_item.json"
 
 stage "server CPU per request"

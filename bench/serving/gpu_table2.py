@@ -15,7 +15,7 @@ Prints one table and writes $OUT/gpu_table2.json (OUT defaults to ./bench-result
 server's log. Requests go through bench.serving's closed-loop runner, as `python -m
 bench.serving` sends them: one keep-alive connection per worker, opened before timing, bodies
 serialized before the run, every request streamed so TTFT is measured at the first token, and
-percentiles from bench.serving.stats. Each workload starts with unmeasured warm-up requests on
+percentiles from bench.serving.core.stats. Each workload starts with unmeasured warm-up requests on
 the same connections so lazily captured CUDA graphs are in place before timing.
 
 Run as a script (gpu_check.sh) or as `python -m bench.serving.gpu_table2`; on a CPU machine
@@ -39,10 +39,10 @@ if str(REPO) not in sys.path:  # run as a script: bench.serving must import from
 # ruff: noqa: E402
 
 from bench.serving.checkpoint import write_checkpoint
-from bench.serving.prompts import Prompt
-from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerProcess, prelude_env
-from bench.serving.workloads import Options, Workload
+from bench.serving.core.prompts import Prompt
+from bench.serving.core.runner import Level, Limits, RunResult, run_level
+from bench.serving.core.server import ServerProcess, prelude_env
+from bench.serving.core.workloads import Options, Workload
 
 SERVED_NAME = "bench"
 WORKDIR = Path(tempfile.gettempdir()) / "prelude-bench"  # the checkpoints, as qwen3-<size>
@@ -87,7 +87,7 @@ def flops_per_prompt_token(config: dict, prompt_len: int) -> float:
 
 
 def run_json(result: RunResult) -> dict:
-    """One row of gpu_table2.json: times in ms, percentiles from bench.serving.stats."""
+    """One row of gpu_table2.json: times in ms, percentiles from bench.serving.core.stats."""
     s = result.summary
     row = {"requests": s.completed + s.errors, "errors": s.errors,
            "first_error": s.error_samples[0] if s.error_samples else None,

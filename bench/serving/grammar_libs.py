@@ -21,8 +21,8 @@ from typing import Any, Callable
 import torch
 
 from bench.charts import write_chart
-from bench.serving import report
-from bench.serving.schemas import JUDGE, REAL_WORLD, Schema, corpus
+from bench.serving.core import report
+from bench.serving.core.schemas import JUDGE, REAL_WORLD, Schema, corpus
 from bench.shared_data import shared_dir
 
 THREADS = 2

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from bench.serving import report
-from bench.serving.loadgen import split_server_args
-from bench.serving.prompts import WORDS
-from bench.serving.server import ServerProcess, parse_command, prelude_env
-from bench.serving.stats import percentile
+from bench.serving.core import report
+from bench.serving.core.loadgen import split_server_args
+from bench.serving.core.prompts import WORDS
+from bench.serving.core.server import ServerProcess, parse_command, prelude_env
+from bench.serving.core.stats import percentile
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from bench.serving.stats import percentile
+from bench.serving.core.stats import percentile
 
 ROWS, HIDDEN, OUT = 128, 1024, 3072  # ~0.8 GFLOP: 5-10 ms on 2 AVX2 cores
 

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bench.charts import write_chart
-from bench.serving import cpu_cost, proc, report
-from bench.serving.client import make_client
-from bench.serving.loadgen import label_ids, launch_plan, prompt_source, split_server_args, started
-from bench.serving.prompts import PromptFactory, TokenizerError
-from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerError, ServerProcess
-from bench.serving.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
+from bench.serving.core import proc, report
+from bench.serving import cpu_cost
+from bench.serving.core.client import make_client
+from bench.serving.core.loadgen import label_ids, launch_plan, prompt_source, split_server_args, started
+from bench.serving.core.prompts import PromptFactory, TokenizerError
+from bench.serving.core.runner import Level, Limits, RunResult, run_level
+from bench.serving.core.server import ServerError, ServerProcess
+from bench.serving.core.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
 
 Make = Callable[[PromptFactory, Options, tuple[int, int]], Workload]
 

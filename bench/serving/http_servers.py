@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.charts import write_chart
-from bench.serving import proc, report
+from bench.serving.core import proc, report
 from bench.serving.bare_app import SERVERS
-from bench.serving.loadgen import int_list
-from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerError, ServerProcess, prelude_env
-from bench.serving.workloads import COMPLETIONS, Job, Workload, encode
+from bench.serving.core.loadgen import int_list
+from bench.serving.core.runner import Level, Limits, RunResult, run_level
+from bench.serving.core.server import ServerError, ServerProcess, prelude_env
+from bench.serving.core.workloads import COMPLETIONS, Job, Workload, encode
 
 
 class BareCompletion(Workload):

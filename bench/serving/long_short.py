@@ -28,10 +28,10 @@ from typing import Sequence
 import httpx
 
 from bench import progress
-from bench.serving import report
+from bench.serving.core import report
 from bench.serving.overload import overload, rss_mb
-from bench.serving.server import ServerProcess, prelude_env
-from bench.serving.stats import percentile, poisson_arrivals
+from bench.serving.core.server import ServerProcess, prelude_env
+from bench.serving.core.stats import percentile, poisson_arrivals
 
 SHORT_TOKENS, LONG_TOKENS = 128, 8192
 BASELINE = "fcfs-whole-steps"  # fcfs with --no-layer-preemption: a long step runs to its end

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench.serving.stats import percentile
+from bench.serving.core.stats import percentile
 
 
 async def overload(url: str, count: int, body: Callable[[], dict], log_path: Path | None = None) -> dict:

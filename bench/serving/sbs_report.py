@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bench.serving import host_noise, report
-from bench.serving.runner import RunResult
+from bench.serving.core import report
+from bench.serving import host_noise
+from bench.serving.core.runner import RunResult
 
 
 @dataclass(frozen=True, slots=True)

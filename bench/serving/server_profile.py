@@ -21,13 +21,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.serving import report
-from bench.serving.client import make_client
+from bench.serving.core import report
+from bench.serving.core.client import make_client
 from bench.serving.gil_profile import summarize
-from bench.serving.loadgen import prompt_source, split_server_args
-from bench.serving.runner import Level, Limits, run_level
-from bench.serving.server import ServerProcess, parse_command, prelude_env
-from bench.serving.workloads import Fixed, Options
+from bench.serving.core.loadgen import prompt_source, split_server_args
+from bench.serving.core.runner import Level, Limits, run_level
+from bench.serving.core.server import ServerProcess, parse_command, prelude_env
+from bench.serving.core.workloads import Fixed, Options
 
 # Where a loop sample's stack says the loop was: the first match, in this order, names it.
 LAYERS = (("prelude/server/", "server (prelude/server)"), ("starlette/", "server (prelude/server)"),

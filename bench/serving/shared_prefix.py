@@ -28,9 +28,9 @@ import httpx
 
 from bench import progress
 from bench.charts import write_chart
-from bench.serving import report
-from bench.serving.server import ServerProcess, free_port, log_tail, prelude_env
-from bench.serving.stats import percentile
+from bench.serving.core import report
+from bench.serving.core.server import ServerProcess, free_port, log_tail, prelude_env
+from bench.serving.core.stats import percentile
 
 WORDS = ("policy account review signal market client risk credit order yield region season supply ledger "
          "audit vendor margin stock price trend claim refund score label ticket queue route agent cache").split()

@@ -37,14 +37,15 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bench.charts import write_chart
-from bench.serving import host_noise, proc, report, sbs_report
-from bench.serving.client import make_client, send
-from bench.serving.loadgen import model_name
-from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
-from bench.serving.runner import Level, Limits, run_level
+from bench.serving.core import proc, report
+from bench.serving import host_noise, sbs_report
+from bench.serving.core.client import make_client, send
+from bench.serving.core.loadgen import model_name
+from bench.serving.core.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
+from bench.serving.core.runner import Level, Limits, run_level
 from bench.serving.sbs_report import SideResult, Spec
-from bench.serving.server import ServerError, ServerProcess, prelude_env
-from bench.serving.workloads import Embed, Fixed, Options, Workload
+from bench.serving.core.server import ServerError, ServerProcess, prelude_env
+from bench.serving.core.workloads import Embed, Fixed, Options, Workload
 
 
 FOREIGN_NOTE_CORES = 0.1  # below this, other processes' CPU is background noise

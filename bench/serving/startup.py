@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from bench import progress
-from bench.serving import report
-from bench.serving.loadgen import split_server_args
-from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
+from bench.serving.core import report
+from bench.serving.core.loadgen import split_server_args
+from bench.serving.core.server import ServerError, ServerProcess, parse_command, prelude_env
 
 # Prelude logs its own share of the startup: model resolution, weights, tokenizer, KV cache.
 ENGINE_READY = re.compile(r"engine ready in ([0-9.]+)s")

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import httpx
 
-from bench.serving import report
-from bench.serving.server import ServerProcess, parse_command, prelude_env
+from bench.serving.core import report
+from bench.serving.core.server import ServerProcess, parse_command, prelude_env
 
 STREAM_PROMPT = [5, 6, 7]
 LONG_AFTER = 20  # stream tokens before the long request goes out

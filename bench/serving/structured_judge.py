@@ -29,10 +29,10 @@ import httpx
 import jsonschema
 
 from bench.charts import write_chart
-from bench.serving import proc, report
-from bench.serving.client import parse_sse_line
-from bench.serving.schemas import JUDGE, LABELS
-from bench.serving.server import ServerProcess, parse_command
+from bench.serving.core import proc, report
+from bench.serving.core.client import parse_sse_line
+from bench.serving.core.schemas import JUDGE, LABELS
+from bench.serving.core.server import ServerProcess, parse_command
 
 MAX_TOKENS = 64
 MODEL_NAME = "judge"

@@ -23,7 +23,7 @@ resumable_step = _native.ResumableStep if _native is not None else None
 
 # Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's
 # flash kernel, which is faster there; shorter chunks, rows of up to 1,024 tokens and heads of 32
-# and 64 are as fast or faster natively (`python -m bench.serving.prefill_attention`).
+# and 64 are as fast or faster natively (`python -m bench.kernels.prefill_attention`).
 WIDE_HEAD, WIDE_HEAD_MAX_KEYS, WIDE_HEAD_MAX_QUERIES = 128, 1024, 512
 
 

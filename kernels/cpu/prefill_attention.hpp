@@ -4,7 +4,7 @@
 // of m. Nothing is gathered or packed: a short suffix over a long cached prefix (a judge's
 // rubric) would otherwise copy the whole context two or three times to attend 16-64 queries.
 // torch's CPU flash kernel is slow on a short row of small heads: its blocks are sized for long
-// sequences, and a small row pays their set-up (`python -m bench.serving.prefill_attention`).
+// sequences, and a small row pays their set-up (`python -m bench.kernels.prefill_attention`).
 //
 // A work item is one KV head and a tile of queries: the tile's queries times the group's query
 // heads (its rows) share every key and value read. The rows' queries are transposed (scaled) into
@@ -134,7 +134,7 @@ __attribute__((always_inline)) static inline void key_rows(const PrefillAttentio
 
 // A KV head's consecutive keys lie a token's heads apart (4 KB with Qwen3-0.6B's), each on a page
 // of its own: asked for a block ahead (values at the block's start, keys a block before), their
-// page walks and misses overlap the arithmetic (`python -m bench.serving.prefill_attention`).
+// page walks and misses overlap the arithmetic (`python -m bench.kernels.prefill_attention`).
 __attribute__((always_inline)) static inline void prefetch_rows(const float* const* rows, long nk, long d) {
     for (long j = 0; j < nk; ++j)
         for (long x = 0; x < d; x += 16) __builtin_prefetch(rows[j] + x);

@@ -2,7 +2,7 @@
 // CPU: one uniform per row, no per-entry noise, no tensor the size of the vocabulary. Torch's
 // version is half a dozen ops over [rows, vocab] (softmax, a float64 copy, cumsum,
 // searchsorted) on torch's OpenMP threads, whose spinning after each op holds the core the next
-// native kernel wants (`python -m bench.serving.decode_step`).
+// native kernel wants (`python -m bench.kernels.decode_step`).
 //
 // Exactness: the cumulative mass runs in float64 over blocks of kBlock entries (each block summed
 // in float), and the search skips whole blocks by their sums, then walks one entry by entry in

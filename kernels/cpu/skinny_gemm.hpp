@@ -5,7 +5,7 @@
 // Up to kStreamRows rows of x: one weight row at a time (a single sequential stream), with the
 // rows of x four at a time, and a software prefetch of the weight 8 KB ahead into L2: faster
 // than interleaving four weight rows, whose compute stops overlapping its memory reads once the
-// hardware prefetcher falls behind (`python -m bench.serving.lm_head`). Past that, compute
+// hardware prefetcher falls behind (`python -m bench.kernels.lm_head`). Past that, compute
 // dominates and the 4x2 register tile below does better.
 #pragma once
 #include "simd.hpp"

@@ -39,7 +39,7 @@ LONG_RUN_PER_SHORT_S = 0.5
 # 512 tokens, a few ms on two cores (attention pieces are sized to last about as long); fewer
 # tokens on wider models. A short request waits for the running piece to end before its own step
 # runs, so a piece's length is part of every short request's latency
-# (`python -m bench.serving.stop_latency` measures it).
+# (`python -m bench.kernels.stop_latency` measures it).
 CHECK_EVERY_MACS = 3 * 256 * 768 * 512
 
 

@@ -6,7 +6,7 @@ one pass over the weights whatever the row count. `F.linear` is not: MKL's matri
 for one row and its skinny GEMM for a few each take several times as long as reading the
 weight, and the linear layers and the LM head are most of a decode step.
 kernels/cpu/skinny_gemm.hpp reads each weight row once and dots it with every input row while it
-is in L1; `python -m bench.serving.lm_head` measures it.
+is in L1; `python -m bench.kernels.lm_head` measures it.
 
 Prompts (more rows) are compute-bound. kernels/cpu/packed_gemm.hpp runs on a copy of the weight
 packed once into panels, faster than MKL's sgemm (which `F.linear` calls) and as fast as oneDNN

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from bench.serving import proc
-from bench.serving.client import DONE, error_message, parse_sse_line
-from bench.serving.loadgen import shapes, split_server_args
-from bench.serving.server import ServerError, ServerProcess
+from bench.serving.core import proc
+from bench.serving.core.client import DONE, error_message, parse_sse_line
+from bench.serving.core.loadgen import shapes, split_server_args
+from bench.serving.core.server import ServerError, ServerProcess
 
 FAKE_SERVER = """
 import http.server, signal, sys
@@ -112,7 +112,7 @@ def test_a_running_server_is_not_started_twice(tmp_path):
     """A second start would spawn a process that finds the port taken while the first, no longer
     referenced, outlived the benchmark (this file's SIGTERM test once did that, and left a server
     behind on every run)."""
-    from bench.serving.server import ServerError, ServerProcess
+    from bench.serving.core.server import ServerError, ServerProcess
 
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
@@ -138,7 +138,7 @@ def test_a_benchmark_stopped_by_sigterm_stops_its_server(tmp_path):
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {str(os.getcwd())!r})
-from bench.serving.server import ServerProcess
+from bench.serving.core.server import ServerProcess
 server = ServerProcess([], [sys.executable, {str(script)!r}], log_path=Path({str(tmp_path / "s.log")!r}), label="fake")
 with server:  # a benchmark's usual shape: the server is stopped on the way out
     print(server.pid, flush=True)

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from bench.serving.prompts import WORDS, LocalTokenizer, PromptFactory, TokenizerError, split_specials
-from bench.serving.workloads import Fixed, Options, Score, SharedPrefix
+from bench.serving.core.prompts import WORDS, LocalTokenizer, PromptFactory, TokenizerError, split_specials
+from bench.serving.core.workloads import Fixed, Options, Score, SharedPrefix
 from tests.data import tokenizer_dir
 
 BOS = 1

@@ -1,10 +1,10 @@
-"""bench.serving.simulate: deterministic with a seed, every request completes once, and on the
+"""bench.sim.simulate: deterministic with a seed, every request completes once, and on the
 shared-prefix workload the prefix-aware policies beat round_robin on hit rate and mean TTFT."""
 from __future__ import annotations
 
 import json
 
-from bench.serving.simulate import main, simulate
+from bench.sim.simulate import main, simulate
 
 SETUP = dict(prompts=8, requests=300, clients=8)  # the 2-replica bench's defaults
 

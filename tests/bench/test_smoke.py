@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.serving import loadgen
+from bench.serving.core import loadgen
 
 
 def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
@@ -46,8 +46,8 @@ def test_load_generator_shows_a_progress_bar_per_level(server, tmp_path, capsys)
 
 
 def test_client_pool_keeps_one_connection_per_request_in_flight(server):
-    from bench.serving.client import ClientPool
-    from bench.serving.workloads import Job, encode
+    from bench.serving.core.client import ClientPool
+    from bench.serving.core.workloads import Job, encode
 
     job = Job("/v1/completions", encode({"prompt": [5, 6, 7], "max_tokens": 1}), False, 3, 1)
 
@@ -64,7 +64,7 @@ def test_client_pool_keeps_one_connection_per_request_in_flight(server):
 
 
 def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
-    from bench.serving import decode_step
+    from bench.kernels import decode_step
 
     out = tmp_path / "decode_step.json"
     code = decode_step.main(["--model", str(demo_model), "--rounds", "1", "--steps", "2", "--json", str(out)])
@@ -75,7 +75,7 @@ def test_decode_step_bench_times_every_op_set(demo_model, tmp_path, capsys):
 
 
 def test_suffix_step_bench_times_a_suffix_over_a_cached_prefix(demo_model, tmp_path, capsys):
-    from bench.serving import suffix_step
+    from bench.kernels import suffix_step
 
     out = tmp_path / "suffix_step.json"
     code = suffix_step.main(["--model", str(demo_model), "--prefix", "40", "--suffix", "8", "--rounds", "2",
@@ -86,7 +86,7 @@ def test_suffix_step_bench_times_a_suffix_over_a_cached_prefix(demo_model, tmp_p
 
 
 def test_prefill_attention_bench_writes_its_table_json_and_chart(tmp_path, capsys):
-    from bench.serving import prefill_attention
+    from bench.kernels import prefill_attention
     from kernels.cpu.ops import built
 
     if not built:

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from bench.serving.stats import Distribution, RequestRecord, percentile, poisson_arrivals, summarize
+from bench.serving.core.stats import Distribution, RequestRecord, percentile, poisson_arrivals, summarize
 
 
 def test_percentile_interpolates_between_closest_ranks():

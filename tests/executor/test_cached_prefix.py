@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.serving.scattered_blocks import scatter, scattered_table
+from bench.kernels.scattered_blocks import scatter, scattered_table
 from prelude.contract.batch import PrefillRow
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.serving.scattered_blocks import scattered_context
+from bench.kernels.scattered_blocks import scattered_context
 from prelude.executor.attention import row_attention
 from prelude.model.attention import own_token_mask
 

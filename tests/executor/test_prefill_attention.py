@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.serving.scattered_blocks import scattered_context
+from bench.kernels.scattered_blocks import scattered_context
 from kernels.cpu import ops
 
 

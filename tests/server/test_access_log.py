@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.serving.server import prelude_env
+from bench.serving.core.server import prelude_env
 from prelude.contract.config import Config
 from prelude.app.logs import JsonFormatter
 from tests.server.harness import ServerThread

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.core.server import ServerProcess, prelude_env
 
 STORY = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
 

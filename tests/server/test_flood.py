@@ -5,7 +5,7 @@ liveness probe polling /health on a kept-alive connection is answered 200 every 
 from __future__ import annotations
 
 from bench.serving.health_flood import run_flood
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.core.server import ServerProcess, prelude_env
 
 REQUESTS = 1000
 # A hang guard, not a latency target (bench.serving.health_flood measures that): a poll stuck

@@ -13,7 +13,7 @@ import pytest
 
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (pip install 'prelude[kv-events]')")
 
-from bench.serving.server import free_port  # noqa: E402
+from bench.serving.core.server import free_port  # noqa: E402
 from prelude.contract.config import Config  # noqa: E402
 from prelude.contract.kv_events import KVEventsConfig  # noqa: E402
 from prelude.app.preflight import StartupError  # noqa: E402

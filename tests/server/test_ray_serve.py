@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'prel
                                         "checked by hand, see docs/deploy.md 'Scale out'")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed (pip install 'prelude[ray]')")
 
-from bench.serving.server import free_port  # noqa: E402
+from bench.serving.core.server import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

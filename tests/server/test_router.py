@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from bench.serving.server import ServerProcess, free_port, prelude_env
+from bench.serving.core.server import ServerProcess, free_port, prelude_env
 
 pytest.importorskip("sglang_router", reason="the sglang-router wheel is not installed (pip install sglang-router)")
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 
-from bench.serving.server import prelude_env
+from bench.serving.core.server import prelude_env
 from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bench.serving.schemas import JUDGE, LABELS, generated
+from bench.serving.core.schemas import JUDGE, LABELS, generated
 
 SCHEMA = JUDGE["pairwise"]
 

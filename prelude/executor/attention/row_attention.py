@@ -24,7 +24,7 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     keys and all the keys before it: the cached context and the new keys before the chunk, seen
     whole. Off the native kernel, two flash attentions merged by their log-sum-exps: the same
     work as the chunk's rows of one causal attention, where a mask over all keys costs about
-    twice that (`python -m bench.serving.prefill_attention`)."""
+    twice that (`python -m bench.kernels.prefill_attention`)."""
     native = causal_prefill(q, k, v, context)
     if native is not None:
         return native
@@ -52,7 +52,7 @@ def items_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: 
     queries attend to the context and the shared part in one flash attention, and each item to
     itself causally in one batched flash attention (items padded at their end to the longest,
     which causality hides); the two are merged by their log-sum-exps. The merged form wins by a
-    wide margin at many items, the dense one at few keys (`python -m bench.serving.multi_item`)."""
+    wide margin at many items, the dense one at few keys (`python -m bench.kernels.multi_item`)."""
     n, heads = q.shape[0], q.shape[1]
     past_k, past_v = context.gathered() if context is not None and context.length else (None, None)
     keys_seen = n + (0 if past_k is None else len(past_k))

@@ -34,7 +34,7 @@ class TorchAttention(AttentionBackend):
     def plan(self, layout: StepLayout) -> None:
         # The per-layer structures are made on the first layer that needs them: a step the
         # native forward takes whole (prelude.executor.fused_step) reads only the layout, and making
-        # them is a visible share of a small decode step (`python -m bench.serving.decode_step`).
+        # them is a visible share of a small decode step (`python -m bench.kernels.decode_step`).
         self.layout = layout
         self._per_layer_planned = False
 

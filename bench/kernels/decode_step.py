@@ -1,4 +1,4 @@
-"""`python -m bench.serving.decode_step`: one CPU decode step of a checkpoint without the server
+"""`python -m bench.kernels.decode_step`: one CPU decode step of a checkpoint without the server
 (ModelRunner.run: flattening, attention plan, forward, LM head, sampling at T=1) for a few rows
 at a given context: the model's ops in torch (`kernels/reference.py`), the native kernels
 (`kernels/cpu/ops.py`) layer by layer, and the whole step's layers in one native call
@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from bench.charts import write_chart
-from bench.serving import report
+from bench.serving.core import report
 from prelude.contract.batch import DecodeRow, OutputSpec
 from prelude.contract.sampling import SamplingParams
 from prelude.executor.attention.torch_ref import TorchAttention
@@ -90,7 +90,7 @@ def start_steps(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.decode_step", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.decode_step", description=__doc__)
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--context", type=int, default=150)
     add_step_flags(p, "decode_step.json", steps=100)
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.model}: {args.rows} rows at {args.context} tokens of context, {torch.get_num_threads()} threads")
     print(report.table(["ops", "best ms", "median ms"],
                        [[name, min(t), statistics.median(t)] for name, t in times.items()]))
-    path = report.write_json(args.json, {"tool": "bench.serving.decode_step", "model": args.model, "rows": args.rows,
+    path = report.write_json(args.json, {"tool": "bench.kernels.decode_step", "model": args.model, "rows": args.rows,
                                          "context": args.context, "threads": torch.get_num_threads(),
                                          "rounds_ms": times})
     print(f"results: {path}")

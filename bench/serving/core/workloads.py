@@ -18,7 +18,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from bench.serving.prompts import Prompt, PromptFactory, Segment
+from bench.serving.core.prompts import Prompt, PromptFactory, Segment
 
 COMPLETIONS = "/v1/completions"
 SCORE = "/v1/score"

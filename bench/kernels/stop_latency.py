@@ -1,4 +1,4 @@
-"""`python -m bench.serving.stop_latency`: how long a preemptible OneShot step takes to step
+"""`python -m bench.kernels.stop_latency`: how long a preemptible OneShot step takes to step
 aside once its StopFlag goes up, and what stepping aside costs it, without the server.
 
 One long row (the demo model by default) runs on the runner's resumable path: first with the
@@ -18,8 +18,8 @@ from typing import Sequence
 
 import torch
 
-from bench.serving import report
-from bench.serving.decode_step import BLOCK, cpu_runner
+from bench.serving.core import report
+from bench.kernels.decode_step import BLOCK, cpu_runner
 from prelude.contract.batch import OutputSpec, PrefillRow
 from prelude.contract.stop import StopFlag
 from prelude.demo import ensure_demo_model
@@ -28,7 +28,7 @@ from prelude.host_tuning import set_compute_threads
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.stop_latency", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.stop_latency", description=__doc__)
     p.add_argument("--model", help="checkpoint directory (default: the demo model)")
     p.add_argument("--tokens", type=int, default=8000, help="the long row's tokens")
     p.add_argument("--check-every-macs", type=int, default=CHECK_EVERY_MACS)
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["tokens", "check every M MACs", "whole ms", "interrupted ms", "stops", "wait P50 ms",
                         "P90 ms", "max ms"], rows))
     written = report.write_json(args.json or report.default_json_path("stop_latency"),
-                                {"tool": "bench.serving.stop_latency", "model": path,
+                                {"tool": "bench.kernels.stop_latency", "model": path,
                                  "tokens": args.tokens, "check_every_macs": args.check_every_macs,
                                  "whole_s": whole, "interrupted_s": interrupted, "waits_ms": waits})
     print(f"results: {written}")

@@ -1,4 +1,4 @@
-"""`python -m bench.serving.sim_costs`: measures the two costs bench.serving.simulate adds to its
+"""`python -m bench.sim.sim_costs`: measures the two costs bench.sim.simulate adds to its
 engine step-time curve, on the machine and setup of bench.serving.shared_prefix (two demo-model
 replicas with one torch thread each, 692 KV blocks, the real sglang-router, streamed requests).
 
@@ -31,7 +31,7 @@ from typing import Sequence
 
 import httpx
 
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.core.server import ServerProcess, prelude_env
 from bench.serving.shared_prefix import Router, system_prompts
 
 ACCESS = re.compile(r"POST /v1/completions 200 .* ttft=([\d.]+)ms total=([\d.]+)ms")
@@ -65,7 +65,7 @@ def median(xs) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.sim_costs", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.sim.sim_costs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=30, help="requests per measurement")
     p.add_argument("--kv-blocks", type=int, default=692)

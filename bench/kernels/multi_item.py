@@ -1,4 +1,4 @@
-"""`python -m bench.serving.multi_item`: /v1/score with one query and N short items, the items
+"""`python -m bench.kernels.multi_item`: /v1/score with one query and N short items, the items
 in one masked forward (multi-item) against one row per item (sharing the query through the
 prefix cache), N = 1, 10, 50, 200. Items per second of each, and the ratio, on the demo model or
 a random-weight Qwen3-0.6B-shaped checkpoint (--size 0.6B). Every request has a fresh query, so
@@ -16,9 +16,9 @@ from typing import Sequence
 
 import httpx
 
-from bench.serving import report
+from bench.serving.core import report
 from bench.serving.checkpoint import write_checkpoint
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.core.server import ServerProcess, prelude_env
 
 
 def measure(url: str, n_items: int, multi: bool, query_len: int, item_len: int, repeats: int,
@@ -38,7 +38,7 @@ def measure(url: str, n_items: int, multi: bool, query_len: int, item_len: int, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.multi_item", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.multi_item", description=__doc__)
     p.add_argument("--size", default="demo", help="demo | 0.6B (random weights, Qwen3-0.6B's config)")
     p.add_argument("--items", default="1,10,50,200")
     p.add_argument("--query-len", type=int, default=300)
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {n} items done", flush=True)
     print(f"\n{args.size}: query {args.query_len} tokens, items {args.item_len} tokens, median of {args.repeats}")
     print(report.table(["items", "multi ms", "multi items/s", "per-item ms", "per-item items/s", "speedup"], rows))
-    path = report.write_json(args.json, {"tool": "bench.serving.multi_item", "size": args.size,
+    path = report.write_json(args.json, {"tool": "bench.kernels.multi_item", "size": args.size,
                                          "query_len": args.query_len, "item_len": args.item_len, "results": results})
     print(f"results: {path}")
     return 0

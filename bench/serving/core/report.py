@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from bench.serving.runner import RunResult
-from bench.serving.stats import Distribution
+from bench.serving.core.runner import RunResult
+from bench.serving.core.stats import Distribution
 
 RESULTS_DIR = Path("bench-results")
 

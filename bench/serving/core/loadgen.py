@@ -17,12 +17,12 @@ from typing import Iterator, Sequence
 import httpx
 
 from bench.charts import write_chart
-from bench.serving import report
-from bench.serving.client import make_client, send
-from bench.serving.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
-from bench.serving.runner import Level, Limits, RunResult, run_level
-from bench.serving.server import ServerError, ServerProcess, parse_command, prelude_env
-from bench.serving.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
+from bench.serving.core import report
+from bench.serving.core.client import make_client, send
+from bench.serving.core.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
+from bench.serving.core.runner import Level, Limits, RunResult, run_level
+from bench.serving.core.server import ServerError, ServerProcess, parse_command, prelude_env
+from bench.serving.core.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96)
 WORKLOADS = ("fixed", "embed", "prompt-logprobs", "score", "recommend", "system-prompt")

@@ -1,4 +1,4 @@
-"""`python -m bench.serving.head_grouping`: what grouping a OneShot step's rows by output head
+"""`python -m bench.kernels.head_grouping`: what grouping a OneShot step's rows by output head
 buys (issue #19's "mixed embed + score traffic at c=64").
 
 Two parts, in one run:
@@ -26,9 +26,9 @@ from typing import Sequence
 import httpx
 import torch
 
-from bench.serving import report
-from bench.serving.server import ServerProcess, parse_command, prelude_env
-from bench.serving.stats import percentile
+from bench.serving.core import report
+from bench.serving.core.server import ServerProcess, parse_command, prelude_env
+from bench.serving.core.stats import percentile
 from prelude.contract.batch import OutputSpec, PrefillRow
 from prelude.executor.heads import row_results
 from prelude.model.attention import StepLayout
@@ -146,7 +146,7 @@ async def mixed_http(url: str, concurrency: int, seconds: float, classifier: boo
 def main(argv: Sequence[str] | None = None) -> int:
     from prelude.demo import ensure_demo_classifier, ensure_demo_model
 
-    p = argparse.ArgumentParser(prog="python -m bench.serving.head_grouping", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.head_grouping", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default="heads,http", help="heads, http, or both")
     p.add_argument("--models", default="demo,classifier", help="demo, classifier, or both")
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     dirs = {"demo": ensure_demo_model, "classifier": ensure_demo_classifier}
     models = [(name, dirs[name]()) for name in args.models.split(",")]
-    results: dict = {"tool": "bench.serving.head_grouping", "rows": ROWS, "row_tokens": ROW_TOKENS}
+    results: dict = {"tool": "bench.kernels.head_grouping", "rows": ROWS, "row_tokens": ROW_TOKENS}
     if "heads" in args.parts:
         rows = []
         for name, path in models:

@@ -1,4 +1,4 @@
-"""`python -m bench.serving.decode_context`: decode speed against context length. For each prompt
+"""`python -m bench.kernels.decode_context`: decode speed against context length. For each prompt
 length (default 128, 2K and 8K tokens), `--concurrency` streamed requests at a time generate
 `--output-len` tokens each (ignore_eos); TPOT is the median gap between a request's tokens after
 its first. Run it against a build and against another build with `--server-cmd` to compare
@@ -18,8 +18,8 @@ from typing import Sequence
 
 import httpx
 
-from bench.serving import report
-from bench.serving.server import ServerProcess, prelude_env
+from bench.serving.core import report
+from bench.serving.core.server import ServerProcess, prelude_env
 
 
 async def tpot_ms(url: str, prompt_len: int, output_len: int, concurrency: int, requests: int,
@@ -48,7 +48,7 @@ async def tpot_ms(url: str, prompt_len: int, output_len: int, concurrency: int, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.decode_context", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.decode_context", description=__doc__)
     p.add_argument("--contexts", default="128,2048,8192")
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=4)
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append({"context": n, "tpot_ms": tpot})
             print(f"  context {n}: TPOT {tpot:.1f} ms", flush=True)
     print(report.table(["context tokens", "TPOT median ms"], rows))
-    path = report.write_json(args.json, {"tool": "bench.serving.decode_context", "concurrency": args.concurrency,
+    path = report.write_json(args.json, {"tool": "bench.kernels.decode_context", "concurrency": args.concurrency,
                                          "output_len": args.output_len, "server_args": server_args,
                                          "results": results})
     print(f"results: {path}")

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from bench.serving.stats import RequestRecord
-from bench.serving.workloads import Job
+from bench.serving.core.stats import RequestRecord
+from bench.serving.core.workloads import Job
 
 JSON_HEADERS = {"content-type": "application/json"}
 DONE = object()  # the SSE stream's "[DONE]" sentinel

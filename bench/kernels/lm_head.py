@@ -1,4 +1,4 @@
-"""`python -m bench.serving.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
+"""`python -m bench.kernels.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
 native kernel (prelude/model/cpu_linear.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
 head, beside what reading and copying the weight costs on this machine. Times are the minimum
 of the repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 import torch
 
 from bench.charts import write_chart
-from bench.serving import report
-from bench.serving.microbench import add_flags, best_seconds, start
+from bench.serving.core import report
+from bench.kernels.microbench import add_flags, best_seconds, start
 from prelude.model.cpu_linear import MAX_SKINNY_ROWS, built, linear
 
 
@@ -24,7 +24,7 @@ def best_ms(fn: Callable[[], object], repeats: int) -> float:
 
 @torch.inference_mode()  # the server's mode: linear() leaves autograd-tracked products to torch
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.lm_head", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.lm_head", description=__doc__)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=512, help="512: the issue's checkpoint B; 1024: Qwen3-0.6B")
     p.add_argument("--rows", default="1,2,4,8,16,32")
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append([n, plain, ours, plain / ours, gigabytes / ours * 1000, read_ms / ours])
         results.append({"rows": n, "matmul_ms": plain, "prelude_ms": ours})
     print(report.table(["rows", "x @ W.t() ms", "prelude ms", "speedup", "prelude GB/s", "of read speed"], rows))
-    path = report.write_json(args.json, {"tool": "bench.serving.lm_head", "vocab": args.vocab, "hidden": args.hidden,
+    path = report.write_json(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
                                          "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
                                          "results": results})
     print(f"results: {path}")

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from bench.serving import report
+from bench.serving.core import report
 
 NOT_BUILT = "kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)"
 

@@ -1,4 +1,4 @@
-"""`python -m bench.serving.suffix_step`: one CPU step of a one-token request whose prompt is a
+"""`python -m bench.kernels.suffix_step`: one CPU step of a one-token request whose prompt is a
 short suffix over a long prefix already in the KV cache (an LLM judge with its rubric cached),
 without the server (ModelRunner.run: flattening, attention plan, forward, LM head, sampling at
 T=1). The prefix is computed once into the cache, then the suffix step is timed in rounds;
@@ -12,15 +12,15 @@ from typing import Sequence
 
 import torch
 
-from bench.serving import report
-from bench.serving.decode_step import BLOCK, add_step_flags, cpu_runner, mean_ms, start_steps
+from bench.serving.core import report
+from bench.kernels.decode_step import BLOCK, add_step_flags, cpu_runner, mean_ms, start_steps
 from prelude.contract.batch import OutputSpec, PrefillRow
 from prelude.contract.sampling import SamplingParams
 from prelude.model.config import ModelConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.suffix_step", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.suffix_step", description=__doc__)
     p.add_argument("--prefix", type=int, default=2048, help="cached tokens")
     p.add_argument("--suffix", type=int, default=32, help="new tokens of the request")
     add_step_flags(p, "suffix_step.json", steps=20)
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     times = [mean_ms(lambda: runner.run(request, ()), args.steps) for _ in range(args.rounds)]
     print(f"{args.model}: {args.suffix} new tokens over {args.prefix} cached, {torch.get_num_threads()} threads")
     print(report.table(["best ms", "median ms"], [[min(times), statistics.median(times)]]))
-    path = report.write_json(args.json, {"tool": "bench.serving.suffix_step", "model": args.model,
+    path = report.write_json(args.json, {"tool": "bench.kernels.suffix_step", "model": args.model,
                                          "prefix": args.prefix, "suffix": args.suffix,
                                          "threads": torch.get_num_threads(), "rounds_ms": times})
     print(f"results: {path}")

@@ -1,4 +1,4 @@
-"""The measured figures and the replica model behind bench.serving.simulate (see its docstring).
+"""The measured figures and the replica model behind bench.sim.simulate (see its docstring).
 
 Every number here was measured on the 2-core box the shared-prefix bench runs on (demo model,
 one torch thread per replica, under `flock /work/timing.lock`), at commit 10f6ae7 of main.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 # RP + B*new + Q*new*(new + 2*hit) + H*hit, RD per decode row. Shape from a curve taken on
 # 2026-11-23 (fresh prompts of 40-4116 tokens: 15-1448 ms; a cached 2048-token prefix + 16 new
 # tokens; 2 and 4 such requests at once, which fix RP, H and RD), rescaled to today's kernels with
-# `python -m bench.serving.sim_costs` (replica access-log times): a fresh 2,098-token prompt's
+# `python -m bench.sim.sim_costs` (replica access-log times): a fresh 2,098-token prompt's
 # prefill 378 ms (B and Q scaled by 0.69 to match; it was 542), and one cached request's decode
 # step 5.5 ms (A 5.0 -> 4.2 ms; RD kept).
 STEP = {"A": 0.0042, "RP": 0.0026, "B": 1.096e-4, "Q": 3.20e-8, "H": 3.8e-6, "RD": 0.0013}

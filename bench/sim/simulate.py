@@ -1,4 +1,4 @@
-"""`python -m bench.serving.simulate`: a discrete-event simulator of bench.serving.shared_prefix's
+"""`python -m bench.sim.simulate`: a discrete-event simulator of bench.serving.shared_prefix's
 workload over N Prelude replicas, to predict prefix-hit rate, TTFT and req/s past one machine for
 three router policies: round_robin, cache_aware (sglang-router's) and Preble's E2.
 
@@ -34,7 +34,7 @@ Model (assumptions):
   which then caches the prompt too; so a hot prompt spreads over as many replicas as its load needs.
 
 Every figure of the model is measured (sim_model says where from; `python -m
-bench.serving.sim_costs` re-measures the overhead, the sharing and the step curve's scale)."""
+bench.sim.sim_costs` re-measures the overhead, the sharing and the step curve's scale)."""
 from __future__ import annotations
 
 import argparse
@@ -43,10 +43,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.serving import report
+from bench.serving.core import report
 from bench.serving.shared_prefix import plan_requests
-from bench.serving.sim_model import MEASURED, OVERHEAD, SHARE, STEP, Replica, Req, step_seconds
-from bench.serving.stats import percentile
+from bench.sim.sim_model import MEASURED, OVERHEAD, SHARE, STEP, Replica, Req, step_seconds
+from bench.serving.core.stats import percentile
 
 POLICIES = ("round_robin", "cache_aware", "e2")
 REPLICATE = 2.0  # E2 copies a hot prompt when its holder's queue is this many times the cheapest other
@@ -219,7 +219,7 @@ def scaled(policy: str, replicas: int, args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.simulate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.sim.simulate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", default="2,8,32,64", help="replica counts (comma-separated)")
     p.add_argument("--policies", default=",".join(POLICIES))
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         del r["ids"]
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    path = report.write_json(args.json, {"tool": "bench.serving.simulate", "settings": settings, "step": STEP,
+    path = report.write_json(args.json, {"tool": "bench.sim.simulate", "settings": settings, "step": STEP,
                                          "overhead": OVERHEAD, "share": SHARE, "replicate": REPLICATE,
                                          "results": results, "check": check})
     print(f"results: {path}")

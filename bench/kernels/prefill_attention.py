@@ -1,4 +1,4 @@
-"""`python -m bench.serving.prefill_attention`: one prompt row's causal attention on the CPU,
+"""`python -m bench.kernels.prefill_attention`: one prompt row's causal attention on the CPU,
 torch's flash kernel (`scaled_dot_product_attention`) against Prelude's native kernel
 (kernels/cpu/prefill_attention.hpp), for the heads of the demo model, checkpoint B and
 Qwen3-0.6B over prompt lengths, and for chunks over a cached context. The context lies in KV
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.charts import write_chart
-from bench.serving import report
-from bench.serving.microbench import add_flags, best_seconds, start
-from bench.serving.scattered_blocks import scattered_context
+from bench.serving.core import report
+from bench.kernels.microbench import add_flags, best_seconds, start
+from bench.kernels.scattered_blocks import scattered_context
 
 from kernels.cpu import ops
 
@@ -66,7 +66,7 @@ def _measure(shapes: list[tuple[int, int]], repeats: int) -> tuple[list[list], l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serving.prefill_attention", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.prefill_attention", description=__doc__)
     p.add_argument("--tokens", default="128,512,2048", help="prompt lengths (queries = keys)")
     p.add_argument("--chunk", default="256:4096,16:1024,64:1024,16:4096,64:4096",
                    help="QUERIES:CONTEXT,..., chunks over a cached context ('' to skip)")
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{torch.get_num_threads()} threads")
     print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
                         "prelude GFLOPS"], rows))
-    path = report.write_json(args.json, {"tool": "bench.serving.prefill_attention",
+    path = report.write_json(args.json, {"tool": "bench.kernels.prefill_attention",
                                          "threads": torch.get_num_threads(), "results": results})
     print(f"results: {path}")
     write_chart(lambda out: _plot(results, out), path.with_suffix(".png"))

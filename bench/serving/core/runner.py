@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from bench import progress
-from bench.serving import proc
-from bench.serving.client import ClientPool
-from bench.serving.stats import RequestRecord, RunSummary, poisson_arrivals, summarize
-from bench.serving.workloads import Job, Workload
+from bench.serving.core import proc
+from bench.serving.core.client import ClientPool
+from bench.serving.core.stats import RequestRecord, RunSummary, poisson_arrivals, summarize
+from bench.serving.core.workloads import Job, Workload
 
 
 @dataclass(frozen=True, slots=True)
