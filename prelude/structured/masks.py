@@ -56,12 +56,12 @@ def start_filling(requests: Sequence[MaskRequest], device: torch.device) -> Futu
     global _filler, _executor
     if len(requests) < THREADED_ROWS or not _core_beside_forward(device):
         done: Future[StepMasks] = Future()
-        done.set_result(_fill(list(requests)))
+        done.set_result(_fill(list(requests), None))
         return done
     if _filler is None:
         _filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-masks")
         _executor = llguidance.LLExecutor()
-    return _filler.submit(_fill, list(requests))
+    return _filler.submit(_fill, list(requests), _executor)
 
 
 def _core_beside_forward(device: torch.device) -> bool:
@@ -70,7 +70,9 @@ def _core_beside_forward(device: torch.device) -> bool:
     return device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
 
 
-def _fill(requests: list[MaskRequest]) -> StepMasks:
+def _fill(requests: list[MaskRequest], executor: llguidance.LLExecutor | None) -> StepMasks:
+    """The rows' masks: in one batched call of `executor` (the mask thread's) when enough rows
+    sample under their grammar, else one row at a time."""
     matchers: list[tuple[llguidance.LLMatcher, int]] = []
     rows: dict[int, int] = {}
     words = 0
@@ -82,8 +84,8 @@ def _fill(requests: list[MaskRequest]) -> StepMasks:
             rows[request.seq_id] = len(matchers)
             matchers.append((state.matcher, len(matchers)))
     bitmask = torch.empty(len(matchers), words, dtype=torch.int32)
-    if len(matchers) >= THREADED_ROWS and _executor is not None:
-        _executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, len(matchers))
+    if executor is not None and len(matchers) >= THREADED_ROWS:
+        executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, len(matchers))
     else:
         for matcher, row in matchers:
             matcher.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), words * 4)
