@@ -18,15 +18,23 @@ TINY = dict(
 )
 
 
+# Architecture name prefix of each family.
+PREFIXES = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama", "bert": "Bert", "xlm-roberta": "XLMRoberta",
+            "modernbert": "ModernBert"}
+
+
 def hf_config(family: str, vocab_size: int = 512, tie: bool = False, head: str = "ForCausalLM", **extra):
     import transformers
 
     cls = {"qwen3": transformers.Qwen3Config, "qwen2": transformers.Qwen2Config,
-           "llama": transformers.LlamaConfig}[family]
+           "llama": transformers.LlamaConfig, "bert": transformers.BertConfig,
+           "xlm-roberta": transformers.XLMRobertaConfig, "modernbert": transformers.ModernBertConfig}[family]
     kwargs = dict(TINY, vocab_size=vocab_size, tie_word_embeddings=tie, **extra)
     if family == "qwen3":
         kwargs.setdefault("head_dim", 16)
-    prefix = {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama": "Llama"}[family]
+    if family == "modernbert":  # its default special ids lie past a tiny vocabulary
+        kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    prefix = PREFIXES[family]
     config = cls(**kwargs)
     config.architectures = [prefix + head]
     return config

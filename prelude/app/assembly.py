@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prelude import __version__, tokenizer as tokenizers
 from prelude.app.banner import Banner, tokenizer_text
+from prelude.app.encoders import encoder_length, encoder_serving
 from prelude.cache.block_pool import BlockPool
 from prelude.cache.kv_events import KVEventLog
 from prelude.contract.config import Config
@@ -78,6 +79,7 @@ class Built:
     dtype: str
     num_blocks: int
     compute_threads: int
+    config: Config  # the flags it runs under (an encoder's differ from the command line's)
 
     def banner(self, config: Config, listen_url: str, seconds_to_ready: float) -> Banner:
         served = self.served
@@ -98,9 +100,15 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     model_dir = resolve_model_dir(config)
     try:
         model_config = ModelConfig.from_dir(model_dir)
-        tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend)
-        eos_ids = _eos_ids(model_dir, model_config, tokenizer)
+        config = encoder_serving(config, model_config)
         max_model_len = checked_max_model_len(config, model_config.max_position_embeddings, model_dir)
+        truncate_at = None
+        if model_config.encoder is not None:
+            if config.max_model_len is None:
+                max_model_len = encoder_length(model_dir, max_model_len)
+            truncate_at = max_model_len
+        tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend, truncate_at)
+        eos_ids = _eos_ids(model_dir, model_config, tokenizer)
         if config.executor == "null":
             setup = null_runner_setup(config, model_config, eos_ids)
         else:
@@ -130,7 +138,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 time.perf_counter() - start, model_config.architecture, num_blocks,
                 config.block_size, tokenizer.backend)
-    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads)
+    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads, config)
 
 
 def _sampling_defaults(config: Config, model_dir: Path) -> dict[str, float]:
@@ -160,12 +168,12 @@ def _kv_publisher(events: KVEventsConfig, device: str):
     return publisher
 
 
-def _load_tokenizer(model_dir: Path, backend: str):
+def _load_tokenizer(model_dir: Path, backend: str, truncate_at: int | None = None):
     """The tokenizer, or a StartupError saying how to get one that loads."""
     from prelude.tokenizer.fast import UnsupportedTokenizer
 
     try:
-        return tokenizers.load(model_dir, backend)
+        return tokenizers.load(model_dir, backend, truncate_at)
     except UnsupportedTokenizer as exc:
         raise StartupError(f"fasttoken does not support {model_dir / 'tokenizer.json'} ({exc}); use "
                            "--tokenizer-backend auto, which falls back to HF tokenizers") from exc
@@ -188,7 +196,7 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     def announce() -> None:  # in the engine loop, once warm, before /health answers 200
         freeze_startup_objects()
-        logger.info(built.banner(config, listener.url, time.perf_counter() - started))
+        logger.info(built.banner(built.config, listener.url, time.perf_counter() - started))
 
     try:
         built = build(config, on_ready=announce)
@@ -219,7 +227,7 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    server = asyncio.create_task(serve_app(create_app(engine, built.served, config), config,
+    server = asyncio.create_task(serve_app(create_app(engine, built.served, built.config), config,
                                            shutdown_trigger=stop.wait, listener=listener))
     ready = asyncio.create_task(engine.wait_ready())
     await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend, PagedStepInputs
+from prelude.model.encoder import EncoderLM
 from prelude.model.decoder import DecoderLayer, DecoderLM
 from prelude.model.layers import Linear
 from prelude.model.ops import Ops
@@ -37,10 +38,11 @@ _WEIGHT_FIELDS = 15
 _ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 
 
-def native_step(model: DecoderLM, ops: Ops) -> FusedStep | None:
-    """The one-call step of `model` on `ops`, where the ops have a native step and the model's
-    parameters and sizes fit it; else None (the runner runs the model layer by layer)."""
-    if ops.forward_step is None or not FusedStep.fits(model):
+def native_step(model: DecoderLM | EncoderLM, ops: Ops) -> FusedStep | None:
+    """The one-call step of `model` on `ops`, where the ops have a native step and the model (a
+    decoder: the kernel runs causal layers) its parameters and sizes fit it; else None (the
+    runner runs the model layer by layer)."""
+    if ops.forward_step is None or not isinstance(model, DecoderLM) or not FusedStep.fits(model):
         return None
     return FusedStep(model, ops.forward_step, ops.resumable_step)
 

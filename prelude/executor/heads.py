@@ -79,7 +79,10 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     # Heads over the last position run once per step for all their rows (grouped by head).
     classify = [k for k, (_, spec, _) in enumerate(wanted) if spec.classify]
     if classify:
-        scores = model.compute_scores(last_hidden(hidden, layout, [wanted[k][0] for k in classify])).float()
+        rows = [wanted[k][0] for k in classify]
+        states = (last_hidden(hidden, layout, rows) if model.classifier_pooling == "last"
+                  else _pooled_rows(hidden, layout, rows, model.classifier_pooling))
+        scores = model.compute_scores(states).float()
         for k, row_scores in zip(classify, scores.tolist()):
             results[k].scores = row_scores
     last_pooled = [k for k, (_, spec, _) in enumerate(wanted) if spec.pooling == "last"]
@@ -161,6 +164,14 @@ def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequ
         out.extend(TokenLogprob(t, lp, alt, r) for t, lp, alt, r in
                    zip(targets.tolist(), chosen.squeeze(1).tolist(), alternatives, ranks))
     return out
+
+
+def _pooled_rows(hidden: torch.Tensor, layout: StepLayout, rows: list[int], pooling: str) -> torch.Tensor:
+    """Each row's first state (cls) or the mean of its states, in the hidden states' dtype."""
+    spans = [(layout.query_starts[i], layout.query_starts[i + 1]) for i in rows]
+    if pooling == "cls":
+        return hidden[[start for start, _ in spans]]
+    return torch.stack([hidden[start:end].mean(dim=0) for start, end in spans])
 
 
 def _pool(hidden: torch.Tensor, spec: OutputSpec) -> torch.Tensor:

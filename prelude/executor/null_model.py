@@ -40,6 +40,9 @@ class NullModel(nn.Module):
     """Zero hidden states; logits peak on one ordinary (non-eos) token so greedy generation runs
     to max_tokens."""
 
+    skips_unread_tokens = True
+    classifier_pooling = "last"
+
     def __init__(self, config: ModelConfig, avoid: frozenset[int]):
         super().__init__()
         self.config = config

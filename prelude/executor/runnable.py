@@ -16,6 +16,10 @@ from prelude.model.decoder import ResumableForward
 class RunnableModel(Protocol):
     # nn.Module's own __call__ (hooks, then forward); forward is the signature it keeps.
     __call__: Callable[..., Any]
+    # Whether forward's `keep` spares the tokens the heads do not read (a decoder's last layer),
+    # and which states compute_scores reads: a row's last token, its first (cls) or their mean.
+    skips_unread_tokens: bool
+    classifier_pooling: str
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None) -> torch.Tensor: ...

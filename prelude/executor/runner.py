@@ -108,8 +108,9 @@ class ModelRunner:
         return self._to_device(step.ids), self._to_device(step.positions), step.layout(self._to_device(step.slots))
 
     def _kept(self, step: HostStep) -> torch.Tensor | None:
-        """The tokens whose final states the heads read, when that is not all of them."""
-        return None if step.read is None else self._to_device(step.read)
+        """The tokens whose final states the heads read, when that is not all of them and the
+        model spares the others."""
+        return None if step.read is None or not self.model.skips_unread_tokens else self._to_device(step.read)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         # array('q') + frombuffer converts a long list several times faster than torch.tensor.

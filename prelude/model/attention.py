@@ -108,6 +108,11 @@ class AttentionBackend(ABC):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
 
+    def bidirectional(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+        """An encoder's attention: each row's queries over all of its own tokens (no cache, no
+        causal mask), or, with `window`, over the tokens at most that far from each query."""
+        raise NotImplementedError(f"{type(self).__name__} does not run encoders")
+
     def paged_step_inputs(self) -> PagedStepInputs | None:
         """The planned step's paged layout when the backend keeps its cache where a native step
         can read it and the step is one such a step computes; None otherwise (the default)."""

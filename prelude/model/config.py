@@ -6,10 +6,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from prelude.model.encoder_config import (
+    ENCODER_FAMILIES,
+    ENCODER_HEADS,
+    EncoderConfig,
+    encoder_config,
+    sep_token_id,
+    unsupported,
+    usable_positions,
+)
+
 # Causal-LM architectures and the sequence-classification variants built on the same decoder.
 DECODER_FAMILIES = {"Qwen3": "qwen3", "Qwen2": "qwen2", "Llama": "llama"}
 HEADS = ("ForCausalLM", "ForSequenceClassification", "Model")
-SUPPORTED_ARCHITECTURES = tuple(f"{family}{head}" for family in DECODER_FAMILIES for head in HEADS)
+SUPPORTED_ARCHITECTURES = tuple(f"{family}{head}" for family in DECODER_FAMILIES for head in HEADS) + tuple(
+    f"{family}{head}" for family in ENCODER_FAMILIES for head in ENCODER_HEADS)
 
 
 class UnsupportedModel(ValueError):
@@ -29,7 +40,7 @@ class RopeConfig:
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
-    family: str  # qwen3 | qwen2 | llama
+    family: str  # qwen3 | qwen2 | llama | bert | xlm-roberta | modernbert
     head: str  # ForCausalLM | ForSequenceClassification | Model
     vocab_size: int
     hidden_size: int
@@ -49,13 +60,15 @@ class ModelConfig:
     bos_token_id: int | None = None
     pad_token_id: int | None = None
     id2label: dict[int, str] = field(default_factory=dict)
+    encoder: EncoderConfig | None = None  # set for the bidirectional encoders (BERT, XLM-R, ModernBERT)
 
     @property
     def num_labels(self) -> int:
         return len(self.id2label)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, raw: dict[str, Any], sep_id: int | None = None) -> ModelConfig:
+        """`sep_id`: the tokenizer's separator, which a BERT pair's token types need."""
         architectures = raw.get("architectures") or []
         architecture = architectures[0] if architectures else None
         family_head = _split_architecture(architecture)
@@ -65,14 +78,12 @@ class ModelConfig:
                 + ", ".join(SUPPORTED_ARCHITECTURES)
             )
         family, head = family_head
+        if family in ENCODER_FAMILIES.values():
+            return cls._encoder(raw, architecture, family, head, sep_id)
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {raw['hidden_act']!r} is not supported (only silu)")
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
-        id2label = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
-        if head == "ForSequenceClassification" and not id2label:
-            # transformers leaves id2label out of config.json at its default, num_labels=2
-            id2label = {i: f"LABEL_{i}" for i in range(raw.get("num_labels", 2))}
         return cls(
             architecture=architecture,
             family=family,
@@ -95,15 +106,32 @@ class ModelConfig:
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
-            id2label=id2label,
+            id2label=_id2label(raw, head),
         )
+
+    @classmethod
+    def _encoder(cls, raw: dict[str, Any], architecture: str, family: str, head: str,
+                 sep_id: int | None) -> ModelConfig:
+        problem = unsupported(raw)
+        if problem is not None:
+            raise UnsupportedModel(problem)
+        num_heads = raw["num_attention_heads"]
+        return cls(
+            architecture=architecture, family=family, head=head, vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"], num_heads=num_heads, num_kv_heads=num_heads,
+            head_dim=raw["hidden_size"] // num_heads, rms_norm_eps=0.0, rope=RopeConfig(theta=10_000.0),
+            max_position_embeddings=usable_positions(family, raw), tie_word_embeddings=False,
+            attention_bias=True, qk_norm=False, checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            pad_token_id=raw.get("pad_token_id"), id2label=_id2label(raw, head),
+            encoder=encoder_config(family, raw, sep_id))
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise UnsupportedModel(f"{path} not found: --model must be a local HF-format directory")
-        config = cls.from_dict(json.loads(path.read_text()))
+        config = cls.from_dict(json.loads(path.read_text()), sep_token_id(Path(model_dir)))
         # generation_config.json is authoritative for the eos ids generation stops at.
         eos = _as_ids(_generation_config(model_dir).get("eos_token_id"))
         if eos:
@@ -136,11 +164,20 @@ def _generation_config(model_dir: str | Path) -> dict:
 def _split_architecture(architecture: str | None) -> tuple[str, str] | None:
     if architecture is None:
         return None
-    for prefix, family in DECODER_FAMILIES.items():
-        for head in HEADS:
-            if architecture == prefix + head:
-                return family, head
+    for families, heads in ((DECODER_FAMILIES, HEADS), (ENCODER_FAMILIES, ENCODER_HEADS)):
+        for prefix, family in families.items():
+            for head in heads:
+                if architecture == prefix + head:
+                    return family, head
     return None
+
+
+def _id2label(raw: dict[str, Any], head: str) -> dict[int, str]:
+    id2label = {int(k): str(v) for k, v in (raw.get("id2label") or {}).items()}
+    if head == "ForSequenceClassification" and not id2label:
+        # transformers leaves id2label out of config.json at its default, num_labels=2
+        id2label = {i: f"LABEL_{i}" for i in range(raw.get("num_labels", 2))}
+    return id2label
 
 
 def _as_ids(value: Any) -> tuple[int, ...]:

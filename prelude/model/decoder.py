@@ -91,6 +91,11 @@ class DecoderLM(nn.Module):
     """Decoder plus the heads its architecture has: `lm_head` for *ForCausalLM, `score` for
     *ForSequenceClassification, none for *Model (embedding checkpoints)."""
 
+    # The last layer computes only the tokens the heads read (LayerState.keep), and the
+    # classifier reads a row's last token.
+    skips_unread_tokens = True
+    classifier_pooling = "last"
+
     def __init__(self, config: ModelConfig, max_positions: int):
         super().__init__()
         self.config = config

@@ -14,11 +14,15 @@ import torch
 from safetensors import safe_open
 
 from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.model.bert import BertLM
 from prelude.model.decoder import DecoderLM
+from prelude.model.encoder import EncoderLM
+from prelude.model.modernbert import ModernBertLM
 from prelude.model.ops import TORCH_OPS, Ops
 
 logger = logging.getLogger(__name__)
 
+ENCODERS: dict[str, type[EncoderLM]] = {"bert": BertLM, "xlm-roberta": BertLM, "modernbert": ModernBertLM}
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -44,7 +48,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
-                ops: Ops = TORCH_OPS) -> DecoderLM:
+                ops: Ops = TORCH_OPS) -> DecoderLM | EncoderLM:
     """An uninitialized model on `device`: parameters are allocated in the target dtype and never
     initialized (the checkpoint fills them), so nothing is computed or copied twice. `ops`
     picks the implementation of norms and activations (prelude.model.ops)."""
@@ -52,6 +56,9 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
+            if config.encoder is not None:
+                encoder = ENCODERS[config.encoder.kind](config, max_positions)
+                return encoder.eval().requires_grad_(False)
             model = DecoderLM(config, max_positions)
     finally:
         torch.set_default_dtype(previous)
@@ -61,7 +68,7 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int, ops: Ops = TORCH_OPS) -> DecoderLM:
+               max_positions: int, ops: Ops = TORCH_OPS) -> DecoderLM | EncoderLM:
     model_dir = Path(model_dir)
     start = time.perf_counter()
     model = build_model(config, dtype, device, max_positions, ops)

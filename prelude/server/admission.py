@@ -57,6 +57,17 @@ class Admission:
             self._embeddable(ids)
         return encoded
 
+    async def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
+        """Text pairs (a cross-encoder's query and document), each as one sequence."""
+        def encode() -> list[list[int]]:
+            return [self.tokenizer.encode_pair(a, b) for a, b in zip(firsts, seconds)]
+
+        encoded = encode() if sum(map(len, firsts)) + sum(map(len, seconds)) < INLINE_CHARS else \
+            await self.offload(encode)
+        for ids in encoded:
+            self._embeddable(ids)
+        return encoded
+
     def _embeddable(self, ids: list[int]) -> list[int]:
         """Text encoded to ids the model embeds (checked only when the tokenizer knows more)."""
         if self.vocab_size < self.tokenizer.vocab_size and ids and max(ids) >= self.vocab_size:

@@ -123,8 +123,7 @@ class CompatAPI(DecisionAPI):
             if isinstance(entry, str) and entry:
                 (ids,) = await self.encode_items([entry], "inputs")
             elif isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t for t in entry):
-                (first,) = await self.encode_items([entry[0]], "inputs")
-                ids = first + await self.admission.encode(entry[1], add_special_tokens=False)
+                (ids,) = await self.admission.encode_pairs([entry[0]], [entry[1]])
             else:
                 raise bad_request("'inputs' must be a text, a [text, pair], or an array of those", "inputs")
             prompts.append(ids)

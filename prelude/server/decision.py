@@ -232,10 +232,7 @@ class DecisionAPI(Serving):
         if self.served.pair_scoring == "embedding":
             return await self._embedding_similarities(http, rid, queries, documents, body)
         if self.served.pair_scoring == "cross-encoder":  # the pair through the classification head
-            unique = list(dict.fromkeys(queries))  # usually one query for every document
-            encoded = dict(zip(unique, await self.encode_items(unique, "query")))
-            seconds = await self.admission.encode_many(documents, add_special_tokens=False)
-            prompts = [encoded[q] + d for q, d in zip(queries, seconds)]
+            prompts = await self.admission.encode_pairs(queries, documents)
             scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
             return [pair_relevance(s) for s in scores], prompts
         self.require_lm_head("scoring")

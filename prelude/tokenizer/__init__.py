@@ -13,11 +13,13 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("auto", "fasttoken", "hf")
 
 
-def load(path: str | Path, backend: str = "auto") -> Tokenizer:
+def load(path: str | Path, backend: str = "auto", truncate_at: int | None = None) -> Tokenizer:
     """Load `tokenizer.json` (or the one inside a model directory).
 
     backend "auto" uses fasttoken when the file is inside its supported subset and otherwise
     falls back to HF `tokenizers`, logging why; "fasttoken" raises instead of falling back.
+    `truncate_at`: every encoding is cut to that many tokens, its special tokens kept (an
+    encoder's texts); HF `tokenizers` does it, fasttoken does not.
     """
     path = Path(path)
     if path.is_dir():
@@ -25,7 +27,13 @@ def load(path: str | Path, backend: str = "auto") -> Tokenizer:
     if backend not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {backend!r}; choose one of {BACKENDS}")
     reason = None
-    if backend != "hf":
+    if truncate_at is not None:
+        if backend == "fasttoken":
+            from prelude.tokenizer.fast import UnsupportedTokenizer
+
+            raise UnsupportedTokenizer("it does not truncate, and this model's texts are truncated")
+        reason = f"fasttoken does not truncate, and this model's texts are cut at {truncate_at} tokens"
+    if backend != "hf" and truncate_at is None:
         from prelude.tokenizer.fast import FastTokenizer, UnsupportedTokenizer
 
         try:
@@ -42,6 +50,6 @@ def load(path: str | Path, backend: str = "auto") -> Tokenizer:
             logger.warning("%s; using HF tokenizers", reason)
     from prelude.tokenizer.hf import HFTokenizer
 
-    tokenizer = HFTokenizer(path)
+    tokenizer = HFTokenizer(path, truncate_at)
     tokenizer.fallback_reason = reason
     return tokenizer

@@ -15,10 +15,13 @@ from prelude.tokenizer.base import Tokenizer
 class HFTokenizer(Tokenizer):
     backend = "hf"
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, truncate_at: int | None = None):
         self._tok = _HFTokenizer.from_file(str(path))
-        # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must not.
+        # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must
+        # not, except at the limit it was given.
         self._tok.no_truncation()
+        if truncate_at is not None:
+            self._tok.enable_truncation(truncate_at)
         self._tok.no_padding()
         added = json.loads(Path(path).read_text(encoding="utf-8")).get("added_tokens", [])
         self._special_ids = special_token_ids(added)
@@ -29,6 +32,9 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        return self._tok.encode(first, second).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

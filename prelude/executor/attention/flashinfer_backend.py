@@ -21,6 +21,7 @@ import torch
 
 from prelude.executor.attention.flashinfer_plan import FlashInferPlan, PagedRows, build_plan, pad_decode_rows
 from prelude.executor.kv_cache import KVCache
+from prelude.executor.attention.encoder_attention import bidirectional_attention
 from prelude.model.attention import AttentionBackend, GraphKind, QKNorm, StepLayout, own_token_mask
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class FlashInferAttention(AttentionBackend):
 
     # -- planning ---------------------------------------------------------------------------
     def plan(self, layout: StepLayout) -> None:
+        self.query_starts = layout.query_starts
         plan = build_plan(layout, self.page_size, layout.host_slots)
         self._begin(plan, layout.slot_mapping)
         self._ragged = self.ragged
@@ -118,6 +120,10 @@ class FlashInferAttention(AttentionBackend):
         self._decoder = self.decode
         if plan.num_decode_rows:
             self._plan_decoder(self.decode, plan.decode_kv)
+
+    def bidirectional(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+        # torch's CUDA attention for now; flashinfer's non-causal ragged prefill is the GPU issue's.
+        return bidirectional_attention(q, k, v, self.query_starts, window)
 
     def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
         if kind == "decode":

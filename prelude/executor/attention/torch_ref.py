@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels.cpu.ops import CachedContext, prefill_wins
 from prelude.executor.kv_cache import KVCache
+from prelude.executor.attention.encoder_attention import bidirectional_attention
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
 from prelude.model.attention import AttentionBackend, PagedStepInputs, QKNorm, StepLayout
 
@@ -116,6 +117,9 @@ class TorchAttention(AttentionBackend):
             )
             out[self.batched_rows] = o.squeeze(2)
         return out
+
+    def bidirectional(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+        return bidirectional_attention(q, k, v, self.layout.query_starts, window)
 
     def _prefill_rows(self, k_cache: torch.Tensor, v_cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""ModernBERT (ModernBertModel, ModernBertForSequenceClassification): pre-norm blocks without
+biases, rotary positions, a gated GELU MLP, and attention that alternates between global layers
+and local ones (each token sees the tokens within half the local window either side), each kind
+with its own rotary base."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from prelude.model.attention import AttentionBackend
+from prelude.model.config import ModelConfig
+from prelude.model.encoder import ACTIVATION_FUNCTIONS, EncoderLM, LayerNorm, Rename
+from prelude.model.layers import Embedding, Linear
+
+MODERNBERT_RENAMES: tuple[Rename, ...] = (
+    (r"embeddings\.(tok_embeddings|norm)\.(weight|bias)", r"embeddings.\1.\2", None),
+    (r"layers\.(\d+)\.(attn\.Wqkv|attn\.Wo|attn_norm|mlp\.Wi|mlp\.Wo|mlp_norm)\.(weight|bias)", r"layers.\1.\2.\3",
+     None),
+    (r"final_norm\.(weight|bias)", r"final_norm.\1", None),
+    (r"head\.(dense|norm)\.(weight|bias)", r"head.\1.\2", None),
+    (r"classifier\.(weight|bias)", r"classifier.\1", None),
+)
+
+
+class Rotary(nn.Module):
+    """cos/sin of each position for one rotary base, computed for the step's positions."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [tokens, 1, head_dim]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        bias = config.encoder is not None and config.encoder.bias
+        self.Wqkv = Linear(config.hidden_size, 3 * config.hidden_size, bias=bias)
+        self.Wo = Linear(config.hidden_size, config.hidden_size, bias=bias)
+
+
+class ModernBertMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        bias = config.encoder is not None and config.encoder.bias
+        self.Wi = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.Wo = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+
+class ModernBertLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+        super().__init__()
+        e = config.encoder
+        assert e is not None
+        self.attn_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias) if layer else None
+        self.attn = ModernBertAttention(config)
+        self.mlp_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
+        self.mlp = ModernBertMLP(config)
+        self.act = ACTIVATION_FUNCTIONS[e.activation]
+        self.window = 0 if e.global_layers[layer] else e.window
+        self.rotary = rotary
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+
+    def forward(self, x: torch.Tensor, attention: AttentionBackend, positions: torch.Tensor) -> torch.Tensor:
+        normed = x if self.attn_norm is None else self.attn_norm(x)
+        q, k, v = self.attn.Wqkv(normed).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
+        cos, sin = self.rotary.tables(positions, x.dtype)
+        attended = attention.bidirectional(rotate(q, cos, sin), rotate(k, cos, sin), v, self.window)
+        x = x + self.attn.Wo(attended.reshape(len(x), -1))
+        hidden, gate = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.mlp.Wo(self.act(hidden) * gate)
+
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        e = config.encoder
+        assert e is not None
+        self.tok_embeddings = Embedding(config.vocab_size, config.hidden_size)
+        self.norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
+
+
+class ModernBertHead(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        e = config.encoder
+        assert e is not None
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
+        self.norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
+
+
+class ModernBertLM(EncoderLM):
+    renames = MODERNBERT_RENAMES
+    body_prefixes = ("model.",)
+
+    def __init__(self, config: ModelConfig, max_positions: int):
+        super().__init__(config, max_positions)
+        e = config.encoder
+        assert e is not None
+        self.embeddings = ModernBertEmbeddings(config)
+        rotaries = {True: Rotary(config.head_dim, e.global_rope_theta),
+                    False: Rotary(config.head_dim, e.local_rope_theta)}
+        self.layers = nn.ModuleList(ModernBertLayer(config, i, rotaries[e.global_layers[i]])
+                                    for i in range(config.num_layers))
+        self.final_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
+        self.head: ModernBertHead | None = None
+        self.classifier: Linear | None = None
+        self.classifier_act = ACTIVATION_FUNCTIONS[e.classifier_activation]
+        if config.head == "ForSequenceClassification":
+            self.head = ModernBertHead(config)
+            self.classifier = Linear(config.hidden_size, config.num_labels, bias=True)
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embeddings.norm(self.embeddings.tok_embeddings(input_ids))
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return self.final_norm(x)
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        assert self.head is not None and self.classifier is not None, "classify reaches only classifiers"
+        return self.classifier(self.head.norm(self.classifier_act(self.head.dense(pooled))))

@@ -1,0 +1,97 @@
+"""Our encoders' states and classifier scores equal transformers' on the same random weights:
+BERT (with token types), XLM-RoBERTa (positions offset past the padding id) and ModernBERT
+(global and windowed local layers), rows of several lengths in one flattened step, short ones
+batched under a mask and long ones attended alone."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from prelude.contract.batch import OutputSpec, PrefillRow
+from prelude.contract.stop import StopFlag
+from prelude.executor.attention.encoder_attention import PADDED_ROW_TOKENS
+from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.host_step import host_step
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.model.config import ModelConfig
+from prelude.model.loader import load_model
+from tests.checkpoints import load_reference, make_checkpoint
+
+SEP = 3
+LENGTHS = [9, 1, PADDED_ROW_TOKENS + 13, 30, 5]
+CASES = [
+    ("bert", "Model", {}),
+    ("bert", "ForSequenceClassification", dict(num_labels=3)),
+    ("xlm-roberta", "Model", dict(pad_token_id=1)),
+    ("xlm-roberta", "ForSequenceClassification", dict(pad_token_id=1, num_labels=1)),
+    ("modernbert", "Model", dict(local_attention=8, global_attn_every_n_layers=2, num_hidden_layers=3)),
+    ("modernbert", "ForSequenceClassification", dict(local_attention=8, num_labels=2, classifier_pooling="mean")),
+]
+
+
+def _ours(path, family):
+    config = ModelConfig.from_dir(path)
+    if family == "bert":  # no tokenizer beside these weights: name the separator ourselves
+        assert config.encoder is not None
+        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, sep_token_id=SEP))
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=config.max_position_embeddings)
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.float32),
+                    torch.device("cpu"))
+    return config, model, TorchAttention(cache)
+
+
+@pytest.mark.parametrize("family,head,extra", CASES, ids=lambda c: c if isinstance(c, str) else "")
+def test_encoder_states_and_scores_match_transformers(tmp_path, family, head, extra):
+    path = make_checkpoint(tmp_path / family, family, head=head, **extra)
+    config, model, attention = _ours(path, family)
+    reference = load_reference(path)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
+    prompts[0][4] = SEP  # a pair: tokens after the first separator are segment B
+    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
+                     (), 16)
+    layout = step.layout(torch.tensor(step.slots))
+    attention.plan(layout)
+    with torch.inference_mode():
+        hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
+        for i, prompt in enumerate(prompts):
+            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]]
+            kwargs = {}
+            if family == "bert":
+                types = (torch.arange(len(prompt)) > 4).long() if i == 0 else torch.zeros_like(prompt)
+                kwargs["token_type_ids"] = types[None]
+            if head == "Model":
+                theirs = reference(prompt[None], **kwargs).last_hidden_state[0]
+                torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+                continue
+            theirs_scores = reference(prompt[None], **kwargs).logits[0]
+            pooled = ours[0] if model.classifier_pooling == "cls" else ours.mean(dim=0)
+            torch.testing.assert_close(model.compute_scores(pooled[None])[0], theirs_scores, atol=2e-5, rtol=1e-4)
+
+
+def test_a_forward_stepped_aside_between_layers_gives_the_same_states(tmp_path):
+    path = make_checkpoint(tmp_path / "bert", "bert", head="Model", num_hidden_layers=3)
+    config, model, attention = _ours(path, "bert")
+    step = host_step([PrefillRow(0, list(range(4, 20)), 0, [], OutputSpec(pooling="mean"))], (), 16)
+    layout = step.layout(torch.tensor(step.slots))
+    ids, positions = torch.tensor(step.ids), torch.tensor(step.positions)
+    attention.plan(layout)
+    with torch.inference_mode():
+        whole = model(ids, positions, attention)
+        stop = StopFlag(check_every_macs=0)
+        stop.set()
+        forward = model.begin(ids, positions, attention, None, stop)
+        parts = [forward.advance(attention, stop) for _ in range(config.num_layers)]
+    assert parts[:-1] == [None] * (config.num_layers - 1)
+    torch.testing.assert_close(parts[-1], whole)
+
+
+def test_an_unsupported_encoder_config_is_refused_with_its_reason():
+    from prelude.model.config import UnsupportedModel
+
+    raw = dict(architectures=["BertModel"], vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+               num_attention_heads=2, position_embedding_type="relative_key")
+    with pytest.raises(UnsupportedModel, match="relative_key"):
+        ModelConfig.from_dict(raw)
