@@ -71,10 +71,20 @@ def rss_bytes(pid: int, tree: bool = True) -> int | None:
     return own + sum(_vm_rss(child) or 0 for child, _ in _descendants(pid))
 
 
-def _vm_rss(pid: int) -> int | None:
+def peak_rss_bytes(pid: int) -> int | None:
+    """The sum over `pid` and its live descendants of each one's own peak resident memory
+    (VmHWM): an upper bound of the tree's peak, as the processes need not peak at once; a child
+    that has already exited is not counted. None if pid is gone or /proc is missing."""
+    own = _vm_rss(pid, "VmHWM:")
+    if own is None:
+        return None
+    return own + sum(_vm_rss(child, "VmHWM:") or 0 for child, _ in _descendants(pid))
+
+
+def _vm_rss(pid: int, field: str = "VmRSS:") -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024  # reported in kB
     except (OSError, ValueError, IndexError):
         pass
