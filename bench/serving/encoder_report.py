@@ -57,8 +57,9 @@ def details(turns: Sequence[Turn]) -> tuple[list[str], list[list[Any]]]:
 
 def turns_table(turns: Sequence[Turn]) -> tuple[list[str], list[list[Any]]]:
     rows = [[t.peer, t.task, t.mode, t.startup_s, t.rss_ready_mb, t.rss_after_mb, t.peak_rss_mb,
-             t.failed or t.check or "-"] for t in turns]
-    return ["peer", "task", "mode", "startup s", "RSS ready MB", "RSS after MB", "peak RSS MB", "check"], rows
+             " / ".join(f"{v:.2f}" for v in t.host_gemm_ms) or "-", t.failed or t.check or "-"] for t in turns]
+    return ["peer", "task", "mode", "startup s", "RSS ready MB", "RSS after MB", "peak RSS MB", "host GEMM ms",
+            "check"], rows
 
 
 def versions_table(turns: Sequence[Turn]) -> tuple[list[str], list[list[Any]]]:
@@ -90,7 +91,10 @@ def write_readme(path: Path, turns: Sequence[Turn], command: str, meta: dict, no
         f"`{command}`\n\n{meta['machine']}; {meta['date']}. Model: `{meta['model']}` "
         f"(sentence-transformers/all-MiniLM-L6-v2: BertModel, 6 layers, hidden 384, mean pooling, normalized). "
         "Rerank: a random-weight `BertForSequenceClassification` of cross-encoder/ms-marco-MiniLM-L-6-v2's shape "
-        "(6 layers, hidden 384, 12 heads, 1 label), built by the bench with the same tokenizer.",
+        "(6 layers, hidden 384, 12 heads, 1 label), built by the bench with the same tokenizer. "
+        f"Each cell: {meta['cell_seconds']:g} s of requests after a warmup; peers one after another, "
+        + (f"{meta['rounds']} rounds (the order reversed every other round), each cell's fastest round "
+           "reported." if meta["rounds"] > 1 else "one round."),
         "## Embeddings: texts/s\n\n" + markdown(*pivot(turns, "embed")),
         "## Rerank: requests/s (1 query + 32 documents of ~100 tokens)\n\n" + markdown(*pivot(turns, "rerank")),
         "## Every cell\n\nLatency is per request (in process: per `encode` call). CPU is the server's process "
@@ -99,8 +103,10 @@ def write_readme(path: Path, turns: Sequence[Turn], command: str, meta: dict, no
         f"{OTHER_CORES_NOTE}: the figures of that cell shared the machine).\n\n" + markdown(*details(turns)),
         "## Startup, memory, answers\n\nStartup: spawn to the first `GET /health` 200 (servers), spawn to the "
         "first embedding returned (in process). RSS: the process tree's resident memory when ready and after "
-        "the cells; peak: the sum of each process's own peak (VmHWM). The check compares each peer's answer "
-        "with sentence-transformers' vectors (embeddings) or transformers' logits (rerank).\n\n"
+        "the cells; peak: the sum of each process's own peak (VmHWM). `host GEMM ms`: a fixed float32 GEMM's "
+        "P50 timed just before the turn, one per round (lower: the host was faster then). The check compares "
+        "each peer's answer with sentence-transformers' vectors (embeddings) or transformers' logits "
+        "(rerank).\n\n"
         + markdown(*turns_table(turns)),
         "## Peers\n\n" + markdown(*versions_table(turns)),
     ]
@@ -110,9 +116,11 @@ def write_readme(path: Path, turns: Sequence[Turn], command: str, meta: dict, no
     return path
 
 
-def write_json(path: Path, turns: Sequence[Turn], command: str, meta: dict, notes: Sequence[str]) -> Path:
+def write_json(path: Path, turns: Sequence[Turn], command: str, meta: dict, notes: Sequence[str],
+               rounds: Sequence[Turn]) -> Path:
+    """`turns`: the reported figures (each cell's best round); `rounds`: every round as run."""
     data = {"tool": "bench.serving.encoders", "command": command, **meta, "notes": list(notes),
-            "turns": [asdict(t) for t in turns]}
+            "turns": [asdict(t) for t in turns], "rounds": [asdict(t) for t in rounds]}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 

