@@ -74,7 +74,9 @@ def encoder_config(family: str, raw: dict[str, Any], sep_token_id: int | None) -
     type_vocab_size = int(raw.get("type_vocab_size", 2))
     return EncoderConfig(
         kind=family, norm_eps=float(raw.get("layer_norm_eps", 1e-12)), activation=activation,
-        type_vocab_size=type_vocab_size, sep_token_id=sep_token_id if type_vocab_size > 1 else None,
+        # XLM-R's tokenizer gives no token types (its model reads all 0), whatever its table holds.
+        type_vocab_size=type_vocab_size,
+        sep_token_id=sep_token_id if type_vocab_size > 1 and family == "bert" else None,
         position_offset=int(raw.get("pad_token_id", 1)) + 1 if family == "xlm-roberta" else 0)
 
 

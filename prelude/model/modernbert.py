@@ -9,8 +9,8 @@ from torch import nn
 
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
-from prelude.model.encoder import ACTIVATION_FUNCTIONS, EncoderLM, LayerNorm, Rename
-from prelude.model.layers import Embedding, Linear
+from prelude.model.encoder import ACTIVATION_FUNCTIONS, Dense, EncoderLM, LayerNorm, Rename
+from prelude.model.layers import Embedding
 
 MODERNBERT_RENAMES: tuple[Rename, ...] = (
     (r"embeddings\.(tok_embeddings|norm)\.(weight|bias)", r"embeddings.\1.\2", None),
@@ -44,16 +44,16 @@ class ModernBertAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wqkv = Linear(config.hidden_size, 3 * config.hidden_size, bias=bias)
-        self.Wo = Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.Wqkv = Dense(config.hidden_size, 3 * config.hidden_size, bias=bias)
+        self.Wo = Dense(config.hidden_size, config.hidden_size, bias=bias)
 
 
 class ModernBertMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wi = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.Wo = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.Wi = Dense(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.Wo = Dense(config.intermediate_size, config.hidden_size, bias=bias)
 
 
 class ModernBertLayer(nn.Module):
@@ -94,7 +94,7 @@ class ModernBertHead(nn.Module):
         super().__init__()
         e = config.encoder
         assert e is not None
-        self.dense = Linear(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
+        self.dense = Dense(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
         self.norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
 
 
@@ -113,11 +113,11 @@ class ModernBertLM(EncoderLM):
                                     for i in range(config.num_layers))
         self.final_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
         self.head: ModernBertHead | None = None
-        self.classifier: Linear | None = None
+        self.classifier: Dense | None = None
         self.classifier_act = ACTIVATION_FUNCTIONS[e.classifier_activation]
         if config.head == "ForSequenceClassification":
             self.head = ModernBertHead(config)
-            self.classifier = Linear(config.hidden_size, config.num_labels, bias=True)
+            self.classifier = Dense(config.hidden_size, config.num_labels, bias=True)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embeddings.norm(self.embeddings.tok_embeddings(input_ids))

@@ -40,8 +40,10 @@ def _row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torc
     if window and n > window + 1:
         index = torch.arange(n, device=q.device)
         mask = (index[None, :] - index[:, None]).abs() <= window
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
-    return o.transpose(0, 1)
+    # [1, heads, n, head_dim]: torch's CPU flash kernel takes only batched (4-d) inputs.
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask)
+    return o[0].transpose(0, 1)
 
 
 def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: list[tuple[int, int]], window: int,

