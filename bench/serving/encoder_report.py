@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.serving.core import report
-from bench.serving.encoder_runs import CellResult, Turn
-
-OTHER_CORES_NOTE = 0.15  # other processes' CPU in a cell above this (cores) marks its figures as suspect
+from bench.serving.encoder_runs import BUSY_CORES, CellResult, Turn
 
 
 def fmt(value: Any) -> str:
@@ -47,12 +45,13 @@ def details(turns: Sequence[Turn]) -> tuple[list[str], list[list[Any]]]:
     rows = []
     for t in turns:
         for r in t.cells:
-            suspect = r.other_cores is not None and r.other_cores > OTHER_CORES_NOTE
+            suspect = r.other_cores is not None and r.other_cores > BUSY_CORES
             rows.append([t.peer, r.cell.key, r.requests, r.errors, r.texts_per_s, r.requests_per_s, r.p50_ms,
                          r.p99_ms, r.cpu_ms_per_text, r.client_cores,
-                         None if r.other_cores is None else f"{r.other_cores:.2f}" + ("!" if suspect else "")])
+                         None if r.other_cores is None else f"{r.other_cores:.2f}" + ("!" if suspect else ""),
+                         r.attempts])
     return (["peer", "cell", "ok", "err", "texts/s", "req/s", "P50 ms", "P99 ms", "CPU ms/text", "client cores",
-             "other cores"], rows)
+             "other cores", "tries"], rows)
 
 
 def turns_table(turns: Sequence[Turn]) -> tuple[list[str], list[list[Any]]]:
@@ -99,8 +98,9 @@ def write_readme(path: Path, turns: Sequence[Turn], command: str, meta: dict, no
         "## Rerank: requests/s (1 query + 32 documents of ~100 tokens)\n\n" + markdown(*pivot(turns, "rerank")),
         "## Every cell\n\nLatency is per request (in process: per `encode` call). CPU is the server's process "
         "tree (utime + stime from /proc, before and after the cell) per text; in process, the library's "
-        "process. `other cores`: CPU of every other process on the machine during the cell (`!` above "
-        f"{OTHER_CORES_NOTE}: the figures of that cell shared the machine).\n\n" + markdown(*details(turns)),
+        "process. `other cores`: CPU of every other process on the machine during the cell; above "
+        f"{BUSY_CORES} the cell is measured again (`tries`), up to twice, and the least shared attempt kept "
+        "(`!`: it still shared the machine).\n\n" + markdown(*details(turns)),
         "## Startup, memory, answers\n\nStartup: spawn to the first `GET /health` 200 (servers), spawn to the "
         "first embedding returned (in process). RSS: the process tree's resident memory when ready and after "
         "the cells; peak: the sum of each process's own peak (VmHWM). `host GEMM ms`: a fixed float32 GEMM's "

@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="run every peer this many times, the order reversed every other round; each cell's "
                         "fastest round is reported")
+    p.add_argument("--retries", type=int, default=2,
+                   help="times a cell runs again while other processes use the machine (over 0.15 cores)")
     p.add_argument("--seed", type=int, default=0)
     defaults = peers.Tools()
     p.add_argument("--vllm", default=defaults.vllm, help="vllm executable (its venv)")
@@ -125,7 +127,7 @@ def host_ms() -> list[float]:
 
 def run(args: argparse.Namespace, tools: peers.Tools, chosen: list[peers.Peer], model: Path) -> list[Turn]:
     seconds = args.seconds or (2.0 if args.quick else 10.0)
-    budget = Budget(seconds, args.warmup)
+    budget = Budget(seconds, args.warmup, retries=args.retries)
     kinds = ["short"] if args.quick else [k.strip() for k in args.kinds.split(",") if k.strip()]
     cells = embed_cells(kinds, args.batches, args.concurrency)
     rerank = rerank_cells(args.rerank_concurrency)

@@ -1,4 +1,5 @@
-"""The peers of the encoder benchmark: how each one is started, what it is sent, what it answers.
+"""The peers of the encoder benchmark: how each one is started, what it is sent, what it answers
+and how far that is from the reference.
 
 Servers (HTTP, started here one at a time, `--host/--port` appended by ServerProcess):
   prelude           python -m prelude --model DIR
@@ -13,6 +14,7 @@ Every process gets HF_HUB_OFFLINE=1 and the peers' telemetry switches off: nothi
 at run time, a local directory is all any of them reads."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -20,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.serving.core.encoder_data import CrossEncoder
 from bench.serving.core.server import prelude_env
 from bench.serving.core.workloads import encode
 
@@ -180,3 +183,27 @@ def rerank_scores(answer: dict, count: int) -> list[float]:
     for r in answer.get("results", answer.get("data", [])):
         scores[int(r["index"])] = float(r.get("relevance_score", r.get("score", "nan")))
     return scores
+
+
+def cosine_check(vectors: list[list[float]], reference: list[list[float]]) -> str:
+    """How far a peer's vectors are from the reference's (1 - cosine, at worst) and from unit length."""
+    if len(vectors) != len(reference):
+        return f"{len(vectors)} vectors for {len(reference)} texts"
+    gaps, norms = [], []
+    for v, r in zip(vectors, reference):
+        nv, nr = math.sqrt(sum(x * x for x in v)), math.sqrt(sum(x * x for x in r))
+        gaps.append(1.0 - (sum(a * b for a, b in zip(v, r)) / (nv * nr) if nv and nr else 0.0))
+        norms.append(abs(nv - 1.0))
+    return f"1 - cos vs sentence-transformers <= {max(max(gaps), 0.0):.1e}, |norm - 1| <= {max(norms):.1e}"
+
+
+def score_check(scores: list[float], xenc: CrossEncoder) -> str:
+    """Scores against transformers' logits, on the sigmoid's scale when the peer answers in (0, 1)."""
+    ref = xenc.probe_logits
+    if all(0.0 <= s <= 1.0 for s in scores) and not all(0.0 <= r <= 1.0 for r in ref):
+        ref = [1 / (1 + math.exp(-r)) for r in ref]
+        scale = "sigmoid"
+    else:
+        scale = "logit"
+    diff = max(abs(a - b) for a, b in zip(scores, ref))
+    return f"max |score - transformers {scale}| = {diff:.2e}"
