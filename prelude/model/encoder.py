@@ -17,6 +17,7 @@ from torch import nn
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
+from prelude.model.cpu_linear import linear
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -32,11 +33,12 @@ Rename = tuple[str, str, int | None]
 
 
 class Dense(nn.Module):
-    """An encoder's linear layer, uninitialized (the checkpoint fills it), on torch's GEMM with
-    its bias fused. Not the native kernels (prelude.model.cpu_linear) a decoder's layers run on:
-    an encoder's linear layers alternate with torch's own ops (attention, GELU, LayerNorm), and
-    the native kernels' thread team and torch's OpenMP threads then fight for the cores (all-MiniLM,
-    32 texts of 22 tokens on 2 cores: 114 ms a forward on torch's GEMM, 174 ms on the native one)."""
+    """An encoder's linear layer, uninitialized (the checkpoint fills it). A few rows go to the
+    native skinny GEMM, more to torch's (MKL, bias fused); not to the native packed GEMM a
+    decoder's prompt rows run on: an encoder's linear layers alternate with torch's own ops
+    (attention, GELU, LayerNorm), and the native kernels' thread team and torch's OpenMP threads
+    then fight for the cores (all-MiniLM, 32 texts of 22 tokens on 2 cores: 114 ms a forward on
+    torch's GEMM, 174 ms on the packed one)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -44,7 +46,7 @@ class Dense(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class LayerNorm(nn.Module):
@@ -164,13 +166,18 @@ class EncoderForward:
         self.next_layer = 0
 
     def advance(self, attention: AttentionBackend, stop: StopFlag | None) -> torch.Tensor | None:
+        if not self._run_layers(attention, stop):
+            return None
+        hidden = self.model.finish(self.x)
+        return hidden if self.keep is None else hidden[self.keep]
+
+    def _run_layers(self, attention: AttentionBackend, stop: StopFlag | None) -> bool:
         layers = self.model.layers
         ran = False
         while self.next_layer < len(layers):
             if ran and stop is not None and stop.is_set():
-                return None
+                return False
             self.x = layers[self.next_layer](self.x, attention, self.positions)
             self.next_layer += 1
             ran = True
-        hidden = self.model.finish(self.x)
-        return hidden if self.keep is None else hidden[self.keep]
+        return True
