@@ -120,7 +120,7 @@ def write_json(path: Path, turns: Sequence[Turn], command: str, meta: dict, note
                rounds: Sequence[Turn]) -> Path:
     """`turns`: the reported figures (each cell's best round); `rounds`: every round as run."""
     data = {"tool": "bench.serving.encoders", "command": command, **meta, "notes": list(notes),
-            "turns": [asdict(t) for t in turns], "rounds": [asdict(t) for t in rounds]}
+            "turns": [asdict(t) for t in turns], "every_round": [asdict(t) for t in rounds]}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path
 

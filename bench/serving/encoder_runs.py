@@ -278,6 +278,8 @@ def best_rounds(turns: Sequence[Turn]) -> list[Turn]:
         m = merged[key]
         m.rounds += 1
         m.host_gemm_ms += t.host_gemm_ms
+        if t.version not in m.version.split(" / "):  # Prelude's checkout moved between rounds
+            m.version += " / " + t.version
         if t.failed:
             continue
         if m.failed:  # an earlier round failed: this one is the figures
