@@ -81,8 +81,8 @@ class Built:
     compute_threads: int
     config: Config  # the flags it runs under (an encoder's differ from the command line's)
 
-    def banner(self, config: Config, listen_url: str, seconds_to_ready: float) -> Banner:
-        served = self.served
+    def banner(self, listen_url: str, seconds_to_ready: float) -> Banner:
+        served, config = self.served, self.config
         tokenizer = tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason, config.tokenizer_backend)
         return Banner(__version__, str(served.path), served.name, served.config.architecture, self.dtype,
                       self.device, self.compute_threads, tokenizer,
@@ -102,11 +102,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
         model_config = ModelConfig.from_dir(model_dir)
         config = encoder_serving(config, model_config)
         max_model_len = checked_max_model_len(config, model_config.max_position_embeddings, model_dir)
-        truncate_at = None
-        if model_config.encoder is not None:
-            if config.max_model_len is None:
-                max_model_len = encoder_length(model_dir, max_model_len)
-            truncate_at = max_model_len
+        max_model_len, truncate_at = encoder_length(config, model_config, model_dir, max_model_len)
         tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend, truncate_at)
         eos_ids = _eos_ids(model_dir, model_config, tokenizer)
         if config.executor == "null":
@@ -196,7 +192,7 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     def announce() -> None:  # in the engine loop, once warm, before /health answers 200
         freeze_startup_objects()
-        logger.info(built.banner(built.config, listener.url, time.perf_counter() - started))
+        logger.info(built.banner(listener.url, time.perf_counter() - started))
 
     try:
         built = build(config, on_ready=announce)

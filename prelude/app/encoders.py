@@ -28,8 +28,15 @@ def encoder_serving(config: Config, model_config: ModelConfig) -> Config:
     return replace(config, enable_prefix_caching=False, disable_oneshot=False, multi_item_scoring=False)
 
 
-def encoder_length(model_dir: Path, max_positions: int) -> int:
-    """sentence-transformers' max_seq_length where the checkpoint is its export, else its positions."""
+def encoder_length(config: Config, model_config: ModelConfig, model_dir: Path,
+                   max_model_len: int) -> tuple[int, int | None]:
+    """(the longest row served, where the tokenizer cuts texts: None for a decoder). An encoder
+    without --max-model-len serves sentence-transformers' max_seq_length where the checkpoint is
+    its export, else its positions, and cuts texts there."""
+    if model_config.encoder is None:
+        return max_model_len, None
     path = model_dir / "sentence_bert_config.json"
     length = json.loads(path.read_text()).get("max_seq_length") if path.is_file() else None
-    return min(max_positions, int(length)) if isinstance(length, int) and length > 0 else max_positions
+    if config.max_model_len is None and isinstance(length, int) and length > 0:
+        max_model_len = min(max_model_len, length)
+    return max_model_len, max_model_len

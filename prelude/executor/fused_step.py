@@ -148,6 +148,7 @@ class FusedStep:
 
 
 def _packed(linear: Linear) -> int:
+    assert linear.packed is not None, "a decoder's linear layers keep a packed copy"
     copy = linear.packed.get(linear.weight)
     assert copy is not None, "FusedStep.fits takes only weights the packed kernel takes"
     return copy.data_ptr()

@@ -12,8 +12,8 @@ from torch import nn
 
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
-from prelude.model.encoder import ACTIVATION_FUNCTIONS, Dense, EncoderLM, LayerNorm, Rename
-from prelude.model.layers import Embedding
+from prelude.model.encoder import ACTIVATION_FUNCTIONS, dense, EncoderLM, LayerNorm, Rename
+from prelude.model.layers import Embedding, Linear
 
 _LAYER = r"encoder\.layer\.(\d+)\."
 BERT_RENAMES: tuple[Rename, ...] = (
@@ -70,11 +70,11 @@ class BertLayer(nn.Module):
         assert e is not None
         hidden = config.hidden_size
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.qkv = Dense(hidden, 3 * hidden, bias=True)
-        self.attention_out = Dense(hidden, hidden, bias=True)
+        self.qkv = dense(hidden, 3 * hidden, bias=True)
+        self.attention_out = dense(hidden, hidden, bias=True)
         self.attention_norm = LayerNorm(hidden, e.norm_eps)
-        self.up = Dense(hidden, config.intermediate_size, bias=True)
-        self.down = Dense(config.intermediate_size, hidden, bias=True)
+        self.up = dense(hidden, config.intermediate_size, bias=True)
+        self.down = dense(config.intermediate_size, hidden, bias=True)
         self.mlp_norm = LayerNorm(hidden, e.norm_eps)
         self.act = ACTIVATION_FUNCTIONS[e.activation]
 
@@ -99,16 +99,16 @@ class BertLM(EncoderLM):
         self.embeddings = BertEmbeddings(config, config.max_position_embeddings + e.position_offset)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_layers))
         hidden = config.hidden_size
-        self.pooler: Dense | None = None
-        self.classifier: Dense | None = None
-        self.classifier_dense: Dense | None = None
-        self.classifier_out_proj: Dense | None = None
+        self.pooler: Linear | None = None
+        self.classifier: Linear | None = None
+        self.classifier_dense: Linear | None = None
+        self.classifier_out_proj: Linear | None = None
         if config.head == "ForSequenceClassification" and e.kind == "xlm-roberta":
-            self.classifier_dense = Dense(hidden, hidden, bias=True)
-            self.classifier_out_proj = Dense(hidden, config.num_labels, bias=True)
+            self.classifier_dense = dense(hidden, hidden, bias=True)
+            self.classifier_out_proj = dense(hidden, config.num_labels, bias=True)
         elif config.head == "ForSequenceClassification":
-            self.pooler = Dense(hidden, hidden, bias=True)
-            self.classifier = Dense(hidden, config.num_labels, bias=True)
+            self.pooler = dense(hidden, hidden, bias=True)
+            self.classifier = dense(hidden, config.num_labels, bias=True)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embeddings(input_ids, positions)

@@ -131,7 +131,11 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise UnsupportedModel(f"{path} not found: --model must be a local HF-format directory")
-        config = cls.from_dict(json.loads(path.read_text()), sep_token_id(Path(model_dir)))
+        raw = json.loads(path.read_text())
+        # Only BERT reads token types: no other model's tokenizer.json (Qwen3's: 11 MB) is parsed here.
+        family_head = _split_architecture((raw.get("architectures") or [None])[0])
+        bert = family_head is not None and family_head[0] == "bert"
+        config = cls.from_dict(raw, sep_token_id(Path(model_dir)) if bert else None)
         # generation_config.json is authoritative for the eos ids generation stops at.
         eos = _as_ids(_generation_config(model_dir).get("eos_token_id"))
         if eos:

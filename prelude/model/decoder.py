@@ -120,7 +120,7 @@ class DecoderLM(nn.Module):
         Not the LM head's: compute_logits reads its weight directly, so a copy of it was a
         second vocabulary-sized weight (2.5 GB at Qwen3-8B's size) that nothing read."""
         for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
+            if isinstance(module, Linear) and module.packed is not None and module is not self.lm_head:
                 module.packed.prepare(module.weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,

@@ -17,7 +17,7 @@ from torch import nn
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
-from prelude.model.cpu_linear import linear
+from prelude.model.layers import Linear
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -32,21 +32,13 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 Rename = tuple[str, str, int | None]
 
 
-class Dense(nn.Module):
-    """An encoder's linear layer, uninitialized (the checkpoint fills it). A few rows go to the
-    native skinny GEMM, more to torch's (MKL, bias fused); not to the native packed GEMM a
-    decoder's prompt rows run on: an encoder's linear layers alternate with torch's own ops
-    (attention, GELU, LayerNorm), and the native kernels' thread team and torch's OpenMP threads
-    then fight for the cores (all-MiniLM, 32 texts of 22 tokens on 2 cores: 114 ms a forward on
-    torch's GEMM, 174 ms on the packed one)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+def dense(in_features: int, out_features: int, bias: bool = True) -> Linear:
+    """An encoder's linear layer: a few rows on the native skinny GEMM, more on torch's (MKL, bias
+    fused); no packed copy for the native packed GEMM a decoder's prompt rows run on: an encoder's
+    linear layers alternate with torch's own ops (attention, GELU, LayerNorm), and the native
+    kernels' thread team and torch's OpenMP threads then fight for the cores (all-MiniLM, 32
+    texts of 22 tokens on 2 cores: 114 ms a forward on torch's GEMM, 174 ms on the packed one)."""
+    return Linear(in_features, out_features, bias=bias, packed=False)
 
 
 class LayerNorm(nn.Module):
@@ -109,7 +101,7 @@ class EncoderLM(nn.Module):
         return EncoderForward(self, self.embed(input_ids, positions), positions, keep)
 
     def prepare_weights(self) -> None:
-        """Nothing to prepare: an encoder's layers read their weights as loaded (Dense)."""
+        """Nothing to prepare: an encoder's layers read their weights as loaded (dense)."""
 
     def compute_scores(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classify(pooled)

@@ -77,13 +77,17 @@ def encoder_config(family: str, raw: dict[str, Any], sep_token_id: int | None) -
         # XLM-R's tokenizer gives no token types (its model reads all 0), whatever its table holds.
         type_vocab_size=type_vocab_size,
         sep_token_id=sep_token_id if type_vocab_size > 1 and family == "bert" else None,
-        position_offset=int(raw.get("pad_token_id", 1)) + 1 if family == "xlm-roberta" else 0)
+        position_offset=_position_offset(family, raw))
 
 
 def usable_positions(family: str, raw: dict[str, Any]) -> int:
     """The longest sequence the position table covers (XLM-R's first rows are never used)."""
-    positions = int(raw.get("max_position_embeddings", 512))
-    return positions - int(raw.get("pad_token_id", 1)) - 1 if family == "xlm-roberta" else positions
+    return int(raw.get("max_position_embeddings", 512)) - _position_offset(family, raw)
+
+
+def _position_offset(family: str, raw: dict[str, Any]) -> int:
+    """XLM-R numbers positions from its padding id + 1; BERT from 0."""
+    return int(raw.get("pad_token_id", 1)) + 1 if family == "xlm-roberta" else 0
 
 
 def sep_token_id(model_dir: Path) -> int | None:

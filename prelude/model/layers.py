@@ -28,11 +28,13 @@ class Linear(nn.Module):
     """nn.Linear without weight initialization: weights always come from a checkpoint, and
     initializing on the meta device drags in torch's compiler stack (seconds of startup)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, packed: bool = True):
+        """`packed`: keep a packed copy of the weight for products of many rows (see cpu_linear);
+        without one, few rows go to the native skinny GEMM and more to torch's."""
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed = PackedWeight()
+        self.packed = PackedWeight() if packed else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.packed)

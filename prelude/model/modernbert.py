@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from prelude.model.attention import AttentionBackend
-from prelude.model.config import ModelConfig
-from prelude.model.encoder import ACTIVATION_FUNCTIONS, Dense, EncoderLM, LayerNorm, Rename
-from prelude.model.layers import Embedding
+from kernels.reference import rotate
+from prelude.model.config import ModelConfig, RopeConfig
+from prelude.model.encoder import ACTIVATION_FUNCTIONS, dense, EncoderLM, LayerNorm, Rename
+from prelude.model.layers import Embedding, Linear, RotaryEmbedding
 
 MODERNBERT_RENAMES: tuple[Rename, ...] = (
     (r"embeddings\.(tok_embeddings|norm)\.(weight|bias)", r"embeddings.\1.\2", None),
@@ -22,42 +23,24 @@ MODERNBERT_RENAMES: tuple[Rename, ...] = (
 )
 
 
-class Rotary(nn.Module):
-    """cos/sin of each position for one rotary base, computed for the step's positions."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
-
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [tokens, 1, head_dim]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 class ModernBertAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wqkv = Dense(config.hidden_size, 3 * config.hidden_size, bias=bias)
-        self.Wo = Dense(config.hidden_size, config.hidden_size, bias=bias)
+        self.Wqkv = dense(config.hidden_size, 3 * config.hidden_size, bias=bias)
+        self.Wo = dense(config.hidden_size, config.hidden_size, bias=bias)
 
 
 class ModernBertMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wi = Dense(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.Wo = Dense(config.intermediate_size, config.hidden_size, bias=bias)
+        self.Wi = dense(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.Wo = dense(config.intermediate_size, config.hidden_size, bias=bias)
 
 
 class ModernBertLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int, rotary: Rotary):
+    def __init__(self, config: ModelConfig, layer: int, rotary: RotaryEmbedding):
         super().__init__()
         e = config.encoder
         assert e is not None
@@ -73,7 +56,7 @@ class ModernBertLayer(nn.Module):
     def forward(self, x: torch.Tensor, attention: AttentionBackend, positions: torch.Tensor) -> torch.Tensor:
         normed = x if self.attn_norm is None else self.attn_norm(x)
         q, k, v = self.attn.Wqkv(normed).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
-        cos, sin = self.rotary.tables(positions, x.dtype)
+        cos, sin = self.rotary.lookup(positions, x.dtype)
         attended = attention.bidirectional(rotate(q, cos, sin), rotate(k, cos, sin), v, self.window)
         x = x + self.attn.Wo(attended.reshape(len(x), -1))
         hidden, gate = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)
@@ -94,7 +77,7 @@ class ModernBertHead(nn.Module):
         super().__init__()
         e = config.encoder
         assert e is not None
-        self.dense = Dense(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
+        self.dense = dense(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
         self.norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
 
 
@@ -107,17 +90,19 @@ class ModernBertLM(EncoderLM):
         e = config.encoder
         assert e is not None
         self.embeddings = ModernBertEmbeddings(config)
-        rotaries = {True: Rotary(config.head_dim, e.global_rope_theta),
-                    False: Rotary(config.head_dim, e.local_rope_theta)}
+        rotaries = {True: RotaryEmbedding(RopeConfig(e.global_rope_theta), config.head_dim, max_positions),
+                    False: RotaryEmbedding(RopeConfig(e.local_rope_theta), config.head_dim, max_positions)}
         self.layers = nn.ModuleList(ModernBertLayer(config, i, rotaries[e.global_layers[i]])
                                     for i in range(config.num_layers))
         self.final_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
+        for rotary in rotaries.values():  # on the device the parameters were made on
+            rotary.materialize(self.final_norm.weight.device)
         self.head: ModernBertHead | None = None
-        self.classifier: Dense | None = None
+        self.classifier: Linear | None = None
         self.classifier_act = ACTIVATION_FUNCTIONS[e.classifier_activation]
         if config.head == "ForSequenceClassification":
             self.head = ModernBertHead(config)
-            self.classifier = Dense(config.hidden_size, config.num_labels, bias=True)
+            self.classifier = dense(config.hidden_size, config.num_labels, bias=True)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embeddings.norm(self.embeddings.tok_embeddings(input_ids))

@@ -59,9 +59,7 @@ class Admission:
 
     async def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
         """Text pairs (a cross-encoder's query and document), each as one sequence."""
-        def encode() -> list[list[int]]:
-            return [self.tokenizer.encode_pair(a, b) for a, b in zip(firsts, seconds)]
-
+        encode = partial(self.tokenizer.encode_pairs, firsts, seconds)
         encoded = encode() if sum(map(len, firsts)) + sum(map(len, seconds)) < INLINE_CHARS else \
             await self.offload(encode)
         for ids in encoded:

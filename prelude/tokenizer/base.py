@@ -42,11 +42,11 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [self.encode(text, add_special_tokens) for text in texts]
 
-    def encode_pair(self, first: str, second: str) -> list[int]:
-        """A text pair as one sequence (a cross-encoder's query and document), by the file's
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
+        """Text pairs, each as one sequence (a cross-encoder's query and document), by the file's
         pair template where the backend applies it ([CLS] A [SEP] B [SEP] for BERT); else the
         first text with its special tokens followed by the second without."""
-        return self.encode(first) + self.encode(second, add_special_tokens=False)
+        return [self.encode(a) + self.encode(b, add_special_tokens=False) for a, b in zip(firsts, seconds)]
 
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...

@@ -33,8 +33,8 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
-    def encode_pair(self, first: str, second: str) -> list[int]:
-        return self._tok.encode(first, second).ids
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(zip(firsts, seconds)))]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -36,10 +36,7 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
 
 def _row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
     n = len(q)
-    mask = None
-    if window and n > window + 1:
-        index = torch.arange(n, device=q.device)
-        mask = (index[None, :] - index[:, None]).abs() <= window
+    mask = _band(torch.arange(n, device=q.device), window) if window and n > window + 1 else None
     # [1, heads, n, head_dim]: torch's CPU flash kernel takes only batched (4-d) inputs.
     o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                        attn_mask=mask)
@@ -58,7 +55,12 @@ def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: list[tuple[
     index = torch.where(valid, starts[:, None] + offsets[None, :], starts[:, None])  # padding reads a real token
     mask = valid[:, None, None, :]
     if window and longest > window + 1:
-        mask = mask & ((offsets[None, :] - offsets[:, None]).abs() <= window)[None, None]
+        mask = mask & _band(offsets, window)[None, None]
     o = F.scaled_dot_product_attention(q[index].transpose(1, 2), k[index].transpose(1, 2), v[index].transpose(1, 2),
                                        attn_mask=mask)
     out[index[valid]] = o.transpose(1, 2)[valid]
+
+
+def _band(offsets: torch.Tensor, window: int) -> torch.Tensor:
+    """[n, n]: which keys each query sees under a local window (at most `window` positions away)."""
+    return (offsets[None, :] - offsets[:, None]).abs() <= window
