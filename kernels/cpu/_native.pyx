@@ -3,13 +3,22 @@
 (prelude/model/cpu_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
 and shapes first. Both run without the GIL."""
 
+cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
+    cdef struct Weight:
+        const void* data
+        const float* scales
+        long format
+        long layout
+    void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales, int threads)
+
 cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
-    long packed_floats(long outputs, long inputs)
-    void pack_weight(const float* w, long outputs, long inputs, float* packed)
+    long packed_elements(long outputs, long inputs)
+    long panel_outputs(long outputs)
+    void pack_weight(const float* w, long outputs, long inputs, long format, void* packed, float* scales,
+                     int threads)
 
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
-    void linear_rows(const float* x, long n, const float* w, const float* packed, long inputs, float* out,
-                     long outputs, int threads)
+    void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads)
 
 cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     cdef struct PagedDecode:
@@ -25,24 +34,41 @@ cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
 
 
 def packed_size(long outputs, long inputs) -> int:
-    """Floats of pack_linear's copy of an [outputs, inputs] weight."""
-    return packed_floats(outputs, inputs)
+    """Elements of pack_linear's copy of an [outputs, inputs] weight."""
+    return packed_elements(outputs, inputs)
 
 
-def pack_linear(size_t w_ptr, long outputs, long inputs, size_t packed_ptr) -> None:
-    """Copies w [outputs, inputs] (fp32, contiguous) into packed_matmul's layout at packed_ptr
-    (packed_size floats)."""
+def scales_size(long outputs) -> int:
+    """Floats of pack_linear's int8 scales of a weight of `outputs` rows."""
+    return panel_outputs(outputs)
+
+
+def pack_linear(size_t w_ptr, long outputs, long inputs, long format, size_t packed_ptr, size_t scales_ptr,
+                int threads) -> None:
+    """Copies w [outputs, inputs] (fp32, contiguous) into packed panels at packed_ptr (packed_size
+    elements of `format`: 0 fp32, 1 bf16, 2 int8, which also writes scales_size floats of
+    per-output scales at scales_ptr)."""
     with nogil:
-        pack_weight(<const float*>w_ptr, outputs, inputs, <float*>packed_ptr)
+        pack_weight(<const float*>w_ptr, outputs, inputs, format, <void*>packed_ptr, <float*>scales_ptr, threads)
 
 
-def matmul(size_t x_ptr, long n, size_t w_ptr, size_t packed_ptr, long inputs, size_t out_ptr, long outputs,
-           int threads) -> None:
-    """out[n, outputs] = x[n, inputs] @ w.T (kernels/cpu/linear.hpp); packed_ptr: w's pack_linear
-    copy, or 0. fp32, contiguous, inputs % 8 == 0."""
+def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t dst_ptr, size_t scales_ptr,
+                   int threads) -> None:
+    """Copies w [outputs, inputs] (fp32, contiguous) into the same layout in `format` at dst_ptr
+    (int8: and its per-row scales, `outputs` floats, at scales_ptr)."""
     with nogil:
-        linear_rows(<const float*>x_ptr, n, <const float*>w_ptr, <const float*>packed_ptr, inputs, <float*>out_ptr,
-                    outputs, threads)
+        convert_rows(<const float*>w_ptr, outputs, inputs, format, <void*>dst_ptr, <float*>scales_ptr, threads)
+
+
+def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,
+           size_t out_ptr, long outputs, int threads) -> None:
+    """out[n, outputs] = x[n, inputs] @ w.T (kernels/cpu/linear.hpp), x and out fp32; w in
+    `format` (0 fp32, 1 bf16, 2 int8 with its scales) by rows (layout 0) or packed (1, pack_linear's).
+    Contiguous, inputs % 8 == 0."""
+    cdef Weight w
+    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
+    with nogil:
+        linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads)
 
 
 def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, size_t lens_ptr, size_t out_ptr,
@@ -224,7 +250,8 @@ def forward_step(size_t layers_ptr, long num_layers, size_t final_norm_ptr, long
     hold one stored token each. Per token: positions and slots (-1: not stored). keep: `kept`
     increasing token indices whose states are wanted (0: all), written to x's first rows.
     Multi-item rows: row i's items have lengths item_lengths[item_starts[i]:item_starts[i + 1]]
-    (both 0: no row has items). `layers_ptr`: num_layers rows of fifteen pointers (kernels/cpu/step_layers.hpp, LayerWeights).
+    (both 0: no row has items). `layers_ptr`: num_layers rows of LayerWeights' 23 fields
+    (kernels/cpu/step_layers.hpp).
     int64 and fp32, contiguous."""
     cdef ModelShape m = _model_shape(hidden, heads, kv_heads, dim, intermediate, block_size, eps)
     cdef StepRows r = _step_rows(rows, tokens, decode_from, starts_ptr, lens_ptr, tables_ptr, table_width, rope_ptr,

@@ -11,8 +11,11 @@
 // panel. The next panel's slice is prefetched while the tiles compute, as a larger model's weights
 // come from memory. A thread's outputs are a range of whole panels.
 #pragma once
+#include <type_traits>
+
 #include "simd.hpp"
 #include "team.hpp"
+#include "weights.hpp"
 
 namespace prelude_cpu {
 
@@ -21,97 +24,196 @@ constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_b
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
 
-static inline long packed_floats(long outputs, long inputs) {
-    return (outputs + kPanel - 1) / kPanel * kPanel * inputs;
-}
+static inline long panel_outputs(long outputs) { return (outputs + kPanel - 1) / kPanel * kPanel; }
 
-// w [outputs, inputs] into [panels, inputs, 16]; the last panel's missing outputs are zero.
-static void pack_weight(const float* w, long outputs, long inputs, float* packed) {
+// Elements of pack_weight's copy of an [outputs, inputs] weight.
+static inline long packed_elements(long outputs, long inputs) { return panel_outputs(outputs) * inputs; }
+
+// w [outputs, inputs] fp32 into [panels, inputs, 16] of `format`; the last panel's missing
+// outputs are zero. int8 also writes `scales` [panel_outputs(outputs)] (1 past the outputs).
+static void pack_weight(const float* w, long outputs, long inputs, long format, void* packed, float* scales,
+                        int threads) {
     const long panels = (outputs + kPanel - 1) / kPanel;
-    for (long p = 0; p < panels; ++p)
-        for (long j = 0; j < kPanel; ++j) {
-            const long o = p * kPanel + j;
-            float* dst = packed + p * inputs * kPanel + j;
-            for (long k = 0; k < inputs; ++k) dst[k * kPanel] = o < outputs ? w[o * inputs + k] : 0.0f;
-        }
+    parallel_ranges(panels, threads, 1, [&](long begin, long end) {
+        for (long p = begin; p < end; ++p)
+            for (long j = 0; j < kPanel; ++j) {
+                const long o = p * kPanel + j;
+                const float* row = o < outputs ? w + o * inputs : nullptr;
+                float inverse = 1.0f;
+                if (format == kI8) {
+                    scales[o] = row != nullptr ? row_scale(row, inputs) : 1.0f;
+                    inverse = 1.0f / scales[o];
+                }
+                const long base = p * inputs * kPanel + j;
+                for (long k = 0; k < inputs; ++k) put(packed, format, base + k * kPanel, row ? row[k] : 0.0f, inverse);
+            }
+    });
 }
 
 // R rows of x (stride `inputs`) times one panel's slice [k0, k1): out (stride `outputs`, `cols`
-// valid columns) is set on the first slice and accumulated on the others.
-template <int R>
-__attribute__((always_inline)) static inline void panel_tile(const float* x, long inputs, const float* panel, long k0,
-                                                             long k1, float* out, long outputs, long cols) {
+// valid columns) is set, or added to when `accumulate` (a later slice). A load widens a group
+// of the panel (one k, or two for int8: Widen); an int8 panel's sums are scaled by its outputs'
+// scales before they are stored.
+template <int R, typename T>
+__attribute__((always_inline)) static inline void panel_tile(const float* x, long inputs, const T* panel,
+                                                             const float* scale, long k0, long k1, bool accumulate,
+                                                             float* out, long outputs, long cols) {
+    constexpr long kSteps = Widen<T>::kElems / kPanel;  // k per group
     v8f lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = v8f{};
-    for (long k = k0; k < k1; ++k) {
-        const v8f b0 = load8(panel + k * kPanel), b1 = load8(panel + k * kPanel + 8);
-        for (int r = 0; r < R; ++r) {
-            const v8f s = splat(x[r * inputs + k]);
-            lo[r] += s * b0;
-            hi[r] += s * b1;
-        }
+    for (long k = k0; k < k1; k += kSteps) {
+        v8f b[2 * kSteps];
+        Widen<T>::load(panel + k * kPanel, b);
+        for (long step = 0; step < kSteps; ++step)
+            for (int r = 0; r < R; ++r) {
+                const v8f s = splat(x[r * inputs + k + step]);
+                lo[r] += s * b[2 * step];
+                hi[r] += s * b[2 * step + 1];
+            }
+    }
+    if constexpr (std::is_same<T, int8_t>::value) {
+        const v8f s0 = load8(scale), s1 = load8(scale + 8);
+        for (int r = 0; r < R; ++r) lo[r] *= s0, hi[r] *= s1;
     }
     for (int r = 0; r < R; ++r) {
         float* o = out + r * outputs;
         if (cols == kPanel) {
-            if (k0 != 0) { lo[r] += load8(o); hi[r] += load8(o + 8); }
+            if (accumulate) { lo[r] += load8(o); hi[r] += load8(o + 8); }
             store8(o, lo[r]);
             store8(o + 8, hi[r]);
         } else {
-            for (long j = 0; j < cols; ++j) o[j] = (k0 != 0 ? o[j] : 0.0f) + (j < 8 ? lo[r][j] : hi[r][j - 8]);
+            for (long j = 0; j < cols; ++j) o[j] = (accumulate ? o[j] : 0.0f) + (j < 8 ? lo[r][j] : hi[r][j - 8]);
         }
     }
 }
 
-__attribute__((always_inline)) static inline void packed_panels_body(const float* x, long n, const float* packed,
-                                                                     long inputs, float* out, long outputs,
-                                                                     long p_begin, long p_end) {
+// Rows [i, i + rows) of x, rows <= kTileRows, against one panel's slice.
+template <typename T>
+__attribute__((always_inline)) static inline void panel_tiles(const float* x, long rows, long inputs, const T* panel,
+                                                              const float* scale, long k0, long k1, bool accumulate,
+                                                              float* out, long outputs, long cols) {
+    switch (rows) {
+        case 6: panel_tile<6>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 5: panel_tile<5>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 4: panel_tile<4>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 3: panel_tile<3>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 2: panel_tile<2>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        default: panel_tile<1>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+    }
+}
+
+// Few rows (a decode step's): each panel read once, whole, from memory in order; the rows' tiles
+// pass over it while it is in L2. Bound by reading the weight.
+template <typename T>
+__attribute__((always_inline)) static inline void stream_panels_body(const float* x, long n, const void* weight,
+                                                                     const float* scales, long inputs, float* out,
+                                                                     long outputs, long p_begin, long p_end) {
+    const T* packed = static_cast<const T*>(weight);
+    for (long p = p_begin; p < p_end; ++p) {
+        const T* panel = packed + p * inputs * kPanel;
+        const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
+        for (long i = 0; i < n; i += kTileRows)
+            panel_tiles(x + i * inputs, n - i < kTileRows ? n - i : kTileRows, inputs, panel,
+                        scales == nullptr ? nullptr : scales + col, 0, inputs, false, out + i * outputs + col, outputs,
+                        cols);
+    }
+}
+
+// A slice [k0, k1) of an int8 or bf16 panel widened into fp32 at `wide` ([k1 - k0, 16]), int8
+// scaled: the blocked tiles then run on fp32, widening each weight once per row block instead of
+// once per row tile (twice as fast at 64 rows).
+template <typename T>
+__attribute__((always_inline)) static inline void widen_slice(const T* panel, const float* scale, long k0, long k1,
+                                                              float* wide) {
+    constexpr long kSteps = Widen<T>::kElems / kPanel;
+    v8f s0 = v8f{} + 1.0f, s1 = s0;
+    if constexpr (std::is_same<T, int8_t>::value) s0 = load8(scale), s1 = load8(scale + 8);
+    for (long k = k0; k < k1; k += kSteps) {
+        v8f b[2 * kSteps];
+        Widen<T>::load(panel + k * kPanel, b);
+        for (long step = 0; step < kSteps; ++step) {
+            store8(wide + (k - k0 + step) * kPanel, b[2 * step] * s0);
+            store8(wide + (k - k0 + step) * kPanel + 8, b[2 * step + 1] * s1);
+        }
+    }
+}
+
+template <typename T>
+__attribute__((always_inline)) static inline void packed_panels_body(const float* x, long n, const void* weight,
+                                                                     const float* scales, long inputs, float* out,
+                                                                     long outputs, long p_begin, long p_end) {
+    const T* packed = static_cast<const T*>(weight);
+    alignas(32) float wide[std::is_same<T, float>::value ? 1 : kSliceK * kPanel];
     for (long r0 = 0; r0 < n; r0 += kBlockRows) {
         const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
         const long tiles = (r1 - r0 + kTileRows - 1) / kTileRows;
         for (long k0 = 0; k0 < inputs; k0 += kSliceK) {
             const long k1 = k0 + kSliceK < inputs ? k0 + kSliceK : inputs;
-            // The next panel's slice (a cache line per k) is fetched a share per tile, so that it
-            // is on its way from memory while this one's tiles compute.
-            const long lines_per_tile = (k1 - k0 + tiles - 1) / tiles;
+            // The next panel's slice (a cache line per 64 bytes of it) is fetched a share per
+            // tile, so that it is on its way from memory while this one's tiles compute.
+            const long lines = ((k1 - k0) * kPanel * (long)sizeof(T) + 63) / 64;
+            const long lines_per_tile = (lines + tiles - 1) / tiles;
             for (long p = p_begin; p < p_end; ++p) {
-                const float* panel = packed + p * inputs * kPanel;
-                const float* next = p + 1 < p_end ? panel + inputs * kPanel + k0 * kPanel : nullptr;
+                const T* panel = packed + p * inputs * kPanel;
+                const char* next = p + 1 < p_end ? (const char*)(panel + inputs * kPanel + k0 * kPanel) : nullptr;
                 const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
+                const float* slice = nullptr;  // the fp32 slice the tiles read, at its k0
+                long first = k0;
+                if constexpr (std::is_same<T, float>::value) {
+                    slice = panel;
+                } else {
+                    widen_slice(panel, scales == nullptr ? nullptr : scales + col, k0, k1, wide);
+                    slice = wide, first = 0;
+                }
                 long line = 0;
                 for (long i = r0; i < r1; i += kTileRows) {
                     if (next != nullptr)
-                        for (const long end = line + lines_per_tile < k1 - k0 ? line + lines_per_tile : k1 - k0;
+                        for (const long end = line + lines_per_tile < lines ? line + lines_per_tile : lines;
                              line < end; ++line)
-                            __builtin_prefetch(next + line * kPanel);
-                    const float* xi = x + i * inputs;
-                    float* o = out + i * outputs + col;
-                    switch (r1 - i < kTileRows ? r1 - i : kTileRows) {
-                        case 6: panel_tile<6>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                        case 5: panel_tile<5>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                        case 4: panel_tile<4>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                        case 3: panel_tile<3>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                        case 2: panel_tile<2>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                        default: panel_tile<1>(xi, inputs, panel, k0, k1, o, outputs, cols); break;
-                    }
+                            __builtin_prefetch(next + line * 64);
+                    panel_tiles(x + i * inputs + k0 - first, r1 - i < kTileRows ? r1 - i : kTileRows, inputs, slice,
+                                nullptr, first, first + k1 - k0, k0 != 0, out + i * outputs + col, outputs, cols);
                 }
             }
         }
     }
 }
 
-PRELUDE_CPU_VARIANTS(packed_panels,
-                     (const float* x, long n, const float* packed, long inputs, float* out, long outputs, long p_begin,
-                      long p_end),
-                     (x, n, packed, inputs, out, outputs, p_begin, p_end))
+#define PRELUDE_PANEL_PARAMS                                                                                   \
+    (const float* x, long n, const void* weight, const float* scales, long inputs, float* out, long outputs, \
+     long p_begin, long p_end)
+#define PRELUDE_PANEL_ARGS (x, n, weight, scales, inputs, out, outputs, p_begin, p_end)
+PRELUDE_CPU_VARIANTS_OF(stream_panels_f32, stream_panels_body<float>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_CPU_VARIANTS_OF(stream_panels_bf16, stream_panels_body<bf16>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_CPU_VARIANTS_OF(stream_panels_i8, stream_panels_body<int8_t>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_CPU_VARIANTS_OF(packed_panels_f32, packed_panels_body<float>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_CPU_VARIANTS_OF(packed_panels_bf16, packed_panels_body<bf16>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_CPU_VARIANTS_OF(packed_panels_i8, packed_panels_body<int8_t>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
 
-// `packed`: pack_weight's layout of a [outputs, inputs] weight. The panels are split across
-// `threads` of the team.
-static void packed_gemm(const float* x, long n, const float* packed, long inputs, float* out, long outputs,
-                        int threads) {
+#undef PRELUDE_PANEL_PARAMS
+#undef PRELUDE_PANEL_ARGS
+
+// `w`: pack_weight's layout of a [outputs, inputs] weight. The panels are split across `threads`
+// of the team; few rows stream them (bound by memory), more go through the blocked tiles.
+static void packed_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
     const long panels = (outputs + kPanel - 1) / kPanel;
-    parallel_ranges(panels, threads_worth(n * outputs * inputs / 8, threads), 1,
-                    [&](long begin, long end) { run_packed_panels(x, n, packed, inputs, out, outputs, begin, end); });
+    const bool few = n <= kTileRows;
+    const long work = few ? panels * kPanel * inputs * format_bytes(w.format) / 4 : n * outputs * inputs / 8;
+    parallel_ranges(panels, threads_worth(work, threads), 1, [&](long begin, long end) {
+        switch (w.format) {
+            case kBF16:
+                few ? run_stream_panels_bf16(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
+                    : run_packed_panels_bf16(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
+                break;
+            case kI8:
+                few ? run_stream_panels_i8(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
+                    : run_packed_panels_i8(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
+                break;
+            default:
+                few ? run_stream_panels_f32(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
+                    : run_packed_panels_f32(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
+        }
+    });
 }
 
 }  // namespace prelude_cpu

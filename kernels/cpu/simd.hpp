@@ -70,21 +70,22 @@ static inline bool has_avx2_fma() {
 #endif
 }
 
-// From an always_inline `NAME_body`, defines NAME_baseline and NAME_avx2 (x86-64 only), and
-// run_NAME, which calls the variant this CPU runs (picked once, on its first call).
+// From an always_inline body (NAME_body, or BODY), defines NAME_baseline and NAME_avx2 (x86-64
+// only), and run_NAME, which calls the variant this CPU runs (picked once, on its first call).
 #if defined(__x86_64__) && defined(__GNUC__)
-#define PRELUDE_CPU_VARIANTS(NAME, PARAMS, ARGS)                                              \
+#define PRELUDE_CPU_VARIANTS_OF(NAME, BODY, PARAMS, ARGS)                                     \
     typedef void (*NAME##_fn) PARAMS;                                                          \
-    static void NAME##_baseline PARAMS { NAME##_body ARGS; }                                   \
-    __attribute__((target("avx2,fma"))) static void NAME##_avx2 PARAMS { NAME##_body ARGS; }   \
+    static void NAME##_baseline PARAMS { BODY ARGS; }                                          \
+    __attribute__((target("avx2,fma"))) static void NAME##_avx2 PARAMS { BODY ARGS; }          \
     static void run_##NAME PARAMS {                                                            \
         static const NAME##_fn picked = has_avx2_fma() ? NAME##_avx2 : NAME##_baseline;        \
         picked ARGS;                                                                           \
     }
 #else
-#define PRELUDE_CPU_VARIANTS(NAME, PARAMS, ARGS)                                              \
-    static void NAME##_baseline PARAMS { NAME##_body ARGS; }                                   \
+#define PRELUDE_CPU_VARIANTS_OF(NAME, BODY, PARAMS, ARGS)                                     \
+    static void NAME##_baseline PARAMS { BODY ARGS; }                                          \
     static void run_##NAME PARAMS { NAME##_baseline ARGS; }
 #endif
+#define PRELUDE_CPU_VARIANTS(NAME, PARAMS, ARGS) PRELUDE_CPU_VARIANTS_OF(NAME, NAME##_body, PARAMS, ARGS)
 
 }  // namespace prelude_cpu

@@ -7,124 +7,170 @@
 // than interleaving four weight rows, whose compute stops overlapping its memory reads once the
 // hardware prefetcher falls behind (`python -m bench.kernels.lm_head`). Past that, compute
 // dominates and the 4x2 register tile below does better.
+//
+// The weight may be fp32, bf16 or int8 (weights.hpp); an int8 row's sums are scaled once at the end.
 #pragma once
+#include <type_traits>
+
 #include "simd.hpp"
 #include "team.hpp"
+#include "weights.hpp"
 
 namespace prelude_cpu {
 
 constexpr long kStreamRows = 8;
-constexpr long kPrefetchFloats = 2048;  // 8 KB ahead
+constexpr long kPrefetchBytes = 8192;
 
-__attribute__((always_inline)) static inline void stream_rows_body(const float* x, long n, const float* w, long hidden, float* out,
-                                                                    long vocab, long v_begin, long v_end) {
-    for (long v = v_begin; v < v_end; ++v) {
-        const float* row = w + v * hidden;
-        // prefetcht2 (into L2): prefetching into L1 this far ahead evicted the rows of x.
-        for (long h = 0; h < hidden; h += 16) __builtin_prefetch(row + kPrefetchFloats + h, 0, 1);
-        long i = 0;
-        for (; i + 4 <= n; i += 4) {
-            const float* x0 = x + i * hidden;
-            const float* x1 = x0 + hidden;
-            const float* x2 = x1 + hidden;
-            const float* x3 = x2 + hidden;
-            v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, c0 = {}, c1 = {}, c2 = {}, c3 = {};
-            long h = 0;
-            for (; h + 16 <= hidden; h += 16) {
-                const v8f r = load8(row + h), s = load8(row + h + 8);
-                a0 += r * load8(x0 + h); a1 += r * load8(x1 + h); a2 += r * load8(x2 + h); a3 += r * load8(x3 + h);
-                c0 += s * load8(x0 + h + 8); c1 += s * load8(x1 + h + 8); c2 += s * load8(x2 + h + 8); c3 += s * load8(x3 + h + 8);
-            }
-            if (h < hidden) {  // hidden % 16 == 8
-                const v8f r = load8(row + h);
-                a0 += r * load8(x0 + h); a1 += r * load8(x1 + h); a2 += r * load8(x2 + h); a3 += r * load8(x3 + h);
-            }
-            out[i * vocab + v] = hsum(a0 + c0);
-            out[(i + 1) * vocab + v] = hsum(a1 + c1);
-            out[(i + 2) * vocab + v] = hsum(a2 + c2);
-            out[(i + 3) * vocab + v] = hsum(a3 + c3);
-        }
-        for (; i < n; ++i) {
-            const float* x0 = x + i * hidden;
-            v8f a0 = {}, c0 = {};
-            long h = 0;
-            for (; h + 16 <= hidden; h += 16) {
-                a0 += load8(row + h) * load8(x0 + h);
-                c0 += load8(row + h + 8) * load8(x0 + h + 8);
-            }
-            if (h < hidden) a0 += load8(row + h) * load8(x0 + h);
-            out[i * vocab + v] = hsum(a0 + c0);
-        }
+// Output v's sum, scaled for an int8 weight.
+template <typename T>
+__attribute__((always_inline)) static inline float scaled(float sum, const float* scales, long v) {
+    if constexpr (std::is_same<T, int8_t>::value) return sum * scales[v];
+    return sum;
+}
+
+// Row v's dot product with x over the groups of [h_begin, hidden), added to the accumulators.
+template <typename T, int N>
+__attribute__((always_inline)) static inline void dot_groups(const T* row, const float* const* xs, long h_begin,
+                                                             long hidden, v8f* acc) {
+    constexpr long kVectors = Widen<T>::kElems / 8;
+    for (long h = h_begin; h + Widen<T>::kElems <= hidden; h += Widen<T>::kElems) {
+        v8f w[kVectors];
+        Widen<T>::load(row + h, w);
+        for (long g = 0; g < kVectors; ++g)
+            for (int i = 0; i < N; ++i) acc[i * 2 + (g & 1)] += w[g] * load8(xs[i] + h + 8 * g);
     }
 }
 
-PRELUDE_CPU_VARIANTS(stream_rows, (const float* x, long n, const float* w, long hidden, float* out, long vocab, long v_begin, long v_end),
-                     (x, n, w, hidden, out, vocab, v_begin, v_end))
+// The last 8 of an fp32 row whose length is an odd multiple of 8 (the narrow formats' rows are
+// whole groups).
+template <typename T, int N>
+__attribute__((always_inline)) static inline void dot_tail(const T* row, const float* const* xs, long hidden,
+                                                           v8f* acc) {
+    if constexpr (std::is_same<T, float>::value)
+        if (hidden % 16 != 0)
+            for (int i = 0; i < N; ++i) acc[i * 2] += load8(row + hidden - 8) * load8(xs[i] + hidden - 8);
+}
+
+template <typename T>
+__attribute__((always_inline)) static inline void stream_rows_body(const float* x, long n, const void* weight,
+                                                                   const float* scales, long hidden, float* out,
+                                                                   long vocab, long v_begin, long v_end) {
+    const T* w = static_cast<const T*>(weight);
+    for (long v = v_begin; v < v_end; ++v) {
+        const T* row = w + v * hidden;
+        // prefetcht2 (into L2): prefetching into L1 this far ahead evicted the rows of x.
+        const char* ahead = (const char*)row + kPrefetchBytes;
+        for (long b = 0; b < hidden * (long)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 1);
+        long i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const float* xs[4] = {x + i * hidden, x + (i + 1) * hidden, x + (i + 2) * hidden, x + (i + 3) * hidden};
+            v8f acc[8] = {};
+            dot_groups<T, 4>(row, xs, 0, hidden, acc);
+            dot_tail<T, 4>(row, xs, hidden, acc);
+            for (int r = 0; r < 4; ++r) out[(i + r) * vocab + v] = scaled<T>(hsum(acc[2 * r] + acc[2 * r + 1]), scales, v);
+        }
+        for (; i < n; ++i) {
+            const float* xs[1] = {x + i * hidden};
+            v8f acc[2] = {};
+            dot_groups<T, 1>(row, xs, 0, hidden, acc);
+            dot_tail<T, 1>(row, xs, hidden, acc);
+            out[i * vocab + v] = scaled<T>(hsum(acc[0] + acc[1]), scales, v);
+        }
+    }
+}
 
 // More rows: four weight rows by two x rows at a time (eight vector accumulators, which fit the
 // sixteen AVX2 registers beside the operands).
-__attribute__((always_inline)) static inline void dot_rows_body(const float* x, long n, const float* w, long hidden, float* out, long vocab,
-                     long v_begin, long v_end) {
+template <typename T>
+__attribute__((always_inline)) static inline void dot_rows_body(const float* x, long n, const void* weight,
+                                                                const float* scales, long hidden, float* out,
+                                                                long vocab, long v_begin, long v_end) {
+    const T* w = static_cast<const T*>(weight);
+    constexpr long kVectors = Widen<T>::kElems / 8;
     long v = v_begin;
     for (; v + 4 <= v_end; v += 4) {
-        const float* w0 = w + v * hidden;
-        const float* w1 = w0 + hidden;
-        const float* w2 = w1 + hidden;
-        const float* w3 = w2 + hidden;
-        // The next four rows, two cache lines per step of the first pass: without it the
-        // four interleaved streams ran at two thirds of the machine's read speed.
-        const float* next = w3 + hidden;
+        const T* rows[4] = {w + v * hidden, w + (v + 1) * hidden, w + (v + 2) * hidden, w + (v + 3) * hidden};
+        // The next four rows, two cache lines per group of the first pass: without it the four
+        // interleaved streams ran at two thirds of the machine's read speed.
+        const char* next = (const char*)(rows[3] + hidden);
         long i = 0;
-        for (; i + 2 <= n; i += 2) {
+        for (; i < n; i += 2) {
+            const bool pair = i + 1 < n;
             const float* xa = x + i * hidden;
-            const float* xb = xa + hidden;
-            v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
-            for (long h = 0; h < hidden; h += 8) {
-                if (i == 0) { __builtin_prefetch(next + 4 * h); __builtin_prefetch(next + 4 * h + 16); }
-                v8f p = load8(xa + h), q = load8(xb + h);
-                v8f r0 = load8(w0 + h), r1 = load8(w1 + h), r2 = load8(w2 + h), r3 = load8(w3 + h);
-                a0 += r0 * p; a1 += r1 * p; a2 += r2 * p; a3 += r3 * p;
-                b0 += r0 * q; b1 += r1 * q; b2 += r2 * q; b3 += r3 * q;
+            const float* xb = pair ? xa + hidden : xa;
+            v8f a[4] = {}, b[4] = {};
+            long h = 0;
+            for (; h + Widen<T>::kElems <= hidden; h += Widen<T>::kElems) {
+                if (i == 0) {
+                    const long at = 4 * h * (long)sizeof(T);
+                    for (long line = 0; line < 4 * Widen<T>::kElems * (long)sizeof(T); line += 64)
+                        __builtin_prefetch(next + at + line);
+                }
+                for (int r = 0; r < 4; ++r) {
+                    v8f wv[kVectors];
+                    Widen<T>::load(rows[r] + h, wv);
+                    for (long g = 0; g < kVectors; ++g) {
+                        a[r] += wv[g] * load8(xa + h + 8 * g);
+                        b[r] += wv[g] * load8(xb + h + 8 * g);
+                    }
+                }
             }
-            float* oa = out + i * vocab + v;
-            float* ob = oa + vocab;
-            oa[0] = hsum(a0); oa[1] = hsum(a1); oa[2] = hsum(a2); oa[3] = hsum(a3);
-            ob[0] = hsum(b0); ob[1] = hsum(b1); ob[2] = hsum(b2); ob[3] = hsum(b3);
-        }
-        for (; i < n; ++i) {
-            const float* xa = x + i * hidden;
-            v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
-            for (long h = 0; h < hidden; h += 8) {
-                if (i == 0) { __builtin_prefetch(next + 4 * h); __builtin_prefetch(next + 4 * h + 16); }
-                v8f p = load8(xa + h);
-                a0 += load8(w0 + h) * p; a1 += load8(w1 + h) * p;
-                a2 += load8(w2 + h) * p; a3 += load8(w3 + h) * p;
+            if constexpr (std::is_same<T, float>::value)
+                for (int r = 0; r < 4 && h < hidden; ++r) {  // the last 8 (dot_tail)
+                    const v8f wv = load8(rows[r] + h);
+                    a[r] += wv * load8(xa + h);
+                    b[r] += wv * load8(xb + h);
+                }
+            for (int r = 0; r < 4; ++r) {
+                out[i * vocab + v + r] = scaled<T>(hsum(a[r]), scales, v + r);
+                if (pair) out[(i + 1) * vocab + v + r] = scaled<T>(hsum(b[r]), scales, v + r);
             }
-            float* oa = out + i * vocab + v;
-            oa[0] = hsum(a0); oa[1] = hsum(a1); oa[2] = hsum(a2); oa[3] = hsum(a3);
         }
     }
     for (; v < v_end; ++v) {
-        const float* wr = w + v * hidden;
+        const T* row = w + v * hidden;
         for (long i = 0; i < n; ++i) {
-            const float* xa = x + i * hidden;
-            v8f a = {};
-            for (long h = 0; h < hidden; h += 8) a += load8(wr + h) * load8(xa + h);
-            out[i * vocab + v] = hsum(a);
+            const float* xs[1] = {x + i * hidden};
+            v8f acc[2] = {};
+            dot_groups<T, 1>(row, xs, 0, hidden, acc);
+            dot_tail<T, 1>(row, xs, hidden, acc);
+            out[i * vocab + v] = scaled<T>(hsum(acc[0] + acc[1]), scales, v);
         }
     }
 }
 
-PRELUDE_CPU_VARIANTS(dot_rows, (const float* x, long n, const float* w, long hidden, float* out, long vocab, long v_begin, long v_end),
-                     (x, n, w, hidden, out, vocab, v_begin, v_end))
+#define PRELUDE_ROWS_PARAMS                                                                                    \
+    (const float* x, long n, const void* weight, const float* scales, long hidden, float* out, long vocab, \
+     long v_begin, long v_end)
+#define PRELUDE_ROWS_ARGS (x, n, weight, scales, hidden, out, vocab, v_begin, v_end)
+PRELUDE_CPU_VARIANTS_OF(stream_rows_f32, stream_rows_body<float>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_CPU_VARIANTS_OF(stream_rows_bf16, stream_rows_body<bf16>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_CPU_VARIANTS_OF(stream_rows_i8, stream_rows_body<int8_t>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_CPU_VARIANTS_OF(dot_rows_f32, dot_rows_body<float>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_CPU_VARIANTS_OF(dot_rows_bf16, dot_rows_body<bf16>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_CPU_VARIANTS_OF(dot_rows_i8, dot_rows_body<int8_t>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+#undef PRELUDE_ROWS_PARAMS
+#undef PRELUDE_ROWS_ARGS
 
-// hidden must be a multiple of 8 (the caller checks). The vocabulary is split into up to
-// `threads` ranges of whole four-row groups (one for a small weight).
-static void skinny_gemm(const float* x, long n, const float* w, long hidden, float* out, long vocab,
-                        int threads) {
-    parallel_ranges(vocab, threads_worth(vocab * hidden, threads), 4, [&](long begin, long end) {
-        if (n <= kStreamRows) run_stream_rows(x, n, w, hidden, out, vocab, begin, end);
-        else run_dot_rows(x, n, w, hidden, out, vocab, begin, end);
+// `w`: a weight by rows. hidden must be a multiple of 8 (the caller checks). The vocabulary is
+// split into up to `threads` ranges of whole four-row groups (one for a small weight).
+static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, float* out, long vocab, int threads) {
+    const long floats = vocab * hidden * format_bytes(w.format) / 4;
+    parallel_ranges(vocab, threads_worth(floats, threads), 4, [&](long begin, long end) {
+        const bool stream = n <= kStreamRows;
+        switch (w.format) {
+            case kBF16:
+                stream ? run_stream_rows_bf16(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
+                       : run_dot_rows_bf16(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
+                break;
+            case kI8:
+                stream ? run_stream_rows_i8(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
+                       : run_dot_rows_i8(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
+                break;
+            default:
+                stream ? run_stream_rows_f32(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
+                       : run_dot_rows_f32(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
+        }
     });
 }
 

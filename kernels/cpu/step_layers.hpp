@@ -1,6 +1,7 @@
-// Every decoder layer of a step in one native call, fp32 on the CPU: RMSNorm, the fused q/k/v
-// projection, per-head q/k norms, rotary embedding, the new tokens' K/V written into the paged
-// cache, attention, the output projection, RMSNorm, SwiGLU, and the final norm. Each piece is the
+// Every decoder layer of a step in one native call, computed in fp32 on the CPU (the projections'
+// weights stored in fp32, bf16 or int8): RMSNorm, the fused q/k/v projection, per-head q/k norms,
+// rotary embedding, the new tokens' K/V written into the paged cache, attention, the output
+// projection, RMSNorm, SwiGLU, and the final norm. Each piece is the
 // same kernel the per-op path calls (elementwise.hpp, linear.hpp, paged_attention.hpp,
 // prefill_attention.hpp). What this saves is a dozen torch dispatches, tensor allocations and
 // GIL round trips per layer, which cost a small model's steps more than their arithmetic, and
@@ -24,25 +25,21 @@
 
 namespace prelude_cpu {
 
-// One layer's parameters, fp32 and contiguous, in the model's fused layout; the optional ones
-// are null when the architecture has none; each projection also comes packed (pack_weight).
-// Fifteen pointers: the Python side fills them as an int64 row per layer.
+// One layer's parameters in the model's fused layout, norms and biases fp32, the optional ones
+// null when the architecture has none; the projections in any stored precision (weights.hpp).
+// Twenty-three 8-byte fields: the Python side fills them as an int64 row per layer.
 struct LayerWeights {
     const float* input_norm;  // [hidden]
-    const float* qkv;         // [q_size + 2 kv_size, hidden]
     const float* qkv_bias;    // [q_size + 2 kv_size] (Qwen2) or null
     const float* q_norm;      // [dim] (Qwen3) or null; k_norm with it
     const float* k_norm;
-    const float* o_proj;      // [hidden, q_size]
     const float* post_norm;   // [hidden]
-    const float* gate_up;     // [2 intermediate, hidden]
-    const float* down;        // [hidden, intermediate]
     float* k_cache;           // [blocks, block_size, kv_heads, dim]
     float* v_cache;
-    const float* qkv_packed;
-    const float* o_proj_packed;
-    const float* gate_up_packed;
-    const float* down_packed;
+    Weight qkv;      // [q_size + 2 kv_size, hidden]
+    Weight o_proj;   // [hidden, q_size]
+    Weight gate_up;  // [2 intermediate, hidden]
+    Weight down;     // [hidden, intermediate]
 };
 
 struct ModelShape {
@@ -72,9 +69,9 @@ struct StepRows {
     const long* item_lengths;
 };
 
-static void step_linear(const float* x, long rows, const float* w, const float* packed, const float* bias, long in,
-                        long out_features, float* out, int threads) {
-    linear_rows(x, rows, w, packed, in, out, out_features, threads);
+static void step_linear(const float* x, long rows, const Weight& w, const float* bias, long in, long out_features,
+                        float* out, int threads) {
+    linear_rows(x, rows, w, in, out, out_features, threads);
     if (bias != nullptr)
         for (long t = 0; t < rows; ++t)
             for (long o = 0; o < out_features; ++o) out[t * out_features + o] += bias[o];
@@ -233,7 +230,7 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
             if (s.layer == 0) std::memcpy(residual, in, rows * hidden * sizeof(float));
             team_rms_norm({in, rows, 1, hidden, hidden, 0}, w.input_norm, m.eps, s.layer == 0 ? nullptr : residual,
                           s.layer == 0 ? nullptr : residual, normed, threads_worth(rows * hidden, threads));
-            step_linear(normed, rows, w.qkv, w.qkv_packed, w.qkv_bias, hidden, qkv_width,
+            step_linear(normed, rows, w.qkv, w.qkv_bias, hidden, qkv_width,
                         s.qkv.get() + s.at * qkv_width, threads);
             project_heads(m, w, r, s.at, s.at + rows, s.qkv.get(), s.q.get(), s.k.get(), threads);
         }
@@ -272,14 +269,14 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
             const long rows = s.live - s.at < forward_chunk ? s.live - s.at : forward_chunk;
             float *out = x + s.at * hidden, *residual = s.residual.get() + s.at * hidden;
             float* normed = s.normed.get() + s.at * hidden;
-            step_linear(s.attended.get() + s.at * q_size, rows, w.o_proj, w.o_proj_packed, nullptr, q_size, hidden,
+            step_linear(s.attended.get() + s.at * q_size, rows, w.o_proj, nullptr, q_size, hidden,
                         out, threads);
             team_rms_norm({out, rows, 1, hidden, hidden, 0}, w.post_norm, m.eps, residual, residual, normed,
                           threads_worth(rows * hidden, threads));
-            step_linear(normed, rows, w.gate_up, w.gate_up_packed, nullptr, hidden, 2 * inter, s.gate_up.get(),
+            step_linear(normed, rows, w.gate_up, nullptr, hidden, 2 * inter, s.gate_up.get(),
                         threads);
             team_silu_and_mul(s.gate_up.get(), rows, inter, s.act.get(), threads_worth(rows * 2 * inter, threads));
-            step_linear(s.act.get(), rows, w.down, w.down_packed, nullptr, inter, hidden, out, threads);
+            step_linear(s.act.get(), rows, w.down, nullptr, inter, hidden, out, threads);
         }
     }
     if (s.phase != StepProgress::kDone) {

@@ -42,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--served-model-name", metavar="NAME",
                        help="the model name clients send (default: the --model path, or prelude-demo)")
     model.add_argument("--dtype", default=d.dtype, choices=_choices("dtype"),
-                       help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU")
+                       help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU; on the CPU a "
+                            "decoder computes in fp32 and bfloat16 stores its weights in bf16")
+    model.add_argument("--quantization", default=d.quantization, choices=_choices("quantization"),
+                       help="int8: weight-only int8 (one scale per output channel, quantized at load) for "
+                            "a decoder on the CPU")
     model.add_argument("--device", default=d.device, choices=_choices("device"),
                        help="auto picks CUDA when available")
     model.add_argument("--max-model-len", type=int, metavar="N",

@@ -46,7 +46,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     from prelude.executor.attention import get_backend
     from prelude.executor.fused_step import native_step
     from prelude.executor.kv_cache import KVCache, KVCacheShape
-    from prelude.model.loader import load_model, resolve_dtype
+    from prelude.model.loader import cpu_weight_format, load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
     if config.device == "cuda" and not torch.cuda.is_available():
@@ -55,16 +55,24 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
     dtype = resolve_dtype(config.dtype, device)
+    weight_format = None
     if device.type == "cpu":
         torch.manual_seed(config.seed)
+        dtype, weight_format = cpu_weight_format(dtype, config.quantization, model_config)
+    elif config.quantization != "none":
+        raise StartupError(f"--quantization {config.quantization} is for the CPU path (weight-only int8 on its "
+                           "native kernels); on a GPU serve bfloat16")
     ops = select_ops(device)
-    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len, ops=ops)
+    model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len, ops=ops,
+                       weight_format=weight_format)
     itemsize = torch.empty((), dtype=dtype).element_size()
     c = model_config
     temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
                                  + 3 * c.intermediate_size)
     per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
+    if weight_format not in (None, "float32"):
+        dtype_name += f", weights {weight_format}"
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)

@@ -25,6 +25,7 @@ def parse_bytes(text: str) -> int:
 # The values each enumerated flag takes (the command line offers the same lists).
 CHOICES: dict[str, tuple[str | None, ...]] = {
     "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "quantization": ("none", "int8"),
     "device": ("auto", "cpu", "cuda"),
     "tokenizer_backend": ("auto", "fasttoken", "hf"),
     "executor": ("model", "null"),
@@ -62,6 +63,7 @@ class Config:
     log_format: str = "text"
     disable_log_requests: bool = False
     dtype: str = "auto"
+    quantization: str = "none"  # int8: weight-only, per output channel, quantized at load (CPU)
     device: str = "auto"
     max_model_len: int | None = None
     allow_long_max_model_len: bool = False  # from ALLOW_LONG_MAX_MODEL_LEN_ENV, as in vLLM

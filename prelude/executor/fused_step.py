@@ -6,7 +6,8 @@ than that: most of a small model's decode step is spent holding the GIL. A promp
 the GIL up at every op, and in the server the event loop takes it in between, so the same step
 runs slower while tokens stream than alone.
 This runs the same kernels the per-op path calls, for every layer and the final norm, in one
-call without the GIL. It takes only what it was written for: fp32 on the CPU, a step whose
+call without the GIL. It takes only what it was written for: fp32 activations on the CPU, the
+projections stored packed (in fp32, bf16 or int8), a step whose
 backend exposes its paged cache and row layout (AttentionBackend.paged_step_inputs), and sizes
 the vector kernels take; every other step runs layer by layer (DecoderLM.forward). The same step
 can run resumably (NativeForward), stepping aside when the engine's StopFlag goes up
@@ -16,20 +17,20 @@ from __future__ import annotations
 from typing import Callable, Protocol, cast
 
 import torch
-import torch.nn.functional as F
 
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend, PagedStepInputs
 from prelude.model.encoder import EncoderLM
 from prelude.model.decoder import DecoderLayer, DecoderLM
+from prelude.model.cpu_linear import FORMATS, PANELS, StoredWeight
 from prelude.model.layers import Linear
 from prelude.model.ops import Ops
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
 ResumableKernel = Callable[..., "NativeSteps"]  # kernels/cpu/_native.pyi: ResumableStep
 
-# LayerWeights' fifteen pointers, in their order.
-_WEIGHT_FIELDS = 15
+# LayerWeights' fields (kernels/cpu/step_layers.hpp): seven pointers, then four weights of four.
+_WEIGHT_FIELDS = 23
 # A model whose layers hold fewer weights than this decodes on one thread: a second one buys
 # little on so few weights (the demo model's) and takes the core the event loop streams tokens
 # from, while larger layers need both for their bandwidth (TPOT and CPU per request:
@@ -55,15 +56,20 @@ class FusedStep:
         self.kernel = kernel
         self.resumable = resumable
         self._pointers: tuple[int, int, torch.Tensor] | None = None  # (k ptr, v ptr, table)
-        layer_weights = sum(p.numel() for p in model.model.layers[0].parameters()) if len(model.model.layers) else 0
+        layers = model.model.layers
+        layer_weights = sum(w.outputs * w.inputs for w in _projections(cast(DecoderLayer, layers[0]))) if len(
+            layers) else 0
         self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
 
     @staticmethod
     def fits(model: DecoderLM) -> bool:
-        """The model's parameters and sizes are ones the kernel takes."""
+        """The model's parameters and sizes are ones the kernel takes: its projections stored
+        packed (DecoderLM.store_weights), the rest fp32 on the CPU."""
         c = model.config
+        packed = all(linear.stored is not None and linear.stored.layout == PANELS
+                     for layer in model.model.layers for linear in _linears(cast(DecoderLayer, layer)))
         params = list(model.parameters())
-        return (all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() for p in params)
+        return (packed and all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() for p in params)
                 and c.hidden_size % 8 == 0 and c.intermediate_size % 8 == 0 and c.head_dim % 16 == 0
                 and (c.num_heads * c.head_dim) % 8 == 0 and c.num_heads % c.num_kv_heads == 0)
 
@@ -103,7 +109,7 @@ class FusedStep:
         c = self.model.config
         rotary = self.model.rotary.cos_sin
         assert rotary is not None, "the rotary table is built with the model"
-        x = F.embedding(input_ids, self.model.model.embed_tokens.weight).contiguous()
+        x = self.model.model.embed_tokens(input_ids).contiguous()
         positions = positions.contiguous()
         if keep is not None:
             keep = keep.contiguous()
@@ -122,8 +128,8 @@ class FusedStep:
         return arguments, x, (paged, positions, keep, table)
 
     def _layer_table(self, paged: PagedStepInputs) -> torch.Tensor:
-        """[layers, 15] int64 pointers, built once per KV cache (the parameters and their packed
-        copies never move)."""
+        """[layers, 23] int64 (LayerWeights), built once per KV cache (the parameters and the
+        stored weights never move)."""
         k, v = paged.k_cache.data_ptr(), paged.v_cache.data_ptr()
         if self._pointers is not None and self._pointers[:2] == (k, v):
             return self._pointers[2]
@@ -131,27 +137,31 @@ class FusedStep:
         rows = []
         for i, module in enumerate(self.model.model.layers):
             layer = cast(DecoderLayer, module)
-            attn, mlp = layer.self_attn, layer.mlp
+            attn = layer.self_attn
             bias = attn.qkv_proj.bias
-            rows.append([layer.input_layernorm.weight.data_ptr(), attn.qkv_proj.weight.data_ptr(),
-                         0 if bias is None else bias.data_ptr(),
-                         0 if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
-                         0 if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
-                         attn.o_proj.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                         mlp.gate_up_proj.weight.data_ptr(), mlp.down_proj.weight.data_ptr(),
-                         k + i * layer_bytes, v + i * layer_bytes,
-                         *(_packed(proj) for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))])
+            row = [layer.input_layernorm.weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                   0 if attn.q_norm is None else attn.q_norm.weight.data_ptr(),
+                   0 if attn.k_norm is None else attn.k_norm.weight.data_ptr(),
+                   layer.post_attention_layernorm.weight.data_ptr(), k + i * layer_bytes, v + i * layer_bytes]
+            for w in _projections(layer):
+                scales = 0 if w.scales is None else w.scales.data_ptr()
+                row += [w.data.data_ptr(), scales, FORMATS[w.format][0], w.layout]
+            rows.append(row)
         table = torch.tensor(rows, dtype=torch.int64)
         assert table.shape[1] == _WEIGHT_FIELDS
         self._pointers = (k, v, table)
         return table
 
 
-def _packed(linear: Linear) -> int:
-    assert linear.packed is not None, "a decoder's linear layers keep a packed copy"
-    copy = linear.packed.get(linear.weight)
-    assert copy is not None, "FusedStep.fits takes only weights the packed kernel takes"
-    return copy.data_ptr()
+def _linears(layer: DecoderLayer) -> tuple[Linear, ...]:
+    """A layer's projections, in LayerWeights' order."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def _projections(layer: DecoderLayer) -> list[StoredWeight]:
+    stored = [linear.stored for linear in _linears(layer)]
+    assert all(w is not None for w in stored), "FusedStep.fits takes only layers whose weights are stored"
+    return cast(list[StoredWeight], stored)
 
 
 class NativeSteps(Protocol):

@@ -52,9 +52,6 @@ class NullModel(nn.Module):
         peak = next(t for t in range(10, config.vocab_size) if t not in avoid)
         self.logits_row[peak] = 20.0
 
-    def prepare_weights(self) -> None:
-        """Nothing to prepare (the runner's warm-up asks every model)."""
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None) -> torch.Tensor:
         if on_launch is not None:

@@ -1,6 +1,6 @@
 """What the model runner and the output heads call on a model: DecoderLM, or the null model the
 benchmarks run. A Protocol rather than DecoderLM itself, so that mypy checks every model handed
-to the runner: the null model once fell behind the runner (no `prepare_weights`, no `keep`) and
+to the runner: the null model once fell behind the runner (a missing method, no `keep`) and
 `--executor null` died at startup with nothing to catch it before a benchmark did."""
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ class RunnableModel(Protocol):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None) -> torch.Tensor: ...
-
-    def prepare_weights(self) -> None: ...
 
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
               keep: torch.Tensor | None, stop: StopFlag) -> ResumableForward: ...

@@ -123,8 +123,8 @@ class ModelRunner:
         return hidden[index]
 
     def warmup(self) -> None:
-        """Pays one-time costs before serving: on the CPU, the linear layers' packed weights."""
-        self.model.prepare_weights()
+        """One-time costs before serving: none on the CPU, whose weights are stored for its
+        kernels as they load (DecoderLM.store_weights)."""
 
 
 def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],

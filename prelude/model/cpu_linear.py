@@ -1,20 +1,23 @@
-"""Linear layers on the CPU in fp32 on the native kernels (kernels/cpu/linear.hpp): a few rows at
-the speed of memory, many at the speed of the cores.
+"""Linear layers on the CPU on the native kernels (kernels/cpu/linear.hpp), computed in fp32 from
+weights stored in fp32, bf16 or int8: a few rows at the speed of memory, many at the speed of the
+cores.
 
 A decode step multiplies a few token rows by every weight of the model, so its cost should be
 one pass over the weights whatever the row count. `F.linear` is not: MKL's matrix-vector path
 for one row and its skinny GEMM for a few each take several times as long as reading the
-weight, and the linear layers and the LM head are most of a decode step.
-kernels/cpu/skinny_gemm.hpp reads each weight row once and dots it with every input row while it
-is in L1; `python -m bench.kernels.lm_head` measures it.
+weight, and the linear layers and the LM head are most of a decode step. Prompts (more rows)
+are compute-bound, and MKL's sgemm falls behind a kernel on a weight packed once into panels.
 
-Prompts (more rows) are compute-bound. kernels/cpu/packed_gemm.hpp runs on a copy of the weight
-packed once into panels, faster than MKL's sgemm (which `F.linear` calls) and as fast as oneDNN
-on its own reordered copy, and it runs inside the native step (kernels/cpu/step_layers.hpp)
-without the GIL. A module keeps that copy in a
-`PackedWeight`, made at warm-up: the weights of the decoder layers are then held twice.
+So a decoder layer's weight is kept once, packed into panels (kernels/cpu/packed_gemm.hpp: few
+rows stream the panels, more run register tiles, both without the GIL inside the native step),
+and its checkpoint copy is dropped. An LM head tied to its embedding stays by rows, which its
+lookups need (kernels/cpu/skinny_gemm.hpp). bf16 halves and int8 quarters the bytes a decode
+step reads (kernels/cpu/weights.hpp: int8 with one scale per output); `python -m
+bench.kernels.lm_head` measures the formats.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,54 +28,102 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
-# Without a packed copy (the LM head), past this many rows the product goes to torch.
+# A weight by rows in fp32 (an LM head): past this many rows the product goes to torch's GEMM.
 MAX_SKINNY_ROWS = 32
 
-
-class PackedWeight:
-    """A module's weight packed for kernels/cpu/packed_gemm.hpp, made on first use (weights never
-    change after loading); None where the native kernels do not take it."""
-
-    def __init__(self) -> None:
-        self.packed: torch.Tensor | None = None
-
-    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
-        if self.packed is None and _fits(weight):
-            assert _native is not None
-            outputs, inputs = weight.shape
-            self.packed = torch.empty(_native.packed_size(outputs, inputs))
-            _native.pack_linear(weight.data_ptr(), outputs, inputs, self.packed.data_ptr())
-        return self.packed
-
-    def prepare(self, weight: torch.Tensor) -> None:
-        """Makes the copy now (the server's warm-up) rather than on the first prompt."""
-        self.get(weight)
+# Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
+# which a by-rows weight's rows must hold whole).
+FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32)}
+BY_ROWS, PANELS = 0, 1
 
 
-def _fits(weight: torch.Tensor) -> bool:
-    return (_native is not None and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and weight.dim() == 2 and weight.is_contiguous() and weight.shape[1] % 8 == 0)
+@dataclass(frozen=True, slots=True)
+class StoredWeight:
+    """An [outputs, inputs] weight as the native kernels read it (kernels/cpu/weights.hpp)."""
+
+    data: torch.Tensor  # packed panels, or rows with each group interleaved (weights.hpp)
+    scales: torch.Tensor | None  # int8: one per output
+    format: str
+    layout: int  # BY_ROWS or PANELS
+    outputs: int
+    inputs: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs]."""
+        assert _native is not None
+        out = x.new_empty(x.shape[0], self.outputs)
+        _native.matmul(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0],
+                       self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads())
+        return out
+
+    def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
+        """Rows of a by-rows weight in fp32 (an embedding lookup, or the LM head's label rows)."""
+        assert self.layout == BY_ROWS
+        picked = self.data[index]
+        group = FORMATS[self.format][2]
+        if group > 1:  # undo the interleave: a group's element 8b + j is stored at (group / 8) j + b
+            picked = picked.view(-1, self.inputs // group, 8, group // 8).transpose(-1, -2).reshape(-1, self.inputs)
+        out = picked.float()
+        if self.scales is not None:
+            out *= self.scales[index].unsqueeze(-1)
+        return out
+
+
+def _pointer(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()
+
+
+def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
+    """Whether the kernels take this weight in this format and layout."""
+    if _native is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
+        return False
+    group = FORMATS[format][2] if layout == BY_ROWS else 1
+    return weight.shape[1] % max(8, group) == 0
+
+
+def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
+    """`weight` (fp32 [outputs, inputs], storable) converted into `format` and `layout`."""
+    assert _native is not None and storable(weight, format, layout)
+    code, dtype, _ = FORMATS[format]
+    outputs, inputs = weight.shape
+    weight = weight.contiguous()
+    threads = torch.get_num_threads()
+    if layout == PANELS:
+        data = torch.empty(_native.packed_size(outputs, inputs), dtype=dtype)
+        scales = torch.empty(_native.scales_size(outputs)) if format == "int8" else None
+        _native.pack_linear(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads)
+    else:
+        data = torch.empty(outputs, inputs, dtype=dtype)
+        scales = torch.empty(outputs) if format == "int8" else None
+        _native.convert_weight(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads)
+    return StoredWeight(data, scales, format, layout, outputs, inputs)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           packed: PackedWeight | None = None) -> torch.Tensor:
-    """x [..., in] times weight [out, in] transposed, plus bias: F.linear's contract. `packed`:
-    the module's packed copy of the weight, for products of many rows."""
+           stored: StoredWeight | None = None) -> torch.Tensor:
+    """x [..., in] times weight [out, in] transposed, plus bias: F.linear's contract. `stored`:
+    the weight as the kernels keep it (then `weight` may be empty: it was dropped)."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
-    if (x.dtype != torch.float32 or torch.is_grad_enabled() or rows == 0 or not _fits(weight)
-            or x.device.type != "cpu"):
-        return F.linear(x, weight, bias)
-    copy = packed.get(weight) if packed is not None else None
-    if copy is None and rows > MAX_SKINNY_ROWS:
-        return F.linear(x, weight, bias)
-    assert _native is not None
-    flat = x.reshape(rows, width).contiguous()
-    out_features = weight.shape[0]
-    out = flat.new_empty(rows, out_features)
-    # The kernels keep a small weight on one thread (kernels/cpu/team.hpp, threads_worth).
-    _native.matmul(flat.data_ptr(), rows, weight.data_ptr(), 0 if copy is None else copy.data_ptr(), width,
-                   out.data_ptr(), out_features, torch.get_num_threads())
+    native = (x.dtype == torch.float32 and not torch.is_grad_enabled() and rows > 0 and x.device.type == "cpu")
+    if stored is None:
+        if not native or not storable(weight, "float32", BY_ROWS) or rows > MAX_SKINNY_ROWS:
+            return F.linear(x, weight, bias)
+        stored = StoredWeight(weight.contiguous(), None, "float32", BY_ROWS, *weight.shape)
+    elif not native:
+        return F.linear(x, dequantized(stored).to(x.dtype), bias)
+    out = stored.matmul(x.reshape(rows, width).contiguous())
     if bias is not None:
         out += bias
-    return out.view(*x.shape[:-1], out_features)
+    return out.view(*x.shape[:-1], stored.outputs)
+
+
+def dequantized(stored: StoredWeight) -> torch.Tensor:
+    """The weight back in fp32 [outputs, inputs] (a product the kernels do not take)."""
+    eye = torch.eye(stored.inputs)
+    with torch.no_grad():
+        return stored.matmul(eye).t().contiguous()

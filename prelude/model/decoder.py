@@ -20,7 +20,7 @@ from prelude.model.layers import (
     UsesOps,
 )
 from prelude.model.ops import Ops
-from prelude.model.cpu_linear import linear
+from prelude.model.cpu_linear import BY_ROWS, linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -115,13 +115,18 @@ class DecoderLM(nn.Module):
             if isinstance(module, UsesOps):
                 module.ops = ops
 
-    def prepare_weights(self) -> None:
-        """Makes every linear layer's packed weight copy now rather than on the first prompt.
-        Not the LM head's: compute_logits reads its weight directly, so a copy of it was a
-        second vocabulary-sized weight (2.5 GB at Qwen3-8B's size) that nothing read."""
-        for module in self.modules():
-            if isinstance(module, Linear) and module.packed is not None and module is not self.lm_head:
-                module.packed.prepare(module.weight)
+    def store_weights(self, format: str) -> None:
+        """Keeps the weights as the CPU kernels read them (model.cpu_linear), in `format`: the
+        layers' projections packed, and in a narrower format the embedding (with a tied LM
+        head) and the LM head by rows. The checkpoint's copies are dropped."""
+        for layer in self.model.layers:
+            layer = cast(DecoderLayer, layer)
+            for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                           layer.mlp.down_proj):
+                linear.store(format)
+        self.model.embed_tokens.store(format)
+        if self.lm_head is not None:
+            self.lm_head.store(format, BY_ROWS)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None):
@@ -166,13 +171,14 @@ class DecoderLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight)
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return linear(hidden, head.weight, stored=head.stored)
 
     def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
         """Logits of just these tokens: K rows of the LM head instead of the vocabulary."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight[list(token_ids)].t()
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        rows = head.weight[list(token_ids)] if head.stored is None else head.stored.rows(list(token_ids))
+        return hidden @ rows.t()
 
     def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.score is not None, "classify requests reach only *ForSequenceClassification models"

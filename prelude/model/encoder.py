@@ -34,11 +34,11 @@ Rename = tuple[str, str, int | None]
 
 def dense(in_features: int, out_features: int, bias: bool = True) -> Linear:
     """An encoder's linear layer: a few rows on the native skinny GEMM, more on torch's (MKL, bias
-    fused); no packed copy for the native packed GEMM a decoder's prompt rows run on: an encoder's
-    linear layers alternate with torch's own ops (attention, GELU, LayerNorm), and the native
+    fused); never packed (Linear.store) for the native GEMM a decoder's prompt rows run on: an
+    encoder's linear layers alternate with torch's own ops (attention, GELU, LayerNorm), and the native
     kernels' thread team and torch's OpenMP threads then fight for the cores (all-MiniLM, 32
     texts of 22 tokens on 2 cores: 114 ms a forward on torch's GEMM, 174 ms on the packed one)."""
-    return Linear(in_features, out_features, bias=bias, packed=False)
+    return Linear(in_features, out_features, bias=bias)
 
 
 class LayerNorm(nn.Module):
@@ -99,9 +99,6 @@ class EncoderLM(nn.Module):
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
               keep: torch.Tensor | None, stop: StopFlag | None) -> EncoderForward:
         return EncoderForward(self, self.embed(input_ids, positions), positions, keep)
-
-    def prepare_weights(self) -> None:
-        """Nothing to prepare: an encoder's layers read their weights as loaded (dense)."""
 
     def compute_scores(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classify(pooled)

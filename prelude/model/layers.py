@@ -15,7 +15,7 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.cpu_linear import PackedWeight, linear
+from prelude.model.cpu_linear import BY_ROWS, PANELS, StoredWeight, linear, storable, store
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -24,28 +24,54 @@ class UsesOps:
     ops: Ops = TORCH_OPS
 
 
+def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | None:
+    """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
+    is: the kernels do not take it, or an fp32 weight by rows is already what they read."""
+    if (format == "float32" and layout == BY_ROWS) or not storable(weight, format, layout):
+        return None
+    return store(weight, format, layout)
+
+
 class Linear(nn.Module):
     """nn.Linear without weight initialization: weights always come from a checkpoint, and
     initializing on the meta device drags in torch's compiler stack (seconds of startup)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, packed: bool = True):
-        """`packed`: keep a packed copy of the weight for products of many rows (see cpu_linear);
-        without one, few rows go to the native skinny GEMM and more to torch's."""
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.packed = PackedWeight() if packed else None
+        self.stored: StoredWeight | None = None
+
+    def store(self, format: str, layout: int = PANELS) -> None:
+        """Keeps the weight only as the CPU kernels read it (cpu_linear), in `format` and
+        `layout`; the checkpoint's copy is dropped."""
+        if self.stored is None:
+            self.stored = _stored(self.weight, format, layout)
+            if self.stored is not None:
+                self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return linear(x, self.weight, self.bias, self.stored)
 
 
 class Embedding(nn.Module):
+    """A token embedding [vocab, dim], which a tied LM head multiplies by: stored (cpu_linear), it
+    is kept by rows in the narrower format, which lookups widen."""
+
     def __init__(self, num_embeddings: int, dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, dim))
+        self.stored: StoredWeight | None = None
+
+    def store(self, format: str) -> None:
+        if self.stored is None:
+            self.stored = _stored(self.weight, format, BY_ROWS)
+            if self.stored is not None:
+                self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.stored is not None:
+            return self.stored.rows(ids)
         return F.embedding(ids, self.weight)
 
 

@@ -35,6 +35,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig) -> tuple[torch.dtype, str | None]:
+    """(the dtype a model computes in on the CPU, the format its stored weights take, None: not
+    stored). A decoder computes in fp32 on the native kernels whatever its weights are stored in:
+    bf16 and int8 products widen each weight as they read it (model.cpu_linear). Encoders and
+    fp16 run on torch's ops in the dtype asked for."""
+    if quantization == "int8":
+        if config.encoder is not None:
+            raise UnsupportedModel("--quantization int8 serves decoder models; "
+                                   f"{config.architecture} is an encoder")
+        return torch.float32, "int8"
+    if config.encoder is not None or dtype == torch.float16:
+        return dtype, None
+    return torch.float32, "bfloat16" if dtype == torch.bfloat16 else "float32"
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
@@ -68,7 +83,9 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int, ops: Ops = TORCH_OPS) -> DecoderLM | EncoderLM:
+               max_positions: int, ops: Ops = TORCH_OPS, weight_format: str | None = "float32") -> DecoderLM | EncoderLM:
+    """The checkpoint's model; on the CPU a decoder's weights are then stored for the native
+    kernels in `weight_format` (cpu_weight_format; None: left as loaded)."""
     model_dir = Path(model_dir)
     start = time.perf_counter()
     model = build_model(config, dtype, device, max_positions, ops)
@@ -82,6 +99,10 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     missing = model.expected_weights() - loaded
     if missing:
         raise UnsupportedModel(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:8]}")
-    logger.info("loaded %s (%s, %s) in %.2fs", model_dir, config.architecture, dtype,
-                time.perf_counter() - start)
+    loaded_at = time.perf_counter()
+    stored = ""
+    if device.type == "cpu" and weight_format is not None and isinstance(model, DecoderLM):
+        model.store_weights(weight_format)
+        stored = f", weights stored {weight_format} in {time.perf_counter() - loaded_at:.2f}s"
+    logger.info("loaded %s (%s, %s) in %.2fs%s", model_dir, config.architecture, dtype, loaded_at - start, stored)
     return model

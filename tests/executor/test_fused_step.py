@@ -35,11 +35,12 @@ def _step(prefills=(), decodes=()):
     return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(torch.tensor(step.slots)), keep
 
 
-def _model_and_attention(path):
+def _model_and_attention(path, weight_format: str = "float32"):
     """The config, the model, its native step (asserted present) and an attention backend."""
     config = ModelConfig.from_dir(path)
     ops = select_ops(torch.device("cpu"))
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=256, ops=ops)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=256, ops=ops,
+                       weight_format=weight_format)
     native = native_step(model, ops)
     assert native is not None
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=BLOCK, dtype=torch.float32),
@@ -99,6 +100,20 @@ def test_fused_step_equals_layer_by_layer(tmp_path, family, threads):
             _check_step(model, native, attention, _step(chunks, decodes))
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
+def test_narrow_weights_run_the_same_natively_as_layer_by_layer(tmp_path, weight_format):
+    # Both paths multiply by the same stored weights (model.cpu_linear), so they agree as closely
+    # as in fp32; how close the formats come to fp32 is tests/model/test_weight_formats.py's.
+    path = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512, tie=True)
+    config, model, native, attention = _model_and_attention(path, weight_format)
+    tables = [list(range(0, 6)), list(range(6, 12))]
+    with torch.inference_mode():
+        _check_step(model, native, attention, _step([PrefillRow(0, list(range(3, 20)), 0, tables[0], SPEC),
+                                                     PrefillRow(1, list(range(40, 45)), 0, tables[1], SPEC)]))
+        _check_step(model, native, attention, _step(decodes=[DecodeRow(0, 7, 17, tables[0], SPEC),
+                                                             DecodeRow(1, 9, 5, tables[1], SPEC)]))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -1,16 +1,28 @@
 """The native CPU linear gives what F.linear gives, for every row count, output size, thread count
-and input shape it may meet, with and without the weight's packed copy."""
+and input shape it may meet, by rows and packed, in fp32; in bf16 and int8 it gives the product
+of the weight those formats hold (rounded to bf16; quantized per output channel)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prelude.model.cpu_linear import MAX_SKINNY_ROWS, PackedWeight, built, linear
+from prelude.model.cpu_linear import BY_ROWS, MAX_SKINNY_ROWS, PANELS, built, dequantized, linear, store
 
 
 def test_the_native_kernel_is_built():
     # `pip install -e .` builds it; a silent fallback to torch would hide a 2-5x slower decode.
     assert built
+
+
+def _rounded(weight: torch.Tensor, format: str) -> torch.Tensor:
+    """What a format holds of an fp32 weight."""
+    if format == "bfloat16":
+        return weight.bfloat16().float()
+    if format == "int8":  # scale max |w| / 127 per output; q rounded half away from zero
+        scale = weight.abs().amax(dim=1, keepdim=True) / 127
+        q = (weight * (1 / scale)).clamp(-127, 127)
+        return (q + torch.where(q < 0, -0.5, 0.5)).trunc() * scale
+    return weight
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 1000, 1 << 16 | 3])
@@ -19,10 +31,33 @@ def test_equals_the_matmul(vocab: int, rows: int):
     gen = torch.Generator().manual_seed(vocab * 100 + rows)
     weight = torch.randn(vocab, 64, generator=gen)
     hidden = torch.randn(rows, 64, generator=gen)
-    for packed in (None, PackedWeight()):
-        out = linear(hidden, weight, packed=packed)
+    for stored in (None, store(weight, "float32", PANELS)):
+        out = linear(hidden, weight, stored=stored)
         assert out.shape == (rows, vocab) and out.is_contiguous()
         torch.testing.assert_close(out, hidden @ weight.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("layout", [BY_ROWS, PANELS])
+@pytest.mark.parametrize("rows", [1, 4, 6, 7, 40, 200])
+def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int, rows: int):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(1003, 64 if layout == BY_ROWS else 520, generator=gen)  # not whole panels
+    hidden = torch.randn(rows, weight.shape[1], generator=gen)
+    stored = store(weight, format, layout)
+    expected = hidden @ _rounded(weight, format).t()
+    torch.testing.assert_close(stored.matmul(hidden), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dequantized(stored), _rounded(weight, format), rtol=1e-5, atol=1e-5)
+    if layout == BY_ROWS:
+        ids = torch.tensor([0, 5, 1002, 5])
+        torch.testing.assert_close(stored.rows(ids), _rounded(weight, format)[ids], rtol=1e-5, atol=1e-5)
+
+
+def test_int8_stores_a_quarter_and_bf16_half_of_fp32():
+    weight = torch.randn(512, 256)
+    sizes = {f: store(weight, f, PANELS).nbytes for f in ("float32", "bfloat16", "int8")}
+    assert sizes["bfloat16"] * 2 == sizes["float32"]
+    assert sizes["int8"] == sizes["float32"] // 4 + 512 * 4  # and a scale per output
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -31,10 +66,12 @@ def test_threads_split_the_vocabulary_without_seams(threads: int):
     torch.set_num_threads(threads)
     try:
         weight = torch.randn(4099, 256)  # large enough to be split; not a multiple of 4 rows or 16 outputs
-        for rows in (5, 67):  # a few rows stream the weight, more go through its packed copy
-            hidden = torch.randn(rows, 512)[:, ::2]  # a strided view is accepted
-            torch.testing.assert_close(linear(hidden, weight, packed=PackedWeight()), hidden @ weight.t(),
-                                       rtol=1e-5, atol=1e-4)
+        for format in ("float32", "int8"):
+            stored = store(weight, format, PANELS)
+            for rows in (5, 67):  # a few rows stream the panels, more go through register tiles
+                hidden = torch.randn(rows, 512)[:, ::2]  # a strided view is accepted
+                torch.testing.assert_close(linear(hidden, torch.empty(0), stored=stored),
+                                           hidden @ _rounded(weight, format).t(), rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(before)
 
@@ -53,11 +90,15 @@ def test_bias_and_leading_dimensions_follow_f_linear():
     x = torch.randn(2, 3, 16)
     torch.testing.assert_close(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
                                rtol=1e-5, atol=1e-5)
+    stored = store(weight, "float32", PANELS)
+    torch.testing.assert_close(linear(x, torch.empty(0), bias, stored), torch.nn.functional.linear(x, weight, bias),
+                               rtol=1e-5, atol=1e-5)
 
 
-def test_warm_up_packs_the_layers_but_not_the_lm_head_nothing_multiplies_through(tmp_path):
-    # compute_logits reads the LM head's weight directly; a packed copy of it was a second
-    # vocabulary-sized weight held for nothing.
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
+def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
+    # The layers keep only their packed weights; a narrower format also keeps the embedding and
+    # an untied LM head by rows, and nothing of their fp32 copies.
     from prelude.model.config import ModelConfig
     from prelude.model.loader import load_model
     from prelude.model.ops import select_ops
@@ -65,7 +106,11 @@ def test_warm_up_packs_the_layers_but_not_the_lm_head_nothing_multiplies_through
 
     path = make_checkpoint(tmp_path / "untied", "qwen3", tie=False)
     model = load_model(path, ModelConfig.from_dir(path), torch.float32, torch.device("cpu"), max_positions=64,
-                       ops=select_ops(torch.device("cpu")))
-    model.prepare_weights()
-    assert model.lm_head is not None and model.lm_head.packed.packed is None
-    assert all(layer.mlp.down_proj.packed.packed is not None for layer in model.model.layers)
+                       ops=select_ops(torch.device("cpu")), weight_format=format)
+    for layer in model.model.layers:
+        for linear_ in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+            assert linear_.stored is not None and linear_.stored.layout == PANELS and linear_.weight.numel() == 0
+    assert model.lm_head is not None
+    narrow = format != "float32"
+    assert (model.lm_head.stored is not None) == narrow and (model.lm_head.weight.numel() == 0) == narrow
+    assert (model.model.embed_tokens.stored is not None) == narrow

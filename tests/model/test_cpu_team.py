@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(not cpu_linear.built, reason="kernels.cpu is not
 def _product(x: torch.Tensor, w: torch.Tensor, threads: int) -> torch.Tensor:
     assert cpu_linear._native is not None
     out = torch.empty(x.shape[0], w.shape[0])
-    cpu_linear._native.matmul(x.data_ptr(), x.shape[0], w.data_ptr(), 0, w.shape[1], out.data_ptr(), w.shape[0],
-                              threads)
+    cpu_linear._native.matmul(x.data_ptr(), x.shape[0], w.data_ptr(), 0, 0, cpu_linear.BY_ROWS, w.shape[1],
+                              out.data_ptr(), w.shape[0], threads)
     return out
 
 

@@ -1,0 +1,141 @@
+// A linear layer's weight as the CPU kernels read it: fp32, bf16 or int8 elements, laid out by
+// rows ([outputs, inputs], as checkpoints store it) or in packed panels (packed_gemm.hpp's), with
+// one scale per output for int8. Lower precisions are computed in fp32: each weight is widened
+// as it is loaded (Widen) and an int8 product is scaled once per output, so a decode step reads
+// a quarter (int8) or half (bf16) of fp32's bytes for the same arithmetic.
+//
+// int8 is symmetric per output channel: scale = max |w| / 127 over the output's inputs, q =
+// round(w / scale). A token's embedding row is the tied LM head's output row, so one scale per
+// row serves both.
+//
+// Widening must cost a few instructions per vector, and GCC's vector extensions turn a sign or
+// zero extension of eight narrow lanes into scalar code. So the narrow formats are stored in
+// groups of G elements (bf16 16, int8 32: one 32-byte vector) interleaved so that a group widens
+// with shifts alone: the group's element 8b + j sits in lane j of the vector, at its b-th
+// byte (int8) or half (bf16), and `(lane << (32 - w(b+1))) >> (32 - w)` brings it out (w its
+// width in bits). Within the layout (rows or panels), element order is otherwise fp32's.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "simd.hpp"
+#include "team.hpp"
+
+namespace prelude_cpu {
+
+enum WeightFormat : long { kF32 = 0, kBF16 = 1, kI8 = 2 };
+enum WeightLayout : long { kByRows = 0, kPanels = 1 };
+
+// Four 8-byte fields, so that a weight crosses from Python as four int64s.
+struct Weight {
+    const void* data;
+    const float* scales;  // [outputs, rounded up to a panel for panels] for int8, else null
+    long format;          // WeightFormat
+    long layout;          // WeightLayout
+};
+
+struct bf16 {
+    uint16_t bits;  // a float's high half
+};
+
+// Widen<T>::load(p, v): the kElems (a group's) elements at p as kElems / 8 vectors of floats, in
+// element order; an int8 group still to be scaled.
+template <typename T>
+struct Widen;
+
+template <>
+struct Widen<float> {
+    static constexpr long kElems = 16;
+    __attribute__((always_inline)) static inline void load(const float* p, v8f* v) {
+        v[0] = load8(p);
+        v[1] = load8(p + 8);
+    }
+};
+
+template <>
+struct Widen<bf16> {
+    static constexpr long kElems = 16;
+    __attribute__((always_inline)) static inline void load(const bf16* p, v8f* v) {
+        v8i lanes;
+        std::memcpy(&lanes, p, sizeof(lanes));
+        const v8i low = lanes << 16, high = lanes & (v8i{} - 65536);
+        std::memcpy(&v[0], &low, sizeof(low));
+        std::memcpy(&v[1], &high, sizeof(high));
+    }
+};
+
+template <>
+struct Widen<int8_t> {
+    static constexpr long kElems = 32;
+    __attribute__((always_inline)) static inline void load(const int8_t* p, v8f* v) {
+        v8i lanes;
+        std::memcpy(&lanes, p, sizeof(lanes));
+        v[0] = __builtin_convertvector((lanes << 24) >> 24, v8f);
+        v[1] = __builtin_convertvector((lanes << 16) >> 24, v8f);
+        v[2] = __builtin_convertvector((lanes << 8) >> 24, v8f);
+        v[3] = __builtin_convertvector(lanes >> 24, v8f);
+    }
+};
+
+static inline long format_bytes(long format) { return format == kF32 ? 4 : format == kBF16 ? 2 : 1; }
+
+// Elements per interleaved group (1: not interleaved); a row of a by-rows weight is whole groups.
+static inline long format_group(long format) { return format == kF32 ? 1 : format == kBF16 ? 16 : 32; }
+
+// Where the element at `logical` (its index in fp32's layout) is stored.
+static inline long stored_index(long format, long logical) {
+    const long group = format_group(format);
+    if (group == 1) return logical;
+    const long within = logical % group;
+    return logical - within + (within % 8) * (group / 8) + within / 8;
+}
+
+// Round to nearest even, as torch's float -> bfloat16 conversion does (no NaNs in weights).
+static inline bf16 to_bf16(float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return bf16{(uint16_t)(bits >> 16)};
+}
+
+// One output's scale for int8 (1 for an all-zero row, so that dequantizing stays exact).
+static inline float row_scale(const float* w, long inputs) {
+    float most = 0.0f;
+    for (long k = 0; k < inputs; ++k) most = std::fmax(most, std::fabs(w[k]));
+    return most > 0.0f ? most / 127.0f : 1.0f;
+}
+
+// x converted into `format` at the element stored for `logical` in dst.
+static inline void put(void* dst, long format, long logical, float x, float inverse_scale) {
+    const long at = stored_index(format, logical);
+    if (format == kF32) {
+        static_cast<float*>(dst)[at] = x;
+    } else if (format == kBF16) {
+        static_cast<bf16*>(dst)[at] = to_bf16(x);
+    } else {
+        // Half away from zero, by truncation (nearbyint is a libm call in the baseline build).
+        const float q = x * inverse_scale;
+        const float clamped = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+        static_cast<int8_t*>(dst)[at] = (int8_t)(clamped + (clamped < 0.0f ? -0.5f : 0.5f));
+    }
+}
+
+// w [outputs, inputs] fp32 into rows of `format` at dst; int8 writes scales [outputs]. On the
+// team: a model's vocabulary is converted while the server starts.
+static void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales,
+                         int threads) {
+    parallel_ranges(outputs, threads, 1, [&](long begin, long end) {
+        for (long o = begin; o < end; ++o) {
+            const float* row = w + o * inputs;
+            float inverse = 1.0f;
+            if (format == kI8) {
+                scales[o] = row_scale(row, inputs);
+                inverse = 1.0f / scales[o];
+            }
+            for (long k = 0; k < inputs; ++k) put(dst, format, o * inputs + k, row[k], inverse);
+        }
+    });
+}
+
+}  // namespace prelude_cpu
