@@ -23,6 +23,7 @@ constexpr long kPanel = 16;      // outputs per packed panel
 constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_body names 1-6)
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
+constexpr long kPrefetchPanelBytes = 8192;
 
 static inline long panel_outputs(long outputs) { return (outputs + kPanel - 1) / kPanel * kPanel; }
 
@@ -54,14 +55,20 @@ static void pack_weight(const float* w, long outputs, long inputs, long format, 
 // valid columns) is set, or added to when `accumulate` (a later slice). A load widens a group
 // of the panel (one k, or two for int8: Widen); an int8 panel's sums are scaled by its outputs'
 // scales before they are stored.
-template <int R, typename T>
+template <int R, typename T, bool kPrefetch = false>
 __attribute__((always_inline)) static inline void panel_tile(const float* x, long inputs, const T* panel,
                                                              const float* scale, long k0, long k1, bool accumulate,
                                                              float* out, long outputs, long cols) {
     constexpr long kSteps = Widen<T>::kElems / kPanel;  // k per group
+    constexpr long kGroupBytes = kPanel * kSteps * (long)sizeof(T);
     v8f lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = v8f{};
     for (long k = k0; k < k1; k += kSteps) {
+        // Streaming (few rows, bound by memory): 8 KB ahead into L2, past the panel's end into
+        // the next panel, which follows it; a line per group read (a group is 32 or 64 bytes).
+        if constexpr (kPrefetch)
+            if (kGroupBytes == 64 || (k / kSteps) % 2 == 0)
+                __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchPanelBytes, 0, 1);
         v8f b[2 * kSteps];
         Widen<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step)
@@ -88,17 +95,17 @@ __attribute__((always_inline)) static inline void panel_tile(const float* x, lon
 }
 
 // Rows [i, i + rows) of x, rows <= kTileRows, against one panel's slice.
-template <typename T>
+template <typename T, bool kPrefetch = false>
 __attribute__((always_inline)) static inline void panel_tiles(const float* x, long rows, long inputs, const T* panel,
                                                               const float* scale, long k0, long k1, bool accumulate,
                                                               float* out, long outputs, long cols) {
     switch (rows) {
-        case 6: panel_tile<6>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 5: panel_tile<5>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 4: panel_tile<4>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 3: panel_tile<3>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 2: panel_tile<2>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        default: panel_tile<1>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 6: panel_tile<6, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 5: panel_tile<5, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 4: panel_tile<4, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 3: panel_tile<3, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 2: panel_tile<2, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        default: panel_tile<1, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
     }
 }
 
@@ -113,7 +120,7 @@ __attribute__((always_inline)) static inline void stream_panels_body(const float
         const T* panel = packed + p * inputs * kPanel;
         const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
         for (long i = 0; i < n; i += kTileRows)
-            panel_tiles(x + i * inputs, n - i < kTileRows ? n - i : kTileRows, inputs, panel,
+            panel_tiles<T, true>(x + i * inputs, n - i < kTileRows ? n - i : kTileRows, inputs, panel,
                         scales == nullptr ? nullptr : scales + col, 0, inputs, false, out + i * outputs + col, outputs,
                         cols);
     }

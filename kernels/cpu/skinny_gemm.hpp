@@ -81,46 +81,53 @@ __attribute__((always_inline)) static inline void stream_rows_body(const float* 
 
 // More rows: four weight rows by two x rows at a time (eight vector accumulators, which fit the
 // sixteen AVX2 registers beside the operands).
+// dot_rows_body's step along a row: 8 floats (one vector per row keeps its 4x2 tile and
+// operands within the sixteen registers), or one group of a narrow format.
+template <typename T>
+struct RowStep {
+    static constexpr long kElems = Widen<T>::kElems;
+    __attribute__((always_inline)) static inline void load(const T* p, v8f* v) { Widen<T>::load(p, v); }
+};
+
+template <>
+struct RowStep<float> {
+    static constexpr long kElems = 8;
+    __attribute__((always_inline)) static inline void load(const float* p, v8f* v) { v[0] = load8(p); }
+};
+
+// More rows: four weight rows by two x rows at a time (eight vector accumulators, which fit the
+// sixteen AVX2 registers beside the operands).
 template <typename T>
 __attribute__((always_inline)) static inline void dot_rows_body(const float* x, long n, const void* weight,
                                                                 const float* scales, long hidden, float* out,
                                                                 long vocab, long v_begin, long v_end) {
     const T* w = static_cast<const T*>(weight);
-    constexpr long kVectors = Widen<T>::kElems / 8;
+    constexpr long kStep = RowStep<T>::kElems, kVectors = kStep / 8;
+    constexpr long kStepBytes = 4 * kStep * (long)sizeof(T);  // of the next four rows, per step
     long v = v_begin;
     for (; v + 4 <= v_end; v += 4) {
         const T* rows[4] = {w + v * hidden, w + (v + 1) * hidden, w + (v + 2) * hidden, w + (v + 3) * hidden};
-        // The next four rows, two cache lines per group of the first pass: without it the four
-        // interleaved streams ran at two thirds of the machine's read speed.
+        // The next four rows, as many cache lines per step of the first pass as the step reads of
+        // these: without it the four interleaved streams ran at two thirds of the machine's read speed.
         const char* next = (const char*)(rows[3] + hidden);
-        long i = 0;
-        for (; i < n; i += 2) {
+        for (long i = 0; i < n; i += 2) {
             const bool pair = i + 1 < n;
             const float* xa = x + i * hidden;
             const float* xb = pair ? xa + hidden : xa;
             v8f a[4] = {}, b[4] = {};
-            long h = 0;
-            for (; h + Widen<T>::kElems <= hidden; h += Widen<T>::kElems) {
-                if (i == 0) {
-                    const long at = 4 * h * (long)sizeof(T);
-                    for (long line = 0; line < 4 * Widen<T>::kElems * (long)sizeof(T); line += 64)
-                        __builtin_prefetch(next + at + line);
-                }
+            for (long h = 0; h < hidden; h += kStep) {
+                if (i == 0)
+                    for (long line = 0; line < kStepBytes; line += 64)
+                        __builtin_prefetch(next + h / kStep * kStepBytes + line);
                 for (int r = 0; r < 4; ++r) {
                     v8f wv[kVectors];
-                    Widen<T>::load(rows[r] + h, wv);
-                    for (long g = 0; g < kVectors; ++g) {
+                    RowStep<T>::load(rows[r] + h, wv);
+                    for (long g = 0; g < kVectors; ++g) {  // x's loads hit L1 for every r
                         a[r] += wv[g] * load8(xa + h + 8 * g);
                         b[r] += wv[g] * load8(xb + h + 8 * g);
                     }
                 }
             }
-            if constexpr (std::is_same<T, float>::value)
-                for (int r = 0; r < 4 && h < hidden; ++r) {  // the last 8 (dot_tail)
-                    const v8f wv = load8(rows[r] + h);
-                    a[r] += wv * load8(xa + h);
-                    b[r] += wv * load8(xb + h);
-                }
             for (int r = 0; r < 4; ++r) {
                 out[i * vocab + v + r] = scaled<T>(hsum(a[r]), scales, v + r);
                 if (pair) out[(i + 1) * vocab + v + r] = scaled<T>(hsum(b[r]), scales, v + r);
