@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prelude import __version__, tokenizer as tokenizers
-from prelude.app.banner import Banner, tokenizer_text
+from prelude.app.banner import Banner, process_age, tokenizer_text
 from prelude.app.encoders import encoder_length, encoder_serving
 from prelude.cache.block_pool import BlockPool
 from prelude.cache.kv_events import KVEventLog
@@ -24,7 +24,7 @@ from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler
 from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
-from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, set_compute_threads
+from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, release_startup_memory, set_compute_threads
 from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
 from prelude.app.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
 from prelude.app.runner_setup import model_runner_setup, null_runner_setup
@@ -80,14 +80,16 @@ class Built:
     num_blocks: int
     compute_threads: int
     config: Config  # the flags it runs under (an encoder's differ from the command line's)
+    phases: tuple[tuple[str, float], ...] = ()  # build's: (phase, seconds)
 
-    def banner(self, listen_url: str, seconds_to_ready: float) -> Banner:
+    def banner(self, listen_url: str, seconds_to_ready: float,
+               startup: tuple[tuple[str, float], ...] = ()) -> Banner:
         served, config = self.served, self.config
         tokenizer = tokenizer_text(served.tokenizer.backend, served.tokenizer.fallback_reason, config.tokenizer_backend)
         return Banner(__version__, str(served.path), served.name, served.config.architecture, self.dtype,
                       self.device, self.compute_threads, tokenizer,
                       served.kv_capacity_tokens, self.num_blocks, config.block_size, config.enable_prefix_caching,
-                      listen_url, seconds_to_ready)
+                      listen_url, seconds_to_ready, startup)
 
 
 def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
@@ -105,12 +107,14 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
         max_model_len, truncate_at = encoder_length(config, model_config, model_dir, max_model_len)
         tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend, truncate_at)
         eos_ids = _eos_ids(model_dir, model_config, tokenizer)
+        tokenizer_done = time.perf_counter()
         if config.executor == "null":
             setup = null_runner_setup(config, model_config, eos_ids)
         else:
             setup = model_runner_setup(config, model_dir, model_config, max_model_len)
     except UnsupportedModel as exc:
         raise StartupError(str(exc)) from exc
+    model_done = time.perf_counter()
     num_blocks = setup.num_blocks
     events = config.kv_events_config
     publishing = events is not None and events.active and config.enable_prefix_caching
@@ -131,10 +135,12 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
                          eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir),
                          sentence_transformers=(model_dir / "modules.json").is_file())
+    done = time.perf_counter()
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
-                time.perf_counter() - start, model_config.architecture, num_blocks,
-                config.block_size, tokenizer.backend)
-    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads, config)
+                done - start, model_config.architecture, num_blocks, config.block_size, tokenizer.backend)
+    phases = (("config and tokenizer", tokenizer_done - start), ("model (weights read and stored)",
+              model_done - tokenizer_done), ("engine", done - model_done))
+    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads, config, phases)
 
 
 def _sampling_defaults(config: Config, model_dir: Path) -> dict[str, float]:
@@ -185,6 +191,8 @@ async def serve(config: Config, started: float | None = None) -> None:
     signal exits at once. The banner is logged once the engine is warm, before /health answers
     200; `started` is when the process began (perf_counter), for its "ready in"."""
     started = time.perf_counter() if started is None else started
+    age = process_age()
+    born = started - (age - (time.perf_counter() - started) if age is not None else 0.0)
     try:
         listener = bind(config)
     except OSError as exc:
@@ -192,8 +200,13 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     def announce() -> None:  # in the engine loop, once warm, before /health answers 200
         freeze_startup_objects()
-        logger.info(built.banner(listener.url, time.perf_counter() - started))
+        release_startup_memory()
+        now = time.perf_counter()
+        startup = (("python and imports", building - born), *built.phases,
+                   ("warm-up", now - building - sum(seconds for _, seconds in built.phases)))
+        logger.info(built.banner(listener.url, now - started, startup))
 
+    building = time.perf_counter()
     try:
         built = build(config, on_ready=announce)
     except BaseException:

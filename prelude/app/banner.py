@@ -2,6 +2,9 @@
 the engine is warm (so "ready in" is the time a client can be served)."""
 from __future__ import annotations
 
+import os
+import sys
+import time
 from dataclasses import asdict, dataclass
 
 
@@ -21,6 +24,8 @@ class Banner:
     prefix_caching: bool
     listen_url: str
     seconds_to_ready: float
+    # Where startup went, in order: (phase, seconds), from the process's start to ready.
+    startup: tuple[tuple[str, float], ...] = ()
 
     def fields(self) -> dict:
         """The JSON log line's keys (--log-format json)."""
@@ -36,6 +41,7 @@ class Banner:
             f"  KV cache   {self.kv_capacity_tokens:,} tokens ({self.kv_blocks:,} blocks of {self.block_size}), "
             f"prefix caching {'on' if self.prefix_caching else 'off'}",
             f"  listening  {self.listen_url}",
+            f"  startup    {', '.join(f'{phase} {seconds:.2f}s' for phase, seconds in self.startup)}",
         ])
 
 
@@ -46,3 +52,16 @@ def tokenizer_text(backend: str, fallback_reason: str | None, requested: str) ->
     if requested == "hf":
         return "hf (--tokenizer-backend hf)"
     return f"hf (fallback: {fallback_reason})" if fallback_reason else "hf"
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (the interpreter's own start and imports included), on
+    Linux; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/stat") as stat:
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

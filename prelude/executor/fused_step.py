@@ -23,7 +23,6 @@ from prelude.model.attention import AttentionBackend, PagedStepInputs
 from prelude.model.encoder import EncoderLM
 from prelude.model.decoder import DecoderLayer, DecoderLM
 from prelude.model.cpu_linear import FORMATS, PANELS, StoredWeight
-from prelude.model.layers import Linear
 from prelude.model.ops import Ops
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
@@ -67,9 +66,10 @@ class FusedStep:
         packed (DecoderLM.store_weights), the rest fp32 on the CPU."""
         c = model.config
         packed = all(linear.stored is not None and linear.stored.layout == PANELS
-                     for layer in model.model.layers for linear in _linears(cast(DecoderLayer, layer)))
-        params = list(model.parameters())
-        return (packed and all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() for p in params)
+                     for layer in model.model.layers for linear in cast(DecoderLayer, layer).projections())
+        fp32 = all(p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()
+                   for p in model.parameters())
+        return (packed and fp32
                 and c.hidden_size % 8 == 0 and c.intermediate_size % 8 == 0 and c.head_dim % 16 == 0
                 and (c.num_heads * c.head_dim) % 8 == 0 and c.num_heads % c.num_kv_heads == 0)
 
@@ -153,13 +153,8 @@ class FusedStep:
         return table
 
 
-def _linears(layer: DecoderLayer) -> tuple[Linear, ...]:
-    """A layer's projections, in LayerWeights' order."""
-    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
-
-
 def _projections(layer: DecoderLayer) -> list[StoredWeight]:
-    stored = [linear.stored for linear in _linears(layer)]
+    stored = [linear.stored for linear in layer.projections()]  # LayerWeights' order
     assert all(w is not None for w in stored), "FusedStep.fits takes only layers whose weights are stored"
     return cast(list[StoredWeight], stored)
 

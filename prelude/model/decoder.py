@@ -62,6 +62,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
+    def projections(self) -> tuple[Linear, Linear, Linear, Linear]:
+        """The layer's linear layers: q/k/v, output, gate/up, down."""
+        return self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj
+
     def forward(self, x, residual, rope, attention: AttentionBackend, keep: torch.Tensor | None = None):
         x, residual = self.attend(x, residual, rope, attention, keep)
         return self.mlp(x), residual
@@ -120,10 +124,8 @@ class DecoderLM(nn.Module):
         layers' projections packed, and in a narrower format the embedding (with a tied LM
         head) and the LM head by rows. The checkpoint's copies are dropped."""
         for layer in self.model.layers:
-            layer = cast(DecoderLayer, layer)
-            for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                           layer.mlp.down_proj):
-                linear.store(format)
+            for projection in cast(DecoderLayer, layer).projections():
+                projection.store(format)
         self.model.embed_tokens.store(format)
         if self.lm_head is not None:
             self.lm_head.store(format, BY_ROWS)

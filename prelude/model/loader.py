@@ -83,7 +83,8 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int, ops: Ops = TORCH_OPS, weight_format: str | None = "float32") -> DecoderLM | EncoderLM:
+               max_positions: int, ops: Ops = TORCH_OPS,
+               weight_format: str | None = "float32") -> DecoderLM | EncoderLM:
     """The checkpoint's model; on the CPU a decoder's weights are then stored for the native
     kernels in `weight_format` (cpu_weight_format; None: left as loaded)."""
     model_dir = Path(model_dir)
