@@ -78,6 +78,12 @@ def _cpu_ms(run: RunResult) -> float | None:
     return None if us is None else us / 1000
 
 
+def _failed(side: SideResult) -> float | None:
+    """Requests answered with an error or not at all, over every measured run (a workload whose
+    probe failed is not run: the notes name it)."""
+    return sum(run.summary.errors for run in side.runs.values()) if side.runs else None
+
+
 def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[[SideResult], float | None]]]:
     """(metric, unit, better, value of a side), in the issue's order."""
     c1, c16, gen, emb = spec_keys
@@ -99,6 +105,7 @@ def metrics(spec_keys: Sequence[str]) -> list[tuple[str, str, str, Callable[[Sid
         (f"server CPU per request, {c16}", "ms", "lower", _run_metric(c16, _cpu_ms)),
         (f"server CPU per request, {gen}", "ms", "lower", _run_metric(gen, _cpu_ms)),
         (f"server CPU per request, {emb}", "ms", "lower", _run_metric(emb, _cpu_ms)),
+        ("failed requests, all workloads", "requests", "lower", _failed),
     ]
 
 

