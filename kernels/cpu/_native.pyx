@@ -20,6 +20,15 @@ cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
     void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads)
 
+cdef extern from "vnni_gemm.hpp" namespace "prelude_cpu" nogil:
+    bint has_avx512_vnni()
+
+
+def int8_products() -> bool:
+    """Whether a packed int8 weight's products run in int8 arithmetic on this CPU (AVX-512 VNNI),
+    the rows quantized per row (kernels/cpu/vnni_gemm.hpp); else in fp32, the weight widened."""
+    return has_avx512_vnni()
+
 cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     cdef struct PagedDecode:
         const float* q
@@ -39,8 +48,9 @@ def packed_size(long outputs, long inputs) -> int:
 
 
 def scales_size(long outputs) -> int:
-    """Floats of pack_linear's int8 scales of a weight of `outputs` rows."""
-    return panel_outputs(outputs)
+    """Floats of pack_linear's int8 scales of a weight of `outputs` rows: a scale per output
+    (padded to whole panels), then as many int32 weight sums (kernels/cpu/packed_gemm.hpp)."""
+    return 2 * panel_outputs(outputs)
 
 
 def pack_linear(size_t w_ptr, long outputs, long inputs, long format, size_t packed_ptr, size_t scales_ptr,

@@ -1,18 +1,21 @@
 // A linear layer's product on the CPU, out[n, outputs] = x[n, inputs] . w^T, in fp32 from a weight
 // stored in fp32, bf16 or int8 (weights.hpp), on the kernel of the weight's layout: packed panels
-// (the decoder layers' weights: a few rows stream them, more go through register tiles) or rows
+// (the decoder layers' weights: a few rows stream them, more go through register tiles; int8
+// ones in int8 arithmetic where the CPU has VNNI) or rows
 // (an LM head tied to its embedding, which needs the rows for its lookups).
 #pragma once
 #include "packed_gemm.hpp"
 #include "skinny_gemm.hpp"
+#include "vnni_gemm.hpp"
 #include "weights.hpp"
 
 namespace prelude_cpu {
 
 // inputs must be a multiple of 8.
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
-    if (w.layout == kPanels) packed_gemm(x, n, w, inputs, out, outputs, threads);
-    else skinny_gemm(x, n, w, inputs, out, outputs, threads);
+    if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
+    else if (w.format == kI8 && has_avx512_vnni()) vnni_gemm(x, n, w, inputs, out, outputs, threads);
+    else packed_gemm(x, n, w, inputs, out, outputs, threads);
 }
 
 }  // namespace prelude_cpu

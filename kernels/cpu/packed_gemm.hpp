@@ -30,8 +30,40 @@ static inline long panel_outputs(long outputs) { return (outputs + kPanel - 1) /
 // Elements of pack_weight's copy of an [outputs, inputs] weight.
 static inline long packed_elements(long outputs, long inputs) { return panel_outputs(outputs) * inputs; }
 
+// How a panel's narrow groups are widened (weights.hpp's Widen for fp32 and bf16: a group is one
+// k's sixteen outputs). An int8 group is four k's: 64 bytes, output j's four k at bytes 4j..4j+3
+// (of the first 32 bytes for j < 8, of the second for the others), the layout a VNNI dot
+// product of four u8 x s8 pairs per lane reads (vnni_gemm.hpp); here shifts widen it, vector
+// 2t + h holding k + t of outputs 8h..8h+7.
+template <typename T>
+struct PanelWiden : Widen<T> {};
+
+template <>
+struct PanelWiden<int8_t> {
+    static constexpr long kElems = 64;
+    __attribute__((always_inline)) static inline void load(const int8_t* p, v8f* v) {
+        for (int h = 0; h < 2; ++h) {
+            v8i lanes;
+            std::memcpy(&lanes, p + 32 * h, sizeof(lanes));
+            v[h] = __builtin_convertvector((lanes << 24) >> 24, v8f);
+            v[2 + h] = __builtin_convertvector((lanes << 16) >> 24, v8f);
+            v[4 + h] = __builtin_convertvector((lanes << 8) >> 24, v8f);
+            v[6 + h] = __builtin_convertvector(lanes >> 24, v8f);
+        }
+    }
+};
+
+// Where panel p's element (k, output j) is stored, in elements of the format.
+static inline long panel_index(long format, long inputs, long p, long k, long j) {
+    const long base = p * inputs * kPanel;
+    if (format == kI8) return base + k / 4 * 64 + j / 8 * 32 + j % 8 * 4 + k % 4;
+    return base + stored_index(format, k * kPanel + j);
+}
+
 // w [outputs, inputs] fp32 into [panels, inputs, 16] of `format`; the last panel's missing
-// outputs are zero. int8 also writes `scales` [panel_outputs(outputs)] (1 past the outputs).
+// outputs are zero. int8 also writes `scales` (scales_floats): a scale per output and, for
+// vnni_gemm.hpp, 128 times the sum of the output's quantized weights as an int32 (1 and 0 past
+// the outputs).
 static void pack_weight(const float* w, long outputs, long inputs, long format, void* packed, float* scales,
                         int threads) {
     const long panels = (outputs + kPanel - 1) / kPanel;
@@ -45,8 +77,15 @@ static void pack_weight(const float* w, long outputs, long inputs, long format, 
                     scales[o] = row != nullptr ? row_scale(row, inputs) : 1.0f;
                     inverse = 1.0f / scales[o];
                 }
-                const long base = p * inputs * kPanel + j;
-                for (long k = 0; k < inputs; ++k) put(packed, format, base + k * kPanel, row ? row[k] : 0.0f, inverse);
+                int32_t sum = 0;
+                for (long k = 0; k < inputs; ++k) {
+                    const float x = row ? row[k] : 0.0f;
+                    const long at = panel_index(format, inputs, p, k, j);
+                    if (format == kF32) static_cast<float*>(packed)[at] = x;
+                    else if (format == kBF16) static_cast<bf16*>(packed)[at] = to_bf16(x);
+                    else sum += static_cast<int8_t*>(packed)[at] = to_int8(x, inverse);
+                }
+                if (format == kI8) reinterpret_cast<int32_t*>(scales + panel_outputs(outputs))[o] = 128 * sum;
             }
     });
 }
@@ -59,18 +98,19 @@ template <int R, typename T, bool kPrefetch = false>
 __attribute__((always_inline)) static inline void panel_tile(const float* x, long inputs, const T* panel,
                                                              const float* scale, long k0, long k1, bool accumulate,
                                                              float* out, long outputs, long cols) {
-    constexpr long kSteps = Widen<T>::kElems / kPanel;  // k per group
-    constexpr long kGroupBytes = kPanel * kSteps * (long)sizeof(T);
+    constexpr long kSteps = PanelWiden<T>::kElems / kPanel;  // k per group
+    constexpr long kGroupBytes = kPanel * kSteps * (long)sizeof(T);  // 64 (fp32, int8) or 32 (bf16)
     v8f lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = v8f{};
     for (long k = k0; k < k1; k += kSteps) {
         // Streaming (few rows, bound by memory): 8 KB ahead into L2, past the panel's end into
         // the next panel, which follows it; a line per group read (a group is 32 or 64 bytes).
         if constexpr (kPrefetch)
-            if (kGroupBytes == 64 || (k / kSteps) % 2 == 0)
-                __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchPanelBytes, 0, 1);
+            for (long line = 0; line < kGroupBytes; line += 64)
+                if (kGroupBytes >= 64 || (k / kSteps) % 2 == 0)
+                    __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchPanelBytes + line, 0, 1);
         v8f b[2 * kSteps];
-        Widen<T>::load(panel + k * kPanel, b);
+        PanelWiden<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step)
             for (int r = 0; r < R; ++r) {
                 const v8f s = splat(x[r * inputs + k + step]);
@@ -132,12 +172,12 @@ __attribute__((always_inline)) static inline void stream_panels_body(const float
 template <typename T>
 __attribute__((always_inline)) static inline void widen_slice(const T* panel, const float* scale, long k0, long k1,
                                                               float* wide) {
-    constexpr long kSteps = Widen<T>::kElems / kPanel;
+    constexpr long kSteps = PanelWiden<T>::kElems / kPanel;
     v8f s0 = v8f{} + 1.0f, s1 = s0;
     if constexpr (std::is_same<T, int8_t>::value) s0 = load8(scale), s1 = load8(scale + 8);
     for (long k = k0; k < k1; k += kSteps) {
         v8f b[2 * kSteps];
-        Widen<T>::load(panel + k * kPanel, b);
+        PanelWiden<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step) {
             store8(wide + (k - k0 + step) * kPanel, b[2 * step] * s0);
             store8(wide + (k - k0 + step) * kPanel + 8, b[2 * step + 1] * s1);

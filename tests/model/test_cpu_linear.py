@@ -8,6 +8,12 @@ import torch
 
 from prelude.model.cpu_linear import BY_ROWS, MAX_SKINNY_ROWS, PANELS, built, dequantized, linear, store
 
+try:
+    from kernels.cpu._native import int8_products
+    INT8_PRODUCTS = int8_products()
+except ImportError:
+    INT8_PRODUCTS = False
+
 
 def test_the_native_kernel_is_built():
     # `pip install -e .` builds it; a silent fallback to torch would hide a 2-5x slower decode.
@@ -15,7 +21,7 @@ def test_the_native_kernel_is_built():
 
 
 def _rounded(weight: torch.Tensor, format: str) -> torch.Tensor:
-    """What a format holds of an fp32 weight."""
+    """What a format holds of an fp32 weight (int8: of each row, as the kernels quantize rows)."""
     if format == "bfloat16":
         return weight.bfloat16().float()
     if format == "int8":  # scale max |w| / 127 per output; q rounded half away from zero
@@ -23,6 +29,13 @@ def _rounded(weight: torch.Tensor, format: str) -> torch.Tensor:
         q = (weight * (1 / scale)).clamp(-127, 127)
         return (q + torch.where(q < 0, -0.5, 0.5)).trunc() * scale
     return weight
+
+
+def _product(hidden: torch.Tensor, weight: torch.Tensor, format: str, layout: int) -> torch.Tensor:
+    """What the kernels compute: by the weight the format holds, and with int8 products (a
+    packed int8 weight, a CPU with VNNI) of rows quantized too."""
+    int8_rows = format == "int8" and layout == PANELS and INT8_PRODUCTS
+    return (_rounded(hidden, "int8") if int8_rows else hidden) @ _rounded(weight, format).t()
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 1000, 1 << 16 | 3])
@@ -45,8 +58,7 @@ def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int,
     weight = torch.randn(1003, 64 if layout == BY_ROWS else 520, generator=gen)  # not whole panels
     hidden = torch.randn(rows, weight.shape[1], generator=gen)
     stored = store(weight, format, layout)
-    expected = hidden @ _rounded(weight, format).t()
-    torch.testing.assert_close(stored.matmul(hidden), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(stored.matmul(hidden), _product(hidden, weight, format, layout), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dequantized(stored), _rounded(weight, format), rtol=1e-5, atol=1e-5)
     if layout == BY_ROWS:
         ids = torch.tensor([0, 5, 1002, 5])
@@ -57,10 +69,11 @@ def test_int8_stores_a_quarter_and_bf16_half_of_fp32():
     weight = torch.randn(512, 256)
     sizes = {f: store(weight, f, PANELS).nbytes for f in ("float32", "bfloat16", "int8")}
     assert sizes["bfloat16"] * 2 == sizes["float32"]
-    assert sizes["int8"] == sizes["float32"] // 4 + 512 * 4  # and a scale per output
+    assert sizes["int8"] == sizes["float32"] // 4 + 512 * 8  # and a scale and a weight sum per output
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
+@torch.inference_mode()  # the server's mode: with autograd on, linear() leaves products to torch
 def test_threads_split_the_vocabulary_without_seams(threads: int):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -71,7 +84,7 @@ def test_threads_split_the_vocabulary_without_seams(threads: int):
             for rows in (5, 67):  # a few rows stream the panels, more go through register tiles
                 hidden = torch.randn(rows, 512)[:, ::2]  # a strided view is accepted
                 torch.testing.assert_close(linear(hidden, torch.empty(0), stored=stored),
-                                           hidden @ _rounded(weight, format).t(), rtol=1e-4, atol=1e-4)
+                                           _product(hidden.contiguous(), weight, format, PANELS), rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(before)
 
