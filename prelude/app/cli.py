@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU; on the CPU a "
                             "decoder computes in fp32 and bfloat16 stores its weights in bf16")
     model.add_argument("--quantization", default=d.quantization, choices=_choices("quantization"),
-                       help="int8: weight-only int8 (one scale per output channel, quantized at load) for "
-                            "a decoder on the CPU")
+                       help="int8: int8 weights (one scale per output channel, quantized at load) for a "
+                            "decoder on the CPU; with AVX-512 VNNI, int8 products (activations per token)")
     model.add_argument("--device", default=d.device, choices=_choices("device"),
                        help="auto picks CUDA when available")
     model.add_argument("--max-model-len", type=int, metavar="N",

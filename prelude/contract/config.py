@@ -63,7 +63,7 @@ class Config:
     log_format: str = "text"
     disable_log_requests: bool = False
     dtype: str = "auto"
-    quantization: str = "none"  # int8: weight-only, per output channel, quantized at load (CPU)
+    quantization: str = "none"  # int8: per-output-channel int8 weights, quantized at load (CPU)
     device: str = "auto"
     max_model_len: int | None = None
     allow_long_max_model_len: bool = False  # from ALLOW_LONG_MAX_MODEL_LEN_ENV, as in vLLM
