@@ -230,12 +230,8 @@ __attribute__((always_inline)) static inline void packed_panels_body(const float
     (const float* x, long n, const void* weight, const float* scales, long inputs, float* out, long outputs, \
      long p_begin, long p_end)
 #define PRELUDE_PANEL_ARGS (x, n, weight, scales, inputs, out, outputs, p_begin, p_end)
-PRELUDE_CPU_VARIANTS_OF(stream_panels_f32, stream_panels_body<float>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
-PRELUDE_CPU_VARIANTS_OF(stream_panels_bf16, stream_panels_body<bf16>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
-PRELUDE_CPU_VARIANTS_OF(stream_panels_i8, stream_panels_body<int8_t>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
-PRELUDE_CPU_VARIANTS_OF(packed_panels_f32, packed_panels_body<float>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
-PRELUDE_CPU_VARIANTS_OF(packed_panels_bf16, packed_panels_body<bf16>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
-PRELUDE_CPU_VARIANTS_OF(packed_panels_i8, packed_panels_body<int8_t>, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_FORMAT_VARIANTS(stream_panels, stream_panels_body, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+PRELUDE_FORMAT_VARIANTS(packed_panels, packed_panels_body, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
 
 #undef PRELUDE_PANEL_PARAMS
 #undef PRELUDE_PANEL_ARGS
@@ -247,19 +243,12 @@ static void packed_gemm(const float* x, long n, const Weight& w, long inputs, fl
     const bool few = n <= kTileRows;
     const long work = few ? panels * kPanel * inputs * format_bytes(w.format) / 4 : n * outputs * inputs / 8;
     parallel_ranges(panels, threads_worth(work, threads), 1, [&](long begin, long end) {
-        switch (w.format) {
-            case kBF16:
-                few ? run_stream_panels_bf16(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
-                    : run_packed_panels_bf16(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
-                break;
-            case kI8:
-                few ? run_stream_panels_i8(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
-                    : run_packed_panels_i8(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
-                break;
-            default:
-                few ? run_stream_panels_f32(x, n, w.data, w.scales, inputs, out, outputs, begin, end)
-                    : run_packed_panels_f32(x, n, w.data, w.scales, inputs, out, outputs, begin, end);
-        }
+        if (few)
+            by_format(w.format, run_stream_panels_f32, run_stream_panels_bf16, run_stream_panels_i8, x, n, w.data,
+                      w.scales, inputs, out, outputs, begin, end);
+        else
+            by_format(w.format, run_packed_panels_f32, run_packed_panels_bf16, run_packed_panels_i8, x, n, w.data,
+                      w.scales, inputs, out, outputs, begin, end);
     });
 }
 

@@ -150,12 +150,8 @@ __attribute__((always_inline)) static inline void dot_rows_body(const float* x, 
     (const float* x, long n, const void* weight, const float* scales, long hidden, float* out, long vocab, \
      long v_begin, long v_end)
 #define PRELUDE_ROWS_ARGS (x, n, weight, scales, hidden, out, vocab, v_begin, v_end)
-PRELUDE_CPU_VARIANTS_OF(stream_rows_f32, stream_rows_body<float>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
-PRELUDE_CPU_VARIANTS_OF(stream_rows_bf16, stream_rows_body<bf16>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
-PRELUDE_CPU_VARIANTS_OF(stream_rows_i8, stream_rows_body<int8_t>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
-PRELUDE_CPU_VARIANTS_OF(dot_rows_f32, dot_rows_body<float>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
-PRELUDE_CPU_VARIANTS_OF(dot_rows_bf16, dot_rows_body<bf16>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
-PRELUDE_CPU_VARIANTS_OF(dot_rows_i8, dot_rows_body<int8_t>, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_FORMAT_VARIANTS(stream_rows, stream_rows_body, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
+PRELUDE_FORMAT_VARIANTS(dot_rows, dot_rows_body, PRELUDE_ROWS_PARAMS, PRELUDE_ROWS_ARGS)
 #undef PRELUDE_ROWS_PARAMS
 #undef PRELUDE_ROWS_ARGS
 
@@ -164,20 +160,12 @@ PRELUDE_CPU_VARIANTS_OF(dot_rows_i8, dot_rows_body<int8_t>, PRELUDE_ROWS_PARAMS,
 static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, float* out, long vocab, int threads) {
     const long floats = vocab * hidden * format_bytes(w.format) / 4;
     parallel_ranges(vocab, threads_worth(floats, threads), 4, [&](long begin, long end) {
-        const bool stream = n <= kStreamRows;
-        switch (w.format) {
-            case kBF16:
-                stream ? run_stream_rows_bf16(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
-                       : run_dot_rows_bf16(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
-                break;
-            case kI8:
-                stream ? run_stream_rows_i8(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
-                       : run_dot_rows_i8(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
-                break;
-            default:
-                stream ? run_stream_rows_f32(x, n, w.data, w.scales, hidden, out, vocab, begin, end)
-                       : run_dot_rows_f32(x, n, w.data, w.scales, hidden, out, vocab, begin, end);
-        }
+        if (n <= kStreamRows)
+            by_format(w.format, run_stream_rows_f32, run_stream_rows_bf16, run_stream_rows_i8, x, n, w.data, w.scales,
+                      hidden, out, vocab, begin, end);
+        else
+            by_format(w.format, run_dot_rows_f32, run_dot_rows_bf16, run_dot_rows_i8, x, n, w.data, w.scales, hidden,
+                      out, vocab, begin, end);
     });
 }
 

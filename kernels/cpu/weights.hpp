@@ -79,6 +79,21 @@ struct Widen<int8_t> {
     }
 };
 
+// NAME_f32, NAME_bf16 and NAME_i8 (each in simd.hpp's CPU variants) from an always_inline
+// BODY<T> for each stored element type.
+#define PRELUDE_FORMAT_VARIANTS(NAME, BODY, PARAMS, ARGS)             \
+    PRELUDE_CPU_VARIANTS_OF(NAME##_f32, BODY<float>, PARAMS, ARGS)    \
+    PRELUDE_CPU_VARIANTS_OF(NAME##_bf16, BODY<bf16>, PARAMS, ARGS)    \
+    PRELUDE_CPU_VARIANTS_OF(NAME##_i8, BODY<int8_t>, PARAMS, ARGS)
+
+// Calls the one of three kernels that reads `format`.
+template <typename F32, typename BF16, typename I8, typename... Args>
+static inline void by_format(long format, F32 f32, BF16 bf16_kernel, I8 i8, Args... args) {
+    if (format == kBF16) bf16_kernel(args...);
+    else if (format == kI8) i8(args...);
+    else f32(args...);
+}
+
 static inline long format_bytes(long format) { return format == kF32 ? 4 : format == kBF16 ? 2 : 1; }
 
 // Elements per interleaved group (1: not interleaved); a row of a by-rows weight is whole groups.
