@@ -14,8 +14,10 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "packed_gemm.hpp"
 #include "team.hpp"
@@ -25,11 +27,15 @@ namespace prelude_cpu {
 
 constexpr long kVnniRows = 8;
 
+// The CPU has AVX-512 VNNI, and PRELUDE_CPU_INT8_PRODUCTS=0 does not ask for int8 weights alone
+// (widened, computed in fp32: weight-only int8's accuracy at fp32's compute speed).
 static inline bool has_avx512_vnni() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                            __builtin_cpu_supports("avx512vnni");
+                            __builtin_cpu_supports("avx512vnni") &&
+                            !(std::getenv("PRELUDE_CPU_INT8_PRODUCTS") != nullptr &&
+                              std::string(std::getenv("PRELUDE_CPU_INT8_PRODUCTS")) == "0");
     return has;
 #else
     return false;

@@ -127,3 +127,30 @@ def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
     narrow = format != "float32"
     assert (model.lm_head.stored is not None) == narrow and (model.lm_head.weight.numel() == 0) == narrow
     assert (model.model.embed_tokens.stored is not None) == narrow
+
+
+def test_int8_weights_alone_where_int8_products_are_off_or_missing(tmp_path):
+    # PRELUDE_CPU_INT8_PRODUCTS=0 (or a CPU without VNNI): int8 weights widened and computed in
+    # fp32, every row count through the streaming and the blocked paths. Run in a process of
+    # its own: the kernels decide once per process.
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from kernels.cpu._native import int8_products
+from prelude.model.cpu_linear import PANELS, store
+from tests.model.test_cpu_linear import _rounded
+assert not int8_products()
+gen = torch.Generator().manual_seed(0)
+weight = torch.randn(1003, 520, generator=gen)
+stored = store(weight, "int8", PANELS)
+with torch.inference_mode():
+    for rows in (1, 5, 6, 7, 40, 200):
+        hidden = torch.randn(rows, 520, generator=gen)
+        torch.testing.assert_close(stored.matmul(hidden), hidden @ _rounded(weight, "int8").t(), rtol=1e-4, atol=1e-4)
+"""
+    env = dict(os.environ, PRELUDE_CPU_INT8_PRODUCTS="0")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
