@@ -34,7 +34,8 @@ TOLERANCE = {"bfloat16": (0.04, 0.9999), "int8": (0.25, 0.998)}  # (logits / the
 
 
 def _final_states(path, weight_format: str, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every prompt token's final hidden state and logits, through the native step."""
+    """Every prompt token's final hidden state and logits, through the native step; label-token
+    logits (a judge's few rows of the head) checked against the full ones."""
     config = ModelConfig.from_dir(path)
     ops = select_ops(torch.device("cpu"))
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=256, ops=ops,
@@ -51,7 +52,10 @@ def _final_states(path, weight_format: str, prompts: list[list[int]]) -> tuple[t
     with torch.inference_mode():
         hidden = native.try_forward(torch.tensor(step.ids), torch.tensor(step.positions), attention)
         assert hidden is not None
-        return hidden, model.compute_logits(hidden)
+        logits = model.compute_logits(hidden)
+        labels = (5, 1000, 2047)
+        torch.testing.assert_close(model.compute_label_logits(hidden, labels), logits[:, labels], rtol=1e-4, atol=1e-4)
+        return hidden, logits
 
 
 @pytest.mark.parametrize("weight_format", ["bfloat16", "int8"])
