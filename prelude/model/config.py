@@ -61,6 +61,7 @@ class ModelConfig:
     pad_token_id: int | None = None
     id2label: dict[int, str] = field(default_factory=dict)
     encoder: EncoderConfig | None = None  # set for the bidirectional encoders (BERT, XLM-R, ModernBERT)
+    int8_weights: bool = False  # compressed-tensors int8 weights (model.quantized_checkpoint)
 
     @property
     def num_labels(self) -> int:
@@ -107,6 +108,7 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
             id2label=_id2label(raw, head),
+            int8_weights=int8_weights(raw),
         )
 
     @classmethod
@@ -115,6 +117,8 @@ class ModelConfig:
         problem = unsupported(raw)
         if problem is not None:
             raise UnsupportedModel(problem)
+        if int8_weights(raw):
+            raise UnsupportedModel(f"{architecture} with int8 weights: quantized encoder checkpoints are not read")
         num_heads = raw["num_attention_heads"]
         return cls(
             architecture=architecture, family=family, head=head, vocab_size=raw["vocab_size"],
@@ -141,6 +145,25 @@ class ModelConfig:
         if eos:
             config = replace(config, eos_token_ids=tuple(dict.fromkeys(eos + config.eos_token_ids)))
         return config
+
+
+def int8_weights(raw: dict[str, Any]) -> bool:
+    """Whether config.json's `quantization_config` holds the int8 weights Prelude reads (False:
+    none); raises UnsupportedModel for any other."""
+    quantization = raw.get("quantization_config")
+    if not quantization:
+        return False
+    method = quantization.get("quant_method")
+    groups = quantization.get("config_groups") or {}
+    weights = [group.get("weights") or {} for group in groups.values()]
+    if (method == "compressed-tensors" and quantization.get("format") == "int-quantized" and weights
+            and all(w.get("num_bits") == 8 and w.get("type") == "int" and w.get("symmetric", True)
+                    and w.get("strategy") == "channel" for w in weights)):
+        return True
+    raise UnsupportedModel(f"quantization_config {method!r} ({quantization.get('format')!r}) is not supported: "
+                           "Prelude reads unquantized checkpoints and compressed-tensors int-quantized 8-bit "
+                           "symmetric per-channel weights (W8A8 / W8A16); on the CPU, --quantization int8 "
+                           "quantizes an unquantized checkpoint at load")
 
 
 # generation_config.json's sampling fields vLLM (--generation-config auto, its default) takes as

@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
@@ -19,6 +20,7 @@ from prelude.model.decoder import DecoderLM
 from prelude.model.encoder import EncoderLM
 from prelude.model.modernbert import ModernBertLM
 from prelude.model.ops import TORCH_OPS, Ops
+from prelude.model.quantized_checkpoint import dequantized
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,8 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     """(the dtype a model computes in on the CPU, the format its stored weights take, None: not
     stored). A decoder computes in fp32 on the native kernels whatever its weights are stored in:
     bf16 and int8 products widen each weight as they read it (model.cpu_linear). Encoders and
-    fp16 run on torch's ops in the dtype asked for."""
-    if quantization == "int8":
+    fp16 run on torch's ops in the dtype asked for. A checkpoint of int8 weights stays int8."""
+    if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
             raise UnsupportedModel("--quantization int8 serves decoder models; "
                                    f"{config.architecture} is an encoder")
@@ -60,6 +62,13 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
         raise UnsupportedModel(f"no *.safetensors weights in {model_dir}; save the checkpoint as safetensors "
                               "(save_pretrained(..., safe_serialization=True))")
     return files
+
+
+def _tensors(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        with safe_open(str(path), framework="pt", device=device) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
@@ -90,13 +99,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     model_dir = Path(model_dir)
     start = time.perf_counter()
     model = build_model(config, dtype, device, max_positions, ops)
-    loaded: set[str] = set()
     # safetensors' "cuda" device reads each tensor straight into device memory.
     read_device = str(device) if device.type == "cuda" else "cpu"
+    tensors = _tensors(checkpoint_files(model_dir), read_device)
     with torch.no_grad():
-        for path in checkpoint_files(model_dir):
-            with safe_open(str(path), framework="pt", device=read_device) as f:
-                loaded |= model.load_weights((name, f.get_tensor(name)) for name in f.keys())
+        loaded = model.load_weights(dequantized(tensors, dtype) if config.int8_weights else tensors)
     missing = model.expected_weights() - loaded
     if missing:
         raise UnsupportedModel(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:8]}")
