@@ -62,12 +62,14 @@ PRELUDE_VNNI __attribute__((always_inline)) static inline void vnni_tile(const u
                                                                          long inputs, const int8_t* panel,
                                                                          const float* scale, const int32_t* sums,
                                                                          long k0, long k1, bool accumulate, float* out,
-                                                                         long outputs, long cols) {
+                                                                         long outputs, long cols, bool stream) {
     __m512i acc[R];
     const __m512i start = k0 == 0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(sums))
                                   : _mm512_setzero_si512();
     for (int r = 0; r < R; ++r) acc[r] = start;
     for (long k = k0; k < k1; k += 4) {
+        // Streaming a large weight for few rows: a line 8 KB ahead into L2 per 64-byte group.
+        if (stream) __builtin_prefetch(panel + k * kPanel + kPrefetchPanelBytes, 0, 1);
         const __m512i w = _mm512_loadu_si512(panel + k * kPanel);
         for (int r = 0; r < R; ++r) {
             int32_t four;
@@ -89,10 +91,14 @@ PRELUDE_VNNI static void vnni_panels(const uint8_t* xq, const float* row_scales,
                                      const float* scales, long inputs, float* out, long outputs, long p_begin,
                                      long p_end) {
     const int32_t* sums = reinterpret_cast<const int32_t*>(scales + panel_outputs(outputs));
+    // Rows for one tile read each panel once, whole, in order (bound by memory); more rows go in
+    // K slices, so that a panel's slice stays in L1 while their tiles pass over it.
+    const bool stream = n <= kVnniRows;
+    const long slice = stream ? inputs : kSliceK;
     for (long r0 = 0; r0 < n; r0 += kBlockRows) {
         const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
-        for (long k0 = 0; k0 < inputs; k0 += kSliceK) {
-            const long k1 = k0 + kSliceK < inputs ? k0 + kSliceK : inputs;
+        for (long k0 = 0; k0 < inputs; k0 += slice) {
+            const long k1 = k0 + slice < inputs ? k0 + slice : inputs;
             for (long p = p_begin; p < p_end; ++p) {
                 const int8_t* panel = packed + p * inputs * kPanel;
                 const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
@@ -102,14 +108,14 @@ PRELUDE_VNNI static void vnni_panels(const uint8_t* xq, const float* row_scales,
                     float* o = out + i * outputs + col;
                     const bool later = k0 != 0;
                     switch (r1 - i < kVnniRows ? r1 - i : kVnniRows) {
-                        case 8: vnni_tile<8>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 7: vnni_tile<7>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 6: vnni_tile<6>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 5: vnni_tile<5>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 4: vnni_tile<4>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 3: vnni_tile<3>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        case 2: vnni_tile<2>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
-                        default: vnni_tile<1>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols); break;
+                        case 8: vnni_tile<8>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 7: vnni_tile<7>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 6: vnni_tile<6>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 5: vnni_tile<5>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 4: vnni_tile<4>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 3: vnni_tile<3>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        case 2: vnni_tile<2>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
+                        default: vnni_tile<1>(x, s, inputs, panel, scales + col, sums + col, k0, k1, later, o, outputs, cols, stream); break;
                     }
                 }
             }

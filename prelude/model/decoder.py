@@ -20,7 +20,7 @@ from prelude.model.layers import (
     UsesOps,
 )
 from prelude.model.ops import Ops
-from prelude.model.cpu_linear import BY_ROWS, linear
+from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, linear
 
 # HF checkpoint name fragment -> (our fused parameter fragment, shard index within it).
 PACKED_WEIGHTS = {
@@ -122,13 +122,13 @@ class DecoderLM(nn.Module):
     def store_weights(self, format: str) -> None:
         """Keeps the weights as the CPU kernels read them (model.cpu_linear), in `format`: the
         layers' projections packed, and in a narrower format the embedding (with a tied LM
-        head) and the LM head by rows. The checkpoint's copies are dropped."""
+        head) and the LM head in the head's layout. The checkpoint's copies are dropped."""
         for layer in self.model.layers:
             for projection in cast(DecoderLayer, layer).projections():
                 projection.store(format)
         self.model.embed_tokens.store(format)
         if self.lm_head is not None:
-            self.lm_head.store(format, BY_ROWS)
+            self.lm_head.store(format, HEAD_LAYOUTS.get(format, BY_ROWS))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None):

@@ -15,7 +15,7 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.cpu_linear import BY_ROWS, PANELS, StoredWeight, linear, storable, store
+from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, PANELS, StoredWeight, linear, storable, store
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -56,7 +56,7 @@ class Linear(nn.Module):
 
 class Embedding(nn.Module):
     """A token embedding [vocab, dim], which a tied LM head multiplies by: stored (cpu_linear), it
-    is kept by rows in the narrower format, which lookups widen."""
+    is kept in the narrower format in the head's layout (HEAD_LAYOUTS), which lookups widen."""
 
     def __init__(self, num_embeddings: int, dim: int):
         super().__init__()
@@ -65,7 +65,7 @@ class Embedding(nn.Module):
 
     def store(self, format: str) -> None:
         if self.stored is None:
-            self.stored = _stored(self.weight, format, BY_ROWS)
+            self.stored = _stored(self.weight, format, HEAD_LAYOUTS.get(format, BY_ROWS))
             if self.stored is not None:
                 self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 

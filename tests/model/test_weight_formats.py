@@ -54,7 +54,10 @@ def _final_states(path, weight_format: str, prompts: list[list[int]]) -> tuple[t
         assert hidden is not None
         logits = model.compute_logits(hidden)
         labels = (5, 1000, 2047)
-        torch.testing.assert_close(model.compute_label_logits(hidden, labels), logits[:, labels], rtol=1e-4, atol=1e-4)
+        # The label rows multiply fp32 activations; the whole head's int8 products (VNNI) quantize
+        # them per token: the two agree within that rounding (measured 2% of the logits' spread).
+        close = 0.05 * logits.std().item() if weight_format == "int8" else 1e-4
+        torch.testing.assert_close(model.compute_label_logits(hidden, labels), logits[:, labels], rtol=0, atol=close)
         return hidden, logits
 
 
