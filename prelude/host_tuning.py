@@ -24,15 +24,21 @@ MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling on 64-bit (DEFAULT_MMAP_THRES
 NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes: the heap top is never returned
 
 
+def _glibc_function(name: str):
+    """The C library's `name` on Linux, or None (another OS, or a libc without it: musl has no
+    mallopt or malloc_trim)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Applies the malloc settings above on glibc; False (and nothing changed) elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and other libcs have no mallopt
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
@@ -45,13 +51,9 @@ def release_startup_memory() -> None:
     """Returns the heap's free pages to the kernel once, when the engine is warm: the checkpoint's
     fp32 copies of weights stored narrower or packed (model.cpu_linear) were freed into a heap
     that is otherwise never trimmed (keep_freed_memory), 100 MB on checkpoint B."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # other libcs: nothing to trim
-        pass
+    malloc_trim = _glibc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def freeze_startup_objects() -> None:

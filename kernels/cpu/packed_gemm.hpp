@@ -23,7 +23,6 @@ constexpr long kPanel = 16;      // outputs per packed panel
 constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_body names 1-6)
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
-constexpr long kPrefetchPanelBytes = 8192;
 
 static inline long panel_outputs(long outputs) { return (outputs + kPanel - 1) / kPanel * kPanel; }
 
@@ -108,7 +107,7 @@ __attribute__((always_inline)) static inline void panel_tile(const float* x, lon
         if constexpr (kPrefetch)
             for (long line = 0; line < kGroupBytes; line += 64)
                 if (kGroupBytes >= 64 || (k / kSteps) % 2 == 0)
-                    __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchPanelBytes + line, 0, 1);
+                    __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchAheadBytes + line, 0, 1);
         v8f b[2 * kSteps];
         PanelWiden<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step)

@@ -19,7 +19,6 @@
 namespace prelude_cpu {
 
 constexpr long kStreamRows = 8;
-constexpr long kPrefetchBytes = 8192;
 
 // Output v's sum, scaled for an int8 weight.
 template <typename T>
@@ -59,7 +58,7 @@ __attribute__((always_inline)) static inline void stream_rows_body(const float* 
     for (long v = v_begin; v < v_end; ++v) {
         const T* row = w + v * hidden;
         // prefetcht2 (into L2): prefetching into L1 this far ahead evicted the rows of x.
-        const char* ahead = (const char*)row + kPrefetchBytes;
+        const char* ahead = (const char*)row + kPrefetchAheadBytes;
         for (long b = 0; b < hidden * (long)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 1);
         long i = 0;
         for (; i + 4 <= n; i += 4) {

@@ -69,7 +69,7 @@ PRELUDE_VNNI __attribute__((always_inline)) static inline void vnni_tile(const u
     for (int r = 0; r < R; ++r) acc[r] = start;
     for (long k = k0; k < k1; k += 4) {
         // Streaming a large weight for few rows: a line 8 KB ahead into L2 per 64-byte group.
-        if (stream) __builtin_prefetch(panel + k * kPanel + kPrefetchPanelBytes, 0, 1);
+        if (stream) __builtin_prefetch(panel + k * kPanel + kPrefetchAheadBytes, 0, 1);
         const __m512i w = _mm512_loadu_si512(panel + k * kPanel);
         for (int r = 0; r < R; ++r) {
             int32_t four;

@@ -94,6 +94,10 @@ static inline void by_format(long format, F32 f32, BF16 bf16_kernel, I8 i8, Args
     else f32(args...);
 }
 
+// How far ahead a kernel streaming a weight from memory prefetches it (into L2): far enough to
+// cover the memory's latency, near enough that the lines are still there when read.
+constexpr long kPrefetchAheadBytes = 8192;
+
 static inline long format_bytes(long format) { return format == kF32 ? 4 : format == kBF16 ? 2 : 1; }
 
 // Elements per interleaved group (1: not interleaved); a row of a by-rows weight is whole groups.
@@ -129,16 +133,9 @@ static inline int8_t to_int8(float x, float inverse_scale) {
     return (int8_t)(int)(clamped + std::copysign(0.5f, clamped));
 }
 
-// x converted into `format` at the element stored for `logical` in dst.
-static inline void put(void* dst, long format, long logical, float x, float inverse_scale) {
-    const long at = stored_index(format, logical);
-    if (format == kF32) static_cast<float*>(dst)[at] = x;
-    else if (format == kBF16) static_cast<bf16*>(dst)[at] = to_bf16(x);
-    else static_cast<int8_t*>(dst)[at] = to_int8(x, inverse_scale);
-}
-
-// One row of `inputs` (whole groups) converted into `format` at dst, group by group: put's
-// index arithmetic per element made quantizing a vocabulary take half a second of startup.
+// One row of `inputs` (whole groups) converted into `format` at dst, group by group (converted
+// in order, then interleaved as stored_index says): computing stored_index per element made
+// quantizing a vocabulary take half a second of startup.
 static inline void put_row(void* dst, long format, const float* row, long inputs, float inverse_scale) {
     if (format == kF32) {
         std::memcpy(dst, row, inputs * sizeof(float));

@@ -60,7 +60,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
         torch.manual_seed(config.seed)
         dtype, weight_format = cpu_weight_format(dtype, config.quantization, model_config)
     elif config.quantization != "none":
-        raise StartupError(f"--quantization {config.quantization} is for the CPU path (weight-only int8 on its "
+        raise StartupError(f"--quantization {config.quantization} is for the CPU path (int8 weights on its "
                            "native kernels); on a GPU serve bfloat16")
     ops = select_ops(device)
     model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len, ops=ops,

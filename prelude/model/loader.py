@@ -20,7 +20,7 @@ from prelude.model.decoder import DecoderLM
 from prelude.model.encoder import EncoderLM
 from prelude.model.modernbert import ModernBertLM
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.quantized_checkpoint import dequantized
+from prelude.model.quantized_checkpoint import dequantized_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig) -> tuple[torch.dtype, str | None]:
     """(the dtype a model computes in on the CPU, the format its stored weights take, None: not
-    stored). A decoder computes in fp32 on the native kernels whatever its weights are stored in:
-    bf16 and int8 products widen each weight as they read it (model.cpu_linear). Encoders and
-    fp16 run on torch's ops in the dtype asked for. A checkpoint of int8 weights stays int8."""
+    stored). A decoder's activations are fp32 on the native kernels whatever its weights are
+    stored in (model.cpu_linear: bf16 widened as read; int8 widened, or with VNNI multiplied in
+    int8 after each row is quantized). Encoders and fp16 run on torch's ops in the dtype asked
+    for. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
             raise UnsupportedModel("--quantization int8 serves decoder models; "
@@ -103,7 +104,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     read_device = str(device) if device.type == "cuda" else "cpu"
     tensors = _tensors(checkpoint_files(model_dir), read_device)
     with torch.no_grad():
-        loaded = model.load_weights(dequantized(tensors, dtype) if config.int8_weights else tensors)
+        loaded = model.load_weights(dequantized_tensors(tensors, dtype) if config.int8_weights else tensors)
     missing = model.expected_weights() - loaded
     if missing:
         raise UnsupportedModel(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:8]}")

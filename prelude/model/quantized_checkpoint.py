@@ -6,8 +6,8 @@ channel, what llm-compressor writes for W8A8 and W8A16 checkpoints (`weight` int
 quantizes activations per token, dynamically). Each such weight is widened to the model's dtype
 as it loads; on the CPU the loader then stores it in int8 again (cpu_linear), which gives back
 the checkpoint's own codes wherever a row's largest code is 127 (a min-max scale, as
-llm-compressor's observer sets it). ModelConfig.int8_weights says whether a checkpoint is one
-(config.int8_weights); any other quantization_config is refused there with its reason: reading
+llm-compressor's observer sets it). Whether a checkpoint is one is config.int8_weights's call
+(ModelConfig.int8_weights); it refuses any other quantization_config with its reason: reading
 its tensors as plain weights would serve noise.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ _PAIRED = ".weight_scale"
 _UNUSED = (".input_scale", ".weight_zero_point", ".input_zero_point")
 
 
-def dequantized(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def dequantized_tensors(weights: Iterable[tuple[str, torch.Tensor]],
+                        dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors with each int8 weight times its scale, in `dtype`; the scales
     and the unused activation parameters are consumed."""
     pending: dict[str, torch.Tensor] = {}  # a weight's name -> its int8 codes or its scale, whichever came first
