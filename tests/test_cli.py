@@ -155,6 +155,11 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         assert fields["tokenizer"] == "fasttoken"
         assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]
         assert fields["listening"] == server.base_url
+        # Where startup went, phase by phase, in order from the process's start
+        phases = [part.rsplit(" ", 1) for part in fields["startup"].split(", ")]
+        assert [name for name, _ in phases] == ["python and imports", "config and tokenizer",
+                                                 "model (weights read and stored)", "engine", "warm-up"]
+        assert all(seconds.endswith("s") and float(seconds[:-1]) >= 0 for _, seconds in phases)
     assert (tmp_path / "cache" / f"demo-v{VERSION}" / "model.safetensors").is_file()
 
 
@@ -163,7 +168,12 @@ def banner_lines(log: str) -> list[str]:
     lines = log.splitlines()
     start = next(i for i, line in enumerate(lines) if " ready in " in line and "Prelude " in line)
     head = lines[start][lines[start].index("Prelude "):]
-    return [head] + [line.strip() for line in lines[start + 1:start + 6]]
+    block = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        block.append(line.strip())
+    return [head] + block
 
 
 def test_unsupported_architecture_is_a_clear_startup_error(tmp_path, demo_model):
