@@ -49,6 +49,11 @@ def machine_busy_seconds() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def max_seq_length(model: Path) -> int:
+    """The longest input sentence-transformers embeds (sentence_bert_config.json), tokens."""
+    return int(json.loads((model / "sentence_bert_config.json").read_text())["max_seq_length"])
+
+
 def load(lib: str, model: Path) -> tuple[Callable[[list[str]], list], str]:
     """An encode function returning one vector per text, and the library's version."""
     if lib == "sentence-transformers":
@@ -69,6 +74,10 @@ def load(lib: str, model: Path) -> tuple[Callable[[list[str]], list], str]:
         TextEmbedding.add_custom_model(model=FASTEMBED_NAME, pooling=PoolingType.MEAN, normalization=True,
                                        sources=ModelSource(hf=FASTEMBED_NAME), dim=dim, model_file="model.onnx")
         fe = TextEmbedding(model_name=FASTEMBED_NAME, specific_model_path=str(model), local_files_only=True)
+        # fastembed truncates at tokenizer_config.json's max_length (128 for all-MiniLM-L6-v2),
+        # sentence-transformers (and every server here) at the model's max_seq_length (256): the
+        # same cut for all, or fastembed would embed a passage's first 128 tokens only.
+        fe.model.tokenizer.enable_truncation(max_length=max_seq_length(model))
         return (lambda texts: list(fe.embed(texts, batch_size=BATCH_SIZE)),
                 f"{fastembed.__version__} (onnxruntime {onnxruntime.__version__})")
     raise SystemExit(f"unknown library {lib!r}")
