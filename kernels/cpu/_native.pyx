@@ -29,6 +29,15 @@ def int8_products() -> bool:
     the rows quantized per row (kernels/cpu/vnni_gemm.hpp); else in fp32, the weight widened."""
     return has_avx512_vnni()
 
+cdef extern from "bf16_gemm.hpp" namespace "prelude_cpu" nogil:
+    bint has_avx512_bf16()
+
+
+def bf16_products() -> bool:
+    """Whether a packed bf16 weight's products run in bf16 arithmetic on this CPU (AVX-512 BF16),
+    the rows rounded to bf16 (kernels/cpu/bf16_gemm.hpp); else in fp32, the weight widened."""
+    return has_avx512_bf16()
+
 cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     cdef struct PagedDecode:
         const float* q

@@ -1,9 +1,10 @@
 // A linear layer's product on the CPU, out[n, outputs] = x[n, inputs] . w^T, in fp32 from a weight
 // stored in fp32, bf16 or int8 (weights.hpp), on the kernel of the weight's layout: packed panels
 // (the decoder layers' weights: a few rows stream them, more go through register tiles; int8
-// ones in int8 arithmetic where the CPU has VNNI) or rows
+// ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has AVX-512 BF16) or rows
 // (an LM head tied to its embedding, which needs the rows for its lookups).
 #pragma once
+#include "bf16_gemm.hpp"
 #include "packed_gemm.hpp"
 #include "skinny_gemm.hpp"
 #include "vnni_gemm.hpp"
@@ -15,6 +16,7 @@ namespace prelude_cpu {
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
     if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
     else if (w.format == kI8 && has_avx512_vnni()) vnni_gemm(x, n, w, inputs, out, outputs, threads);
+    else if (w.format == kBF16 && has_avx512_bf16()) bf16_gemm(x, n, w, inputs, out, outputs, threads);
     else packed_gemm(x, n, w, inputs, out, outputs, threads);
 }
 

@@ -29,13 +29,28 @@ static inline long panel_outputs(long outputs) { return (outputs + kPanel - 1) /
 // Elements of pack_weight's copy of an [outputs, inputs] weight.
 static inline long packed_elements(long outputs, long inputs) { return panel_outputs(outputs) * inputs; }
 
-// How a panel's narrow groups are widened (weights.hpp's Widen for fp32 and bf16: a group is one
-// k's sixteen outputs). An int8 group is four k's: 64 bytes, output j's four k at bytes 4j..4j+3
-// (of the first 32 bytes for j < 8, of the second for the others), the layout a VNNI dot
-// product of four u8 x s8 pairs per lane reads (vnni_gemm.hpp); here shifts widen it, vector
-// 2t + h holding k + t of outputs 8h..8h+7.
+// How a panel's groups are widened (weights.hpp's Widen for fp32: a group is one k's sixteen
+// outputs). A narrow group is 64 bytes of several k, each output's consecutive k in one 32-bit
+// lane (of the first 32 bytes for outputs 0-7, of the second for 8-15), the layout a dot product
+// of pairs per lane reads: four k for int8 (VNNI's u8 x s8, vnni_gemm.hpp), two for bf16
+// (vdpbf16ps, bf16_gemm.hpp). Here shifts widen it, vector 2t + h holding k + t of outputs
+// 8h..8h+7.
 template <typename T>
 struct PanelWiden : Widen<T> {};
+
+template <>
+struct PanelWiden<bf16> {
+    static constexpr long kElems = 32;
+    __attribute__((always_inline)) static inline void load(const bf16* p, v8f* v) {
+        for (int h = 0; h < 2; ++h) {
+            v8i lanes;
+            std::memcpy(&lanes, p + 16 * h, sizeof(lanes));
+            const v8i low = lanes << 16, high = lanes & (v8i{} - 65536);
+            std::memcpy(&v[h], &low, sizeof(low));
+            std::memcpy(&v[2 + h], &high, sizeof(high));
+        }
+    }
+};
 
 template <>
 struct PanelWiden<int8_t> {
@@ -56,7 +71,8 @@ struct PanelWiden<int8_t> {
 static inline long panel_index(long format, long inputs, long p, long k, long j) {
     const long base = p * inputs * kPanel;
     if (format == kI8) return base + k / 4 * 64 + j / 8 * 32 + j % 8 * 4 + k % 4;
-    return base + stored_index(format, k * kPanel + j);
+    if (format == kBF16) return base + k / 2 * 32 + j / 8 * 16 + j % 8 * 2 + k % 2;
+    return base + k * kPanel + j;
 }
 
 // w [outputs, inputs] fp32 into [panels, inputs, 16] of `format`; the last panel's missing
@@ -98,16 +114,13 @@ __attribute__((always_inline)) static inline void panel_tile(const float* x, lon
                                                              const float* scale, long k0, long k1, bool accumulate,
                                                              float* out, long outputs, long cols) {
     constexpr long kSteps = PanelWiden<T>::kElems / kPanel;  // k per group
-    constexpr long kGroupBytes = kPanel * kSteps * (long)sizeof(T);  // 64 (fp32, int8) or 32 (bf16)
+    static_assert(kPanel * kSteps * sizeof(T) == 64, "a group is one cache line");
     v8f lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = v8f{};
     for (long k = k0; k < k1; k += kSteps) {
         // Streaming (few rows, bound by memory): 8 KB ahead into L2, past the panel's end into
-        // the next panel, which follows it; a line per group read (a group is 32 or 64 bytes).
-        if constexpr (kPrefetch)
-            for (long line = 0; line < kGroupBytes; line += 64)
-                if (kGroupBytes >= 64 || (k / kSteps) % 2 == 0)
-                    __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchAheadBytes + line, 0, 1);
+        // the next panel, which follows it; a line per group read.
+        if constexpr (kPrefetch) __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchAheadBytes, 0, 1);
         v8f b[2 * kSteps];
         PanelWiden<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step)

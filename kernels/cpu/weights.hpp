@@ -1,19 +1,20 @@
 // A linear layer's weight as the CPU kernels read it: fp32, bf16 or int8 elements, laid out by
 // rows ([outputs, inputs], as checkpoints store it) or in packed panels (packed_gemm.hpp's), with
-// one scale per output for int8. Lower precisions are computed in fp32: each weight is widened
-// as it is loaded (Widen) and an int8 product is scaled once per output, so a decode step reads
-// a quarter (int8) or half (bf16) of fp32's bytes for the same arithmetic.
+// one scale per output for int8. Lower precisions are computed in fp32 (each weight widened as
+// it is loaded, an int8 product scaled once per output), or, for panels on a CPU that has the
+// instructions, in their own arithmetic (vnni_gemm.hpp, bf16_gemm.hpp); either way a decode step
+// reads a quarter (int8) or half (bf16) of fp32's bytes.
 //
 // int8 is symmetric per output channel: scale = max |w| / 127 over the output's inputs, q =
 // round(w / scale). A token's embedding row is the tied LM head's output row, so one scale per
 // row serves both.
 //
 // Widening must cost a few instructions per vector, and GCC's vector extensions turn a sign or
-// zero extension of eight narrow lanes into scalar code. So the narrow formats are stored in
-// groups of G elements (bf16 16, int8 32: one 32-byte vector) interleaved so that a group widens
-// with shifts alone: the group's element 8b + j sits in lane j of the vector, at its b-th
-// byte (int8) or half (bf16), and `(lane << (32 - w(b+1))) >> (32 - w)` brings it out (w its
-// width in bits). Within the layout (rows or panels), element order is otherwise fp32's.
+// zero extension of eight narrow lanes into scalar code. So a row of a narrow by-rows weight is
+// stored in groups of G elements (bf16 16, int8 32: one 32-byte vector) interleaved so that a
+// group widens with shifts alone: the group's element 8b + j sits in lane j of the vector, at
+// its b-th byte (int8) or half (bf16), and `(lane << (32 - w(b+1))) >> (32 - w)` brings it out
+// (w its width in bits). Panels interleave k within a lane instead (packed_gemm.hpp).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -103,14 +104,6 @@ static inline long format_bytes(long format) { return format == kF32 ? 4 : forma
 // Elements per interleaved group (1: not interleaved); a row of a by-rows weight is whole groups.
 static inline long format_group(long format) { return format == kF32 ? 1 : format == kBF16 ? 16 : 32; }
 
-// Where the element at `logical` (its index in fp32's layout) is stored.
-static inline long stored_index(long format, long logical) {
-    const long group = format_group(format);
-    if (group == 1) return logical;
-    const long within = logical % group;
-    return logical - within + (within % 8) * (group / 8) + within / 8;
-}
-
 // Round to nearest even, as torch's float -> bfloat16 conversion does (no NaNs in weights).
 static inline bf16 to_bf16(float x) {
     uint32_t bits;
@@ -134,8 +127,8 @@ static inline int8_t to_int8(float x, float inverse_scale) {
 }
 
 // One row of `inputs` (whole groups) converted into `format` at dst, group by group (converted
-// in order, then interleaved as stored_index says): computing stored_index per element made
-// quantizing a vocabulary take half a second of startup.
+// in order, then interleaved: the group's element 8b + j to lane j's b-th part): computing each
+// element's place one by one made quantizing a vocabulary take half a second of startup.
 static inline void put_row(void* dst, long format, const float* row, long inputs, float inverse_scale) {
     if (format == kF32) {
         std::memcpy(dst, row, inputs * sizeof(float));

@@ -9,10 +9,10 @@ import torch
 from prelude.model.cpu_linear import BY_ROWS, MAX_SKINNY_ROWS, PANELS, built, dequantized, linear, store
 
 try:
-    from kernels.cpu._native import int8_products
-    INT8_PRODUCTS = int8_products()
+    from kernels.cpu._native import bf16_products, int8_products
+    INT8_PRODUCTS, BF16_PRODUCTS = int8_products(), bf16_products()
 except ImportError:
-    INT8_PRODUCTS = False
+    INT8_PRODUCTS = BF16_PRODUCTS = False
 
 
 def test_the_native_kernel_is_built():
@@ -32,10 +32,11 @@ def _rounded(weight: torch.Tensor, format: str) -> torch.Tensor:
 
 
 def _product(hidden: torch.Tensor, weight: torch.Tensor, format: str, layout: int) -> torch.Tensor:
-    """What the kernels compute: by the weight the format holds, and with int8 products (a
-    packed int8 weight, a CPU with VNNI) of rows quantized too."""
-    int8_rows = format == "int8" and layout == PANELS and INT8_PRODUCTS
-    return (_rounded(hidden, "int8") if int8_rows else hidden) @ _rounded(weight, format).t()
+    """What the kernels compute: by the weight the format holds, and with a packed weight's
+    products in its own arithmetic (int8 on a CPU with VNNI, bf16 with AVX-512 BF16) of rows
+    rounded to the format too."""
+    narrow_rows = layout == PANELS and {"int8": INT8_PRODUCTS, "bfloat16": BF16_PRODUCTS}.get(format, False)
+    return (_rounded(hidden, format) if narrow_rows else hidden) @ _rounded(weight, format).t()
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 1000, 1 << 16 | 3])
@@ -131,28 +132,30 @@ def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
         assert model.lm_head.stored is not None and model.lm_head.stored.layout == PANELS
 
 
-def test_int8_weights_alone_where_int8_products_are_off_or_missing(tmp_path):
-    # PRELUDE_CPU_INT8_PRODUCTS=0 (or a CPU without VNNI): int8 weights widened and computed in
-    # fp32, every row count through the streaming and the blocked paths. Run in a process of
-    # its own: the kernels decide once per process.
+@pytest.mark.parametrize("format, switch", [("int8", "PRELUDE_CPU_INT8_PRODUCTS"),
+                                            ("bfloat16", "PRELUDE_CPU_BF16_PRODUCTS")])
+def test_narrow_weights_alone_where_their_products_are_off_or_missing(format: str, switch: str):
+    # PRELUDE_CPU_INT8_PRODUCTS=0 / PRELUDE_CPU_BF16_PRODUCTS=0 (or a CPU without VNNI / AVX-512
+    # BF16): the weights widened and computed in fp32, every row count through the streaming and
+    # the blocked paths. Run in a process of its own: the kernels decide once per process.
     import os
     import subprocess
     import sys
 
-    script = """
+    script = f"""
 import torch
-from kernels.cpu._native import int8_products
+from kernels.cpu._native import bf16_products, int8_products
 from prelude.model.cpu_linear import PANELS, store
 from tests.model.test_cpu_linear import _rounded
-assert not int8_products()
+assert not {{"int8": int8_products, "bfloat16": bf16_products}}["{format}"]()
 gen = torch.Generator().manual_seed(0)
 weight = torch.randn(1003, 520, generator=gen)
-stored = store(weight, "int8", PANELS)
+stored = store(weight, "{format}", PANELS)
 with torch.inference_mode():
     for rows in (1, 5, 6, 7, 40, 200):
         hidden = torch.randn(rows, 520, generator=gen)
-        torch.testing.assert_close(stored.matmul(hidden), hidden @ _rounded(weight, "int8").t(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(stored.matmul(hidden), hidden @ _rounded(weight, "{format}").t(), rtol=1e-4, atol=1e-4)
 """
-    env = dict(os.environ, PRELUDE_CPU_INT8_PRODUCTS="0")
+    env = dict(os.environ, **{switch: "0"})
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

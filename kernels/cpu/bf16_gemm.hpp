@@ -1,0 +1,128 @@
+// Rows times a bf16 weight in bf16 arithmetic, on CPUs with AVX-512 BF16: each row of x is
+// rounded to bf16 as it is read (what a bf16 model computes in on a GPU or in oneDNN), and
+// `vdpbf16ps` adds two bf16 x bf16 products per fp32 lane, 32 multiply-adds an instruction where
+// an fp32 FMA does 16, with nothing to widen. The sums stay fp32.
+//
+// The panel layout is packed_gemm.hpp's for bf16: output j's two consecutive k in lane j of a
+// 64-byte group, the pair vdpbf16ps reads. Rows go in blocks and K in slices as in
+// packed_gemm.hpp; a tile is up to 8 rows by one panel, an fp32 accumulator each.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "packed_gemm.hpp"
+#include "team.hpp"
+#include "weights.hpp"
+
+namespace prelude_cpu {
+
+constexpr long kBf16Rows = 8;
+
+// The CPU has AVX-512 BF16, and PRELUDE_CPU_BF16_PRODUCTS=0 does not ask for bf16 weights alone
+// (widened, computed on fp32 rows).
+static inline bool has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+                            !(std::getenv("PRELUDE_CPU_BF16_PRODUCTS") != nullptr &&
+                              std::string(std::getenv("PRELUDE_CPU_BF16_PRODUCTS")) == "0");
+    return has;
+#else
+    return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PRELUDE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// R rows of xb (bf16) times one panel's slice [k0, k1), into out (`cols` valid columns), set or added.
+// Fewer than four rows keep C sums per row over interleaved k, so that a decode row's products
+// do not wait on one chain of dependent additions (one chain ran 1.4x slower than the widening
+// path at one row).
+template <int R>
+PRELUDE_BF16 __attribute__((always_inline)) static inline void bf16_tile(const bf16* xb, long inputs, const bf16* panel,
+                                                                         long k0, long k1, bool accumulate, float* out,
+                                                                         long outputs, long cols, bool stream) {
+    constexpr int C = R >= 4 ? 1 : R >= 2 ? 2 : 4;
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (long k = k0; k < k1; k += 2 * C) {
+        for (int c = 0; c < C && k + 2 * c < k1; ++c) {
+            const bf16* group = panel + (k + 2 * c) * kPanel;
+            // Streaming a large weight for few rows: a line 8 KB ahead into L2 per 64-byte group.
+            if (stream) __builtin_prefetch(group + kPrefetchAheadBytes / 2, 0, 1);
+            const __m512i w = _mm512_loadu_si512(group);
+            for (int r = 0; r < R; ++r) {
+                int32_t pair;
+                std::memcpy(&pair, xb + r * inputs + k + 2 * c, sizeof(pair));
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_set1_epi32(pair), (__m512bh)w);
+            }
+        }
+    }
+    const __mmask16 valid = (__mmask16)((1u << cols) - 1);
+    for (int r = 0; r < R; ++r) {
+        float* o = out + r * outputs;
+        __m512 v = acc[r][0];
+        for (int c = 1; c < C; ++c) v = _mm512_add_ps(v, acc[r][c]);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, o));
+        _mm512_mask_storeu_ps(o, valid, v);
+    }
+}
+
+PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed, long inputs, float* out, long outputs,
+                                     long p_begin, long p_end) {
+    // Rows for one tile read each panel once, whole, in order (bound by memory); more rows go in
+    // K slices, so that a panel's slice stays in L1 while their tiles pass over it.
+    const bool stream = n <= kBf16Rows;
+    const long slice = stream ? inputs : kSliceK;
+    for (long r0 = 0; r0 < n; r0 += kBlockRows) {
+        const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
+        for (long k0 = 0; k0 < inputs; k0 += slice) {
+            const long k1 = k0 + slice < inputs ? k0 + slice : inputs;
+            for (long p = p_begin; p < p_end; ++p) {
+                const bf16* panel = packed + p * inputs * kPanel;
+                const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
+                for (long i = r0; i < r1; i += kBf16Rows) {
+                    const bf16* x = xb + i * inputs;
+                    float* o = out + i * outputs + col;
+                    const bool later = k0 != 0;
+                    switch (r1 - i < kBf16Rows ? r1 - i : kBf16Rows) {
+                        case 8: bf16_tile<8>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 7: bf16_tile<7>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 6: bf16_tile<6>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 5: bf16_tile<5>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 4: bf16_tile<4>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 3: bf16_tile<3>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        case 2: bf16_tile<2>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                        default: bf16_tile<1>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
+                    }
+                }
+            }
+        }
+    }
+}
+#undef PRELUDE_BF16
+
+// out[n, outputs] = x . w^T for a bf16 panel weight, on the thread team: rows rounded to bf16 in
+// ranges, then panels in ranges.
+static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
+    std::unique_ptr<bf16[]> xb(new bf16[n * inputs]);
+    parallel_ranges(n, threads_worth(n * inputs, threads), 1, [&](long begin, long end) {
+        for (long i = begin * inputs; i < end * inputs; ++i) xb[i] = to_bf16(x[i]);
+    });
+    const long panels = (outputs + kPanel - 1) / kPanel;
+    parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
+        bf16_panels(xb.get(), n, static_cast<const bf16*>(w.data), inputs, out, outputs, begin, end);
+    });
+}
+#else
+static void bf16_gemm(const float*, long, const Weight&, long, float*, long, int) {}
+#endif
+
+}  // namespace prelude_cpu
