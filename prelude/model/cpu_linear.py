@@ -1,6 +1,7 @@
-"""Linear layers on the CPU on the native kernels (kernels/cpu/linear.hpp), computed in fp32 from
-weights stored in fp32, bf16 or int8: a few rows at the speed of memory, many at the speed of the
-cores.
+"""Linear layers on the CPU on the native kernels (kernels/cpu/linear.hpp), with fp32 activations
+and weights stored in fp32, bf16 or int8 (a packed narrow weight multiplies rows rounded to its
+format where the CPU has the instructions: AVX-512 BF16, VNNI): a few rows at the speed of
+memory, many at the speed of the cores.
 
 A decode step multiplies a few token rows by every weight of the model, so its cost should be
 one pass over the weights whatever the row count. `F.linear` is not: MKL's matrix-vector path

@@ -40,8 +40,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig) -> tuple[torch.dtype, str | None]:
     """(the dtype a model computes in on the CPU, the format its stored weights take, None: not
     stored). A decoder's activations are fp32 on the native kernels whatever its weights are
-    stored in (model.cpu_linear: bf16 widened as read; int8 widened, or with VNNI multiplied in
-    int8 after each row is quantized). Encoders and fp16 run on torch's ops in the dtype asked
+    stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
+    after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
+    quantized). Encoders and fp16 run on torch's ops in the dtype asked
     for. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:

@@ -154,7 +154,8 @@ stored = store(weight, "{format}", PANELS)
 with torch.inference_mode():
     for rows in (1, 5, 6, 7, 40, 200):
         hidden = torch.randn(rows, 520, generator=gen)
-        torch.testing.assert_close(stored.matmul(hidden), hidden @ _rounded(weight, "{format}").t(), rtol=1e-4, atol=1e-4)
+        expected = hidden @ _rounded(weight, "{format}").t()
+        torch.testing.assert_close(stored.matmul(hidden), expected, rtol=1e-4, atol=1e-4)
 """
     env = dict(os.environ, **{switch: "0"})
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
