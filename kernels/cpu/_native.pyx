@@ -121,6 +121,7 @@ cdef extern from "prefill_attention.hpp" namespace "prelude_cpu" nogil:
         const float* v_cache
         const long* block_table
         long context, block_size, cache_block_stride, cache_token_stride
+        bint bidirectional
     void prefill_attention(const PrefillAttention& a, int threads)
 
 
@@ -140,6 +141,22 @@ def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, lon
     a.q_stride, a.k_stride, a.v_stride, a.scale = q_stride, k_stride, v_stride, scale
     a.k_cache, a.v_cache, a.block_table = <const float*>k_cache_ptr, <const float*>v_cache_ptr, <const long*>table_ptr
     a.context, a.block_size, a.cache_block_stride, a.cache_token_stride = context, block_size, block_stride, token_stride
+    with nogil:
+        prefill_attention(a, threads)
+
+
+def bidirectional_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long heads, long dim,
+                          long q_stride, long k_stride, long v_stride, float scale, int threads) -> None:
+    """An encoder row's attention: out[i, h] = softmax(q[i, h] . K^T * scale) V over all n keys of
+    head h. q, k, v [n, heads, dim], each with its token stride (heads contiguous within a token),
+    out [n, heads, dim] contiguous; fp32, dim % 8 == 0."""
+    cdef PrefillAttention a
+    a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr
+    a.n, a.m, a.heads, a.kv_heads, a.dim = n, n, heads, heads, dim
+    a.q_stride, a.k_stride, a.v_stride, a.scale = q_stride, k_stride, v_stride, scale
+    a.k_cache, a.v_cache, a.block_table = <const float*>NULL, <const float*>NULL, <const long*>NULL
+    a.context, a.block_size, a.cache_block_stride, a.cache_token_stride = 0, 1, 0, 0
+    a.bidirectional = True
     with nogil:
         prefill_attention(a, threads)
 

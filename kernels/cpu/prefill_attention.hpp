@@ -1,4 +1,5 @@
-// Causal attention of one prompt row's new tokens, fp32, GQA: the row's cached context, read
+// Causal attention of one prompt row's new tokens, fp32, GQA (or, for an encoder's row,
+// bidirectional: every query sees every key of the row): the row's cached context, read
 // where it lies in the paged KV cache (block table, as kernels/cpu/paged_attention.hpp reads
 // it), then its fresh keys, whose last n are the queries'; query i of n sees keys [0, m - n + i]
 // of m. Nothing is gathered or packed: a short suffix over a long cached prefix (a judge's
@@ -40,6 +41,8 @@ struct PrefillAttention {
     // Fresh keys from gap_from on lie `gap` tokens further on (0: none): an item of a multi-item
     // row sees the row's shared part, then its own tokens, not the items between.
     long gap_from = 0, gap = 0;
+    // Every query sees all m keys (an encoder's row) instead of those up to its own.
+    bool bidirectional = false;
 };
 
 static constexpr long kTile = 16;  // most queries per work item
@@ -158,14 +161,14 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
     float *qt = w.qt.data(), *s = w.s.data(), *o = w.o.data();
     for (long r = 0; r < lanes; ++r) {
         const long row = r < rows ? r : rows - 1;  // padding rows see what the last row sees
-        w.limit[r] = (int32_t)(past + i0 + row / group);  // the last key row r sees
+        w.limit[r] = (int32_t)(a.bidirectional ? a.m - 1 : past + i0 + row / group);  // the last key row r sees
         if (r < rows) {
             const float* qr = a.q + (i0 + r / group) * a.q_stride + (g * group + r % group) * d;
             for (long x = 0; x < d; ++x) qt[x * lanes + r] = qr[x] * a.scale;
         }
     }
     const long block = keys_per_block(d);
-    const long keys_end = past + i1;  // one past the last key any row of the item sees
+    const long keys_end = a.bidirectional ? a.m : past + i1;  // one past the last key any row of the item sees
     const float* keys[kKeys];
     const float* values[kKeys];
     const float* next_keys[kKeys];
@@ -200,7 +203,7 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
         }
         // Online softmax, 8 rows a vector: scores become weights against the rows' running maxima.
         // Only a block reaching past the item's first query is masked.
-        const bool masked = j0 + nk - 1 > past + i0;
+        const bool masked = !a.bidirectional && j0 + nk - 1 > past + i0;
         for (long c = 0; c < lanes; c += 8) {
             v8i limit;
             std::memcpy(&limit, w.limit.data() + c, sizeof(limit));

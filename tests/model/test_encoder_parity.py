@@ -1,7 +1,8 @@
 """Our encoders' states and classifier scores equal transformers' on the same random weights:
 BERT (with token types), XLM-RoBERTa (positions offset past the padding id) and ModernBERT
-(global and windowed local layers), rows of several lengths in one flattened step, short ones
-batched under a mask and long ones attended alone."""
+(global and windowed local layers), rows of several lengths in one flattened step: each row on
+the native kernel (fp32 on the CPU, no window), and on torch, short ones batched under a mask and
+long ones attended alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ import torch
 
 from prelude.contract.batch import OutputSpec, PrefillRow
 from prelude.contract.stop import StopFlag
+from prelude.executor.attention import encoder_attention
 from prelude.executor.attention.encoder_attention import PADDED_ROW_TOKENS
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.host_step import host_step
@@ -42,8 +44,13 @@ def _ours(path, family):
     return config, model, TorchAttention(cache)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("family,head,extra", CASES, ids=lambda c: c if isinstance(c, str) else "")
-def test_encoder_states_and_scores_match_transformers(tmp_path, family, head, extra):
+def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, family, head, extra, native):
+    if not native:
+        monkeypatch.setattr(encoder_attention, "bidirectional_prefill", None)
+    elif encoder_attention.bidirectional_prefill is None:
+        pytest.skip("kernels.cpu is not built")
     path = make_checkpoint(tmp_path / family, family, head=head, **extra)
     config, model, attention = _ours(path, family)
     reference = load_reference(path)
