@@ -173,7 +173,8 @@ def plot(ablation: dict[str, list[float]], preemption: dict[str, list[float]], p
         ax.set_yticks([i + 0.2 for i in range(len(cells))], cells, fontsize=7)
         ax.axvline(line, color="black", linewidth=0.8)
         ax.set_title(title)
-        ax.legend(fontsize=7)
+        if cells:  # a section not run has no bars to name
+            ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
