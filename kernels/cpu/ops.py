@@ -1,11 +1,13 @@
 """The decoder's elementwise ops on the CPU in fp32 through the native kernels
-(kernels/cpu/elementwise.hpp), with kernels/reference.py's signatures and results. Anything the
-kernels do not take (another dtype or device, odd sizes, unusual strides) goes to the reference."""
+(kernels/cpu/elementwise.hpp), with kernels/reference.py's signatures and results, and an
+encoder's LayerNorm and GELU with torch's. Anything the kernels do not take (another dtype or
+device, odd sizes, unusual strides) goes to the reference (or torch)."""
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from kernels import reference
 
@@ -135,4 +137,37 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return reference.silu_and_mul(x)
     out = torch.empty(x.shape[0], width, dtype=x.dtype)
     _native.silu_and_mul(x.data_ptr(), x.shape[0], width, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+# An encoder's LayerNorm and GELU run natively on one thread up to this many floats (team.hpp's
+# kTeamMinFloats, where the team would start): on a short text's rows torch hands each op to its
+# threads at 60-100 us a call. Larger ones stay on torch: split across the native team instead,
+# the encoder's next GEMM on torch's threads ran up to 30% slower (all-MiniLM, 32 texts).
+ENCODER_NATIVE_FLOATS = 1 << 16
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """F.layer_norm over the last dimension of x (+ residual, added first)."""
+    dim = x.shape[-1]
+    operands = [t for t in (x, weight, bias, residual) if t is not None]
+    if (x.dim() != 2 or not _native_fp32(x) or dim % 8 or weight.shape != (dim,) or x.numel() > ENCODER_NATIVE_FLOATS
+            or (residual is not None and residual.shape != x.shape)
+            or not all(t.dtype == torch.float32 and t.is_contiguous() for t in operands)):
+        summed = x if residual is None else x + residual
+        return F.layer_norm(summed, (dim,), weight, bias, eps)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _native.layer_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], dim,
+                       weight.data_ptr(), 0 if bias is None else bias.data_ptr(), eps, out.data_ptr(), 1)
+    return out
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """F.gelu (the erf form)."""
+    if (not _native_fp32(x) or not x.is_contiguous() or x.numel() % 8 or x.numel() > ENCODER_NATIVE_FLOATS
+            or torch.is_grad_enabled()):
+        return F.gelu(x)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _native.gelu(x.data_ptr(), out.data_ptr(), x.numel(), 1)
     return out

@@ -81,8 +81,8 @@ class BertLayer(nn.Module):
     def forward(self, x: torch.Tensor, attention: AttentionBackend, positions: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
         attended = attention.bidirectional(q, k, v).reshape(len(x), -1)
-        x = self.attention_norm(self.attention_out(attended) + x)
-        return self.mlp_norm(self.down(self.act(self.up(x))) + x)
+        x = self.attention_norm(self.attention_out(attended), residual=x)
+        return self.mlp_norm(self.down(self.act(self.up(x))), residual=x)
 
 
 class BertLM(EncoderLM):

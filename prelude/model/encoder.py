@@ -14,13 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu import ops as cpu_ops
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.layers import Linear
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
+    "gelu": cpu_ops.gelu,  # native in fp32 on the CPU, else F.gelu
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
@@ -42,7 +43,9 @@ def dense(in_features: int, out_features: int, bias: bool = True) -> Linear:
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm without initialization (the checkpoint fills it); `bias=False` for ModernBERT."""
+    """LayerNorm without initialization (the checkpoint fills it); `bias=False` for ModernBERT. In
+    fp32 on the CPU one native pass (kernels/cpu/ops.py): on a short text's few rows torch's
+    LayerNorm and GELU cost 60-100 us a call in hand-offs to its threads, over half of the forward."""
 
     def __init__(self, dim: int, eps: float, bias: bool = True):
         super().__init__()
@@ -50,8 +53,9 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(dim)) if bias else None
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x (+ residual, added first)."""
+        return cpu_ops.layer_norm(x, self.weight, self.bias, self.eps, residual)
 
 
 class EncoderLM(nn.Module):

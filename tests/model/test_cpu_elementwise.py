@@ -1,6 +1,6 @@
 """The native CPU norms, rotation and SwiGLU equal kernels/reference.py on the layouts the model
 hands them (hidden rows with a residual, q/k heads strided inside the fused qkv output) and fall
-back to the reference for anything else."""
+back to the reference for anything else; an encoder's LayerNorm and GELU equal torch's."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +26,23 @@ def test_rms_norm_with_and_without_residual(rows, dim):
     ref_out, ref_summed = reference.rms_norm(x, weight, 1e-5, residual)
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(summed, ref_summed)
+
+
+@pytest.mark.parametrize("rows", [1, 20, 170])  # 170 x 384 is past ENCODER_NATIVE_FLOATS: torch's
+@pytest.mark.parametrize("bias", [True, False])
+def test_encoder_layer_norm_after_its_residual_add(rows, bias):
+    x, residual, weight = _randn(rows, 384), _randn(rows, 384), _randn(384)
+    b = _randn(384) if bias else None
+    torch.testing.assert_close(ops.layer_norm(x, weight, b, 1e-12, residual),
+                               torch.nn.functional.layer_norm(x + residual, (384,), weight, b, 1e-12))
+    torch.testing.assert_close(ops.layer_norm(x, weight, b, 1e-5), torch.nn.functional.layer_norm(x, (384,), weight, b))
+
+
+@pytest.mark.parametrize("rows", [1, 20, 60])
+@torch.inference_mode()  # the server's mode: with autograd on, gelu leaves it to torch
+def test_encoder_gelu_is_torchs_erf_gelu(rows):
+    x = _randn(rows, 1536) * 4  # past erf's saturation on both sides
+    torch.testing.assert_close(ops.gelu(x), torch.nn.functional.gelu(x), rtol=1e-5, atol=3e-6)
 
 
 def _qkv_views(tokens, heads, kv_heads, dim):

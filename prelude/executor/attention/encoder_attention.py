@@ -10,11 +10,12 @@ path."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+bidirectional_prefill: Callable[..., None] | None
 try:
     from kernels.cpu._native import bidirectional_prefill
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
