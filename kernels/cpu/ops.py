@@ -153,7 +153,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     dim = x.shape[-1]
     operands = [t for t in (x, weight, bias, residual) if t is not None]
     if (x.dim() != 2 or not _native_fp32(x) or dim % 8 or weight.shape != (dim,) or x.numel() > ENCODER_NATIVE_FLOATS
-            or (residual is not None and residual.shape != x.shape)
+            or torch.is_grad_enabled() or (residual is not None and residual.shape != x.shape)
             or not all(t.dtype == torch.float32 and t.is_contiguous() for t in operands)):
         summed = x if residual is None else x + residual
         return F.layer_norm(summed, (dim,), weight, bias, eps)

@@ -30,6 +30,7 @@ def test_rms_norm_with_and_without_residual(rows, dim):
 
 @pytest.mark.parametrize("rows", [1, 20, 170])  # 170 x 384 is past ENCODER_NATIVE_FLOATS: torch's
 @pytest.mark.parametrize("bias", [True, False])
+@torch.inference_mode()
 def test_encoder_layer_norm_after_its_residual_add(rows, bias):
     x, residual, weight = _randn(rows, 384), _randn(rows, 384), _randn(384)
     b = _randn(384) if bias else None
