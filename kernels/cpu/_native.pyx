@@ -175,10 +175,7 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
     void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads)
     void run_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
                         const float* bias, float eps, float* out)
-    void team_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
-                         const float* bias, float eps, float* out, int threads)
     void run_gelu(const float* x, float* out, long n)
-    void team_gelu(const float* x, float* out, long n, int threads)
 
 cdef extern from "team.hpp" namespace "prelude_cpu" nogil:
     int threads_worth(long floats, int threads)
@@ -231,28 +228,19 @@ def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int thread
         team_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr, threads)
 
 
+# An encoder's LayerNorm and GELU run on the calling thread, GIL held: kernels/cpu/ops.py hands
+# them only a few rows (larger inputs stay on torch's threads).
 def layer_norm(size_t x_ptr, size_t residual_ptr, long rows, long dim, size_t weight_ptr, size_t bias_ptr,
-               float eps, size_t out_ptr, int threads) -> None:
+               float eps, size_t out_ptr) -> None:
     """out = LayerNorm(x (+ residual)) * weight (+ bias) per row; 0 pointers when absent; all
     contiguous [rows, dim]."""
-    threads = threads_worth(rows * dim, threads)
-    if threads == 1:
-        run_layer_norm(<const float*>x_ptr, <const float*>residual_ptr, rows, dim, <const float*>weight_ptr,
-                       <const float*>bias_ptr, eps, <float*>out_ptr)
-        return
-    with nogil:
-        team_layer_norm(<const float*>x_ptr, <const float*>residual_ptr, rows, dim, <const float*>weight_ptr,
-                        <const float*>bias_ptr, eps, <float*>out_ptr, threads)
+    run_layer_norm(<const float*>x_ptr, <const float*>residual_ptr, rows, dim, <const float*>weight_ptr,
+                   <const float*>bias_ptr, eps, <float*>out_ptr)
 
 
-def gelu(size_t x_ptr, size_t out_ptr, long n, int threads) -> None:
+def gelu(size_t x_ptr, size_t out_ptr, long n) -> None:
     """out = GELU(x) (the erf form; out may be x), n floats, n % 8 == 0."""
-    threads = threads_worth(n, threads)
-    if threads == 1:
-        run_gelu(<const float*>x_ptr, <float*>out_ptr, n)
-        return
-    with nogil:
-        team_gelu(<const float*>x_ptr, <float*>out_ptr, n, threads)
+    run_gelu(<const float*>x_ptr, <float*>out_ptr, n)
 
 
 cdef extern from "step_layers.hpp" namespace "prelude_cpu" nogil:

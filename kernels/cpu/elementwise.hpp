@@ -153,19 +153,6 @@ static void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_
     });
 }
 
-static void team_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
-                            const float* bias, float eps, float* out, int threads) {
-    parallel_ranges(rows, threads, 1, [&](long begin, long end) {
-        run_layer_norm(x + begin * dim, residual ? residual + begin * dim : nullptr, end - begin, dim, weight, bias,
-                       eps, out + begin * dim);
-    });
-}
-
-static void team_gelu(const float* x, float* out, long n, int threads) {
-    parallel_ranges(n / 8, threads, 1,
-                    [&](long begin, long end) { run_gelu(x + begin * 8, out + begin * 8, (end - begin) * 8); });
-}
-
 static void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads) {
     parallel_ranges(rows, threads, 1, [&](long begin, long end) {
         run_silu_and_mul(x + begin * 2 * width, end - begin, width, out + begin * width);

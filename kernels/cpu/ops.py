@@ -159,7 +159,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return F.layer_norm(summed, (dim,), weight, bias, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
     _native.layer_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], dim,
-                       weight.data_ptr(), 0 if bias is None else bias.data_ptr(), eps, out.data_ptr(), 1)
+                       weight.data_ptr(), 0 if bias is None else bias.data_ptr(), eps, out.data_ptr())
     return out
 
 
@@ -169,5 +169,5 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
             or torch.is_grad_enabled()):
         return F.gelu(x)
     out = torch.empty(x.shape, dtype=x.dtype)
-    _native.gelu(x.data_ptr(), out.data_ptr(), x.numel(), 1)
+    _native.gelu(x.data_ptr(), out.data_ptr(), x.numel())
     return out
