@@ -2,6 +2,7 @@
 """Native CPU kernels. No torch headers: tensors cross as data pointers, and the Python callers
 (prelude/model/cpu_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
 and shapes first. Both run without the GIL."""
+from libc.stdint cimport uint32_t
 
 cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
     cdef struct Weight:
@@ -363,6 +364,13 @@ cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:
         const double* uniforms
         long* out
     void sample_rows(const SampleRows& s, int threads)
+    cdef struct MaskRows:
+        float* logits
+        long rows, vocab, row_stride
+        const uint32_t* bitmask
+        long words
+        const long* logits_rows
+    void mask_rows(const MaskRows& m, int threads)
 
 
 def sample_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, size_t inv_temperature_ptr,
@@ -374,3 +382,14 @@ def sample_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, siz
     s.inv_temperature, s.uniforms, s.out = <const float*>inv_temperature_ptr, <const double*>uniforms_ptr, <long*>out_ptr
     with nogil:
         sample_rows(s, threads)
+
+
+def mask_logits(size_t logits_ptr, long rows, long vocab, long row_stride, size_t bitmask_ptr, long words,
+                size_t logits_rows_ptr, int threads) -> None:
+    """logits[logits_rows[r], t] = -inf where bit t of bitmask row r is 0 (int32 words, bit 0
+    first); logits fp32 rows of `row_stride`, logits_rows int64."""
+    cdef MaskRows m
+    m.logits, m.rows, m.vocab, m.row_stride = <float*>logits_ptr, rows, vocab, row_stride
+    m.bitmask, m.words, m.logits_rows = <const uint32_t*>bitmask_ptr, words, <const long*>logits_rows_ptr
+    with nogil:
+        mask_rows(m, threads)

@@ -95,4 +95,36 @@ static void sample_rows(const SampleRows& s, int threads) {
                     [&](long first, long last) { run_sample_range(s, first, last); });
 }
 
+// Sets to -inf the logits a grammar forbids: bit t of a row's bitmask (32 tokens to a uint32 word,
+// bit 0 first) is 0. One write over the forbidden entries; numpy's byte-table take and add wrote a
+// float mask the size of the logits and read it back, about 1.5 ms for 16 rows of a 152K vocabulary.
+struct MaskRows {
+    float* logits;              // [*, vocab], row-major with row_stride
+    long rows, vocab, row_stride;
+    const uint32_t* bitmask;    // [rows, words]
+    long words;
+    const long* logits_rows;    // [rows]: the logits row each bitmask row masks
+};
+
+static void mask_rows(const MaskRows& m, int threads) {
+    parallel_ranges(m.rows, threads_worth(m.rows * m.vocab, threads), 1, [&](long first, long last) {
+        for (long r = first; r < last; ++r) {
+            float* row = m.logits + m.logits_rows[r] * m.row_stride;
+            const uint32_t* bits = m.bitmask + r * m.words;
+            for (long w = 0; w < m.words && w * 32 < m.vocab; ++w) {
+                const uint32_t word = bits[w];
+                if (word == 0xFFFFFFFFu) continue;
+                float* at = row + w * 32;
+                const long n = m.vocab - w * 32 < 32 ? m.vocab - w * 32 : 32;
+                if (word == 0) {
+                    for (long b = 0; b < n; ++b) at[b] = -INFINITY;
+                } else {
+                    for (long b = 0; b < n; ++b)
+                        if (!((word >> b) & 1u)) at[b] = -INFINITY;
+                }
+            }
+        }
+    });
+}
+
 }  // namespace prelude_cpu

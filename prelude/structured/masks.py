@@ -11,23 +11,24 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence, cast
+from typing import Callable, Sequence, cast
 
 import llguidance
-import numpy as np
 import torch
 
 from prelude.contract.constraint import TokenConstraint
 from prelude.structured.state import GrammarState
 
+mask_logits: Callable[..., None] | None
+try:
+    from kernels.cpu._native import mask_logits
+except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
+    mask_logits = None
+
 # Steps with fewer constrained rows fill their masks inline (see above).
 THREADED_ROWS = 4
 _filler: ThreadPoolExecutor | None = None
 _executor: llguidance.LLExecutor | None = None
-# Byte -> its 8 tokens' additive mask (0 allowed, -inf not), bit 0 first: a bitmask's bytes taken
-# through it add to the logits in one pass, several times faster on the CPU than a boolean
-# masked_fill_.
-_BYTE_MASKS = np.array([[0.0 if (b >> i) & 1 else -np.inf for i in range(8)] for b in range(256)], dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +96,15 @@ def _fill(requests: list[MaskRequest], executor: llguidance.LLExecutor | None) -
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Sets to -inf, in place, the logits of `rows` whose bit in the matching bitmask row is 0."""
     vocab = logits.shape[-1]
-    every_row = rows == list(range(logits.shape[0]))
-    if logits.device.type == "cpu":
-        additive = np.take(_BYTE_MASKS, bitmask.numpy().view(np.uint8), axis=0).reshape(len(rows), -1)
-        mask = torch.from_numpy(additive[:, :vocab])
-        if every_row:
-            logits.add_(mask)
-        else:
-            index = torch.tensor(rows)
-            logits[index] = logits[index] + mask
+    if (mask_logits is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
+            and logits.stride(-1) == 1):
+        logits_rows = torch.tensor(rows, dtype=torch.long)
+        bitmask = bitmask.contiguous()
+        mask_logits(logits.data_ptr(), len(rows), vocab, logits.stride(0), bitmask.data_ptr(), bitmask.shape[1],
+                    logits_rows.data_ptr(), torch.get_num_threads())
         return
     forbidden = ~unpack_bitmask(bitmask.to(logits.device, non_blocking=True), vocab)
-    if every_row:
+    if rows == list(range(logits.shape[0])):
         logits.masked_fill_(forbidden, float("-inf"))
         return
     index = torch.tensor(rows, device=logits.device)
@@ -115,6 +113,6 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab] bool, with tensor ops on the bitmask's device (the
-    CUDA path; the CPU's unpacks with numpy, several times faster there)."""
+    CUDA path; the CPU's fp32 logits are masked by the native kernel, kernels/cpu/sample.hpp)."""
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]

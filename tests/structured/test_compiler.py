@@ -79,18 +79,25 @@ def test_reasoning_block_is_unconstrained_until_its_end(compiler):
     assert 0 < len(after) < 100 and EOS not in after
 
 
-def test_bitmask_paths_agree():
-    """The CPU's numpy unpacking and the device path's tensor ops give the same masks."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["native-fp32", "tensor-ops"])
+def test_bitmask_paths_agree(dtype):
+    """The CPU's native masking (fp32 logits) and the device path's tensor ops (any other, and
+    CUDA) forbid exactly the tokens whose bit is 0, in whole words of 0 and of 1 bits too."""
     gen = torch.Generator().manual_seed(0)
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32, generator=gen)
+    bitmask[0, 1], bitmask[1, 2] = 0, -1
     vocab = 150
     bits = [[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)]
     expected = torch.tensor(bits).bool()
     assert torch.equal(unpack_bitmask(bitmask, vocab), expected)
-    logits = torch.zeros(4, vocab)
+    logits = torch.zeros(4, vocab, dtype=dtype)
     apply_token_bitmask(logits, bitmask[:2], [1, 3])
     assert torch.equal(logits[1] == 0, expected[0]) and torch.equal(logits[3] == 0, expected[1])
     assert (logits[0] == 0).all() and (logits[2] == 0).all()
+    assert torch.isneginf(logits[[1, 3]][~expected[:2]]).all()
+    every = torch.zeros(3, vocab, dtype=dtype)
+    apply_token_bitmask(every, bitmask, [0, 1, 2])
+    assert torch.equal(every == 0, expected)
 
 
 def test_batched_masks_beside_a_gpu_forward_equal_the_inline_ones(compiler):
