@@ -278,10 +278,11 @@ PRELUDE_CPU_VARIANTS(prefill_items, (const PrefillAttention& a, long first, long
 // A row's work items (KV heads x query tiles), which prefill_attention_items runs in any order.
 static long prefill_items(const PrefillAttention& a) { return (a.n + kTile - 1) / kTile * a.kv_heads; }
 
-// Items [first, last) on the team. Work ~ the keys each query sees: n queries over about
-// (m - n) + n / 2 keys, K and V, the range's share of it.
+// Items [first, last) on the team. Work ~ the keys each query sees, K and V, the range's share
+// of it: n queries over about (m - n) + n / 2 keys, or all m when bidirectional.
 static void prefill_attention_items(const PrefillAttention& a, long first, long last, int threads) {
-    const long work = 2 * a.n * (a.m - a.n / 2) * a.heads * a.dim / 8 * (last - first) / prefill_items(a);
+    const long keys_seen = a.bidirectional ? a.m : a.m - a.n / 2;
+    const long work = 2 * a.n * keys_seen * a.heads * a.dim / 8 * (last - first) / prefill_items(a);
     threads = threads_worth(work, threads);
     parallel_ranges(last - first, threads < 1 ? 1 : threads, 1,
                     [&](long begin, long end) { run_prefill_items(a, first + begin, first + end); });
