@@ -30,6 +30,11 @@ class SamplingParams:
     min_tokens_blocked: tuple[int, ...] = ()  # EOS and stop token ids, filled at admission
     include_stop_str_in_output: bool = False
 
+    def ends_at(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
+        """Whether sampling this token ends the sequence: a stop token, or EOS unless ignored (the
+        sampler never draws either before min_tokens)."""
+        return token_id in self.stop_token_ids or (not self.ignore_eos and token_id in eos_token_ids)
+
     @property
     def greedy(self) -> bool:
         # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.

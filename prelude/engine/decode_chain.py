@@ -26,9 +26,10 @@ class DecodeChain:
     gave, before it awaits that step's outcome, so the worker waits for the loop only when the
     loop is slower than a step."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float]):
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Callable[[], float], eos_token_ids: frozenset[int]):
         self._loop = loop
         self._clock = clock
+        self._eos_token_ids = eos_token_ids
         self._decisions: queue.SimpleQueue[DecodeBatch | None] = queue.SimpleQueue()
         self._outcomes: asyncio.Queue[ChainItem] = asyncio.Queue()
         self._held: ChainItem | None = None  # the outcome of the step before the one running
@@ -58,7 +59,8 @@ class DecodeChain:
                 self._post_held()  # the step never launched (it failed first)
                 seconds = self._clock() - started
                 follow = self._decisions.get()
-                batch = None if follow is None or outcome.first_error else with_sampled_tokens(follow, outcome.result)
+                batch = None if follow is None or outcome.first_error else with_sampled_tokens(follow, outcome.result,
+                                                                                             self._eos_token_ids)
                 self._held = (outcome, seconds, batch is not None)
                 if batch is None:
                     self._post_held()
@@ -75,14 +77,19 @@ class DecodeChain:
         self._loop.call_soon_threadsafe(self._outcomes.put_nowait, item)
 
 
-def with_sampled_tokens(batch: DecodeBatch, result: BatchResult) -> DecodeBatch | None:
+def with_sampled_tokens(batch: DecodeBatch, result: BatchResult, eos_token_ids: frozenset[int]) -> DecodeBatch | None:
     """A step planned ahead, its rows' input tokens (and penalty histories) completed with what
-    the step before sampled; None if a row has no token there."""
+    the step before sampled; None if a row has no token there, or no row is left. A row whose
+    token ended its sequence (EOS, a stop token: the rule the fold applies, so the fold skips
+    the row) is dropped: planned before that token was known, it would cost a forward row and
+    a row of the vocabulary's logits for a result no one reads."""
     tokens = {row.seq_id: row.token.token_id for row in result.rows if row.token is not None}
     rows = []
     for row in batch.rows:
         token = tokens.get(row.seq_id)
         if token is None:
             return None
+        if row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids):
+            continue
         rows.append(replace(row, token_id=token, history=(*row.history, token) if row.history else ()))
-    return DecodeBatch(rows)
+    return DecodeBatch(rows) if rows else None

@@ -49,8 +49,9 @@ class DecodePlanner:
         back), given blocks for the token each samples there; None when that step must be
         scheduled afresh: another sequence runs (one prefilling), or a block is short (making
         room is a preemption, which only a scheduled step does). A sequence whose in-flight token
-        is its last by length is left out; one that ends otherwise (EOS, a stop string) costs a
-        wasted row, whose result is skipped."""
+        is its last by length is left out; one whose token ends it (EOS, a stop token) is dropped
+        by the worker once the token is known (decode_chain.with_sampled_tokens); one a stop
+        string ends costs a wasted row, whose result is skipped."""
         seqs = [s for s in in_flight if s.status is WorkStatus.RUNNING]
         if not seqs or len(seqs) != len(self.running):
             return None

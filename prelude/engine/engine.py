@@ -39,7 +39,7 @@ class Engine:
         """`clock`: the one the scheduler was given, with timers (tests pass a simulated one)."""
         self.scheduler = scheduler
         self.clock = clock
-        self.steps = StepRunner(executors, scheduler, clock)
+        self.steps = StepRunner(executors, scheduler, clock, frozenset(eos_token_ids))
         self.stats = EngineStats()
         self.requests = InFlight(scheduler, tokenizer, eos_token_ids, self.stats, clock)
         self._wakeup = asyncio.Event()

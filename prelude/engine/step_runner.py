@@ -26,8 +26,9 @@ T = TypeVar("T")
 
 
 class StepRunner:
-    def __init__(self, executors: Executors, scheduler: Scheduler, clock: Clock):
+    def __init__(self, executors: Executors, scheduler: Scheduler, clock: Clock, eos_token_ids: frozenset[int]):
         self.executors = executors
+        self.eos_token_ids = eos_token_ids
         self.scheduler = scheduler
         self.clock = clock
         self.long_step = LongStep(clock)
@@ -41,7 +42,7 @@ class StepRunner:
 
     def start_chain(self, batch: DecodeBatch) -> DecodeChain:
         """Starts a step of decodes in the worker, as the first of a DecodeChain."""
-        chain = DecodeChain(asyncio.get_running_loop(), self.clock)
+        chain = DecodeChain(asyncio.get_running_loop(), self.clock, self.eos_token_ids)
         self._worker.submit(chain.run, self.executors.execute, batch)
         return chain
 

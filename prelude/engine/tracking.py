@@ -62,10 +62,9 @@ def advance(tracked: Tracked, result: RowResult,
         out.token_ids = [token.token_id]
         if sampling.logprobs is not None:
             out.logprobs = [token]
-        if token.token_id in sampling.stop_token_ids:
-            reason, stop_reason = FinishReason.STOP, token.token_id
-        elif not sampling.ignore_eos and token.token_id in eos_token_ids:
+        if sampling.ends_at(token.token_id, eos_token_ids):
             reason = FinishReason.STOP
+            stop_reason = token.token_id if token.token_id in sampling.stop_token_ids else None
     out.num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
     detok = tracked.detokenizer
     # A token that ended the request (stop_token_ids, EOS) is in the text only when the request

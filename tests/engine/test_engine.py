@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from prelude.contract.batch import decode_rows
 from prelude.engine.output import DeadlineExceeded, EngineError
 from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
@@ -207,3 +208,24 @@ def test_a_request_arriving_during_a_long_generation_runs_before_it_ends():
     arrived, ran, long_tokens = run(engine, scenario)
     assert ran - arrived <= 2
     assert ran < 100 and long_tokens == 400  # far from the generation's end
+
+
+def test_a_sequence_its_stop_token_ended_computes_no_row_after_it():
+    """Decode steps run back to back, each planned before the one before it sampled: a row whose
+    token ends its sequence (a stop token or EOS, unknown when the next step was planned) is
+    dropped from that next step, not computed for a result no one reads. The executor's next
+    token is the last + 1, so "short" samples 11, 12, 13, 14 and stops at 15, while "long" keeps
+    the chain going."""
+    engine, executor = simulated_engine()
+
+    async def scenario():
+        short = engine.submit(Request("short", [10], SamplingParams(max_tokens=100, temperature=0,
+                                                                   stop_token_ids=(15,))))
+        long = engine.submit(generate("long", [500], 30))
+        return await asyncio.gather(short.collect(), long.collect())
+
+    short, long = run(engine, scenario)
+    assert short.token_ids == [11, 12, 13, 14, 15] and short.finish_reason == "stop"
+    assert len(long.token_ids) == 30
+    inputs = [r.token_id for b in executor.batches for r in decode_rows(b) if r.token_id < 500]
+    assert inputs == [11, 12, 13, 14], inputs  # no row with 15, the token that ended it, as input
