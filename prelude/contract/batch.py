@@ -124,6 +124,9 @@ class RowResult:
 
     seq_id: int
     token: TokenLogprob | None = None  # the sampled token (logprob filled when asked)
+    # Tokens a grammar forces right after `token`: the answer takes them too, unsampled; a
+    # later step computes them (with the row that samples the token after them).
+    forced: tuple[int, ...] = ()
     prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt position after the first
     pooled: list[float] | None = None
     scores: list[float] | None = None

@@ -2,7 +2,7 @@
 
 The state lives as long as its request, is created by the server from a compiled grammar, and
 is only ever advanced in the engine's step thread, one step at a time, by the executor that
-fills the row's token mask (prelude.structured.masks)."""
+fills the row's token mask (prelude.structured.masks) and samples its token."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -12,4 +12,9 @@ class TokenConstraint(Protocol):
     def catch_up(self, step: int, last_token: int) -> None:
         """Brings the state up to the row about to sample token `step`: the token before it,
         `last_token` (the row's last input), is consumed once, whatever re-runs the row."""
+        ...
+
+    def forced_after(self, step: int, token: int, limit: int) -> tuple[int, ...]:
+        """After the row that sampled token `step`: the tokens the grammar forces next (at
+        most `limit`), which the answer takes without sampling them."""
         ...

@@ -82,14 +82,17 @@ def with_sampled_tokens(batch: DecodeBatch, result: BatchResult, eos_token_ids: 
     the step before sampled; None if a row has no token there, or no row is left. A row whose
     token ended its sequence (EOS, a stop token: the rule the fold applies, so the fold skips
     the row) is dropped: planned before that token was known, it would cost a forward row and
-    a row of the vocabulary's logits for a result no one reads."""
-    tokens = {row.seq_id: row.token.token_id for row in result.rows if row.token is not None}
+    a row of the vocabulary's logits for a result no one reads. So is a row whose token a grammar
+    followed with forced tokens: its next row computes them all (a prefill chunk the next
+    scheduled step gives it), which a one-token row cannot."""
+    sampled = {row.seq_id: row for row in result.rows if row.token is not None}
     rows = []
     for row in batch.rows:
-        token = tokens.get(row.seq_id)
-        if token is None:
+        before = sampled.get(row.seq_id)
+        if before is None or before.token is None:
             return None
-        if row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids):
+        token = before.token.token_id
+        if before.forced or (row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids)):
             continue
         rows.append(replace(row, token_id=token, history=(*row.history, token) if row.history else ()))
     return DecodeBatch(rows) if rows else None

@@ -51,9 +51,11 @@ class DecodePlanner:
         room is a preemption, which only a scheduled step does). A sequence whose in-flight token
         is its last by length is left out; one whose token ends it (EOS, a stop token) is dropped
         by the worker once the token is known (decode_chain.with_sampled_tokens); one a stop
-        string ends costs a wasted row, whose result is skipped."""
+        string ends costs a wasted row, whose result is skipped. One that a grammar's forced
+        tokens put back to prefilling (its row was dropped by the worker too) needs a chunk,
+        which only a scheduled step gives."""
         seqs = [s for s in in_flight if s.status is WorkStatus.RUNNING]
-        if not seqs or len(seqs) != len(self.running):
+        if not seqs or len(seqs) != len(self.running) or any(s.prefilling for s in seqs):
             return None
         seqs = [s for s in seqs if s.num_output_tokens + 1 < s.request.sampling.max_tokens]
         need = [self.pool.blocks_for(s.num_tokens + 1) - len(s.blocks) for s in seqs]

@@ -263,7 +263,8 @@ class Scheduler:
                 if seq.num_computed == seq.num_tokens:
                     events.append(StepEvent(seq, by_id[seq.seq_id]))
         for seq in step.decodes:
-            if seq.status is WorkStatus.RUNNING:
+            # A row the worker dropped (decode_chain.with_sampled_tokens) computed nothing.
+            if seq.status is WorkStatus.RUNNING and seq.seq_id in by_id:
                 self.decode.advance(seq, 1)
                 events.append(StepEvent(seq, by_id[seq.seq_id]))
         return events

@@ -51,6 +51,12 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
                             _row_masks(masks.result(), chosen) if masks is not None else None)
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token
+                _, spec, row = wanted[full[j]]
+                if spec.grammar is not None and spec.sample is not None and spec.sample.logprobs is None:
+                    # Forced tokens have no sampled distribution to report: requests that ask
+                    # for logprobs sample every token.
+                    results[full[j]].forced = spec.grammar.forced_after(
+                        row.sample_step, token.token_id, spec.sample.max_tokens - row.sample_step - 1)
     # Label rows read at item ends, or through the compact head (just the labels' K rows): one
     # head call per (label ids, normalization) for all their positions in the step. The planner
     # budgets the step's logits rows together, so the grouped tensor is within its budget.

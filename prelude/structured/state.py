@@ -6,20 +6,23 @@ import llguidance
 
 class GrammarState:
     """An llguidance matcher and how many of the request's tokens it has seen. Tokens are
-    consumed lazily, when the row that follows them samples (`catch_up`): the step that sampled
-    a token never changes the state, so a step that is run again (after a failure, or a
-    preemption that recomputes the sequence) finds it as it was.
+    consumed lazily, when the row that follows them samples (`catch_up`), or right after the
+    row that sampled them when the grammar forces what comes next (`forced_after`). Either way
+    a row that is run again (after a failure) finds the state as its first run did: what that
+    run consumed is taken back.
 
     With `reasoning_end`, tokens up to and including that one (the end of a reasoning block)
     are the model's own: no mask applies until it came."""
 
-    __slots__ = ("matcher", "mask_words", "seen", "reasoning_end")
+    __slots__ = ("matcher", "mask_words", "seen", "reasoning_end", "_last")
 
     def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, reasoning_end: int | None = None):
         self.matcher = matcher
         self.mask_words = mask_words  # int32 words of its token mask (its tokenizer's vocabulary / 32)
         self.seen = 0  # tokens of the answer accounted for (consumed, or reasoning)
         self.reasoning_end = reasoning_end
+        # The last forced_after: (its step, tokens the matcher consumed, reasoning_end before).
+        self._last: tuple[int, int, int | None] | None = None
 
     @property
     def reasoning(self) -> bool:
@@ -27,7 +30,9 @@ class GrammarState:
         return self.reasoning_end is not None
 
     def catch_up(self, step: int, last_token: int) -> None:
-        if self.seen >= step:
+        if self.seen > step:
+            self._take_back(step)
+        if self.seen == step:
             return
         assert self.seen == step - 1, f"grammar state at token {self.seen}, row samples token {step}"
         self.seen = step
@@ -38,3 +43,32 @@ class GrammarState:
         # A token the mask did not allow (it cannot be sampled) leaves the matcher in its error
         # state, whose mask allows only EOS: the answer ends rather than goes on unconstrained.
         self.matcher.consume_token(last_token)
+
+    def forced_after(self, step: int, token: int, limit: int) -> tuple[int, ...]:
+        """Consumes `token`, sampled as the answer's token `step`, and returns the tokens the
+        grammar then allows alone (at most `limit`; consumed too): the answer's next tokens,
+        computed in a later step with no sampling of their own (jump-forward decoding). They
+        are llguidance's tokens for the forced text, so the text is what sampling would give."""
+        if self.seen > step:
+            self._take_back(step)
+        reasoning_end = self.reasoning_end
+        self.catch_up(step + 1, token)
+        forced: list[int] = []
+        if reasoning_end is None and limit > 0 and not self.matcher.is_stopped():
+            forced = self.matcher.compute_ff_tokens()[:limit]
+            if forced and self.matcher.consume_tokens(forced):
+                self.seen += len(forced)
+            elif forced:  # cannot happen for tokens the matcher itself forced; keep the state whole
+                self.matcher.rollback(len(forced))
+                forced = []
+        self._last = (step, (reasoning_end is None) + len(forced), reasoning_end)
+        return tuple(forced)
+
+    def _take_back(self, step: int) -> None:
+        """Back to the state the row sampling token `step` first found: it is run again."""
+        assert self._last is not None and self._last[0] == step, \
+            f"grammar state at token {self.seen}, row samples token {step}"
+        _, consumed, self.reasoning_end = self._last
+        if consumed:
+            self.matcher.rollback(consumed)
+        self.seen, self._last = step, None
