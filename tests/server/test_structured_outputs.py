@@ -87,6 +87,15 @@ def test_stream_n_logprobs_and_stop(client, server):
                 assert all(v > float("-inf") for v in top.values())
     for text in texts:
         valid(text, SCHEMA)
+    # Without logprobs the forced text (keys, punctuation) comes unsampled, several tokens a chunk.
+    stream = complete(client, server, prompt="Judge:", max_tokens=200, temperature=1.0, n=2, stream=True,
+                      guided_json=SCHEMA)
+    texts = ["", ""]
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    for text in texts:
+        valid(text, SCHEMA)
     # A stop string and max_tokens end a constrained answer as they end any other.
     stopped = complete(client, server, prompt="Judge:", max_tokens=200, stop=[","], guided_json=SCHEMA)
     assert stopped.choices[0].finish_reason == "stop" and "," not in stopped.choices[0].text
