@@ -85,14 +85,13 @@ def with_sampled_tokens(batch: DecodeBatch, result: BatchResult, eos_token_ids: 
     a row of the vocabulary's logits for a result no one reads. So is a row whose token a grammar
     followed with forced tokens: its next row computes them all (a prefill chunk the next
     scheduled step gives it), which a one-token row cannot."""
-    sampled = {row.seq_id: row for row in result.rows if row.token is not None}
+    sampled = {row.seq_id: (row.token.token_id, row.forced) for row in result.rows if row.token is not None}
     rows = []
     for row in batch.rows:
-        before = sampled.get(row.seq_id)
-        if before is None or before.token is None:
+        if row.seq_id not in sampled:
             return None
-        token = before.token.token_id
-        if before.forced or (row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids)):
+        token, forced = sampled[row.seq_id]
+        if forced or (row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids)):
             continue
         rows.append(replace(row, token_id=token, history=(*row.history, token) if row.history else ()))
     return DecodeBatch(rows) if rows else None

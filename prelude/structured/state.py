@@ -56,11 +56,9 @@ class GrammarState:
         forced: list[int] = []
         if reasoning_end is None and limit > 0 and not self.matcher.is_stopped():
             forced = self.matcher.compute_ff_tokens()[:limit]
-            if forced and self.matcher.consume_tokens(forced):
+            if forced:  # tokens the matcher itself forces: it accepts them
+                self.matcher.consume_tokens(forced)
                 self.seen += len(forced)
-            elif forced:  # cannot happen for tokens the matcher itself forced; keep the state whole
-                self.matcher.rollback(len(forced))
-                forced = []
         self._last = (step, (reasoning_end is None) + len(forced), reasoning_end)
         return tuple(forced)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import Request
 from prelude.structured.compiler import Constraint, GrammarCompiler
+from prelude.structured.masks import unpack_bitmask
 from tests.checkpoints import load_reference
 
 SCHEMA = {"type": "object", "properties": {
@@ -54,7 +56,8 @@ def test_forced_tokens_are_taken_unsampled_and_computed_as_a_full_forward_would(
             logits = model(torch.tensor([ids + out.token_ids[:-1]])).logits[0, len(ids) - 1:]
         state, at, sampled = grammar.new_state(), 0, 0
         while at < len(out.token_ids):
-            allowed = _allowed(state.matcher, vocab)
+            words = torch.frombuffer(bytearray(state.matcher.compute_bitmask()), dtype=torch.int32)
+            allowed = unpack_bitmask(words[None], vocab)[0]
             assert out.token_ids[at] == int(logits[at].masked_fill(~allowed, float("-inf")).argmax()), at
             forced = state.forced_after(at, out.token_ids[at], 80)
             assert list(forced) == out.token_ids[at + 1:at + 1 + len(forced)]
@@ -64,7 +67,3 @@ def test_forced_tokens_are_taken_unsampled_and_computed_as_a_full_forward_would(
     engine.scheduler.pool.check_integrity()
     assert engine.scheduler.pool.num_used_blocks == 0
 
-
-def _allowed(matcher, vocab: int) -> torch.Tensor:
-    bits = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.uint8)
-    return ((bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:vocab].bool()
