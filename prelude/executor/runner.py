@@ -44,6 +44,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.native = native  # the model's layers in one native call (fused_step.native_step), or None
+        self._on_host = device.type == "cpu"
 
     @torch.inference_mode()
     def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
@@ -115,12 +116,14 @@ class ModelRunner:
     def _to_device(self, values: list[int]) -> torch.Tensor:
         # array('q') + frombuffer converts a long list several times faster than torch.tensor.
         host = torch.frombuffer(array("q", values), dtype=torch.long) if values else torch.empty(0, dtype=torch.long)
-        return host.to(self.device, non_blocking=True)
+        return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
         """Final hidden state of the last position of each of `rows` (step row indices)."""
-        index = torch.tensor([layout.query_starts[i + 1] - 1 for i in rows], device=hidden.device)
-        return hidden[index]
+        ends = layout.query_starts
+        if len(rows) == 1:  # a view: no index tensor to build (a one-request step)
+            return hidden[ends[rows[0] + 1] - 1:ends[rows[0] + 1]]
+        return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
 
     def warmup(self) -> None:
         """One-time costs before serving: none on the CPU, whose weights are stored for its

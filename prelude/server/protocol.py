@@ -115,14 +115,19 @@ class Body:
         self.prefix = prefix
         self.asked: set[builtins.str] = set()  # the fields the endpoint looked for
 
+    # Most fields a request could name it does not: each accessor looks its field up first and
+    # returns the default at once, and only a field that is there counts as asked for.
     def _raw(self, name: str):
+        value = self.data.get(name)
+        if value is None:
+            return _MISSING
         self.asked.add(name)
-        value = self.data.get(name, _MISSING)
-        return _MISSING if value is None else value
+        return value
 
     def ignored(self) -> list[builtins.str]:
-        """The fields the endpoint never looked for: unknown to it, so ignored (as vLLM does)."""
-        return [name for name in self.data if name not in self.asked]
+        """The fields the endpoint never looked for: unknown to it, so ignored (as vLLM does).
+        A null field is absent, so never among them."""
+        return [name for name, value in self.data.items() if value is not None and name not in self.asked]
 
     def has(self, name: str) -> bool:
         return self._raw(name) is not _MISSING
@@ -145,9 +150,10 @@ class Body:
 
     def int(self, name: str, default=None, lo: int = INT64_MIN, hi: int = INT64_MAX):
         """An integer within [lo, hi]; the default bounds are int64's, what the engine holds."""
-        value = self._raw(name)
-        if value is _MISSING:
+        value = self.data.get(name)
+        if value is None:
             return default
+        self.asked.add(name)
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -156,9 +162,10 @@ class Body:
         return value
 
     def float(self, name: str, default=None, lo: float | None = None, hi: float | None = None):
-        value = self._raw(name)
-        if value is _MISSING:
+        value = self.data.get(name)
+        if value is None:
             return default
+        self.asked.add(name)
         if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
             raise self.invalid(name, "is out of range")  # float() of a huge int overflows
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
@@ -166,29 +173,35 @@ class Body:
         self._check_range(name, value, lo, hi)
         return float(value)
 
-    def _of_type(self, name: str, default, kind: type, expected: str):
-        value = self._raw(name)
-        if value is _MISSING:
-            return default
+    def _of_type(self, name: str, value, kind: type, expected: str):
+        """A field that is there (not null), checked to be of `kind`."""
+        self.asked.add(name)
         if not isinstance(value, kind):
             raise self._wrong_type(name, expected, value)
         return value
 
     def bool(self, name: str, default: bool = False) -> bool:
-        return self._of_type(name, default, bool, "a boolean")
+        value = self.data.get(name)
+        return default if value is None else self._of_type(name, value, bool, "a boolean")
 
     def str(self, name: str, default=None):
-        return self._of_type(name, default, str, "a string")
+        value = self.data.get(name)
+        return default if value is None else self._of_type(name, value, str, "a string")
 
     def list(self, name: builtins.str, default=None, nonempty: builtins.bool = False):
-        value = self._of_type(name, default, list, "an array")
+        value = self.data.get(name)
+        if value is None:
+            return default
+        value = self._of_type(name, value, list, "an array")
         if nonempty and value is not default and not value:
             raise self.invalid(name, "must not be empty")
         return value
 
     def object(self, name: builtins.str) -> "Body | None":
-        value = self._of_type(name, None, dict, "an object")
-        return None if value is None else Body(value, prefix=f"{self.param(name)}.")
+        value = self.data.get(name)
+        if value is None:
+            return None
+        return Body(self._of_type(name, value, dict, "an object"), prefix=f"{self.param(name)}.")
 
     def str_list(self, name: builtins.str, max_items: builtins.int | None = None) -> tuple[builtins.str, ...]:
         """A string or an array of strings (OpenAI's `stop`)."""
