@@ -46,7 +46,8 @@ class OneShotPlanner:
     def row(self, planned: PlannedOneShot) -> PrefillRow:
         request = planned.job.request
         start = planned.num_cached_blocks * self.pool.block_size
-        return PrefillRow(planned.job.seq_id, request.prompt_ids[start:], start, planned.blocks, request.output,
+        computed = request.prompt_ids[start:] if start else request.prompt_ids  # read-only: no copy needed
+        return PrefillRow(planned.job.seq_id, computed, start, planned.blocks, request.output,
                           item_lengths=request.item_lengths,
                           history=request.prompt_ids if request.sampling.penalizes else ())
 
