@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import pytest
 
@@ -114,6 +115,25 @@ def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
     runs = json.loads(out.read_text())["results"]
     assert len(runs) == 4 and all(r["completed"] == 60 and r["errors"] == 0 for r in runs), runs
     assert all(r["server_cpu_s"] > 0 for r in runs)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="bench.serving.instructions runs the server under valgrind's callgrind (apt install valgrind)")
+def test_instructions_bench_counts_a_null_executor_server(tmp_path):
+    """bench.serving.instructions counts the instructions of a real `--executor null` server
+    under callgrind, only while the measured requests run: every request answered, a count per
+    request for the event loop and for the other threads."""
+    from bench.serving import instructions
+
+    out = tmp_path / "instructions.json"
+    code = instructions.main(["--classes", "OneShot", "--concurrency", "1", "--num-requests", "20", "--warmup", "2",
+                              "--log-dir", str(tmp_path), "--json", str(out)])
+    assert code == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["requests"] == 20 and row["errors"] == 0
+    # The loop's own work per request is hundreds of thousands of instructions, not the whole
+    # process's startup (counting is off until the run).
+    assert 1e5 < row["loop_per_request"] < 1e8 and row["other_per_request"] > 0
 
 
 def test_long_short_bench_runs_a_policy_and_the_overload(tmp_path, capsys):
