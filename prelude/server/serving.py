@@ -40,6 +40,9 @@ _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces
 # state until the answer is sent (about 11 KB), and one 32 MiB body can list millions of
 # one-token prompts: enough rows to run the server out of memory.
 MAX_ITEMS = 1024
+# A request still unanswered this long after it was submitted is watched for its client going
+# away (Serving._watching); one answered sooner has nothing left worth aborting.
+WATCH_AFTER_S = 0.05
 
 
 def new_id(kind: str, http: HTTPRequest | None = None) -> str:
@@ -281,16 +284,27 @@ class Serving:
 
     async def _watching(self, http: HTTPRequest, streams: list[RequestStream], waiting: Awaitable[Awaited]) -> Awaited:
         """Awaits `waiting` on the streams' rows. If the client goes away first, its rows are
-        aborted at once (queued rows dropped, KV freed) and ClientDisconnect is raised; an
-        engine error is the APIError it answers."""
-        watcher = asyncio.create_task(self._abort_when_gone(http, streams))
+        aborted (queued rows dropped, KV freed) and ClientDisconnect is raised; an engine error
+        is the APIError it answers. The watch starts WATCH_AFTER_S in: most decisions are
+        answered before it would, and a task reading the connection cost each of them about as
+        much as the engine's bookkeeping for it."""
+        loop = asyncio.get_running_loop()
+        watcher: asyncio.Task | None = None
+
+        def watch() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(self._abort_when_gone(http, streams))
+
+        timer = loop.call_later(WATCH_AFTER_S, watch)
         try:
             result = await waiting
         except EngineError as exc:
             raise engine_error(exc) from None
         finally:
-            watcher.cancel()
-        if watcher.done() and not watcher.cancelled():
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+        if watcher is not None and watcher.done() and not watcher.cancelled():
             raise ClientDisconnect()
         return result
 
