@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from prelude.app.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
 
@@ -24,3 +25,29 @@ def test_json_time_follows_the_record_across_seconds():
     first, second = formatter.format(_record(1_790_000_000.999)), formatter.format(_record(1_790_000_001.002))
     assert '.999"' in first and '.002"' in second
     assert first.split('"time":"')[1][:19] != second.split('"time":"')[1][:19]
+
+
+def test_access_lines_reach_stderr_batched_and_in_order(capfd):
+    """An access-log line waits in the buffer at most a moment, and any other record takes the
+    waiting lines out with it, before itself."""
+    from prelude.app.logs import ACCESS_FLUSH_S, ACCESS_LOGGER, StderrHandler
+    from prelude.server.access_log import logger as access_logger
+
+    assert access_logger.name == ACCESS_LOGGER  # the logger StderrHandler batches
+    handler = StderrHandler()
+    handler.setFormatter(TextFormatter())
+
+    def record(name: str, level: int, text: str) -> logging.LogRecord:
+        return logging.LogRecord(name, level, "", 0, text, (), None)
+
+    handler.handle(record(access_logger.name, logging.INFO, "first request"))
+    handler.handle(record("prelude.engine", logging.WARNING, "a warning"))
+    err = capfd.readouterr().err
+    assert err.index("first request") < err.index("a warning")
+    handler.handle(record(access_logger.name, logging.INFO, "second request"))
+    deadline = time.monotonic() + 100 * ACCESS_FLUSH_S
+    seen = ""
+    while "second request" not in seen and time.monotonic() < deadline:
+        time.sleep(ACCESS_FLUSH_S / 5)
+        seen += capfd.readouterr().err
+    assert "second request" in seen
