@@ -30,7 +30,7 @@ class _LocalSecond:
 
 
 class TextFormatter(logging.Formatter):
-    """TEXT_FORMAT, with logging's default time format (2026-11-29 18:20:36,589)."""
+    """TEXT_FORMAT, with logging's default time format (year-month-day hours:minutes:seconds,ms)."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)

@@ -112,11 +112,11 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
         # The kernel reads plain buffers: an array costs a fraction of a tensor built from a list.
         inverse_temperatures = array("f", [1.0 / p.temperature for p in params])
         uniforms = _uniforms(params, steps, logits.device)
-        chosen = array("q", bytes(8 * len(params)))
+        drawn = array("q", bytes(8 * len(params)))
         sample_tokens(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
-                      inverse_temperatures.buffer_info()[0], uniforms.data_ptr(), chosen.buffer_info()[0],
+                      inverse_temperatures.buffer_info()[0], uniforms.data_ptr(), drawn.buffer_info()[0],
                       torch.get_num_threads())
-        return torch.frombuffer(chosen, dtype=torch.long)
+        return torch.frombuffer(drawn, dtype=torch.long)
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temps[:, None]

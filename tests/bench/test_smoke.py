@@ -118,7 +118,7 @@ def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
-                    reason="bench.serving.instructions runs the server under valgrind's callgrind (apt install valgrind)")
+                    reason="bench.serving.instructions runs the server under callgrind (apt install valgrind)")
 def test_instructions_bench_counts_a_null_executor_server(tmp_path):
     """bench.serving.instructions counts the instructions of a real `--executor null` server
     under callgrind, only while the measured requests run: every request answered, a count per
