@@ -15,3 +15,14 @@ def write_chart(draw: Callable[[Path], object], path: Path) -> None:
         return
     draw(path)
     print(f"chart: {path}")
+
+
+def save_figure(fig, path: Path, dpi: int = 100) -> None:
+    """Lays out a finished matplotlib figure, writes it at `path` (its folder made if need be)
+    and frees it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.charts import write_chart
+from bench.charts import save_figure, write_chart
 from bench.serving.core import proc, report
 from bench.serving.bare_app import SERVERS
 from bench.serving.core.loadgen import int_list
@@ -111,10 +111,7 @@ def plot(results: Sequence[RunResult], path: Path) -> None:
     ax.set_ylabel("server CPU per request (us)")
     ax.set_title("bare ASGI app, closed loop")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

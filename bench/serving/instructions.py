@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from bench.charts import write_chart
+from bench.charts import save_figure, write_chart
 from bench.serving.core import report
 from bench.serving.core.client import make_client
 from bench.serving.core.loadgen import int_list, prompt_source, split_server_args
@@ -128,10 +128,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("million instructions per request")
     ax.set_title("server instructions per request (null executor, callgrind)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
