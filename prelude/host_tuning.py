@@ -59,8 +59,8 @@ def release_startup_memory() -> None:
 # Allocations between two young-generation collections once serving (Python's default is 700). A
 # request allocates a few hundred tracked objects, so at the default the collector ran every few
 # requests and rescanned what the requests in flight hold each time; at this threshold it runs a
-# few times a second under load (about 5% less CPU per request at c=64, counted by callgrind in
-# `python -m bench.serving.cpu_cost`'s setting), each pass under a few milliseconds.
+# few times a second under load (about 5% fewer instructions per request at c=64,
+# `python -m bench.serving.instructions`), each pass under a few milliseconds.
 YOUNG_COLLECTION_THRESHOLD = 20_000
 
 
