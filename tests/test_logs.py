@@ -30,11 +30,10 @@ def test_json_time_follows_the_record_across_seconds():
 def test_access_lines_reach_stderr_batched_and_in_order(capfd):
     """An access-log line waits in the buffer at most a moment, and any other record takes the
     waiting lines out with it, before itself."""
-    from prelude.app.logs import ACCESS_FLUSH_S, ACCESS_LOGGER, StderrHandler
+    from prelude.app.logs import ACCESS_FLUSH_S, StderrHandler
     from prelude.server.access_log import logger as access_logger
 
-    assert access_logger.name == ACCESS_LOGGER  # the logger StderrHandler batches
-    handler = StderrHandler()
+    handler = StderrHandler(batched=access_logger.name)
     handler.setFormatter(TextFormatter())
 
     def record(name: str, level: int, text: str) -> logging.LogRecord:

@@ -62,27 +62,27 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
 
-ACCESS_LOGGER = "prelude.access"  # prelude.server.access_log's: one record per request
 ACCESS_FLUSH_S = 0.05  # the longest an access-log line waits in the buffer
 
 
 class StderrHandler(logging.StreamHandler):
-    """stderr through a buffer of its own. A record reaches the descriptor at once, except the
-    access log's (one line per request), which go out together, at most ACCESS_FLUSH_S after
-    they were logged, or with the next other record, in order: a write system call per request
-    cost the server more CPU than the rest of its line."""
+    """stderr through a buffer of its own. A record reaches the descriptor at once, except those
+    of logger `batched` (the access log's, one line per request), which go out together, at
+    most ACCESS_FLUSH_S after they were logged, or with the next other record, in order: a write
+    system call per request cost the server more CPU than the rest of its line."""
 
-    def __init__(self) -> None:
+    def __init__(self, batched: str) -> None:
         stream = open(sys.stderr.fileno(), "w", buffering=1 << 16, encoding=sys.stderr.encoding,
                       errors=sys.stderr.errors, closefd=False)
         super().__init__(stream)
+        self.batched = batched
         self._due = threading.Event()  # access lines wait in the buffer
         threading.Thread(target=self._flush_when_due, name="prelude-log-flush", daemon=True).start()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.stream.write(self.format(record) + self.terminator)
-            if record.name != ACCESS_LOGGER:
+            if record.name != self.batched:
                 self.stream.flush()
             elif not self._due.is_set():
                 self._due.set()
@@ -106,7 +106,9 @@ def configure(level: str, log_format: str) -> None:
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.logAsyncioTasks = False  # type: ignore[attr-defined]  # Python 3.12+
-    handler = StderrHandler()
+    from prelude.server.access_log import logger as access_logger  # after main() paused the collector
+
+    handler = StderrHandler(batched=access_logger.name)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

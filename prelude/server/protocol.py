@@ -193,7 +193,7 @@ class Body:
         if value is None:
             return default
         value = self._of_type(name, value, list, "an array")
-        if nonempty and value is not default and not value:
+        if nonempty and not value:
             raise self.invalid(name, "must not be empty")
         return value
 

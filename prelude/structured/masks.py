@@ -9,6 +9,7 @@ the forward, not overlap it (`python -m bench.serving.structured_judge`)."""
 from __future__ import annotations
 
 import os
+from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence, cast
@@ -98,10 +99,10 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
     vocab = logits.shape[-1]
     if (mask_logits is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
             and logits.stride(-1) == 1):
-        logits_rows = torch.tensor(rows, dtype=torch.long)
+        logits_rows = array("q", rows)  # a plain buffer for the kernel: no tensor built from a list
         bitmask = bitmask.contiguous()
         mask_logits(logits.data_ptr(), len(rows), vocab, logits.stride(0), bitmask.data_ptr(), bitmask.shape[1],
-                    logits_rows.data_ptr(), torch.get_num_threads())
+                    logits_rows.buffer_info()[0], torch.get_num_threads())
         return
     forbidden = ~unpack_bitmask(bitmask.to(logits.device, non_blocking=True), vocab)
     if rows == list(range(logits.shape[0])):
