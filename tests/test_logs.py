@@ -50,3 +50,39 @@ def test_access_lines_reach_stderr_batched_and_in_order(capfd):
         time.sleep(ACCESS_FLUSH_S / 5)
         seen += capfd.readouterr().err
     assert "second request" in seen
+
+
+def test_a_line_written_directly_is_the_line_its_record_formats_to():
+    from prelude.server.access_log import AccessEntry
+
+    entry = AccessEntry("POST", "/v1/completions", 0.0, 200, "cmpl-1", "OneShot", 128, 1, 0, 0.0001, 0.002, 0.003)
+    for formatter in (TextFormatter(), JsonFormatter()):
+        for created in (1_790_000_000.001, 1_790_000_000.999, 1_790_000_001.5):
+            for message in (entry, "a plain line"):
+                record = logging.LogRecord("prelude.access", logging.INFO, "", 0, message, (), None)
+                record.created, record.msecs = created, (created - int(created)) * 1000
+                assert formatter.line(created, "INFO", "prelude.access", message) == formatter.format(record)
+
+
+def test_the_access_log_writes_directly_only_where_nothing_else_would_see_its_records():
+    from prelude.app.logs import StderrHandler, batched_writer, configure
+    from prelude.server.access_log import logger as access_logger
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure("info", "text")
+        handler = root.handlers[0]
+        assert isinstance(handler, StderrHandler)
+        assert batched_writer(access_logger) == handler.write_batched
+        access_logger.addFilter(lambda record: True)
+        assert batched_writer(access_logger) is None  # a filter must see every record
+        access_logger.filters.clear()
+        root.addHandler(logging.NullHandler())
+        assert batched_writer(access_logger) is None  # so must a second handler
+        root.handlers[:] = [handler]
+        root.setLevel(logging.WARNING)
+        assert batched_writer(access_logger) is None  # and info is not logged at all
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        access_logger.filters.clear()

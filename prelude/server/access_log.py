@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import orjson
 from starlette.requests import Request as HTTPRequest
@@ -96,10 +96,12 @@ def entry(http: HTTPRequest) -> AccessEntry | None:
 
 class AccessLog:
     """Times each request, captures its status (and an error's message), and logs its entry
-    when the response is done."""
+    when the response is done: with `write` when given (a faster `logger.info` that the process's
+    log setup provides, app.logs.batched_writer), else with `logger.info`."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, write: Callable[[Any], None] | None = None):
         self.app = app
+        self.write = write or logger.info
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in QUIET_PATHS:
@@ -132,7 +134,7 @@ class AccessLog:
                 current.status, current.error = 500, "no response"
             elif error_body:
                 current.error = _error_message(b"".join(error_body))
-            logger.info(current)
+            self.write(current)
 
 
 def _error_message(body: bytes) -> str:

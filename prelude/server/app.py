@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from typing import Any, Callable
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
@@ -78,7 +79,8 @@ class EchoRequestId:
         await self.app(scope, receive, send_with_id)
 
 
-def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
+def create_app(engine: Engine, served: ServedModel, config: Config,
+               access_write: Callable[[Any], None] | None = None) -> ASGIApp:
     admission = Admission(served.tokenizer, config.tokenizer_workers, served.max_model_len,
                           served.kv_capacity_tokens, config.max_logprobs, config.disable_oneshot,
                           served.eos_token_ids, served.config.vocab_size, served.sampling_defaults)
@@ -210,7 +212,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config) -> ASGIApp:
     if config.api_key:
         outer = BearerAuth(outer, config.api_key)
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
-        outer = AccessLog(outer)  # outside auth: refused keys are logged too
+        outer = AccessLog(outer, access_write)  # outside auth: refused keys are logged too
     return EchoRequestId(outer)
 
 
