@@ -5,7 +5,7 @@ it is given a native step (executor.fused_step: the CPU in fp32), a step's layer
 native call when the step fits it, else through the model layer by layer."""
 from __future__ import annotations
 
-from array import array
+import struct
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -114,8 +114,7 @@ class ModelRunner:
         return None if step.read is None or not self.model.skips_unread_tokens else self._to_device(step.read)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
-        # array('q') + frombuffer converts a long list several times faster than torch.tensor.
-        host = torch.frombuffer(array("q", values), dtype=torch.long) if values else torch.empty(0, dtype=torch.long)
+        host = _int64(values) if values else torch.empty(0, dtype=torch.long)
         return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
@@ -139,6 +138,14 @@ def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
     requests += [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_id)
                  for r in decodes if r.output.grammar is not None]
     return start_filling(requests, device) if requests else None
+
+
+def _int64(values: list[int]) -> torch.Tensor:
+    """A list of ints as an int64 tensor. struct packs one in about half the time array('q') takes
+    (which parses each item as a call's argument), and a twentieth of torch.tensor's."""
+    buffer = bytearray(8 * len(values))
+    struct.pack_into(f"{len(values)}q", buffer, 0, *values)
+    return torch.frombuffer(buffer, dtype=torch.long)
 
 
 def _scattered(kept: torch.Tensor, keep: torch.Tensor, num_tokens: int) -> torch.Tensor:
