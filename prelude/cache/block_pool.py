@@ -86,9 +86,9 @@ class BlockPool:
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks with ref count 1, evicting idle cached blocks (LRU) when needed."""
-        if n > self.num_free_blocks:
-            raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
         free, idle, refs = self._free, self._idle, self._refs
+        if n > len(free) + len(idle):
+            raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
         while len(free) < n:  # an eviction frees the block and its idle cached descendants
             self._evict(next(iter(idle)))
         out = [free.popleft() for _ in range(n)]
@@ -106,15 +106,16 @@ class BlockPool:
     def release(self, blocks: Sequence[int]) -> None:
         """Drops one reference from each block. Unreferenced cached blocks stay matchable until
         evicted; released deepest first, so the LRU order evicts leaves before their parents."""
+        refs, keys, free, idle = self._refs, self._key, self._free, self._idle
         for block in reversed(blocks):
-            refs = self._refs[block] - 1
-            assert refs >= 0, f"block {block} released more often than acquired"
-            self._refs[block] = refs
-            if refs == 0:
-                if self._key[block] is None:
-                    self._free.append(block)
+            count = refs[block] - 1
+            assert count >= 0, f"block {block} released more often than acquired"
+            refs[block] = count
+            if count == 0:
+                if keys[block] is None:
+                    free.append(block)
                 else:
-                    self._idle[block] = None
+                    idle[block] = None
 
     # -- prefix cache ----------------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_blocks: int | None = None) -> PrefixMatch:
@@ -167,26 +168,33 @@ class BlockPool:
             if canonical is None:
                 return  # the chain above was evicted meanwhile: nothing below is reachable
             parent = canonical
-        lookup = self._lookup
+        lookup, keys, children, events = self._lookup, self._key, self._children, self.events
+        published = False
         for block, chunk in zip(blocks[first:last], self._chunks(tokens, first, last)):
             key = (parent, chunk)
-            existing = lookup.get(key)
-            if existing is not None:
-                parent = existing  # someone computed the same block first; theirs stays canonical
+            if keys[block] is not None:  # already published under another chain
+                existing = lookup.get(key)
+                parent = block if existing is None else existing
                 continue
-            if self._key[block] is not None:  # already published under another chain
-                parent = block
+            existing = lookup.setdefault(key, block)
+            if existing != block:  # someone computed the same block first; theirs stays canonical
+                parent = existing
                 continue
-            self._key[block] = key
-            lookup[key] = block
-            self.version += 1
-            if self.events is not None:
+            keys[block] = key
+            published = True
+            if events is not None:
                 parent_hash = None if parent == ROOT else self._hash[parent]
-                self._hash[block] = chain_hash(parent_hash, key[1])
-                self.events.stored(self._hash[block], parent_hash, key[1])
+                self._hash[block] = chain_hash(parent_hash, chunk)
+                events.stored(self._hash[block], parent_hash, chunk)
             if parent != ROOT:
-                self._children.setdefault(parent, set()).add(block)
+                siblings = children.get(parent)
+                if siblings is None:
+                    children[parent] = {block}
+                else:
+                    siblings.add(block)
             parent = block
+        if published:
+            self.version += 1
 
     def _chunks(self, tokens: Sequence[int], first: int, last: int) -> Iterator[tuple[int, ...]]:
         """tokens' full blocks first..last-1, each as one tuple (the trie's key), cut in C: zip
