@@ -6,6 +6,7 @@ native call when the step fits it, else through the model layer by layer."""
 from __future__ import annotations
 
 import struct
+from array import array
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -141,8 +142,11 @@ def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
 
 
 def _int64(values: list[int]) -> torch.Tensor:
-    """A list of ints as an int64 tensor. struct packs one in about half the time array('q') takes
-    (which parses each item as a call's argument), and a twentieth of torch.tensor's."""
+    """A list of ints as an int64 tensor. array('q') parses each int as a call's argument; struct
+    converts them in half its time once there are some hundreds, but its setup costs more than
+    that saves below about 50 (a decode step's few rows)."""
+    if len(values) < 48:
+        return torch.frombuffer(array("q", values), dtype=torch.long)
     buffer = bytearray(8 * len(values))
     struct.pack_into(f"{len(values)}q", buffer, 0, *values)
     return torch.frombuffer(buffer, dtype=torch.long)
