@@ -238,8 +238,8 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    server = asyncio.create_task(serve_app(create_app(engine, built.served, built.config, batched_writer(access_log.logger)), config,
-                                           shutdown_trigger=stop.wait, listener=listener))
+    app = create_app(engine, built.served, built.config, batched_writer(access_log.logger))
+    server = asyncio.create_task(serve_app(app, config, shutdown_trigger=stop.wait, listener=listener))
     ready = asyncio.create_task(engine.wait_ready())
     await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
     if ready.done() and not ready.result():

@@ -145,7 +145,7 @@ def batched_writer(logger: logging.Logger) -> Callable[[Any], None] | None:
     while node is not None and node is not root:
         if node.handlers or node.filters or not node.propagate:
             return None
-        node = node.parent  # type: ignore[assignment]
+        node = node.parent
     return handler.write_batched
 
 
