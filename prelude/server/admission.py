@@ -19,6 +19,12 @@ INLINE_CHARS = 2048
 # a 32 MiB body's millions of ids would hold the loop for a large part of a second.
 INLINE_IDS = 4096
 T = TypeVar("T")
+# Every body field sampling() reads (tests/server/test_sampling_fields.py holds it to the code).
+SAMPLING_FIELDS = frozenset({
+    "min_tokens", "spaces_between_special_tokens", "logit_bias", "top_k", "temperature", "top_p", "min_p", "seed",
+    "stop", "stop_token_ids", "ignore_eos", "allowed_token_ids", "skip_special_tokens", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "include_stop_str_in_output"})
+READ_SAMPLING_KEPT = 256  # kinds of sampling fields (with max_tokens and logprobs) whose parameters are kept
 _INT_ONLY = {int}
 
 
@@ -39,6 +45,7 @@ class Admission:
         # The model's generation_config.json defaults for fields a request leaves out, as in vLLM.
         self.defaults = sampling_defaults or {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prelude-tokenize")
+        self._read: dict[tuple, SamplingParams] = {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -145,11 +152,31 @@ class Admission:
 
     def sampling(self, body: Body, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Sampling fields shared by completions and chat (OpenAI names plus vLLM's extensions)."""
-        min_tokens = body.int("min_tokens", 0, lo=0, hi=max_tokens)
-        body.bool("spaces_between_special_tokens", True)  # a slow-tokenizer option: fast decoding has none
         if logprobs is not None and logprobs > self.max_logprobs:
             raise bad_request(f"requested {logprobs} logprobs; this server allows at most "
                               f"{self.max_logprobs} (--max-logprobs)", "logprobs")
+        # Requests name the same few sampling fields with the same values, one after another (a
+        # judge's temperature 0, a classifier's logprobs): what reading them gives, field by
+        # field and checked (4.6 us of the event loop a request), is kept by what they said.
+        # Each value's type is part of the key: 1, 1.0 and true are equal, and not equally valid.
+        named = tuple((name, type(value), value) for name, value in body.data.items()
+                      if value is not None and name in SAMPLING_FIELDS)
+        key = (max_tokens, logprobs, named)
+        try:
+            params = self._read.get(key)
+        except TypeError:  # a list or an object among the values (stop strings, logit_bias)
+            return self._read_sampling(body, max_tokens, logprobs)
+        if params is None:
+            if len(self._read) >= READ_SAMPLING_KEPT:
+                self._read.clear()
+            params = self._read[key] = self._read_sampling(body, max_tokens, logprobs)
+        else:
+            body.asked.update(name for name, _, _ in named)
+        return params
+
+    def _read_sampling(self, body: Body, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        min_tokens = body.int("min_tokens", 0, lo=0, hi=max_tokens)
+        body.bool("spaces_between_special_tokens", True)  # a slow-tokenizer option: fast decoding has none
         logit_bias: tuple[tuple[int, float], ...] = ()
         bias = body.object("logit_bias")
         if bias is not None:
