@@ -19,7 +19,7 @@ INLINE_CHARS = 2048
 # a 32 MiB body's millions of ids would hold the loop for a large part of a second.
 INLINE_IDS = 4096
 T = TypeVar("T")
-# Every body field sampling() reads (tests/server/test_sampling_fields.py holds it to the code).
+# Every body field sampling() reads (tests/server/test_sampling_kept.py holds it to the code).
 SAMPLING_FIELDS = frozenset({
     "min_tokens", "spaces_between_special_tokens", "logit_bias", "top_k", "temperature", "top_p", "min_p", "seed",
     "stop", "stop_token_ids", "ignore_eos", "allowed_token_ids", "skip_special_tokens", "presence_penalty",
