@@ -116,7 +116,8 @@ timeout "$(limit "${BENCH_TIMEOUT:-60}")" $PY -m kernels.bench --json "$OUT/kern
 stage "serving table"
 tok=.tok
 [ -f "$tok/tokenizer.json" ] || tok=shared/tokenizers/qwen3
-timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" --py-spy "$@"
+spy=(--py-spy); [ "${PY_SPY:-1}" = 0 ] && spy=()  # PY_SPY=0: no second pass under py-spy
+timeout "$(limit "${TABLE_TIMEOUT:-330}")" $PY bench/serving/gpu_table2.py --tokenizer "$tok" "${spy[@]}" "$@"
 echo "gpu_table2 exit $?"
 
 stage "step profile"

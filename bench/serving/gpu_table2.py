@@ -7,6 +7,10 @@ the real configs, the Prelude server started on each (startup = time until /heal
   4B    512 in / 1 out   c=1..96   sweep
   0.6B  512 in / 1 out   c=64, 128, 256  prefill-only throughput (issue #14 item 4)
 
+With --ablation, the one-token shapes of the ablation table (0.6B 128/1 at c=1, 16, 64; 4B 512/1
+at c=1, 32, 96) run again against a `--disable-oneshot` server of each model (every request
+takes the decode lifecycle), and a table of OneShot / ablation req/s and TTFT follows.
+
 Every row also gives input tokens/s and MFU: input tokens/s x the model's FLOPs per prompt token
 (its linear layers, and causal attention over the prompt; the LM head runs for one position
 per prompt) over --peak-tflops (790: the bf16 matrix rate measured on the H100/H200 here).
@@ -47,6 +51,9 @@ from bench.serving.core.workloads import Options, Workload
 SERVED_NAME = "bench"
 WORKDIR = Path(tempfile.gettempdir()) / "prelude-bench"  # the checkpoints, as qwen3-<size>
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 96)
+ABLATION = {"0.6B": [(128, 1, c, max(100, 4 * c)) for c in (1, 16, 64)],
+            "4B": [(512, 1, c, max(100, 4 * c)) for c in (1, 32, 96)],
+            "tiny": [(128, 1, c, 6) for c in (1, 2)]}
 
 
 class RandomIds(Workload):
@@ -101,17 +108,19 @@ def run_json(result: RunResult) -> dict:
     return row
 
 
-def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path) -> dict:
+def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path,
+              flags: tuple[str, ...] = ()) -> dict:
     from tokenizers import Tokenizer
 
     model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
     vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
-    extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args
-    server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra],
-                           env=prelude_env(), log_path=out / f"server-{size}.log", label=size)
+    extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args + list(flags)
+    suffix = "".join(f.strip("-").replace("-", "_") for f in flags)
+    server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra], env=prelude_env(),
+                           log_path=out / f"server-{size}{'-' + suffix if suffix else ''}.log", label=size)
     try:
         config = json.loads((model / "config.json").read_text())
-        record = {"model": size, "startup_s": server.start(args.startup_timeout), "runs": []}
+        record = {"model": size, "flags": list(flags), "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
             summary = run_json(drive(server, size, vocab, i, prompt_len, max_tokens, concurrency, requests))
@@ -121,7 +130,7 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
             record["runs"].append(summary)
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",
                   flush=True)
-        if args.py_spy:
+        if args.py_spy and not flags:
             profile_server(server, size, vocab, workloads, out)
         return record
     finally:
@@ -174,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-args", default="", help="extra server flags, e.g. '--enforce-eager'")
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="the MFU column's peak (bf16 TFLOP/s)")
     parser.add_argument("--py-spy", action="store_true", help="then each workload again under py-spy (server CPU)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="the one-token shapes again against a --disable-oneshot server of each model")
     args = parser.parse_args(argv)
     args.server_args = args.server_args.split()
     out = Path(os.environ.get("OUT", "bench-results"))
@@ -185,16 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     records = []
     for size in args.models.split(","):
-        try:
-            records.append(run_model(size, plan[size], args, out))
-        except Exception as exc:  # one model failing must not lose the other's numbers
-            print(f"[{size}] FAILED: {exc!r}", flush=True)
-            records.append({"model": size, "error": repr(exc)})
-        (out / "gpu_table2.json").write_text(json.dumps(records, indent=1))
+        runs = [("", plan[size] + [w for w in ABLATION[size] if w not in plan[size]] if args.ablation else plan[size])]
+        if args.ablation:
+            runs.append(("--disable-oneshot", ABLATION[size]))
+        for flag, workloads in runs:
+            try:
+                records.append(run_model(size, workloads, args, out, (flag,) if flag else ()))
+            except Exception as exc:  # one model failing must not lose the other's numbers
+                print(f"[{size}{' ' + flag if flag else ''}] FAILED: {exc!r}", flush=True)
+                records.append({"model": size, "flags": [flag] if flag else [], "error": repr(exc)})
+            (out / "gpu_table2.json").write_text(json.dumps(records, indent=1))
     print(f"\n{'model':<5} {'startup s':>9} {'in/out':>7} {'c':>3} {'n':>4} {'req/s':>7} {'tok/s':>7} "
           f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'in tok/s':>9} {'MFU':>6} {'err':>4}")
     for rec in records:
-        for run in rec.get("runs", []):
+        for run in rec.get("runs", []) if not rec.get("flags") else []:
             print(f"{rec['model']:<5} {rec['startup_s']:>9.1f} {run['prompt_len']:>3}/{run['max_tokens']:<3} "
                   f"{run['concurrency']:>3} {run['requests']:>4} {run['req_per_s']:>7.1f} "
                   f"{run['out_tok_per_s']:>7.0f} {run.get('ttft_p50_ms', float('nan')):>9.1f} "
@@ -203,7 +218,27 @@ def main(argv: list[str] | None = None) -> int:
                   f"{run['in_tok_per_s']:>9.0f} {100 * run['mfu']:>5.1f}% {run['errors']:>4}")
         if "error" in rec:
             print(f"{rec['model']:<5} error: {rec['error']}")
+    if args.ablation:
+        print_ablation(records)
     return 0 if all("error" not in r for r in records) else 1
+
+
+def print_ablation(records: list[dict]) -> None:
+    """OneShot (the default server) against --disable-oneshot, shape by shape."""
+    def runs(model: str, ablated: bool) -> dict:
+        return {(r["prompt_len"], r["max_tokens"], r["concurrency"]): r for rec in records
+                if rec["model"] == model and bool(rec.get("flags")) == ablated for r in rec.get("runs", [])}
+    print(f"\nOneShot against --disable-oneshot\n{'model':<5} {'in/out':>7} {'c':>3} {'req/s':>8} {'ablation':>8} "
+          f"{'ratio':>6} {'TTFT p50':>9} {'ablation':>9}")
+    for model in dict.fromkeys(rec["model"] for rec in records):
+        default, ablated = runs(model, False), runs(model, True)
+        for key, off in ablated.items():
+            on = default.get(key)
+            if on is None or not off["req_per_s"]:
+                continue
+            print(f"{model:<5} {key[0]:>3}/{key[1]:<3} {key[2]:>3} {on['req_per_s']:>8.1f} {off['req_per_s']:>8.1f} "
+                  f"{on['req_per_s'] / off['req_per_s']:>6.2f} {on.get('ttft_p50_ms', float('nan')):>9.1f} "
+                  f"{off.get('ttft_p50_ms', float('nan')):>9.1f}")
 
 
 if __name__ == "__main__":
