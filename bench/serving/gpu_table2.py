@@ -130,8 +130,8 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
             record["runs"].append(summary)
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",
                   flush=True)
-        if args.py_spy and not flags:
-            profile_server(server, size, vocab, workloads, out)
+        if args.py_spy:
+            profile_server(server, size + (f"-{suffix}" if suffix else ""), vocab, workloads, out)
         return record
     finally:
         server.stop()
