@@ -74,15 +74,15 @@ def test_the_access_log_writes_directly_only_where_nothing_else_would_see_its_re
         configure("info", "text")
         handler = root.handlers[0]
         assert isinstance(handler, StderrHandler)
-        assert batched_writer(access_logger) == handler.write_batched
+        assert batched_writer() == handler.write_batched
         access_logger.addFilter(lambda record: True)
-        assert batched_writer(access_logger) is None  # a filter must see every record
+        assert batched_writer() is None  # a filter must see every record
         access_logger.filters.clear()
         root.addHandler(logging.NullHandler())
-        assert batched_writer(access_logger) is None  # so must a second handler
+        assert batched_writer() is None  # so must a second handler
         root.handlers[:] = [handler]
         root.setLevel(logging.WARNING)
-        assert batched_writer(access_logger) is None  # and info is not logged at all
+        assert batched_writer() is None  # and info is not logged at all
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
         access_logger.filters.clear()

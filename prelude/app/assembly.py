@@ -29,7 +29,6 @@ from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, relea
 from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
 from prelude.app.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
 from prelude.app.runner_setup import model_runner_setup, null_runner_setup
-from prelude.server import access_log
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind
 from prelude.server.served_model import ServedModel
@@ -238,7 +237,7 @@ async def serve(config: Config, started: float | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    app = create_app(engine, built.served, built.config, batched_writer(access_log.logger))
+    app = create_app(engine, built.served, built.config, batched_writer())
     server = asyncio.create_task(serve_app(app, config, shutdown_trigger=stop.wait, listener=listener))
     ready = asyncio.create_task(engine.wait_ready())
     await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)

@@ -29,6 +29,10 @@ class _LocalSecond:
             self.text, self.second = time.strftime(self.fmt, time.localtime(second)), second
         return self.text
 
+    def stamp(self, created: float, separator: str) -> str:
+        """The second's text, then `separator` and the milliseconds."""
+        return f"{self(created)}{separator}{int((created - int(created)) * 1000):03d}"
+
 
 class TextFormatter(logging.Formatter):
     """TEXT_FORMAT, with logging's default time format (year-month-day hours:minutes:seconds,ms)."""
@@ -42,7 +46,7 @@ class TextFormatter(logging.Formatter):
 
     def line(self, created: float, level: str, name: str, message: Any) -> str:
         """What format() makes of a record with these fields and no exception."""
-        return f"{self._second(created)},{int((created - int(created)) * 1000):03d} {level} {name}: {message}"
+        return f"{self._second.stamp(created, ',')} {level} {name}: {message}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -76,8 +80,7 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
     def _head(self, created: float, level: str, name: str) -> dict[str, Any]:
-        return {"time": f"{self._second(created)}.{int((created - int(created)) * 1000):03d}", "level": level,
-                "logger": name}
+        return {"time": self._second.stamp(created, "."), "level": level, "logger": name}
 
 
 ACCESS_FLUSH_S = 0.05  # the longest an access-log line waits in the buffer
@@ -99,11 +102,7 @@ class StderrHandler(logging.StreamHandler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.stream.write(self.format(record) + self.terminator)
-            if record.name != self.batched:
-                self.stream.flush()
-            elif not self._due.is_set():
-                self._due.set()
+            self._write(self.format(record), batched=record.name == self.batched)
         except RecursionError:
             raise
         except Exception:  # noqa: BLE001 (logging's own policy: report it, go on)
@@ -116,11 +115,16 @@ class StderrHandler(logging.StreamHandler):
         line = self.formatter.line(time.time(), "INFO", self.batched, message)  # type: ignore[union-attr]
         with self.lock:  # type: ignore[union-attr]  # created by Handler.__init__
             try:
-                self.stream.write(line + self.terminator)
+                self._write(line, batched=True)
             except Exception:  # noqa: BLE001 (as emit: report it, go on)
                 self.handleError(logging.makeLogRecord({"name": self.batched, "msg": message}))
-                return
-        if not self._due.is_set():
+
+    def _write(self, line: str, batched: bool) -> None:
+        """A line into the buffer: out at once, or (batched) by the flushing thread soon."""
+        self.stream.write(line + self.terminator)
+        if not batched:
+            self.stream.flush()
+        elif not self._due.is_set():
             self._due.set()
 
     def _flush_when_due(self) -> None:
@@ -131,15 +135,18 @@ class StderrHandler(logging.StreamHandler):
             self.flush()
 
 
-def batched_writer(logger: logging.Logger) -> Callable[[Any], None] | None:
-    """A faster `logger.info` for a logger whose records configure() sends to one StderrHandler
-    batching them: that handler's write_batched, while nothing else would see the record (no
-    handler or filter of the logger's own, none on the root but that handler); else None."""
+def batched_writer() -> Callable[[Any], None] | None:
+    """A faster `logger.info` for the logger whose records configure() set its StderrHandler to
+    batch (the access log's): that handler's write_batched, while nothing else would see the
+    record (no handler or filter of the logger's own, none on the root but that handler); else
+    None."""
     root = logging.getLogger()
     handler = root.handlers[0] if len(root.handlers) == 1 else None
-    if not isinstance(handler, StderrHandler) or handler.batched != logger.name or handler.filters \
-            or root.filters or not isinstance(handler.formatter, (TextFormatter, JsonFormatter)) \
-            or handler.level > logging.INFO or not logger.isEnabledFor(logging.INFO):
+    if not isinstance(handler, StderrHandler) or handler.filters or root.filters \
+            or not isinstance(handler.formatter, (TextFormatter, JsonFormatter)) or handler.level > logging.INFO:
+        return None
+    logger = logging.getLogger(handler.batched)
+    if not logger.isEnabledFor(logging.INFO):
         return None
     node: logging.Logger | None = logger
     while node is not None and node is not root:
