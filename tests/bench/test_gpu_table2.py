@@ -29,3 +29,20 @@ def test_gil_profile_shares_samples_by_thread_and_function(tmp_path):
                                      "   12.5%  prelude-step_0"]
     assert "   50.0%  MainThread       run" in text and "   37.5%  MainThread       parse" in text
     assert "   87.5%  MainThread       run" in text  # with its callee
+
+
+def test_the_ablation_table_pairs_each_shape_with_the_default_servers_run(capsys):
+    from bench.serving.gpu_table2 import print_ablation
+
+    def run(prompt_len, concurrency, req_per_s, ttft):
+        return {"prompt_len": prompt_len, "max_tokens": 1, "concurrency": concurrency, "req_per_s": req_per_s,
+                "ttft_p50_ms": ttft}
+
+    records = [{"model": "0.6B", "flags": [], "runs": [run(128, 1, 200.0, 4.0), run(512, 64, 300.0, 90.0)]},
+               {"model": "0.6B", "flags": ["--disable-oneshot"], "runs": [run(128, 1, 160.0, 5.0)]},
+               {"model": "4B", "flags": [], "error": "failed to start"}]
+    print_ablation(records)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "OneShot against --disable-oneshot"
+    assert len(lines) == 3  # the title, the header, one shape: only those both servers ran
+    assert lines[2].split() == ["0.6B", "128/1", "1", "200.0", "160.0", "1.25", "4.0", "5.0"]
