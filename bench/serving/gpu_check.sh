@@ -105,6 +105,12 @@ for name in ("triton", "flashinfer", "starlette", "hypercorn"):
                   "the table below does not measure Prelude's CUDA path")
 PY
 
+stage "import times"
+# What the server imports before it builds anything (the startup issue's largest phase on the
+# device): torch with CUDA, triton, flashinfer and Prelude's own, cumulative, largest first.
+$PY -X importtime -c "import torch, triton, flashinfer; import prelude.app.assembly" 2> "$OUT/importtime.txt"
+sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -n 25
+
 stage "CUDA tests"
 timeout "$(limit "${TEST_TIMEOUT:-240}")" $PY -m pytest tests/kernels tests/executor -q -rs --maxfail=5 -p no:cacheprovider \
   > "$OUT/pytest.log" 2>&1

@@ -2,10 +2,11 @@
 
 Pure decode steps are padded to the next decode bucket (1, 2, 4, ... up to max_num_seqs) and
 replayed from a graph captured for that bucket: one launch instead of a few hundred, which is
-most of a small model's decode step. Single-row OneShot prefills up to 1,024 tokens are
-launch-bound the same way (the host launching hundreds of operations takes longer than their
-kernels; `python -m bench.serving.gpu_profile`) and get their own buckets. Graphs are captured
-lazily, the first time a bucket is used, so startup pays nothing.
+most of a small model's decode step. Steps of fresh prefill rows (no cached context, no items)
+are launch-bound the same way well past a thousand tokens (an eager step of the 0.6B spends
+~15 ms launching kernels whatever its size; `python -m bench.serving.gpu_profile`), so they are
+padded to a prefill bucket by their total tokens, whatever their row count, and replay one
+graph. Graphs are captured lazily, the first time a bucket is used, so startup pays nothing.
 
 Inputs live in one static device buffer (ids, positions, KV slots) that every graph reads; the
 executor copies each step's padded inputs into it from pinned memory, the attention backend
@@ -25,7 +26,21 @@ from prelude.model.attention import GraphKind as Kind, StepLayout
 
 logger = logging.getLogger(__name__)
 
-PREFILL_SIZES = (32, 64, 128, 256, 512, 1024)
+# Prefill buckets: powers of two, and from 512 up the midpoints between them too, so that padding
+# adds at most half a small step's tokens and a third of a big one's.
+PREFILL_GRID = (32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+# Prefill steps replay a graph while tokens x one layer's weights stays under this: about where a
+# step's kernels start to take longer than launching them eagerly (the 0.6B's 15.7M weights a
+# layer at 8,192 tokens; 1,276 for the 4B's 101M; gpu_profile's graph and eager rows). Past it a
+# graph saves only host time, and padding to the next bucket would cost more kernel time.
+PREFILL_GRAPH_WORK = 8192 * 15_728_640
+
+
+def prefill_sizes(max_num_batched_tokens: int, layer_weights: int) -> list[int]:
+    """The prefill buckets up to the smaller of the step budget and PREFILL_GRAPH_WORK's limit
+    for this model, that limit itself the last (so every step under it has a bucket)."""
+    limit = min(max_num_batched_tokens, max(PREFILL_GRID[0], PREFILL_GRAPH_WORK // max(1, layer_weights)))
+    return [size for size in PREFILL_GRID if size < limit] + [limit]
 
 
 def decode_sizes(max_num_seqs: int) -> list[int]:
@@ -51,11 +66,15 @@ class _Captured:
 
 class GraphRunner:
     def __init__(self, model, attention, device: torch.device, decode: Sequence[int],
-                 prefill: Sequence[int] = ()):
+                 prefill: Sequence[int] = (), max_prefill_rows: int = 1):
+        """`max_prefill_rows`: the most rows of a step a prefill graph takes. flashinfer's
+        graph-mode prefill has a fixed row count: a bucket's graph has one row more than that
+        (or one per token), the padding tokens' row, and the rows a step does not use are empty."""
         self.model = model
         self.attention = attention
         self.decode_sizes = list(decode)
         self.prefill_sizes = list(prefill)
+        self.max_prefill_rows = max_prefill_rows
         self.max_tokens = max(self.decode_sizes + self.prefill_sizes)
         self.static = torch.zeros(3, self.max_tokens, dtype=torch.long, device=device)
         self.graphs: dict[tuple[Kind, int], _Captured] = {}
@@ -63,8 +82,18 @@ class GraphRunner:
         # creates it. torch names its handle type only privately (the annotation is not evaluated).
         self.pool: torch.cuda._POOL_HANDLE | None = None
 
-    def bucket(self, kind: Kind, n: int) -> int | None:
-        return pick_bucket(n, self.decode_sizes if kind == "decode" else self.prefill_sizes)
+    def bucket(self, kind: Kind, tokens: int, rows: int) -> int | None:
+        """The bucket a step of this many tokens and rows replays, or None (it runs eagerly):
+        decode buckets count rows, prefill buckets tokens."""
+        if kind == "decode":
+            return pick_bucket(rows, self.decode_sizes)
+        size = pick_bucket(tokens, self.prefill_sizes)
+        return size if size is not None and rows <= self.max_prefill_rows else None
+
+    def prefill_rows(self, bucket: int) -> int:
+        """The row count of a prefill bucket's graph: room for the step's rows and the padding's
+        (a row has at least one token, so a step of `bucket` rows has no padding)."""
+        return min(bucket, self.max_prefill_rows + 1)
 
     def run(self, kind: Kind, bucket: int, host: torch.Tensor, layout: StepLayout) -> torch.Tensor:
         """host: [3, >= bucket] padded ids/positions/slots (pinned); layout: the padded step.

@@ -1,7 +1,7 @@
 """The CUDA model runner: ModelRunner's flattening and output heads, with host->device traffic
 through one pinned staging buffer (a single non-blocking copy per step), CUDA-graph replay of
-the step shapes the executors name (pure decode steps, small fresh prefill rows one at a
-time), and a warmup that pays every kernel's compilation before the server takes requests.
+the step shapes the executors name (pure decode steps, steps of fresh prefill rows), and a
+warmup that pays every kernel's compilation before the server takes requests.
 Results are the same as ModelRunner's; only how the forward is launched differs."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
 from prelude.contract.sampling import GREEDY
-from prelude.executor.cuda_graphs import PREFILL_SIZES, GraphRunner, decode_sizes
+from prelude.executor.cuda_graphs import GraphRunner, decode_sizes, prefill_sizes
 from prelude.executor.host_step import HostStep
 from prelude.executor.runner import ModelRunner
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
@@ -30,7 +30,7 @@ class CudaModelRunner(ModelRunner):
         super().__init__(model, attention, device, block_size)
         self.decoder = model  # the runner's model, with the DecoderLM parts graphs and logs read
         self.pad_slot = pad_slot
-        capacity = max(max_num_batched_tokens, max_num_seqs, max(PREFILL_SIZES)) + 1
+        capacity = max(max_num_batched_tokens, max_num_seqs) + 1
         # Rows: token ids, positions, KV slots, row offsets (query_starts).
         on_cuda = device.type == "cuda"  # the CPU case exists for tests only
         self.host = torch.zeros(4, capacity, dtype=torch.long, pin_memory=on_cuda)
@@ -44,8 +44,10 @@ class CudaModelRunner(ModelRunner):
         self.graphs: GraphRunner | None = None
         if not enforce_eager:
             if "decode" in attention.graph_kinds:
-                prefill = PREFILL_SIZES if "prefill" in attention.graph_kinds else ()
-                self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill)
+                prefill = (prefill_sizes(max_num_batched_tokens, _layer_weights(model.config))
+                           if "prefill" in attention.graph_kinds else ())
+                self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill,
+                                          max_prefill_rows=max_num_seqs)
             else:
                 logger.info("attention backend %s cannot be captured: CUDA graphs off", type(attention).__name__)
         self._gather = None
@@ -95,26 +97,29 @@ class CudaModelRunner(ModelRunner):
             self.copied.record()
 
     # -- graphs -----------------------------------------------------------------------------
-    def has_graph(self, kind: GraphKind, size: int) -> bool:
-        return self.graphs is not None and self.graphs.bucket(kind, size) is not None
+    def has_graph(self, kind: GraphKind, tokens: int, rows: int) -> bool:
+        return self.graphs is not None and self.graphs.bucket(kind, tokens, rows) is not None
 
     def _graph_bucket(self, graph: GraphKind | None, step: HostStep) -> int | None:
         if self.graphs is None or graph is None:
             return None
-        return self.graphs.bucket(graph, step.num_rows if graph == "decode" else len(step.ids))
+        return self.graphs.bucket(graph, len(step.ids), step.num_rows)
 
     def _replay(self, kind: GraphKind, bucket: int, step: HostStep) -> tuple[torch.Tensor, StepLayout]:
         assert self.graphs is not None
         n = len(step.ids)
-        # Padding decode rows write their (ignored) K/V to the pad slot; padding prefill tokens
-        # follow the real ones in the same causal row and are simply not stored.
+        # Padding decode rows write their (ignored) K/V to the pad slot. Padding prefill tokens
+        # form one row of their own after the real ones (attending only among themselves) and
+        # are not stored; the graph's remaining rows are empty.
         self._fill(step, bucket, self.pad_slot if kind == "decode" else -1)
         if kind == "decode":
             padded = step.layout(self.graphs.static[2, :n])
         else:
+            rows = self.graphs.prefill_rows(bucket)
             slots = step.slots + [-1] * (bucket - n)
-            padded = StepLayout([0, bucket], [0], step.block_tables, [-1 not in slots], 1,
-                                self.graphs.static[2, :bucket], host_slots=slots)
+            starts = step.starts + [bucket] * (rows + 1 - len(step.starts))
+            padded = StepLayout(starts, [0] * rows, [()] * rows, step.stored + [False] * (rows - step.num_rows),
+                                rows, self.graphs.static[2, :bucket], host_slots=slots)
         hidden = self.graphs.run(kind, bucket, self.host[:3], padded)
         self._record_copy()
         self._starts = None
@@ -147,3 +152,10 @@ class CudaModelRunner(ModelRunner):
         logger.info("CUDA warmup in %.2fs (attention %s, ops %s, graphs %s)", time.perf_counter() - start,
                     type(self.attention).__name__, self.decoder.model.norm.ops.name,
                     "lazy" if self.graphs is not None else "off")
+
+
+def _layer_weights(config) -> int:
+    """Weights of one decoder layer's projections: what a prefill step's kernel time grows with."""
+    c = config
+    return (c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+            + 3 * c.hidden_size * c.intermediate_size)

@@ -2,10 +2,10 @@
 runner. Each decides how its kind of step is launched; the runner does the work.
 
 - OneShotExecutor: a ragged varlen forward over prompt slices, last-position gather, heads;
-  a few fresh rows may replay a prefill CUDA graph each instead.
+  a step of fresh rows replays a prefill CUDA graph instead, where the runner has one.
 - DecodeExecutor: one token per running sequence over the paged cache; CUDA-graph replay.
-- MixedExecutor: prefill chunks beside running decodes in one eager forward, or, for a few fresh
-  rows, as graph replays (each row's prefill graph, then the decode graph).
+- MixedExecutor: prefill chunks beside running decodes in one eager forward, or, for fresh
+  rows, as two graph replays (the rows' prefill graph, then the decode graph).
 """
 from __future__ import annotations
 
@@ -15,15 +15,7 @@ from typing import Callable, Protocol, Sequence
 from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
 from prelude.contract.stop import StopFlag
 from prelude.executor.runner import ModelRunner, Progress
-
-# A step of fresh rows replays one prefill graph per row, rather than launching one eager forward
-# over them all, while it has at most this many rows and tokens: a small model's eager step is
-# bound by the host launching its kernels, so a few rows replayed one by one finish first. Past a
-# few, the replays' kernels add up to more than one eager step's launching, and big rows are bound
-# by their kernels either way (`python -m bench.serving.gpu_profile`).
-MAX_REPLAYED_ROWS = 4
-MAX_REPLAYED_TOKENS = 1024
-
+from prelude.model.attention import GraphKind
 
 class Executor(Protocol):
     """Runs one batch to completion and returns its results in host memory. Called from a
@@ -45,25 +37,20 @@ class OneShotExecutor:
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, OneShotBatch)
-        if _replayable(self.runner, batch.rows):
-            return _replay_rows(self.runner, batch.rows)
-        return self.runner.run(batch.rows, (), on_launch=on_launch)
+        graph: GraphKind | None = "prefill" if _replayable(self.runner, batch.rows) else None
+        return self.runner.run(batch.rows, (), graph, on_launch)
 
 
 def _fresh(row: PrefillRow) -> bool:
-    """Whether a prefill graph can take the row alone: it attends causally from position 0, so
+    """Whether a prefill graph can take the row: it attends causally from position 0, so
     not over a cached prefix, and not a multi-item row (which needs its mask)."""
     return row.start == 0 and not row.item_lengths
 
 
 def _replayable(runner: ModelRunner, rows: Sequence[PrefillRow]) -> bool:
-    """Whether these rows run as one prefill graph replay each (see MAX_REPLAYED_ROWS)."""
-    return (0 < len(rows) <= MAX_REPLAYED_ROWS and sum(len(r.token_ids) for r in rows) <= MAX_REPLAYED_TOKENS
-            and all(_fresh(r) and runner.has_graph("prefill", len(r.token_ids)) for r in rows))
-
-
-def _replay_rows(runner: ModelRunner, rows: Sequence[PrefillRow]) -> BatchResult:
-    return BatchResult([result for row in rows for result in runner.run([row], (), "prefill").rows])
+    """Whether these rows run as one prefill graph replay."""
+    return (len(rows) > 0 and all(_fresh(r) for r in rows)
+            and runner.has_graph("prefill", sum(len(r.token_ids) for r in rows), len(rows)))
 
 
 class DecodeExecutor:
@@ -76,8 +63,8 @@ class DecodeExecutor:
 
 
 class MixedExecutor:
-    """A few fresh prefill rows (new streams' prompts) beside decodes run as graph replays where
-    the runner has the graphs, each row's prefill graph then the decode graph: a small model's
+    """Fresh prefill rows (new streams' prompts) beside decodes run as two graph replays where
+    the runner has the graphs, the rows' prefill graph then the decode graph: a small model's
     eager step is bound by the host launching its kernels, and every running stream would wait
     for it (`python -m bench.serving.gpu_profile`)."""
 
@@ -87,8 +74,9 @@ class MixedExecutor:
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         assert isinstance(batch, MixedBatch)
         prefills, decodes = batch.prefills, batch.decodes
-        if _replayable(self.runner, prefills) and (not decodes or self.runner.has_graph("decode", len(decodes))):
-            first = _replay_rows(self.runner, prefills)
+        if _replayable(self.runner, prefills) and (not decodes or self.runner.has_graph("decode", len(decodes),
+                                                                                         len(decodes))):
+            first = self.runner.run(prefills, (), "prefill")
             return BatchResult(first.rows + (self.runner.run((), decodes, "decode").rows if decodes else []))
         return self.runner.run(prefills, decodes, on_launch=on_launch)
 

@@ -88,8 +88,8 @@ class ModelRunner:
         return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden,
                                        progress.masks))
 
-    def has_graph(self, kind: GraphKind, size: int) -> bool:
-        """Whether a step of this kind and size (decode rows, prefill tokens) replays a CUDA graph."""
+    def has_graph(self, kind: GraphKind, tokens: int, rows: int) -> bool:
+        """Whether a step of this kind, tokens and rows replays a CUDA graph."""
         return False
 
     def forward(self, step: HostStep, graph: GraphKind | None,

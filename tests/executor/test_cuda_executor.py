@@ -125,7 +125,8 @@ def _script(vocab: int, short: bool = False):
         # A new sequence's whole prompt beside decodes: its prefill graph, then the decode graph.
         MixedBatch([PrefillRow(4, tok(single), 0, list(range(20, 20 + -(-single // BS))), SPEC)],
                    [DecodeRow(1, tok(1)[0], la + 5, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 5, tb, SPEC)]),
-        # Two new prompts arriving together beside decodes: a prefill graph each, then the decode graph.
+        # Two new prompts arriving together beside decodes: one prefill graph for both, then the
+        # decode graph.
         MixedBatch([PrefillRow(5, tok(first), 0, list(range(40, 40 + -(-first // BS))), SPEC),
                     PrefillRow(6, tok(lb), 0, list(range(50, 50 + -(-lb // BS))), SPEC)],
                    [DecodeRow(1, tok(1)[0], la + 6, ta, SPEC), DecodeRow(2, tok(1)[0], lb + 6, tb, SPEC)]),
@@ -272,12 +273,13 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     got = _run(runner, steps)
     # fp32 on both sides: every sampled row is checked (no exact top-2 ties in this model).
     assert _compare(got, want, atol=1e-4, margin=0.0) == _sampled_rows(steps) == 26
-    expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32)} if fuse_rope else set())
+    expected_graphs = {("decode", 2), ("decode", 4)} | ({("prefill", 32), ("prefill", 64)} if fuse_rope else set())
     assert set(runner.graphs.graphs) == expected_graphs
-    # With prefill graphs, each row of a step of up to four fresh rows replays one: the first
-    # OneShot step's 3, the served prompts' 3, the single row, and the new prompts beside decodes
-    # (1, then 2). Rows over a cached prefix and multi-item rows run eagerly.
-    assert replayed.count("prefill") == (10 if fuse_rope else 0)
+    # With prefill graphs, each step of fresh rows replays one, padded by its tokens: the first
+    # OneShot step (3 rows, 30 tokens: 32, its padding a row of 2), the served prompts (3 rows,
+    # 38 tokens: 64), the single row, the new prompts beside decodes (1 row, then 2). Rows over a
+    # cached prefix and multi-item rows run eagerly.
+    assert replayed.count("prefill") == (5 if fuse_rope else 0)
 
 
 def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_model):

@@ -9,7 +9,7 @@ once per step on host index arrays (flashinfer_plan.build_plan) and run once per
 Per layer (`__call__`): K/V are stored first (by kernels.rope's fused norm+RoPE+write when
 Triton is there, else by index_copy_ over the planned slots), so decode rows read their own
 token from the cache. Nothing in `__call__` syncs with the host, which lets CUDA graphs
-capture pure decode steps and single fresh prefill rows (see `plan_graph`).
+capture pure decode steps and steps of fresh prefill rows (see `plan_graph`).
 """
 from __future__ import annotations
 
@@ -146,16 +146,16 @@ class FlashInferAttention(AttentionBackend):
         self._ragged = self.ragged
 
     def _plan_graph_prefill(self, layout: StepLayout, bucket: int) -> None:
-        """Plans one prefill row without cached context, padded to `bucket` tokens (the padding
-        follows the real tokens, so causality keeps it out of their attention), on that
-        bucket's graph wrapper. Needs the fused KV write: it reads the static slot buffer."""
+        """Plans prefill rows without cached context, padded to `bucket` tokens and to the
+        bucket's fixed row count (the padding tokens a row of their own, the rest empty), on
+        that bucket's graph wrapper. Needs the fused KV write: it reads the static slot buffer."""
         plan = build_plan(layout, self.page_size, layout.host_slots)
-        if not self.fuses_rope or plan.prefix_rows or plan.num_decode_rows or len(plan.ragged_indptr) != 2:
-            raise ValueError("prefill graphs take one fresh prefill row, with the fused KV write")
+        if not self.fuses_rope or plan.prefix_rows or plan.num_decode_rows or plan.num_prefill_tokens != bucket:
+            raise ValueError("prefill graphs take fresh prefill rows padded to the bucket, with the fused KV write")
         self._begin(plan, layout.slot_mapping)
         wrapper = self.graph_prefills.get(bucket)
         if wrapper is None:
-            buffers = {name: torch.zeros(2, dtype=torch.int32, device=self.device)
+            buffers = {name: torch.zeros(layout.num_rows + 1, dtype=torch.int32, device=self.device)
                        for name in ("qo_indptr_buf", "kv_indptr_buf")}
             wrapper = self._fi.BatchPrefillWithRaggedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, backend=PREFILL_BACKEND, **buffers)
@@ -182,7 +182,7 @@ class FlashInferAttention(AttentionBackend):
     def _begin(self, plan: FlashInferPlan, slot_mapping: torch.Tensor) -> None:
         self._plan = plan
         self.slot_mapping = slot_mapping
-        if not plan.store_all:
+        if not plan.store_all and not self.fuses_rope:  # the fused write skips slot -1 itself
             self.store_index = torch.tensor(plan.store_tokens, dtype=torch.long, device=self.device)
             self.store_slots = slot_mapping.index_select(0, self.store_index)
 
