@@ -46,6 +46,14 @@ def oneshot(rows: int, length: int, rng: random.Random) -> OneShotBatch:
                          for i in range(rows)])
 
 
+def judge(rows: int, prefix: int, length: int, rng: random.Random) -> OneShotBatch:
+    """Rows over one cached prefix (a rubric the prefix cache holds), their own tokens unstored:
+    the steps no whole-step graph takes, which replay in pieces."""
+    table = list(range(prefix // BS))
+    return OneShotBatch([PrefillRow(i, [rng.randrange(1000, 150000) for _ in range(length)], prefix, table,
+                                    ONE_TOKEN) for i in range(rows)])
+
+
 def decode(rows: int, context: int) -> DecodeBatch:
     per_row = context // BS + 1
     return DecodeBatch([DecodeRow(i, 1000 + i, context, list(range(i * per_row, (i + 1) * per_row)), ONE_TOKEN)
@@ -100,7 +108,9 @@ def main() -> None:
               "4B": [(1, 512), (2, 512), (4, 512), (16, 512)]}
     batches = {size: [(f"{rows} x {length} OneShot", oneshot(rows, length, rng)) for rows, length in shapes[size]]
                for size in shapes}
-    batches["0.6B"].append(("4 x decode at 160", decode(4, 160)))
+    batches["0.6B"] += [("16 x 128 over a 512-token prefix", judge(16, 512, 128, rng)),
+                        ("4 x decode at 160", decode(4, 160))]
+    batches["4B"].append(("4 x 128 over a 1024-token prefix", judge(4, 1024, 128, rng)))
     for size in args.sizes:
         path = WORKDIR / f"qwen3-{size}"
         if not (path / "config.json").is_file():  # written after the weights: its presence means both

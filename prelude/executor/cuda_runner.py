@@ -1,7 +1,8 @@
 """The CUDA model runner: ModelRunner's flattening and output heads, with host->device traffic
 through one pinned staging buffer (a single non-blocking copy per step), CUDA-graph replay of
-the step shapes the executors name (pure decode steps, steps of fresh prefill rows), and a
-warmup that pays every kernel's compilation before the server takes requests.
+the step shapes the executors name (pure decode steps, steps of fresh prefill rows) and of
+every other step in pieces around its attention (piecewise_graphs), and a warmup that pays
+every kernel's compilation before the server takes requests.
 Results are the same as ModelRunner's; only how the forward is launched differs."""
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
 from prelude.contract.sampling import GREEDY
-from prelude.executor.cuda_graphs import GraphRunner, decode_sizes, prefill_sizes
+from prelude.executor.cuda_graphs import GraphRunner, decode_sizes, pick_bucket, prefill_sizes
 from prelude.executor.host_step import HostStep
+from prelude.executor.piecewise_graphs import PiecewiseGraphs
 from prelude.executor.runner import ModelRunner
 from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
 from prelude.model.decoder import DecoderLM
@@ -42,12 +44,14 @@ class CudaModelRunner(ModelRunner):
         self._record_copy()
         self._starts: torch.Tensor | None = None
         self.graphs: GraphRunner | None = None
+        self.pieces: PiecewiseGraphs | None = None
         if not enforce_eager:
             if "decode" in attention.graph_kinds:
-                prefill = (prefill_sizes(max_num_batched_tokens, _layer_weights(model.config))
-                           if "prefill" in attention.graph_kinds else ())
+                sizes = prefill_sizes(max_num_batched_tokens, _layer_weights(model.config))
+                prefill = sizes if "prefill" in attention.graph_kinds else ()
                 self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill,
                                           max_prefill_rows=max_num_seqs)
+                self.pieces = PiecewiseGraphs(model, attention, device, sizes)
             else:
                 logger.info("attention backend %s cannot be captured: CUDA graphs off", type(attention).__name__)
         self._gather = None
@@ -61,12 +65,15 @@ class CudaModelRunner(ModelRunner):
     def forward(self, step: HostStep, graph: GraphKind | None,
                 on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout]:
         bucket = self._graph_bucket(graph, step)
-        if graph is None or bucket is None:
+        if graph is not None and bucket is not None:
+            replayed = self._replay(graph, bucket, step)
+            if on_launch is not None:  # the replay is queued: the host waits for it from here
+                on_launch()
+            return replayed
+        bucket = None if self.pieces is None else pick_bucket(len(step.ids), self.pieces.sizes)
+        if bucket is None:
             return super().forward(step, None, on_launch)
-        replayed = self._replay(graph, bucket, step)
-        if on_launch is not None:  # the replay is queued: the host waits for it from here
-            on_launch()
-        return replayed
+        return self._replay_pieces(bucket, step, on_launch)
 
     # -- inputs -----------------------------------------------------------------------------
     def _fill(self, step: HostStep, width: int, pad_slot: int) -> int:
@@ -125,6 +132,22 @@ class CudaModelRunner(ModelRunner):
         self._starts = None
         return hidden, step.layout(self.graphs.static[2, :n])
 
+    def _replay_pieces(self, bucket: int, step: HostStep,
+                       on_launch: Callable[[], None] | None) -> tuple[torch.Tensor, StepLayout]:
+        """The step padded to `bucket` through the bucket's pieces; attention is planned as for
+        the eager step, on its own tokens (the padding's ids, positions and slots are 0, 0, -1)."""
+        assert self.pieces is not None
+        n = len(step.ids)
+        self._fill(step, bucket, -1)
+        static = self.pieces.static
+        static[:, :bucket].copy_(self.host[:3, :bucket], non_blocking=True)
+        layout = step.layout(static[2, :n])
+        self.attention.plan(layout)
+        hidden = self.pieces.run(bucket, n, on_launch)
+        self._record_copy()
+        self._starts = None
+        return hidden[:n], layout
+
     # -- outputs ----------------------------------------------------------------------------
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
         num_rows = layout.num_rows
@@ -144,9 +167,13 @@ class CudaModelRunner(ModelRunner):
         start = time.perf_counter()
         bs = self.block_size
         spec = OutputSpec(sample=GREEDY)
-        self.run([PrefillRow(-1, [1] * (2 * bs + 3), 0, [], spec)], ())
-        self.run([PrefillRow(-2, [1] * (bs + 1), bs, [0, 1], spec)], [DecodeRow(-3, 1, 3, [2], spec)])
-        self.run((), [DecodeRow(-4, 1, 3, [2], spec)])
+        pieces, self.pieces = self.pieces, None  # eager steps: capturing waits for first use
+        try:
+            self.run([PrefillRow(-1, [1] * (2 * bs + 3), 0, [], spec)], ())
+            self.run([PrefillRow(-2, [1] * (bs + 1), bs, [0, 1], spec)], [DecodeRow(-3, 1, 3, [2], spec)])
+            self.run((), [DecodeRow(-4, 1, 3, [2], spec)])
+        finally:
+            self.pieces = pieces
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         logger.info("CUDA warmup in %.2fs (attention %s, ops %s, graphs %s)", time.perf_counter() - start,

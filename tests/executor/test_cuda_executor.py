@@ -230,9 +230,24 @@ class _EagerGraph:
         self.hidden.copy_(self.runner.model(ids, positions, self.runner.attention))
 
 
+class _EagerPieces:
+    """Stands in for a bucket's captured pieces on CPU: replay runs the forward on the static
+    inputs, the real attention on the step's first n tokens (as between replayed pieces)."""
+
+    def __init__(self, graphs, bucket: int):
+        self.graphs, self.bucket = graphs, bucket
+
+    def replay(self, attention, buffers, n, on_launch=None):
+        from prelude.executor.piecewise_graphs import SlicedAttention
+
+        ids, positions = self.graphs.static[0, : self.bucket], self.graphs.static[1, : self.bucket]
+        return self.graphs.model(ids, positions, SlicedAttention(attention, n))
+
+
 def _flashinfer_stand_in_with_eager_graphs(monkeypatch) -> None:
-    """flashinfer's API stand-in, and CUDA graphs that "capture" as _EagerGraph."""
-    from prelude.executor import cuda_graphs
+    """flashinfer's API stand-in, and CUDA graphs that "capture" as _EagerGraph and pieces that
+    "capture" as _EagerPieces."""
+    from prelude.executor import cuda_graphs, piecewise_graphs
 
     fake_flashinfer.install(monkeypatch)
 
@@ -242,21 +257,25 @@ def _flashinfer_stand_in_with_eager_graphs(monkeypatch) -> None:
         return captured
 
     monkeypatch.setattr(cuda_graphs.GraphRunner, "_capture", capture)
+    monkeypatch.setattr(piecewise_graphs.PiecewiseGraphs, "_capture",
+                        lambda graphs, bucket, n: _EagerPieces(graphs, bucket))
 
 
 @pytest.mark.parametrize("fuse_rope", [False, pytest.param(True, marks=pytest.mark.skipif(
     not TRITON_ON_CPU, reason="the fused RoPE kernel on CPU tensors needs triton's interpreter "
     "(no triton here, or a GPU machine, where the CUDA tests cover it)"))])
 def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rope):
-    from prelude.executor import cuda_graphs
+    from prelude.executor import cuda_graphs, piecewise_graphs
     from prelude.executor.attention.flashinfer_backend import FlashInferAttention
     from prelude.executor.cuda_runner import CudaModelRunner
 
     _flashinfer_stand_in_with_eager_graphs(monkeypatch)
     replayed: list[str] = []
-    run_graph = cuda_graphs.GraphRunner.run
+    run_graph, run_pieces = cuda_graphs.GraphRunner.run, piecewise_graphs.PiecewiseGraphs.run
     monkeypatch.setattr(cuda_graphs.GraphRunner, "run",
                         lambda self, kind, *args: replayed.append(kind) or run_graph(self, kind, *args))
+    monkeypatch.setattr(piecewise_graphs.PiecewiseGraphs, "run",
+                        lambda self, *args: replayed.append("pieces") or run_pieces(self, *args))
     path = make_checkpoint(tmp_path / "q3", "qwen3")
     # The fused RoPE kernel runs in Triton's interpreter here: the short script keeps it quick.
     steps = _script(ModelConfig.from_dir(path).vocab_size, short=fuse_rope)
@@ -280,6 +299,10 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     # 38 tokens: 64), the single row, the new prompts beside decodes (1 row, then 2). Rows over a
     # cached prefix and multi-item rows run eagerly.
     assert replayed.count("prefill") == (5 if fuse_rope else 0)
+    # The other steps replay pieces around their attention (the warmup ran eagerly): with
+    # prefill graphs, the chunk continuation beside a prefix hit and the two multi-item steps;
+    # without them, every step that is not a pure decode step.
+    assert replayed.count("pieces") == (3 if fuse_rope else 8)
 
 
 def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_model):

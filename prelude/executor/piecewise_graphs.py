@@ -1,0 +1,170 @@
+"""CUDA graphs of the forward in pieces, attention run eagerly between them: for the steps no
+whole-step graph takes (rows over a cached prefix, multi-item rows, prompt chunks beside
+decodes), which would otherwise launch every kernel of every layer from Python (~15 ms a step
+of the 0.6B, whatever its size; `python -m bench.serving.gpu_profile`).
+
+A bucket's pieces are captured by running the model once with a backend that, where the model
+calls attention, copies q, k and v into shared buffers, ends the capture, and begins the next
+one, returning the shared output buffer: piece i is everything from layer i-1's attention to
+layer i's (the first starts at the embedding, the last ends after the final norm). A replay runs
+piece 0, then per layer the real attention backend on the buffers and piece i+1, which computes
+what the eager forward computes. The step is padded to the bucket like a whole-step graph, but
+attention sees only its real tokens (the first n rows of each buffer, planned as the eager step
+is): the padding tokens' rows go through the per-token layers with whatever the output buffer
+holds there, and no real token reads them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBuffers:
+    """What crosses between pieces, shared by every layer and bucket (a bucket uses the first
+    rows): the attention's inputs and output. Sharing them keeps one layer's worth alive, not
+    one per layer."""
+
+    q: torch.Tensor  # [max_tokens, heads, head_dim]
+    k: torch.Tensor  # [max_tokens, kv_heads, head_dim]
+    v: torch.Tensor
+    out: torch.Tensor  # [max_tokens, heads, head_dim]
+
+    def attend(self, attention: AttentionBackend, call: AttentionCall, n: int) -> None:
+        """One layer's attention over the step's n real tokens, into the output buffer."""
+        rope = None if call.rope is None else (call.rope[0][:n], call.rope[1][:n])
+        self.out[:n].copy_(attention(call.layer, self.q[:n], self.k[:n], self.v[:n], rope=rope,
+                                     qk_norm=call.qk_norm))
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionCall:
+    """One attention call of the captured forward, with the arguments that do not live in the
+    shared buffers: the rotary tables (tensors of the first piece) and the q/k norms."""
+
+    layer: int
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    qk_norm: QKNorm | None
+
+
+class Pieces:
+    """A bucket's captured pieces: replay() runs them with the real attention between them."""
+
+    def __init__(self, graphs: Sequence, calls: Sequence[AttentionCall], hidden: torch.Tensor):
+        assert len(graphs) == len(calls) + 1
+        self.graphs, self.calls, self.hidden = list(graphs), list(calls), hidden
+
+    def replay(self, attention: AttentionBackend, buffers: AttentionBuffers, n: int,
+               on_launch: Callable[[], None] | None = None) -> torch.Tensor:
+        self.graphs[0].replay()
+        if on_launch is not None:
+            on_launch()
+        for call, graph in zip(self.calls, self.graphs[1:]):
+            buffers.attend(attention, call, n)
+            graph.replay()
+        return self.hidden
+
+
+class SlicedAttention(AttentionBackend):
+    """The real backend on a padded step's first n tokens, the rest of its output zero: the
+    eager run before a capture (lazy initialization must not land in a capture), and the
+    stand-in for replaying pieces where nothing can be captured (tests on the CPU)."""
+
+    def __init__(self, attention: AttentionBackend, n: int):
+        self.attention, self.n = attention, n
+        self.fuses_rope = attention.fuses_rope
+
+    def plan(self, layout: StepLayout) -> None:
+        raise AssertionError("the runner plans the real backend")
+
+    def __call__(self, layer, q, k, v, rope=None, qk_norm=None):
+        n = self.n
+        out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        rope = None if rope is None else (rope[0][:n], rope[1][:n])
+        out[:n] = self.attention(layer, q[:n], k[:n], v[:n], rope=rope, qk_norm=qk_norm)
+        return out
+
+
+class _Splitter(AttentionBackend):
+    """The backend the model sees while its pieces are captured: ends one capture and begins the
+    next where attention would run."""
+
+    def __init__(self, attention: AttentionBackend, buffers: AttentionBuffers, pool):
+        self.fuses_rope = attention.fuses_rope
+        self.buffers, self.pool = buffers, pool
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.calls: list[AttentionCall] = []
+
+    def begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=self.pool)
+        self.graphs.append(graph)
+
+    def end(self) -> None:
+        self.graphs[-1].capture_end()
+
+    def plan(self, layout: StepLayout) -> None:
+        raise AssertionError("the runner plans the real backend")
+
+    def __call__(self, layer, q, k, v, rope=None, qk_norm=None):
+        tokens, buffers = q.shape[0], self.buffers
+        buffers.q[:tokens].copy_(q)
+        buffers.k[:tokens].copy_(k)
+        buffers.v[:tokens].copy_(v)
+        self.end()
+        self.calls.append(AttentionCall(layer, rope, qk_norm))
+        self.begin()
+        return buffers.out[:tokens]
+
+
+class PiecewiseGraphs:
+    """Pieces per token bucket, captured lazily the first time a bucket is used."""
+
+    def __init__(self, model, attention: AttentionBackend, device: torch.device, sizes: Sequence[int]):
+        """`sizes`: the token buckets."""
+        self.model, self.attention = model, attention
+        self.sizes = list(sizes)
+        tokens = max(self.sizes)
+        # The pieces' inputs: ids, positions, KV slots (the runner fills them before a replay).
+        self.static = torch.zeros(3, tokens, dtype=torch.long, device=device)
+        c, dtype = model.config, model.model.embed_tokens.weight.dtype
+        self.buffers = AttentionBuffers(
+            torch.zeros(tokens, c.num_heads, c.head_dim, dtype=dtype, device=device),
+            torch.zeros(tokens, c.num_kv_heads, c.head_dim, dtype=dtype, device=device),
+            torch.zeros(tokens, c.num_kv_heads, c.head_dim, dtype=dtype, device=device),
+            torch.zeros(tokens, c.num_heads, c.head_dim, dtype=dtype, device=device))
+        self.pieces: dict[int, Pieces] = {}
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    def run(self, bucket: int, n: int, on_launch: Callable[[], None] | None = None) -> torch.Tensor:
+        """The bucket's final hidden states, its first n tokens the step's (the attention
+        backend is planned for those n); a view of the pieces' output: read it before the next
+        replay."""
+        pieces = self.pieces.get(bucket)
+        if pieces is None:
+            pieces = self.pieces[bucket] = self._capture(bucket, n)
+        return pieces.replay(self.attention, self.buffers, n, on_launch)
+
+    def _capture(self, bucket: int, n: int) -> Pieces:
+        start = time.perf_counter()
+        ids, positions = self.static[0, :bucket], self.static[1, :bucket]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model(ids, positions, SlicedAttention(self.attention, n))
+            splitter = _Splitter(self.attention, self.buffers, self.pool)
+            splitter.begin()
+            hidden = self.model(ids, positions, splitter)
+            splitter.end()
+        torch.cuda.current_stream().wait_stream(side)
+        logger.info("captured %d pieces for %d tokens in %.0f ms", len(splitter.graphs), bucket,
+                    1000 * (time.perf_counter() - start))
+        return Pieces(splitter.graphs, splitter.calls, hidden)
