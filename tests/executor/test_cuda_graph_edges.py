@@ -32,7 +32,8 @@ def test_bucket_edges_replay_the_reference_results(monkeypatch, tmp_path):
     paths: list[tuple[str, int]] = []
     run_graph, run_pieces = cuda_graphs.GraphRunner.run, piecewise_graphs.PiecewiseGraphs.run
     monkeypatch.setattr(cuda_graphs.GraphRunner, "run",
-                        lambda self, kind, bucket, *a: paths.append((kind, bucket)) or run_graph(self, kind, bucket, *a))
+                        lambda self, kind, bucket, *a: paths.append((kind, bucket))
+                        or run_graph(self, kind, bucket, *a))
     monkeypatch.setattr(piecewise_graphs.PiecewiseGraphs, "run",
                         lambda self, bucket, *a: paths.append(("pieces", bucket)) or run_pieces(self, bucket, *a))
     path = make_checkpoint(tmp_path / "q3", "qwen3")
