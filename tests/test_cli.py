@@ -157,8 +157,8 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         assert fields["listening"] == server.base_url
         # Where startup went, phase by phase, in order from the process's start
         phases = [part.rsplit(" ", 1) for part in fields["startup"].split(", ")]
-        assert [name for name, _ in phases] == ["python and imports", "config and tokenizer",
-                                                 "model (weights read and stored)", "engine", "warm-up"]
+        assert [name for name, _ in phases] == ["python", "imports", "config and tokenizer",
+                                                 "weights read and stored", "KV cache", "engine", "warm-up"]
         assert all(seconds.endswith("s") and float(seconds[:-1]) >= 0 for _, seconds in phases)
     assert (tmp_path / "cache" / f"demo-v{VERSION}" / "model.safetensors").is_file()
 

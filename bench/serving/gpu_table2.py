@@ -124,6 +124,10 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         config = json.loads((model / "config.json").read_text())
         record = {"model": size, "flags": list(flags), "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
+        timeline = startup_timeline(server.log_path.read_text())
+        if timeline:  # the server's own account of where its startup went
+            record["startup_timeline"] = timeline
+            print(f"[{size}] startup: {timeline}", flush=True)
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(workloads):
             summary = run_json(drive(server, size, vocab, i, prompt_len, max_tokens, concurrency, requests))
             in_tok_per_s = summary["req_per_s"] * prompt_len
@@ -137,6 +141,12 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         return record
     finally:
         server.stop()
+
+
+def startup_timeline(log: str) -> str | None:
+    """The banner's startup line (phase by phase, from the process's start), if logged."""
+    lines = [line.split("startup", 1)[1].strip() for line in log.splitlines() if line.lstrip().startswith("startup ")]
+    return lines[-1] if lines else None
 
 
 def drive(server: ServerProcess, size: str, vocab: int, seed: int, prompt_len: int, max_tokens: int,

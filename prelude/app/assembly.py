@@ -139,8 +139,9 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     done = time.perf_counter()
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 done - start, model_config.architecture, num_blocks, config.block_size, tokenizer.backend)
-    phases = (("config and tokenizer", tokenizer_done - start), ("model (weights read and stored)",
-              model_done - tokenizer_done), ("engine", done - model_done))
+    # The runner's own phases where it timed them (weights, KV cache, on CUDA its init), else one.
+    model_phases = setup.phases or (("model", model_done - tokenizer_done),)
+    phases = (("config and tokenizer", tokenizer_done - start), *model_phases, ("engine", done - model_done))
     return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads, config, phases)
 
 
@@ -203,7 +204,7 @@ async def serve(config: Config, started: float | None = None) -> None:
         freeze_startup_objects()
         release_startup_memory()
         now = time.perf_counter()
-        startup = (("python and imports", building - born), *built.phases,
+        startup = (("python", started - born), ("imports", building - started), *built.phases,
                    ("warm-up", now - building - sum(seconds for _, seconds in built.phases)))
         logger.info(built.banner(listener.url, now - started, startup))
 

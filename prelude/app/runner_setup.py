@@ -4,6 +4,7 @@ model_runner_setup covers CPU and CUDA; null_runner_setup the benchmarks' null e
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class RunnerSetup:
     temp_budget: int
     device: str
     dtype: str
+    phases: tuple[tuple[str, float], ...] = ()  # where the setup's time went: (phase, seconds)
 
 
 def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
@@ -49,12 +51,19 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     from prelude.model.loader import cpu_weight_format, load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
+    start = time.perf_counter()
     if config.device == "cuda" and not torch.cuda.is_available():
         raise StartupError(f"--device cuda, but torch {torch.__version__} sees no CUDA device; use --device cpu "
                            "(or auto), or install a CUDA build of torch")
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
     dtype = resolve_dtype(config.dtype, device)
+    phases: list[tuple[str, float]] = []
+    weights_start = start
+    if device.type == "cuda":  # the driver and context now, rather than inside the first copy
+        torch.cuda.init()
+        weights_start = time.perf_counter()
+        phases.append(("CUDA init", weights_start - start))
     weight_format = None
     if device.type == "cpu":
         torch.manual_seed(config.seed)
@@ -65,6 +74,8 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     ops = select_ops(device)
     model = load_model(model_dir, model_config, dtype, device, max_positions=max_model_len, ops=ops,
                        weight_format=weight_format)
+    cache_start = time.perf_counter()
+    phases.append(("weights read and stored", cache_start - weights_start))
     itemsize = torch.empty((), dtype=dtype).element_size()
     c = model_config
     temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -76,12 +87,14 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)
+        phases.append(("KV cache and attention backend", time.perf_counter() - cache_start))
         return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
-                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name)
+                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name, tuple(phases))
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
     runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size, native_step(model, ops))
-    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name)
+    phases.append(("KV cache", time.perf_counter() - cache_start))
+    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name, tuple(phases))
 
 
 def cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,
