@@ -2,7 +2,9 @@
 
 Its rows are whole texts on the OneShot path: no prefix cache (a token's state depends on the
 tokens after it, so a cached prefix is no prefix of another text's states), no decode path, no
-multi-item rows. Texts longer than the checkpoint's limit (sentence-transformers'
+multi-item rows, and no CUDA graphs (bidirectional attention reads each step's row offsets on
+the host, which a captured graph would keep from its capture, and a padded row would attend
+to its padding). Texts longer than the checkpoint's limit (sentence-transformers'
 max_seq_length, else its positions) are truncated by the tokenizer, keeping the closing
 separator, as sentence-transformers, TEI and Infinity embed them."""
 from __future__ import annotations
@@ -25,7 +27,8 @@ def encoder_serving(config: Config, model_config: ModelConfig) -> Config:
     if config.disable_oneshot:
         logger.warning("--disable-oneshot does not apply to %s: an encoder has no decode path",
                        model_config.architecture)
-    return replace(config, enable_prefix_caching=False, disable_oneshot=False, multi_item_scoring=False)
+    return replace(config, enable_prefix_caching=False, disable_oneshot=False, multi_item_scoring=False,
+                   enforce_eager=True)
 
 
 def encoder_length(config: Config, model_config: ModelConfig, model_dir: Path,

@@ -76,6 +76,14 @@ def test_a_text_past_the_checkpoints_limit_is_truncated_as_sentence_transformers
     assert usage["prompt_tokens"] == 256  # sentence_bert_config.json's max_seq_length, [SEP] kept
 
 
+def test_an_encoder_is_served_without_prefix_cache_or_cuda_graphs(minilm):
+    from prelude.app.encoders import encoder_serving
+    from prelude.model.config import ModelConfig
+
+    served = encoder_serving(Config(model=str(minilm)), ModelConfig.from_dir(minilm))
+    assert not served.enable_prefix_caching and served.enforce_eager and not served.multi_item_scoring
+
+
 def test_an_encoder_refuses_generation_with_a_400_and_keeps_serving(minilm_server):
     for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 4}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
