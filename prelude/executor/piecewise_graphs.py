@@ -4,14 +4,15 @@ decodes), which would otherwise launch every kernel of every layer from Python (
 of the 0.6B, whatever its size; `python -m bench.serving.gpu_profile`).
 
 A bucket's pieces are captured by running the model once with a backend that, where the model
-calls attention, copies q, k and v into shared buffers, ends the capture, and begins the next
-one, returning the shared output buffer: piece i is everything from layer i-1's attention to
-layer i's (the first starts at the embedding, the last ends after the final norm). A replay runs
-piece 0, then per layer the real attention backend on the buffers and piece i+1, which computes
-what the eager forward computes. The step is padded to the bucket like a whole-step graph, but
-attention sees only its real tokens (the first n rows of each buffer, planned as the eager step
-is): the padding tokens' rows go through the per-token layers with whatever the output buffer
-holds there, and no real token reads them.
+calls attention, runs the backend's capture-safe first half (`store`: q/k norms, RoPE, the K/V
+write, over every token of the bucket, the padding's slots -1), copies q, k and v into shared
+buffers, ends the capture and begins the next one, returning the shared output buffer: piece i
+is everything from layer i-1's attention to layer i's (the first starts at the embedding, the
+last ends after the final norm). A replay runs piece 0, then per layer the backend's second
+half (`attend`, planned as the eager step is, on the step's n real tokens) and piece i+1: the
+only Python launching per layer is the attention kernels'. The padding tokens' rows go through
+the per-token layers with whatever the output buffer holds there, and no real token reads them.
+Backends that do not fuse RoPE (and so cannot split their calls) get no pieces.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from prelude.model.attention import AttentionBackend, QKNorm, StepLayout
+from prelude.model.attention import AttentionBackend, StepLayout
 
 logger = logging.getLogger(__name__)
 
@@ -38,48 +39,37 @@ class AttentionBuffers:
     v: torch.Tensor
     out: torch.Tensor  # [max_tokens, heads, head_dim]
 
-    def attend(self, attention: AttentionBackend, call: AttentionCall, n: int) -> None:
+    def attend(self, attention: AttentionBackend, layer: int, n: int) -> None:
         """One layer's attention over the step's n real tokens, into the output buffer."""
-        rope = None if call.rope is None else (call.rope[0][:n], call.rope[1][:n])
-        self.out[:n].copy_(attention(call.layer, self.q[:n], self.k[:n], self.v[:n], rope=rope,
-                                     qk_norm=call.qk_norm))
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionCall:
-    """One attention call of the captured forward, with the arguments that do not live in the
-    shared buffers: the rotary tables (tensors of the first piece) and the q/k norms."""
-
-    layer: int
-    rope: tuple[torch.Tensor, torch.Tensor] | None
-    qk_norm: QKNorm | None
+        self.out[:n].copy_(attention.attend(layer, self.q[:n], self.k[:n], self.v[:n]))
 
 
 class Pieces:
     """A bucket's captured pieces: replay() runs them with the real attention between them."""
 
-    def __init__(self, graphs: Sequence, calls: Sequence[AttentionCall], hidden: torch.Tensor):
-        assert len(graphs) == len(calls) + 1
-        self.graphs, self.calls, self.hidden = list(graphs), list(calls), hidden
+    def __init__(self, graphs: Sequence, layers: Sequence[int], hidden: torch.Tensor):
+        assert len(graphs) == len(layers) + 1
+        self.graphs, self.layers, self.hidden = list(graphs), list(layers), hidden
 
     def replay(self, attention: AttentionBackend, buffers: AttentionBuffers, n: int,
                on_launch: Callable[[], None] | None = None) -> torch.Tensor:
         self.graphs[0].replay()
         if on_launch is not None:
             on_launch()
-        for call, graph in zip(self.calls, self.graphs[1:]):
-            buffers.attend(attention, call, n)
+        for layer, graph in zip(self.layers, self.graphs[1:]):
+            buffers.attend(attention, layer, n)
             graph.replay()
         return self.hidden
 
 
 class SlicedAttention(AttentionBackend):
-    """The real backend on a padded step's first n tokens, the rest of its output zero: the
-    eager run before a capture (lazy initialization must not land in a capture), and the
-    stand-in for replaying pieces where nothing can be captured (tests on the CPU)."""
+    """A replay's attention in one eager call: `store` over the whole padded step at `slots`,
+    `attend` over its first n tokens, the rest of the output zero. The eager run before a
+    capture (lazy initialization must not land in a capture), and the stand-in for replaying
+    pieces where nothing can be captured (tests on the CPU)."""
 
-    def __init__(self, attention: AttentionBackend, n: int):
-        self.attention, self.n = attention, n
+    def __init__(self, attention: AttentionBackend, n: int, slots: torch.Tensor):
+        self.attention, self.n, self.slots = attention, n, slots
         self.fuses_rope = attention.fuses_rope
 
     def plan(self, layout: StepLayout) -> None:
@@ -87,21 +77,21 @@ class SlicedAttention(AttentionBackend):
 
     def __call__(self, layer, q, k, v, rope=None, qk_norm=None):
         n = self.n
+        q, k = self.attention.store(layer, q, k, v, rope, qk_norm, self.slots)
         out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-        rope = None if rope is None else (rope[0][:n], rope[1][:n])
-        out[:n] = self.attention(layer, q[:n], k[:n], v[:n], rope=rope, qk_norm=qk_norm)
+        out[:n] = self.attention.attend(layer, q[:n], k[:n], v[:n])
         return out
 
 
 class _Splitter(AttentionBackend):
     """The backend the model sees while its pieces are captured: ends one capture and begins the
-    next where attention would run."""
+    next where attention would run, its first half captured in the piece before."""
 
-    def __init__(self, attention: AttentionBackend, buffers: AttentionBuffers, pool):
+    def __init__(self, attention: AttentionBackend, buffers: AttentionBuffers, slots: torch.Tensor, pool):
+        self.attention, self.buffers, self.slots, self.pool = attention, buffers, slots, pool
         self.fuses_rope = attention.fuses_rope
-        self.buffers, self.pool = buffers, pool
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        self.calls: list[AttentionCall] = []
+        self.layers: list[int] = []
 
     def begin(self) -> None:
         graph = torch.cuda.CUDAGraph()
@@ -115,12 +105,13 @@ class _Splitter(AttentionBackend):
         raise AssertionError("the runner plans the real backend")
 
     def __call__(self, layer, q, k, v, rope=None, qk_norm=None):
+        q, k = self.attention.store(layer, q, k, v, rope, qk_norm, self.slots)
         tokens, buffers = q.shape[0], self.buffers
         buffers.q[:tokens].copy_(q)
         buffers.k[:tokens].copy_(k)
         buffers.v[:tokens].copy_(v)
         self.end()
-        self.calls.append(AttentionCall(layer, rope, qk_norm))
+        self.layers.append(layer)
         self.begin()
         return buffers.out[:tokens]
 
@@ -158,13 +149,14 @@ class PiecewiseGraphs:
         ids, positions = self.static[0, :bucket], self.static[1, :bucket]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        slots = self.static[2, :bucket]
         with torch.cuda.stream(side):
-            self.model(ids, positions, SlicedAttention(self.attention, n))
-            splitter = _Splitter(self.attention, self.buffers, self.pool)
+            self.model(ids, positions, SlicedAttention(self.attention, n, slots))
+            splitter = _Splitter(self.attention, self.buffers, slots, self.pool)
             splitter.begin()
             hidden = self.model(ids, positions, splitter)
             splitter.end()
         torch.cuda.current_stream().wait_stream(side)
         logger.info("captured %d pieces for %d tokens in %.0f ms", len(splitter.graphs), bucket,
                     1000 * (time.perf_counter() - start))
-        return Pieces(splitter.graphs, splitter.calls, hidden)
+        return Pieces(splitter.graphs, splitter.layers, hidden)

@@ -108,6 +108,19 @@ class AttentionBackend(ABC):
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                  qk_norm: QKNorm | None = None) -> torch.Tensor: ...
 
+    def store(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor], qk_norm: QKNorm | None,
+              slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first half of a call on a backend that fuses RoPE: q and k normed and rotated,
+        k and v written to the cache at `slots` (-1: not stored), whatever the plan; returns
+        (q, k) as `attend` takes them. Sync-free and shape-static, so a CUDA graph can hold it
+        (see prelude.executor.piecewise_graphs)."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its calls")
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The second half: the planned step's attention, its K/V already stored by `store`."""
+        raise NotImplementedError(f"{type(self).__name__} does not split its calls")
+
     def bidirectional(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
         """An encoder's attention: each row's queries over all of its own tokens (no cache, no
         causal mask), or, with `window`, over the tokens at most that far from each query."""

@@ -241,7 +241,8 @@ class _EagerPieces:
         from prelude.executor.piecewise_graphs import SlicedAttention
 
         ids, positions = self.graphs.static[0, : self.bucket], self.graphs.static[1, : self.bucket]
-        return self.graphs.model(ids, positions, SlicedAttention(attention, n))
+        slots = self.graphs.static[2, : self.bucket]
+        return self.graphs.model(ids, positions, SlicedAttention(attention, n, slots))
 
 
 def _flashinfer_stand_in_with_eager_graphs(monkeypatch) -> None:
@@ -299,10 +300,10 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     # 38 tokens: 64), the single row, the new prompts beside decodes (1 row, then 2). Rows over a
     # cached prefix and multi-item rows run eagerly.
     assert replayed.count("prefill") == (5 if fuse_rope else 0)
-    # The other steps replay pieces around their attention (the warmup ran eagerly): with
-    # prefill graphs, the chunk continuation beside a prefix hit and the two multi-item steps;
-    # without them, every step that is not a pure decode step.
-    assert replayed.count("pieces") == (3 if fuse_rope else 8)
+    # With the fused KV write, the other steps replay pieces around their attention (the
+    # warmup ran eagerly): the chunk continuation beside a prefix hit and the two multi-item
+    # steps. Without it they run eagerly.
+    assert replayed.count("pieces") == (3 if fuse_rope else 0)
 
 
 def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_model):

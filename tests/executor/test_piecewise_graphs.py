@@ -28,13 +28,26 @@ class _Graph:
 
 
 class _Attention(AttentionBackend):
+    """Records what the splitter asks of it while pieces are captured (only the first half)."""
+
     fuses_rope = True
+
+    def __init__(self):
+        self.stored: list[tuple[int, int, bool, torch.Tensor]] = []
 
     def plan(self, layout):
         raise AssertionError("not planned here")
 
     def __call__(self, *args, **kwargs):
         raise AssertionError("the splitter stands in for attention while pieces are captured")
+
+    def store(self, layer, q, k, v, rope, qk_norm, slots):
+        assert _Graph.capturing is not None, "the first half belongs to the piece before"
+        self.stored.append((layer, rope[0].shape[0], qk_norm is not None, slots))
+        return q, k
+
+    def attend(self, layer, q, k, v):
+        raise AssertionError("attention runs between replayed pieces, not in a capture")
 
 
 def test_a_forward_is_cut_into_one_piece_more_than_it_has_layers(monkeypatch, tmp_path):
@@ -44,7 +57,8 @@ def test_a_forward_is_cut_into_one_piece_more_than_it_has_layers(monkeypatch, tm
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64)
     attention = _Attention()
     graphs = piecewise_graphs.PiecewiseGraphs(model, attention, torch.device("cpu"), [32])
-    splitter = piecewise_graphs._Splitter(attention, graphs.buffers, None)
+    slots = graphs.static[2, :32]
+    splitter = piecewise_graphs._Splitter(attention, graphs.buffers, slots, None)
     last_qkv: list[torch.Tensor] = []
     model.model.layers[-1].self_attn.qkv_proj.register_forward_hook(lambda m, args, out: last_qkv.append(out))
     splitter.begin()
@@ -52,11 +66,12 @@ def test_a_forward_is_cut_into_one_piece_more_than_it_has_layers(monkeypatch, tm
     splitter.end()
     assert hidden.shape == (32, config.hidden_size)
     assert len(splitter.graphs) == config.num_layers + 1 and all(g.captured for g in splitter.graphs)
-    # One call per layer, in order, each with the step's rotary tables (the backend fuses RoPE)
-    # and the layer's q/k norms (Qwen3 has them).
-    assert [call.layer for call in splitter.calls] == list(range(config.num_layers))
-    assert all(call.rope is not None and call.rope[0].shape[0] == 32 for call in splitter.calls)
-    assert all(call.qk_norm is not None for call in splitter.calls)
+    # One cut per layer, in order; each layer's first half (norms, RoPE, K/V write) captured in
+    # the piece before its cut, over the whole bucket, at the bucket's static slots.
+    assert splitter.layers == list(range(config.num_layers))
+    assert [(layer, tokens, normed) for layer, tokens, normed, _ in attention.stored] == \
+        [(layer, 32, True) for layer in range(config.num_layers)]
+    assert all(stored_slots is slots for *_, stored_slots in attention.stored)
     # The last layer's q/k/v went to the shared buffers (replays hand those to attention).
     q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     q, k, v = last_qkv[0].split([q_size, kv_size, kv_size], dim=-1)

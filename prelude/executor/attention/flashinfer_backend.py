@@ -197,15 +197,25 @@ class FlashInferAttention(AttentionBackend):
                  qk_norm: QKNorm | None = None) -> torch.Tensor:
         plan = self._plan
         assert plan is not None, "plan() or plan_graph() runs before the layers"
-        k_cache, v_cache = self.kv_cache.layer(layer)
         if rope is not None:
-            from kernels.rope import rope_kv_write
-
-            q_norm, k_norm, eps = qk_norm if qk_norm is not None else (None, None, 1e-6)
-            q, k = rope_kv_write(q, k, v, rope[0], rope[1], k_cache, v_cache, self.slot_mapping,
-                                 q_norm, k_norm, eps)
+            q, k = self.store(layer, q, k, v, rope, qk_norm, self.slot_mapping)
         else:
-            self._store(plan, k, v, k_cache, v_cache)
+            self._store(plan, k, v, *self.kv_cache.layer(layer))
+        return self.attend(layer, q, k, v)
+
+    def store(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor], qk_norm: QKNorm | None,
+              slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from kernels.rope import rope_kv_write
+
+        k_cache, v_cache = self.kv_cache.layer(layer)
+        q_norm, k_norm, eps = qk_norm if qk_norm is not None else (None, None, 1e-6)
+        return rope_kv_write(q, k, v, rope[0], rope[1], k_cache, v_cache, slots, q_norm, k_norm, eps)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        plan = self._plan
+        assert plan is not None, "plan() or plan_graph() runs before the layers"
+        k_cache, v_cache = self.kv_cache.layer(layer)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         num_prefill = plan.num_prefill_tokens
         if num_prefill:
