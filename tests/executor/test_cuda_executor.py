@@ -262,13 +262,26 @@ def _flashinfer_stand_in_with_eager_graphs(monkeypatch) -> None:
                         lambda graphs, bucket, n: _EagerPieces(graphs, bucket))
 
 
+def _runner_on_api_stand_in(path, fuse_rope: bool | None = None):
+    """The CUDA model runner over the CPU reference's fp32 weights and flashinfer's API
+    stand-in (installed by _flashinfer_stand_in_with_eager_graphs), not yet warmed up."""
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+    from prelude.executor.cuda_runner import CudaModelRunner
+
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
+    cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
+    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
+                                    fuse_rope=fuse_rope, workspace_bytes=16)
+    return CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8, max_num_batched_tokens=512,
+                           pad_slot=BLOCKS * BS)
+
+
 @pytest.mark.parametrize("fuse_rope", [False, pytest.param(True, marks=pytest.mark.skipif(
     not TRITON_ON_CPU, reason="the fused RoPE kernel on CPU tensors needs triton's interpreter "
     "(no triton here, or a GPU machine, where the CUDA tests cover it)"))])
 def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rope):
     from prelude.executor import cuda_graphs, piecewise_graphs
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-    from prelude.executor.cuda_runner import CudaModelRunner
 
     _flashinfer_stand_in_with_eager_graphs(monkeypatch)
     replayed: list[str] = []
@@ -282,13 +295,7 @@ def test_executor_logic_on_cpu_with_api_stand_in(monkeypatch, tmp_path, fuse_rop
     steps = _script(ModelConfig.from_dir(path).vocab_size, short=fuse_rope)
     want = _run(_reference(path), steps)
 
-    config = ModelConfig.from_dir(path)
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
-    cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
-    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
-                                    fuse_rope=fuse_rope, workspace_bytes=16)
-    runner = CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8,
-                             max_num_batched_tokens=512, pad_slot=BLOCKS * BS)
+    runner = _runner_on_api_stand_in(path, fuse_rope)
     runner.warmup()
     got = _run(runner, steps)
     # fp32 on both sides: every sampled row is checked (no exact top-2 ties in this model).
@@ -310,8 +317,6 @@ def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_m
     """Rows under a grammar beside free rows, through the CUDA runner (decode graphs replayed
     on the API stand-in) and the CPU reference, each feeding its sampled tokens back: the same
     tokens, and every constrained one allowed by the grammar."""
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-    from prelude.executor.cuda_runner import CudaModelRunner
     from prelude.structured.compiler import Constraint, GrammarCompiler
     from prelude.tokenizer import load
     from tests.checkpoints import make_model_dir
@@ -321,12 +326,7 @@ def test_constrained_rows_on_cpu_with_api_stand_in(monkeypatch, tmp_path, demo_m
     config = ModelConfig.from_dir(path)
     grammar = GrammarCompiler(path / "tokenizer.json", config.vocab_size, (2,)).compile(
         Constraint("regex", "[0-9]{2,12}", param="p"))
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
-    cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
-    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
-                                    workspace_bytes=16)
-    cuda = CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8, max_num_batched_tokens=512,
-                           pad_slot=BLOCKS * BS)
+    cuda = _runner_on_api_stand_in(path)
     cuda.warmup()
     tokenizer = load(path)
     answers = []

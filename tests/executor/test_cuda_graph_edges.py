@@ -10,13 +10,11 @@ import torch
 
 from prelude.contract.batch import OneShotBatch, PrefillRow
 from prelude.executor.executors import Executors
-from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
-from prelude.model.loader import load_model
 from tests.checkpoints import make_checkpoint
 from tests.conftest import TRITON_ON_CPU
-from tests.executor.test_cuda_executor import BLOCKS, BS, SPEC, _compare, _flashinfer_stand_in_with_eager_graphs, \
-    _reference
+from tests.executor.test_cuda_executor import SPEC, _compare, _flashinfer_stand_in_with_eager_graphs, _reference, \
+    _runner_on_api_stand_in
 
 pytestmark = pytest.mark.skipif(not TRITON_ON_CPU, reason="prefill graphs need the fused RoPE kernel, which on CPU "
                                 "tensors runs in triton's interpreter (no triton here, or a GPU machine, where the "
@@ -25,8 +23,6 @@ pytestmark = pytest.mark.skipif(not TRITON_ON_CPU, reason="prefill graphs need t
 
 def test_bucket_edges_replay_the_reference_results(monkeypatch, tmp_path):
     from prelude.executor import cuda_graphs, piecewise_graphs
-    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
-    from prelude.executor.cuda_runner import CudaModelRunner
 
     _flashinfer_stand_in_with_eager_graphs(monkeypatch)
     paths: list[tuple[str, int]] = []
@@ -54,13 +50,7 @@ def test_bucket_edges_replay_the_reference_results(monkeypatch, tmp_path):
     ]
     reference = Executors.over(_reference(path))  # one cache for all steps, as the runner's
     want = [reference.execute(batch).rows for batch in steps]
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=512)
-    cache = KVCache(KVCacheShape.for_model(config, BLOCKS + 1, BS, torch.float32), torch.device("cpu"))
-    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=32, dummy_page=BLOCKS,
-                                    fuse_rope=True, workspace_bytes=16)
-    runner = CudaModelRunner(model, attention, torch.device("cpu"), BS, max_num_seqs=8,
-                             max_num_batched_tokens=512, pad_slot=BLOCKS * BS)
-    executors = Executors.over(runner)
+    executors = Executors.over(_runner_on_api_stand_in(path, fuse_rope=True))
     got = [executors.execute(batch).rows for batch in steps]
     assert _compare(got, want, atol=1e-4, margin=0.0) == sum(len(batch.rows) for batch in steps)
     assert paths == [("prefill", 32), ("prefill", 64), ("prefill", 64), ("pieces", 32), ("prefill", 32),
