@@ -52,7 +52,7 @@ class CudaModelRunner(ModelRunner):
                 self.graphs = GraphRunner(model, attention, device, decode_sizes(max_num_seqs), prefill,
                                           max_prefill_rows=max_num_seqs)
                 if "prefill" in attention.graph_kinds:  # its calls split around the capture-safe KV write
-                    self.pieces = PiecewiseGraphs(model, attention, device, sizes)
+                    self.pieces = PiecewiseGraphs(model, attention, self.graphs.static, sizes)
             else:
                 logger.info("attention backend %s cannot be captured: CUDA graphs off", type(attention).__name__)
         self._gather = None

@@ -17,6 +17,7 @@ from prelude.contract.stop import StopFlag
 from prelude.executor.runner import ModelRunner, Progress
 from prelude.model.attention import GraphKind
 
+
 class Executor(Protocol):
     """Runs one batch to completion and returns its results in host memory. Called from a
     single worker thread, never concurrently; the engine's event loop stays free meanwhile."""

@@ -119,13 +119,14 @@ class _Splitter(AttentionBackend):
 class PiecewiseGraphs:
     """Pieces per token bucket, captured lazily the first time a bucket is used."""
 
-    def __init__(self, model, attention: AttentionBackend, device: torch.device, sizes: Sequence[int]):
-        """`sizes`: the token buckets."""
-        self.model, self.attention = model, attention
+    def __init__(self, model, attention: AttentionBackend, static: torch.Tensor, sizes: Sequence[int]):
+        """`static`: the whole-step graphs' [3, >= max(sizes)] input buffer (ids, positions, KV
+        slots), which the runner fills before a replay and the pieces read too (the two never
+        run at once); `sizes`: the token buckets."""
+        self.model, self.attention, self.static = model, attention, static
         self.sizes = list(sizes)
-        tokens = max(self.sizes)
-        # The pieces' inputs: ids, positions, KV slots (the runner fills them before a replay).
-        self.static = torch.zeros(3, tokens, dtype=torch.long, device=device)
+        tokens, device = max(self.sizes), static.device
+        assert static.shape[1] >= tokens
         c, dtype = model.config, model.model.embed_tokens.weight.dtype
         self.buffers = AttentionBuffers(
             torch.zeros(tokens, c.num_heads, c.head_dim, dtype=dtype, device=device),

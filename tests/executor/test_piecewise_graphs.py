@@ -56,7 +56,7 @@ def test_a_forward_is_cut_into_one_piece_more_than_it_has_layers(monkeypatch, tm
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64)
     attention = _Attention()
-    graphs = piecewise_graphs.PiecewiseGraphs(model, attention, torch.device("cpu"), [32])
+    graphs = piecewise_graphs.PiecewiseGraphs(model, attention, torch.zeros(3, 32, dtype=torch.long), [32])
     slots = graphs.static[2, :32]
     splitter = piecewise_graphs._Splitter(attention, graphs.buffers, slots, None)
     last_qkv: list[torch.Tensor] = []
