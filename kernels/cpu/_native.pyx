@@ -91,6 +91,23 @@ def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, l
         linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads)
 
 
+cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
+    void packed_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
+                     const float* bias, long activation)
+
+
+def dense(size_t x_ptr, long n, size_t w_ptr, size_t bias_ptr, long activation, long inputs, size_t out_ptr,
+          long outputs, int threads) -> None:
+    """out[n, outputs] = act(x[n, inputs] @ w.T + bias) (kernels/cpu/packed_gemm.hpp), all fp32, w
+    packed (pack_linear's), bias 0 when absent, activation 0 none or 1 GELU (the erf form).
+    Contiguous, inputs % 8 == 0."""
+    cdef Weight w
+    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>NULL, 0, 1
+    with nogil:
+        packed_gemm(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads, <const float*>bias_ptr,
+                    activation)
+
+
 def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, size_t lens_ptr, size_t out_ptr,
                  long rows, long heads, long kv_heads, long dim, long block_size, long table_width,
                  float scale, int threads) -> None:
@@ -174,8 +191,8 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
                        float* out, int threads)
     void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out, int threads)
     void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads)
-    void run_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
-                        const float* bias, float eps, float* out)
+    void team_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
+                         const float* bias, float eps, float* out, int threads)
     void run_gelu(const float* x, float* out, long n)
 
 cdef extern from "team.hpp" namespace "prelude_cpu" nogil:
@@ -232,11 +249,12 @@ def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int thread
 # An encoder's LayerNorm and GELU run on the calling thread, GIL held: kernels/cpu/ops.py hands
 # them only a few rows (larger inputs stay on torch's threads).
 def layer_norm(size_t x_ptr, size_t residual_ptr, long rows, long dim, size_t weight_ptr, size_t bias_ptr,
-               float eps, size_t out_ptr) -> None:
+               float eps, size_t out_ptr, int threads) -> None:
     """out = LayerNorm(x (+ residual)) * weight (+ bias) per row; 0 pointers when absent; all
-    contiguous [rows, dim]."""
-    run_layer_norm(<const float*>x_ptr, <const float*>residual_ptr, rows, dim, <const float*>weight_ptr,
-                   <const float*>bias_ptr, eps, <float*>out_ptr)
+    contiguous [rows, dim]; rows split across `threads` of the team where it pays."""
+    with nogil:
+        team_layer_norm(<const float*>x_ptr, <const float*>residual_ptr, rows, dim, <const float*>weight_ptr,
+                        <const float*>bias_ptr, eps, <float*>out_ptr, threads_worth(rows * dim, threads))
 
 
 def gelu(size_t x_ptr, size_t out_ptr, long n) -> None:

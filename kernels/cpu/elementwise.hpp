@@ -100,23 +100,9 @@ __attribute__((always_inline)) static inline void layer_norm_body(const float* x
     }
 }
 
-// out = x * (1 + erf(x / sqrt 2)) / 2 (BERT's exact GELU; out may be x), n a multiple of 8. erf
-// by Abramowitz and Stegun 7.1.26 (absolute error 1.5e-7, below fp32's spacing near 1).
+// out = GELU(x) (simd.hpp's gelu8; out may be x), n a multiple of 8.
 __attribute__((always_inline)) static inline void gelu_body(const float* x, float* out, long n) {
-    for (long i = 0; i < n; i += 8) {
-        const v8f v = load8(x + i);
-        const v8f z = v * 0.70710678118654752f;
-        const v8f a = z < 0.0f ? v8f{} - z : z;
-        const v8f t = 1.0f / (1.0f + 0.3275911f * a);
-        v8f p = v8f{} + 1.061405429f;
-        p = p * t - 1.453152027f;
-        p = p * t + 1.421413741f;
-        p = p * t - 0.284496736f;
-        p = p * t + 0.254829592f;
-        const v8f erf_a = 1.0f - p * t * exp8(v8f{} - a * a);
-        const v8f erf_z = z < 0.0f ? v8f{} - erf_a : erf_a;
-        store8(out + i, 0.5f * v * (1.0f + erf_z));
-    }
+    for (long i = 0; i < n; i += 8) store8(out + i, gelu8(load8(x + i)));
 }
 
 PRELUDE_CPU_VARIANTS(layer_norm, (const float* x, const float* residual, long rows, long dim, const float* weight,
@@ -156,6 +142,15 @@ static void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_
 static void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads) {
     parallel_ranges(rows, threads, 1, [&](long begin, long end) {
         run_silu_and_mul(x + begin * 2 * width, end - begin, width, out + begin * width);
+    });
+}
+
+// An encoder's LayerNorm over many rows, split the same way.
+static void team_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
+                            const float* bias, float eps, float* out, int threads) {
+    parallel_ranges(rows, threads, 1, [&](long begin, long end) {
+        run_layer_norm(x + begin * dim, residual ? residual + begin * dim : nullptr, end - begin, dim, weight, bias,
+                       eps, out + begin * dim);
     });
 }
 

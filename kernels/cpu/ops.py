@@ -140,10 +140,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# An encoder's LayerNorm and GELU run natively on one thread up to this many floats (team.hpp's
-# kTeamMinFloats, where the team would start): on a short text's rows torch hands each op to its
-# threads at 60-100 us a call. Larger ones stay on torch: split across the native team instead,
-# the encoder's next GEMM on torch's threads ran up to 30% slower (all-MiniLM, 32 texts).
+# GELU runs natively on one thread up to this many floats (team.hpp's kTeamMinFloats, where the
+# team would start): on a short text's rows torch hands each op to its threads at 60-100 us a
+# call. Larger ones stay on torch (BERT's GELU is its dense layer's epilogue instead).
 ENCODER_NATIVE_FLOATS = 1 << 16
 
 
@@ -152,14 +151,15 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """F.layer_norm over the last dimension of x (+ residual, added first)."""
     dim = x.shape[-1]
     operands = [t for t in (x, weight, bias, residual) if t is not None]
-    if (x.dim() != 2 or not _native_fp32(x) or dim % 8 or weight.shape != (dim,) or x.numel() > ENCODER_NATIVE_FLOATS
-            or torch.is_grad_enabled() or (residual is not None and residual.shape != x.shape)
+    if (x.dim() != 2 or not _native_fp32(x) or dim % 8 or weight.shape != (dim,) or torch.is_grad_enabled()
+            or (residual is not None and residual.shape != x.shape)
             or not all(t.dtype == torch.float32 and t.is_contiguous() for t in operands)):
         summed = x if residual is None else x + residual
         return F.layer_norm(summed, (dim,), weight, bias, eps)
     out = torch.empty(x.shape, dtype=x.dtype)
     _native.layer_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], dim,
-                       weight.data_ptr(), 0 if bias is None else bias.data_ptr(), eps, out.data_ptr())
+                       weight.data_ptr(), 0 if bias is None else bias.data_ptr(), eps, out.data_ptr(),
+                       torch.get_num_threads())
     return out
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
-from prelude.model.encoder import ACTIVATION_FUNCTIONS, dense, EncoderLM, LayerNorm, Rename
+from prelude.model.encoder import Dense, EncoderLM, LayerNorm, Rename
 from prelude.model.layers import Embedding, Linear
 
 _LAYER = r"encoder\.layer\.(\d+)\."
@@ -70,19 +70,18 @@ class BertLayer(nn.Module):
         assert e is not None
         hidden = config.hidden_size
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.qkv = dense(hidden, 3 * hidden, bias=True)
-        self.attention_out = dense(hidden, hidden, bias=True)
+        self.qkv = Dense(hidden, 3 * hidden, bias=True)
+        self.attention_out = Dense(hidden, hidden, bias=True)
         self.attention_norm = LayerNorm(hidden, e.norm_eps)
-        self.up = dense(hidden, config.intermediate_size, bias=True)
-        self.down = dense(config.intermediate_size, hidden, bias=True)
+        self.up = Dense(hidden, config.intermediate_size, bias=True, activation=e.activation)
+        self.down = Dense(config.intermediate_size, hidden, bias=True)
         self.mlp_norm = LayerNorm(hidden, e.norm_eps)
-        self.act = ACTIVATION_FUNCTIONS[e.activation]
 
     def forward(self, x: torch.Tensor, attention: AttentionBackend, positions: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(len(x), 3, self.num_heads, self.head_dim).unbind(1)
         attended = attention.bidirectional(q, k, v).reshape(len(x), -1)
         x = self.attention_norm(self.attention_out(attended), residual=x)
-        return self.mlp_norm(self.down(self.act(self.up(x))), residual=x)
+        return self.mlp_norm(self.down(self.up(x)), residual=x)
 
 
 class BertLM(EncoderLM):
@@ -104,11 +103,11 @@ class BertLM(EncoderLM):
         self.classifier_dense: Linear | None = None
         self.classifier_out_proj: Linear | None = None
         if config.head == "ForSequenceClassification" and e.kind == "xlm-roberta":
-            self.classifier_dense = dense(hidden, hidden, bias=True)
-            self.classifier_out_proj = dense(hidden, config.num_labels, bias=True)
+            self.classifier_dense = Dense(hidden, hidden, bias=True)
+            self.classifier_out_proj = Dense(hidden, config.num_labels, bias=True)
         elif config.head == "ForSequenceClassification":
-            self.pooler = dense(hidden, hidden, bias=True)
-            self.classifier = dense(hidden, config.num_labels, bias=True)
+            self.pooler = Dense(hidden, hidden, bias=True)
+            self.classifier = Dense(hidden, config.num_labels, bias=True)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embeddings(input_ids, positions)

@@ -40,6 +40,9 @@ BY_ROWS, PANELS = 0, 1
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
 # faster than widened by rows); lookups gather from either.
 HEAD_LAYOUTS = {"int8": PANELS}
+# What the fp32 panel kernel can apply to its products before it stores them
+# (kernels/cpu/packed_gemm.hpp's Activation): an encoder's dense layers.
+EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +60,18 @@ class StoredWeight:
     def nbytes(self) -> int:
         return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs]."""
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs]. `bias`
+        (fp32 [outputs], contiguous) and `activation` (EPILOGUE_ACTIVATIONS) run in the product's
+        epilogue, for an fp32 weight in panels only."""
         assert _native is not None
         out = x.new_empty(x.shape[0], self.outputs)
+        if bias is not None or activation is not None:
+            assert self.format == "float32" and self.layout == PANELS, "epilogues are the fp32 panel kernel's"
+            _native.dense(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(bias),
+                          EPILOGUE_ACTIVATIONS[activation], self.inputs, out.data_ptr(), self.outputs,
+                          torch.get_num_threads())
+            return out
         _native.matmul(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0],
                        self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads())
         return out

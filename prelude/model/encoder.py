@@ -18,6 +18,7 @@ from kernels.cpu import ops as cpu_ops
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
+from prelude.model.cpu_linear import EPILOGUE_ACTIVATIONS, PANELS
 from prelude.model.layers import Linear
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -33,13 +34,29 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 Rename = tuple[str, str, int | None]
 
 
-def dense(in_features: int, out_features: int, bias: bool = True) -> Linear:
-    """An encoder's linear layer: a few rows on the native skinny GEMM, more on torch's (MKL, bias
-    fused); never packed (Linear.store) for the native GEMM a decoder's prompt rows run on: an
-    encoder's linear layers alternate with torch's own ops (attention, GELU, LayerNorm), and the native
-    kernels' thread team and torch's OpenMP threads then fight for the cores (all-MiniLM, 32
-    texts of 22 tokens on 2 cores: 114 ms a forward on torch's GEMM, 174 ms on the packed one)."""
-    return Linear(in_features, out_features, bias=bias)
+class Dense(Linear):
+    """An encoder's linear layer, with the activation that follows it (BERT's intermediate GELU).
+    On the CPU in fp32 its weight is kept packed (EncoderLM.store_weights) and its bias and GELU
+    run in the product's epilogue (kernels/cpu/packed_gemm.hpp) on the native kernels' threads,
+    as the attention and LayerNorm between the products do: nothing of a layer is left to torch's
+    threads, which contended with the native ones for the two cores (the packed product beside
+    torch's GELU and LayerNorm was slower than MKL's; all-MiniLM, 32 texts). Elsewhere (bf16,
+    CUDA): torch's F.linear, then the activation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None):
+        super().__init__(in_features, out_features, bias=bias)
+        self.activation = activation
+        self.act = None if activation is None else ACTIVATION_FUNCTIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stored = self.stored
+        if (stored is not None and stored.layout == PANELS and x.dim() == 2 and x.dtype == torch.float32
+                and not torch.is_grad_enabled()):
+            fused = self.activation if self.activation in EPILOGUE_ACTIVATIONS else None
+            out = stored.matmul(x.contiguous(), self.bias, fused)
+            return out if fused == self.activation or self.act is None else self.act(out)
+        out = super().forward(x)
+        return out if self.act is None else self.act(out)
 
 
 class LayerNorm(nn.Module):
@@ -114,6 +131,14 @@ class EncoderLM(nn.Module):
         return self.compute_logits(hidden)
 
     # -- weights ------------------------------------------------------------------------------------
+    def store_weights(self, format: str) -> None:
+        """Keeps the dense layers' weights packed for the CPU kernels (Dense); fp32 only: in bf16
+        an encoder runs on torch's ops."""
+        if format == "float32":
+            for module in self.modules():
+                if isinstance(module, Dense):
+                    module.store(format, PANELS)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copies checkpoint tensors into the parameters their renames name; returns what was
         filled ("name#block" for one block of a fused parameter)."""

@@ -49,7 +49,9 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
             raise UnsupportedModel("--quantization int8 serves decoder models; "
                                    f"{config.architecture} is an encoder")
         return torch.float32, "int8"
-    if config.encoder is not None or dtype == torch.float16:
+    if config.encoder is not None:
+        return dtype, "float32" if dtype == torch.float32 else None
+    if dtype == torch.float16:
         return dtype, None
     return torch.float32, "bfloat16" if dtype == torch.bfloat16 else "float32"
 
@@ -111,7 +113,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         raise UnsupportedModel(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:8]}")
     loaded_at = time.perf_counter()
     stored = ""
-    if device.type == "cpu" and weight_format is not None and isinstance(model, DecoderLM):
+    if device.type == "cpu" and weight_format is not None:
         model.store_weights(weight_format)
         stored = f", weights stored {weight_format} in {time.perf_counter() - loaded_at:.2f}s"
     logger.info("loaded %s (%s, %s) in %.2fs%s", model_dir, config.architecture, dtype, loaded_at - start, stored)

@@ -10,7 +10,7 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from kernels.reference import rotate
 from prelude.model.config import ModelConfig, RopeConfig
-from prelude.model.encoder import ACTIVATION_FUNCTIONS, dense, EncoderLM, LayerNorm, Rename
+from prelude.model.encoder import ACTIVATION_FUNCTIONS, Dense, EncoderLM, LayerNorm, Rename
 from prelude.model.layers import Embedding, Linear, RotaryEmbedding
 
 MODERNBERT_RENAMES: tuple[Rename, ...] = (
@@ -27,16 +27,16 @@ class ModernBertAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wqkv = dense(config.hidden_size, 3 * config.hidden_size, bias=bias)
-        self.Wo = dense(config.hidden_size, config.hidden_size, bias=bias)
+        self.Wqkv = Dense(config.hidden_size, 3 * config.hidden_size, bias=bias)
+        self.Wo = Dense(config.hidden_size, config.hidden_size, bias=bias)
 
 
 class ModernBertMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.encoder is not None and config.encoder.bias
-        self.Wi = dense(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.Wo = dense(config.intermediate_size, config.hidden_size, bias=bias)
+        self.Wi = Dense(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.Wo = Dense(config.intermediate_size, config.hidden_size, bias=bias)
 
 
 class ModernBertLayer(nn.Module):
@@ -77,7 +77,7 @@ class ModernBertHead(nn.Module):
         super().__init__()
         e = config.encoder
         assert e is not None
-        self.dense = dense(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
+        self.dense = Dense(config.hidden_size, config.hidden_size, bias=e.classifier_bias)
         self.norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
 
 
@@ -102,7 +102,7 @@ class ModernBertLM(EncoderLM):
         self.classifier_act = ACTIVATION_FUNCTIONS[e.classifier_activation]
         if config.head == "ForSequenceClassification":
             self.head = ModernBertHead(config)
-            self.classifier = dense(config.hidden_size, config.num_labels, bias=True)
+            self.classifier = Dense(config.hidden_size, config.num_labels, bias=True)
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.embeddings.norm(self.embeddings.tok_embeddings(input_ids))

@@ -28,7 +28,7 @@ def test_rms_norm_with_and_without_residual(rows, dim):
     torch.testing.assert_close(summed, ref_summed)
 
 
-@pytest.mark.parametrize("rows", [1, 20, 170])  # 170 x 384 is past ENCODER_NATIVE_FLOATS: torch's
+@pytest.mark.parametrize("rows", [1, 20, 170])  # 170 x 384 is split across the native team
 @pytest.mark.parametrize("bias", [True, False])
 @torch.inference_mode()
 def test_encoder_layer_norm_after_its_residual_add(rows, bias):
