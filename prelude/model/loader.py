@@ -42,8 +42,9 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     stored). A decoder's activations are fp32 on the native kernels whatever its weights are
     stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
     after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
-    quantized). Encoders and fp16 run on torch's ops in the dtype asked
-    for. A checkpoint of int8 weights stays int8."""
+    quantized). An encoder in fp32 keeps its dense layers' weights packed (EncoderLM.store_weights);
+    in bf16, and fp16 models, run on torch's ops in the dtype asked for. A checkpoint of int8
+    weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
             raise UnsupportedModel("--quantization int8 serves decoder models; "
@@ -98,8 +99,8 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
 def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
                max_positions: int, ops: Ops = TORCH_OPS,
                weight_format: str | None = "float32") -> DecoderLM | EncoderLM:
-    """The checkpoint's model; on the CPU a decoder's weights are then stored for the native
-    kernels in `weight_format` (cpu_weight_format; None: left as loaded)."""
+    """The checkpoint's model; on the CPU its weights are then stored for the native kernels in
+    `weight_format` (cpu_weight_format; None: left as loaded)."""
     model_dir = Path(model_dir)
     start = time.perf_counter()
     model = build_model(config, dtype, device, max_positions, ops)

@@ -92,3 +92,4 @@ def test_int8_is_refused_for_an_encoder_with_its_reason(tmp_path):
     with pytest.raises(UnsupportedModel, match="--quantization int8 serves decoder models"):
         cpu_weight_format(torch.float32, "int8", config)
     assert cpu_weight_format(torch.bfloat16, "none", config) == (torch.bfloat16, None)  # torch's ops, as asked
+    assert cpu_weight_format(torch.float32, "none", config) == (torch.float32, "float32")  # packed dense layers
