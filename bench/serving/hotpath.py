@@ -199,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     own, server_args = split_server_args(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    if args.rounds < 2:
+        parser.error("--rounds must be at least 2: the two halves of the rounds are the ratio's two runs")
     sections = {s.strip() for s in args.sections.split(",")}
     base = [*(["--model", args.model] if args.model else []), *server_args]
     labels_ablation, labels_preemption = ("oneshot", "ablation"), ("default", "no-preemption")

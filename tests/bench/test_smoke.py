@@ -155,3 +155,11 @@ def test_long_short_bench_runs_a_policy_and_the_overload(tmp_path, capsys):
     overload = report["overload"]
     assert overload["accepted"] >= 8 and overload["refused"] > 0 and overload["other"] == 0, overload
     assert "SLO %" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_hotpath_refuses_a_single_round_before_starting_a_server(capsys):
+    from bench.serving import hotpath
+
+    with pytest.raises(SystemExit) as refused:
+        hotpath.main(["--rounds", "1"])
+    assert refused.value.code == 2 and "--rounds must be at least 2" in capsys.readouterr().err
