@@ -1,8 +1,8 @@
 """An encoder's attention over a flattened step: every row's queries attend to all of the row's
 own tokens (or, with a window, to those at most `window` positions away), nothing is cached.
 
-On the CPU in fp32 without a window, each row goes to the native prefill kernel
-(kernels/cpu/prefill_attention.hpp, every key seen): it reads q, k and v where the fused
+On the CPU in fp32, each row goes to the native prefill kernel (kernels/cpu/prefill_attention.hpp,
+every key seen) unless a window hides some of its keys: it reads q, k and v where the fused
 projection left them and writes the output in place. Elsewhere, short rows run as one padded
 batch under a key mask (one call instead of one per row), long rows one at a time without a
 mask on torch's flash kernel, where a mask would send the whole batch down its quadratic math
@@ -29,13 +29,13 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
                             window: int = 0) -> torch.Tensor:
     """q, k, v: [tokens, heads, head_dim] (as many K/V heads as query heads); the result is q's shape."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if not window and _native_takes(q, k, v):
-        _native_rows(q, k, v, query_starts, out)
-        return out
+    native = _native_takes(q, k, v)
     short = []
     for row in range(len(query_starts) - 1):
         start, end = query_starts[row], query_starts[row + 1]
-        if end - start <= PADDED_ROW_TOKENS:
+        if native and (not window or end - start <= window + 1):  # the window spans the whole row
+            _native_row(q, k, v, start, end, out)
+        elif end - start <= PADDED_ROW_TOKENS:
             short.append((start, end))
         else:
             out[start:end] = _row(q[start:end], k[start:end], v[start:end], window)
@@ -52,17 +52,13 @@ def _native_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and all(t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v)))
 
 
-def _native_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_starts: Sequence[int],
-                 out: torch.Tensor) -> None:
+def _native_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, end: int, out: torch.Tensor) -> None:
     assert bidirectional_prefill is not None
-    heads, dim = q.shape[1], q.shape[2]
-    scale, threads = 1.0 / math.sqrt(dim), torch.get_num_threads()
-    rows = [(query_starts[i], query_starts[i + 1]) for i in range(len(query_starts) - 1)]
-    for start, end in rows:
-        if end > start:
-            bidirectional_prefill(q[start].data_ptr(), k[start].data_ptr(), v[start].data_ptr(),
-                                  out[start].data_ptr(), end - start, heads, dim, q.stride(0), k.stride(0),
-                                  v.stride(0), scale, threads)
+    if end > start:
+        dim = q.shape[2]
+        bidirectional_prefill(q[start].data_ptr(), k[start].data_ptr(), v[start].data_ptr(), out[start].data_ptr(),
+                              end - start, q.shape[1], dim, q.stride(0), k.stride(0), v.stride(0),
+                              1.0 / math.sqrt(dim), torch.get_num_threads())
 
 
 def _row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
