@@ -19,7 +19,8 @@ cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
                      int threads)
 
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
-    void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads)
+    void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
+                     const float* bias, long activation)
 
 cdef extern from "vnni_gemm.hpp" namespace "prelude_cpu" nogil:
     bint has_avx512_vnni()
@@ -81,30 +82,15 @@ def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t 
 
 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,
-           size_t out_ptr, long outputs, int threads) -> None:
-    """out[n, outputs] = x[n, inputs] @ w.T (kernels/cpu/linear.hpp), x and out fp32; w in
-    `format` (0 fp32, 1 bf16, 2 int8 with its scales) by rows (layout 0) or packed (1, pack_linear's).
-    Contiguous, inputs % 8 == 0."""
+           size_t out_ptr, long outputs, int threads, size_t bias_ptr=0, long activation=0) -> None:
+    """out[n, outputs] = act(x[n, inputs] @ w.T + bias) (kernels/cpu/linear.hpp), x and out fp32; w
+    in `format` (0 fp32, 1 bf16, 2 int8 with its scales) by rows (layout 0) or packed (1,
+    pack_linear's); bias fp32 (0: none), activation 0 none or 1 GELU (the erf form). Contiguous,
+    inputs % 8 == 0."""
     cdef Weight w
     w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
     with nogil:
-        linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads)
-
-
-cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
-    void packed_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
-                     const float* bias, long activation)
-
-
-def dense(size_t x_ptr, long n, size_t w_ptr, size_t bias_ptr, long activation, long inputs, size_t out_ptr,
-          long outputs, int threads) -> None:
-    """out[n, outputs] = act(x[n, inputs] @ w.T + bias) (kernels/cpu/packed_gemm.hpp), all fp32, w
-    packed (pack_linear's), bias 0 when absent, activation 0 none or 1 GELU (the erf form).
-    Contiguous, inputs % 8 == 0."""
-    cdef Weight w
-    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>NULL, 0, 1
-    with nogil:
-        packed_gemm(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads, <const float*>bias_ptr,
+        linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads, <const float*>bias_ptr,
                     activation)
 
 

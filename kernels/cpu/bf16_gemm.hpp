@@ -76,7 +76,7 @@ PRELUDE_BF16 __attribute__((always_inline)) static inline void bf16_tile(const b
 }
 
 PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed, long inputs, float* out, long outputs,
-                                     long p_begin, long p_end) {
+                                     long p_begin, long p_end, const float* bias, long activation) {
     // Rows for one tile read each panel once, whole, in order (bound by memory); more rows go in
     // K slices, so that a panel's slice stays in L1 while their tiles pass over it.
     const bool stream = n <= kBf16Rows;
@@ -103,6 +103,7 @@ PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed,
                         default: bf16_tile<1>(x, inputs, panel, k0, k1, later, o, outputs, cols, stream); break;
                     }
                 }
+                if (k1 == inputs) finish_block(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
             }
         }
     }
@@ -110,19 +111,21 @@ PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed,
 #undef PRELUDE_BF16
 
 // out[n, outputs] = x . w^T for a bf16 panel weight, on the thread team: rows rounded to bf16 in
-// ranges, then panels in ranges.
-static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
+// ranges, then panels in ranges; `bias` and `activation`: packed_gemm.hpp's epilogue.
+static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
+                      const float* bias = nullptr, long activation = kNoActivation) {
     std::unique_ptr<bf16[]> xb(new bf16[n * inputs]);
     parallel_ranges(n, threads_worth(n * inputs, threads), 1, [&](long begin, long end) {
         for (long i = begin * inputs; i < end * inputs; ++i) xb[i] = to_bf16(x[i]);
     });
     const long panels = (outputs + kPanel - 1) / kPanel;
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
-        bf16_panels(xb.get(), n, static_cast<const bf16*>(w.data), inputs, out, outputs, begin, end);
+        bf16_panels(xb.get(), n, static_cast<const bf16*>(w.data), inputs, out, outputs, begin, end, bias, activation);
     });
 }
 #else
-static void bf16_gemm(const float*, long, const Weight&, long, float*, long, int) {}
+static void bf16_gemm(const float*, long, const Weight&, long, float*, long, int, const float* = nullptr,
+                      long = kNoActivation) {}
 #endif
 
 }  // namespace prelude_cpu

@@ -40,8 +40,8 @@ BY_ROWS, PANELS = 0, 1
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
 # faster than widened by rows); lookups gather from either.
 HEAD_LAYOUTS = {"int8": PANELS}
-# What the fp32 panel kernel can apply to its products before it stores them
-# (kernels/cpu/packed_gemm.hpp's Activation): an encoder's dense layers.
+# What the kernels can apply to a product before they store it (kernels/cpu/packed_gemm.hpp's
+# Activation): an encoder's dense layers.
 EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
 
 
@@ -61,19 +61,14 @@ class StoredWeight:
         return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
-        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs]. `bias`
-        (fp32 [outputs], contiguous) and `activation` (EPILOGUE_ACTIVATIONS) run in the product's
-        epilogue, for an fp32 weight in panels only."""
+        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs], plus `bias`
+        (fp32 [outputs], contiguous) and through `activation` (EPILOGUE_ACTIVATIONS), both applied in
+        the product's epilogue."""
         assert _native is not None
         out = x.new_empty(x.shape[0], self.outputs)
-        if bias is not None or activation is not None:
-            assert self.format == "float32" and self.layout == PANELS, "epilogues are the fp32 panel kernel's"
-            _native.dense(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(bias),
-                          EPILOGUE_ACTIVATIONS[activation], self.inputs, out.data_ptr(), self.outputs,
-                          torch.get_num_threads())
-            return out
         _native.matmul(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0],
-                       self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads())
+                       self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads(),
+                       _pointer(bias), EPILOGUE_ACTIVATIONS[activation])
         return out
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:

@@ -51,15 +51,16 @@ def test_equals_the_matmul(vocab: int, rows: int):
         torch.testing.assert_close(out, hidden @ weight.t(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("layout", [BY_ROWS, PANELS])
 @pytest.mark.parametrize("rows", [1, 6, 7, 200, 400])  # streamed, one tile, tiles, row blocks
-@pytest.mark.parametrize("outputs", [40, 1536])  # a part panel, whole ones
 @pytest.mark.parametrize("activation", [None, "gelu"])
-def test_the_epilogue_adds_the_bias_then_the_activation(rows: int, outputs: int, activation: str | None):
-    gen = torch.Generator().manual_seed(rows + outputs)
-    weight, bias = torch.randn(outputs, 384, generator=gen) / 8, torch.randn(outputs, generator=gen)
+def test_the_epilogue_adds_the_bias_then_the_activation(format: str, layout: int, rows: int, activation: str | None):
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(1000, 384, generator=gen) / 8, torch.randn(1000, generator=gen)  # a part panel
     hidden = torch.randn(rows, 384, generator=gen)
-    out = store(weight, "float32", PANELS).matmul(hidden, bias, activation)
-    expected = torch.nn.functional.linear(hidden, weight, bias)
+    out = store(weight, format, layout).matmul(hidden, bias, activation)
+    expected = _product(hidden, weight, format, layout) + bias
     if activation == "gelu":
         expected = torch.nn.functional.gelu(expected)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
