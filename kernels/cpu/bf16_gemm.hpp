@@ -4,8 +4,10 @@
 // an fp32 FMA does 16, with nothing to widen. The sums stay fp32.
 //
 // The panel layout is packed_gemm.hpp's for bf16: output j's two consecutive k in lane j of a
-// 64-byte group, the pair vdpbf16ps reads. Rows go in blocks and K in slices as in
-// packed_gemm.hpp; a tile is up to 8 rows by one panel, an fp32 accumulator each.
+// 64-byte group, the pair vdpbf16ps reads. Rows go in blocks as in packed_gemm.hpp, K in its
+// slices only past 2 slices' worth (a slice boundary costs the tiles a reload of their sums); a
+// tile is up to 8 rows by two neighbouring panels (one at a range's edge), an fp32 accumulator
+// each.
 #pragma once
 #include <immintrin.h>
 
@@ -75,12 +77,42 @@ PRELUDE_BF16 __attribute__((always_inline)) static inline void bf16_tile(const b
     }
 }
 
+// R rows times two whole neighbouring panels' slices (32 columns): each broadcast pair of a row
+// feeds two products, half the broadcasts per product of bf16_tile (which oneDNN's larger tiles
+// outran by 1.4x at thousands of rows).
+template <int R>
+PRELUDE_BF16 __attribute__((always_inline)) static inline void bf16_tile_pair(const bf16* xb, long inputs,
+                                                                              const bf16* panel, long k0, long k1,
+                                                                              bool accumulate, float* out,
+                                                                              long outputs) {
+    const bf16* next = panel + inputs * kPanel;
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (long k = k0; k < k1; k += 2) {
+        const __m512i w0 = _mm512_loadu_si512(panel + k * kPanel), w1 = _mm512_loadu_si512(next + k * kPanel);
+        for (int r = 0; r < R; ++r) {
+            int32_t pair;
+            std::memcpy(&pair, xb + r * inputs + k, sizeof(pair));
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, (__m512bh)w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, (__m512bh)w1);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+            float* o = out + r * outputs + h * kPanel;
+            __m512 v = acc[r][h];
+            if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(o));
+            _mm512_storeu_ps(o, v);
+        }
+}
+
 PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed, long inputs, float* out, long outputs,
                                      long p_begin, long p_end, const float* bias, long activation) {
     // Rows for one tile read each panel once, whole, in order (bound by memory); more rows go in
     // K slices, so that a panel's slice stays in L1 while their tiles pass over it.
     const bool stream = n <= kBf16Rows;
-    const long slice = stream ? inputs : kSliceK;
+    const long slice = stream || inputs <= 2 * kSliceK ? inputs : kSliceK;
     for (long r0 = 0; r0 < n; r0 += kBlockRows) {
         const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
         for (long k0 = 0; k0 < inputs; k0 += slice) {
@@ -88,6 +120,27 @@ PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed,
             for (long p = p_begin; p < p_end; ++p) {
                 const bf16* panel = packed + p * inputs * kPanel;
                 const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
+                if (!stream && p + 1 < p_end && col + 2 * kPanel <= outputs) {
+                    for (long i = r0; i < r1; i += kBf16Rows) {
+                        const bf16* x = xb + i * inputs;
+                        float* o = out + i * outputs + col;
+                        const bool later = k0 != 0;
+                        switch (r1 - i < kBf16Rows ? r1 - i : kBf16Rows) {
+                            case 8: bf16_tile_pair<8>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 7: bf16_tile_pair<7>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 6: bf16_tile_pair<6>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 5: bf16_tile_pair<5>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 4: bf16_tile_pair<4>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 3: bf16_tile_pair<3>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            case 2: bf16_tile_pair<2>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                            default: bf16_tile_pair<1>(x, inputs, panel, k0, k1, later, o, outputs); break;
+                        }
+                    }
+                    if (k1 == inputs)
+                        finish_block(out + r0 * outputs, r1 - r0, outputs, col, 2 * kPanel, bias, activation);
+                    ++p;
+                    continue;
+                }
                 for (long i = r0; i < r1; i += kBf16Rows) {
                     const bf16* x = xb + i * inputs;
                     float* o = out + i * outputs + col;
