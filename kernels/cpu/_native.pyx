@@ -232,8 +232,9 @@ def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int thread
         team_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr, threads)
 
 
-# An encoder's LayerNorm and GELU run on the calling thread, GIL held: kernels/cpu/ops.py hands
-# them only a few rows (larger inputs stay on torch's threads).
+# An encoder's LayerNorm runs on the team (where its rows are worth it), without the GIL; its GELU
+# on the calling thread, GIL held: kernels/cpu/ops.py hands it only a few rows (BERT's runs in
+# its dense layer's epilogue, larger ones stay on torch's threads).
 def layer_norm(size_t x_ptr, size_t residual_ptr, long rows, long dim, size_t weight_ptr, size_t bias_ptr,
                float eps, size_t out_ptr, int threads) -> None:
     """out = LayerNorm(x (+ residual)) * weight (+ bias) per row; 0 pointers when absent; all

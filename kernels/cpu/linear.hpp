@@ -16,12 +16,15 @@ namespace prelude_cpu {
 // in the panel kernels' blocks; the by-rows and int8-product kernels apply it after the product.
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
-    const bool after = w.layout == kByRows || (w.format == kI8 && has_avx512_vnni());
-    if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
-    else if (w.format == kI8 && has_avx512_vnni()) vnni_gemm(x, n, w, inputs, out, outputs, threads);
-    else if (w.format == kBF16 && has_avx512_bf16()) bf16_gemm(x, n, w, inputs, out, outputs, threads, bias, activation);
-    else packed_gemm(x, n, w, inputs, out, outputs, threads, bias, activation);
-    if (after) finish_block(out, n, outputs, 0, outputs, bias, activation);
+    if (w.layout == kByRows || (w.format == kI8 && has_avx512_vnni())) {
+        if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
+        else vnni_gemm(x, n, w, inputs, out, outputs, threads);
+        finish_block(out, n, outputs, 0, outputs, bias, activation);
+    } else if (w.format == kBF16 && has_avx512_bf16()) {
+        bf16_gemm(x, n, w, inputs, out, outputs, threads, bias, activation);
+    } else {
+        packed_gemm(x, n, w, inputs, out, outputs, threads, bias, activation);
+    }
 }
 
 }  // namespace prelude_cpu

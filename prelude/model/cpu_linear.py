@@ -124,22 +124,28 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           stored: StoredWeight | None = None) -> torch.Tensor:
-    """x [..., in] times weight [out, in] transposed, plus bias: F.linear's contract. `stored`:
-    the weight as the kernels keep it (then `weight` may be empty: it was dropped)."""
+           stored: StoredWeight | None = None, activation: str | None = None) -> torch.Tensor:
+    """x [..., in] times weight [out, in] transposed, plus bias: F.linear's contract, then
+    `activation` (EPILOGUE_ACTIVATIONS; on the native kernels, bias and activation run in the
+    product's epilogue). `stored`: the weight as the kernels keep it (then `weight` may be
+    empty: it was dropped)."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
-    native = (x.dtype == torch.float32 and not torch.is_grad_enabled() and rows > 0 and x.device.type == "cpu")
+    native = x.dtype == torch.float32 and x.is_cpu and rows > 0 and not torch.is_grad_enabled()
     if stored is None:
         if not native or not storable(weight, "float32", BY_ROWS) or rows > MAX_SKINNY_ROWS:
-            return F.linear(x, weight, bias)
+            return _activated(F.linear(x, weight, bias), activation)
         stored = StoredWeight(weight.contiguous(), None, "float32", BY_ROWS, *weight.shape)
     elif not native:
-        return F.linear(x, dequantized(stored).to(x.dtype), bias)
-    out = stored.matmul(x.reshape(rows, width).contiguous())
-    if bias is not None:
-        out += bias
-    return out.view(*x.shape[:-1], stored.outputs)
+        return _activated(F.linear(x, dequantized(stored).to(x.dtype), bias), activation)
+    if x.dim() == 2:  # an encoder's and a step's rows: no view to make on either side
+        return stored.matmul(x.contiguous(), bias, activation)
+    return stored.matmul(x.reshape(rows, width).contiguous(), bias, activation).view(*x.shape[:-1], stored.outputs)
+
+
+def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """torch's own form of an epilogue activation, where the kernels do not run the product."""
+    return F.gelu(out) if activation == "gelu" else out
 
 
 def dequantized(stored: StoredWeight) -> torch.Tensor:

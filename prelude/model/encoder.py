@@ -18,7 +18,7 @@ from kernels.cpu import ops as cpu_ops
 from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
-from prelude.model.cpu_linear import EPILOGUE_ACTIVATIONS, PANELS
+from prelude.model.cpu_linear import EPILOGUE_ACTIVATIONS, PANELS, linear
 from prelude.model.layers import Linear
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -45,18 +45,15 @@ class Dense(Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None):
         super().__init__(in_features, out_features, bias=bias)
-        self.activation = activation
-        self.act = None if activation is None else ACTIVATION_FUNCTIONS[activation]
+        # An activation the kernels' epilogue has goes to the product (cpu_linear.linear), any
+        # other runs after it.
+        fused = activation in EPILOGUE_ACTIVATIONS
+        self.epilogue = activation if fused else None
+        self.after = None if fused or activation is None else ACTIVATION_FUNCTIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        stored = self.stored
-        if (stored is not None and stored.layout == PANELS and x.dim() == 2 and x.dtype == torch.float32
-                and not torch.is_grad_enabled()):
-            fused = self.activation if self.activation in EPILOGUE_ACTIVATIONS else None
-            out = stored.matmul(x.contiguous(), self.bias, fused)
-            return out if fused == self.activation or self.act is None else self.act(out)
-        out = super().forward(x)
-        return out if self.act is None else self.act(out)
+        out = linear(x, self.weight, self.bias, self.stored, self.epilogue)
+        return out if self.after is None else self.after(out)
 
 
 class LayerNorm(nn.Module):
