@@ -127,6 +127,7 @@ cdef extern from "prefill_attention.hpp" namespace "prelude_cpu" nogil:
         long context, block_size, cache_block_stride, cache_token_stride
         bint bidirectional
     void prefill_attention(const PrefillAttention& a, int threads)
+    void encoder_rows_attention(const PrefillAttention& step, const long* spans, long rows, int threads)
 
 
 def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long fresh, long heads,
@@ -149,20 +150,22 @@ def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, lon
         prefill_attention(a, threads)
 
 
-def bidirectional_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, long n, long heads, long dim,
-                          long q_stride, long k_stride, long v_stride, float scale, int threads) -> None:
-    """An encoder row's attention: out[i, h] = softmax(q[i, h] . K^T * scale) V over all n keys of
-    head h. q, k, v [n, heads, dim], each with its token stride (heads contiguous within a token),
-    out [n, heads, dim] contiguous; fp32, dim % 8 == 0."""
+def bidirectional_rows(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, size_t spans_ptr, long rows,
+                       long heads, long dim, long q_stride, long k_stride, long v_stride, float scale,
+                       int threads) -> None:
+    """An encoder step's attention, every row at once: row r is tokens [spans[2r], spans[2r + 1])
+    (spans int64), out[i, h] = softmax(q[i, h] . K^T * scale) V over every key of i's row in head
+    h. q, k, v [tokens, heads, dim] of the step, each with its token stride; out [tokens,
+    heads, dim] contiguous; fp32, dim % 8 == 0."""
     cdef PrefillAttention a
     a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr
-    a.n, a.m, a.heads, a.kv_heads, a.dim = n, n, heads, heads, dim
+    a.n, a.m, a.heads, a.kv_heads, a.dim = 0, 0, heads, heads, dim
     a.q_stride, a.k_stride, a.v_stride, a.scale = q_stride, k_stride, v_stride, scale
     a.k_cache, a.v_cache, a.block_table = <const float*>NULL, <const float*>NULL, <const long*>NULL
     a.context, a.block_size, a.cache_block_stride, a.cache_token_stride = 0, 1, 0, 0
     a.bidirectional = True
     with nogil:
-        prefill_attention(a, threads)
+        encoder_rows_attention(a, <const long*>spans_ptr, rows, threads)
 
 
 cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:

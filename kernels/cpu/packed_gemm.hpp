@@ -115,6 +115,18 @@ enum Activation : long { kNoActivation = 0, kGelu = 1 };
 __attribute__((always_inline)) static inline void finish_block(float* out, long rows, long outputs, long col,
                                                                long cols, const float* bias, long activation) {
     if (bias == nullptr && activation == kNoActivation) return;
+    if (cols == kPanel) {  // a whole panel: straight vector loads (the copies below are calls when n varies)
+        const v8f zero{};
+        const v8f b0 = bias != nullptr ? load8(bias + col) : zero, b1 = bias != nullptr ? load8(bias + col + 8) : zero;
+        for (long r = 0; r < rows; ++r) {
+            float* o = out + r * outputs + col;
+            v8f lo = load8(o) + b0, hi = load8(o + 8) + b1;
+            if (activation == kGelu) lo = gelu8(lo), hi = gelu8(hi);
+            store8(o, lo);
+            store8(o + 8, hi);
+        }
+        return;
+    }
     for (long r = 0; r < rows; ++r) {
         float* o = out + r * outputs + col;
         for (long j = 0; j < cols; j += 8) {

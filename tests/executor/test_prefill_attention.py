@@ -84,3 +84,26 @@ def test_declines_what_it_does_not_compute():
     assert ops.causal_prefill(long, long, long, ops.CachedContext.whole(context[:100], context[:100])) is not None
     short = long[:ops.WIDE_HEAD_MAX_QUERIES]
     assert ops.causal_prefill(short, short, short, ops.CachedContext.whole(context, context)) is not None
+
+
+@pytest.mark.skipif(not ops.built, reason="kernels.cpu is not built")
+@pytest.mark.parametrize("lengths", [[1], [22] * 32, [200, 3, 1, 64, 17, 120, 9], [5, 300]])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_an_encoder_steps_rows_attend_to_their_own_tokens_in_one_call(lengths, threads):
+    """Rows of an encoder step, bidirectional, each over its own tokens only, split across the
+    threads by work (ranges crossing rows)."""
+    from prelude.executor.attention import encoder_attention
+
+    heads, dim = 12, 32
+    gen = torch.Generator().manual_seed(sum(lengths) + threads)
+    tokens = sum(lengths)
+    qkv = torch.randn(tokens, 3 * heads, dim, generator=gen)  # as the fused projection leaves them
+    q, k, v = qkv[:, :heads], qkv[:, heads:2 * heads], qkv[:, 2 * heads:]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    out = _threads(threads, lambda: encoder_attention.bidirectional_attention(q, k, v, starts))
+    for start, end in zip(starts, starts[1:]):
+        scores = torch.einsum("nhd,mhd->hnm", q[start:end].double(), k[start:end].double()) / dim ** 0.5
+        expected = torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v[start:end].double()).float()
+        torch.testing.assert_close(out[start:end], expected, rtol=1e-5, atol=1e-5)

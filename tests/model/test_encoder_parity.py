@@ -48,8 +48,8 @@ def _ours(path, family):
 @pytest.mark.parametrize("family,head,extra", CASES, ids=lambda c: c if isinstance(c, str) else "")
 def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, family, head, extra, native):
     if not native:
-        monkeypatch.setattr(encoder_attention, "bidirectional_prefill", None)
-    elif encoder_attention.bidirectional_prefill is None:
+        monkeypatch.setattr(encoder_attention, "bidirectional_rows", None)
+    elif encoder_attention.bidirectional_rows is None:
         pytest.skip("kernels.cpu is not built")
     path = make_checkpoint(tmp_path / family, family, head=head, **extra)
     config, model, attention = _ours(path, family)

@@ -1,25 +1,26 @@
 """An encoder's attention over a flattened step: every row's queries attend to all of the row's
 own tokens (or, with a window, to those at most `window` positions away), nothing is cached.
 
-On the CPU in fp32, each row goes to the native prefill kernel (kernels/cpu/prefill_attention.hpp,
-every key seen) unless a window hides some of its keys: it reads q, k and v where the fused
-projection left them and writes the output in place. Elsewhere, short rows run as one padded
+On the CPU in fp32, the rows go to the native prefill kernel in one call
+(kernels/cpu/prefill_attention.hpp, every key seen), except a row whose window hides some of its
+keys: it reads q, k and v where the fused projection left them and writes the output in place. Elsewhere, short rows run as one padded
 batch under a key mask (one call instead of one per row), long rows one at a time without a
 mask on torch's flash kernel, where a mask would send the whole batch down its quadratic math
 path."""
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-bidirectional_prefill: Callable[..., None] | None
+bidirectional_rows: Callable[..., None] | None
 try:
-    from kernels.cpu._native import bidirectional_prefill
+    from kernels.cpu._native import bidirectional_rows
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    bidirectional_prefill = None
+    bidirectional_rows = None
 
 # Rows up to this many tokens are batched (padded to the longest of them).
 PADDED_ROW_TOKENS = 64
@@ -30,11 +31,12 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     """q, k, v: [tokens, heads, head_dim] (as many K/V heads as query heads); the result is q's shape."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     native = _native_takes(q, k, v)
+    spans: list[int] = []  # (start, end) of each row for the native kernel
     short = []
     for row in range(len(query_starts) - 1):
         start, end = query_starts[row], query_starts[row + 1]
         if native and (not window or end - start <= window + 1):  # the window spans the whole row
-            _native_row(q, k, v, start, end, out)
+            spans += (start, end)
         elif end - start <= PADDED_ROW_TOKENS:
             short.append((start, end))
         else:
@@ -44,21 +46,24 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
         out[start:end] = _row(q[start:end], k[start:end], v[start:end], window)
     elif short:
         _padded(q, k, v, short, window, out)
+    if spans:
+        _native_rows(q, k, v, spans, out)
     return out
 
 
 def _native_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    return (bidirectional_prefill is not None and q.device.type == "cpu" and q.shape[-1] % 8 == 0
+    return (bidirectional_rows is not None and q.device.type == "cpu" and q.shape[-1] % 8 == 0
             and all(t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (q, k, v)))
 
 
-def _native_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, end: int, out: torch.Tensor) -> None:
-    assert bidirectional_prefill is not None
-    if end > start:
-        dim = q.shape[2]
-        bidirectional_prefill(q[start].data_ptr(), k[start].data_ptr(), v[start].data_ptr(), out[start].data_ptr(),
-                              end - start, q.shape[1], dim, q.stride(0), k.stride(0), v.stride(0),
-                              1.0 / math.sqrt(dim), torch.get_num_threads())
+def _native_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: list[int], out: torch.Tensor) -> None:
+    """The rows [spans[2r], spans[2r + 1]) in one native call (one team dispatch for the step)."""
+    assert bidirectional_rows is not None
+    bounds = array("q", spans)
+    dim = q.shape[2]
+    bidirectional_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), bounds.buffer_info()[0],
+                       len(spans) // 2, q.shape[1], dim, q.stride(0), k.stride(0), v.stride(0), 1.0 / math.sqrt(dim),
+                       torch.get_num_threads())
 
 
 def _row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
