@@ -149,15 +149,19 @@ __attribute__((always_inline)) static inline void finish_block(float* out, long 
 template <int R, typename T, bool kPrefetch = false>
 __attribute__((always_inline)) static inline void panel_tile(const float* x, long inputs, const T* panel,
                                                              const float* scale, long k0, long k1, bool accumulate,
-                                                             float* out, long outputs, long cols) {
+                                                             float* out, long outputs, long cols,
+                                                             const char* fetch, long fetch_lines) {
     constexpr long kSteps = PanelWiden<T>::kElems / kPanel;  // k per group
     static_assert(kPanel * kSteps * sizeof(T) == 64, "a group is one cache line");
     v8f lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = v8f{};
-    for (long k = k0; k < k1; k += kSteps) {
+    for (long k = k0, group = 0; k < k1; k += kSteps, ++group) {
         // Streaming (few rows, bound by memory): 8 KB ahead into L2, past the panel's end into
         // the next panel, which follows it; a line per group read.
         if constexpr (kPrefetch) __builtin_prefetch((const char*)(panel + k * kPanel) + kPrefetchAheadBytes, 0, 1);
+        // Blocked: this tile's share of the next panel's lines, one per group, paced by the
+        // products instead of all at the tile's start.
+        if (group < fetch_lines) __builtin_prefetch(fetch + group * 64, 0, 1);
         v8f b[2 * kSteps];
         PanelWiden<T>::load(panel + k * kPanel, b);
         for (long step = 0; step < kSteps; ++step)
@@ -187,14 +191,15 @@ __attribute__((always_inline)) static inline void panel_tile(const float* x, lon
 template <typename T, bool kPrefetch = false>
 __attribute__((always_inline)) static inline void panel_tiles(const float* x, long rows, long inputs, const T* panel,
                                                               const float* scale, long k0, long k1, bool accumulate,
-                                                              float* out, long outputs, long cols) {
+                                                              float* out, long outputs, long cols,
+                                                              const char* fetch = nullptr, long fetch_lines = 0) {
     switch (rows) {
-        case 6: panel_tile<6, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 5: panel_tile<5, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 4: panel_tile<4, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 3: panel_tile<3, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        case 2: panel_tile<2, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
-        default: panel_tile<1, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols); break;
+        case 6: panel_tile<6, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
+        case 5: panel_tile<5, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
+        case 4: panel_tile<4, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
+        case 3: panel_tile<3, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
+        case 2: panel_tile<2, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
+        default: panel_tile<1, T, kPrefetch>(x, inputs, panel, scale, k0, k1, accumulate, out, outputs, cols, fetch, fetch_lines); break;
     }
 }
 
@@ -249,7 +254,9 @@ __attribute__((always_inline)) static inline void packed_panels_body(const float
         for (long k0 = 0; k0 < inputs; k0 += kSliceK) {
             const long k1 = k0 + kSliceK < inputs ? k0 + kSliceK : inputs;
             // The next panel's slice (a cache line per 64 bytes of it) is fetched a share per
-            // tile, so that it is on its way from memory while this one's tiles compute.
+            // tile, so that it is on its way from memory while this one's tiles compute: a burst
+            // of a share at each tile's start read the weights of 8-64 rows at a third of the
+            // memory's speed.
             const long lines = ((k1 - k0) * kPanel * (long)sizeof(T) + 63) / 64;
             const long lines_per_tile = (lines + tiles - 1) / tiles;
             for (long p = p_begin; p < p_end; ++p) {
@@ -266,12 +273,11 @@ __attribute__((always_inline)) static inline void packed_panels_body(const float
                 }
                 long line = 0;
                 for (long i = r0; i < r1; i += kTileRows) {
-                    if (next != nullptr)
-                        for (const long end = line + lines_per_tile < lines ? line + lines_per_tile : lines;
-                             line < end; ++line)
-                            __builtin_prefetch(next + line * 64);
+                    const long take = next == nullptr ? 0 : lines - line < lines_per_tile ? lines - line : lines_per_tile;
                     panel_tiles(x + i * inputs + k0 - first, r1 - i < kTileRows ? r1 - i : kTileRows, inputs, slice,
-                                nullptr, first, first + k1 - k0, k0 != 0, out + i * outputs + col, outputs, cols);
+                                nullptr, first, first + k1 - k0, k0 != 0, out + i * outputs + col, outputs, cols,
+                                take > 0 ? next + line * 64 : nullptr, take);
+                    line += take;
                 }
                 if (k1 == inputs) finish_block(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
             }
