@@ -115,7 +115,7 @@ enum Activation : long { kNoActivation = 0, kGelu = 1 };
 __attribute__((always_inline)) static inline void finish_block(float* out, long rows, long outputs, long col,
                                                                long cols, const float* bias, long activation) {
     if (bias == nullptr && activation == kNoActivation) return;
-    if (cols == kPanel) {  // a whole panel: straight vector loads (the copies below are calls when n varies)
+    if (cols == kPanel) {  // a panel's block: its two vectors a row, unrolled (the loop below ran 6% slower)
         const v8f zero{};
         const v8f b0 = bias != nullptr ? load8(bias + col) : zero, b1 = bias != nullptr ? load8(bias + col + 8) : zero;
         for (long r = 0; r < rows; ++r) {
@@ -127,10 +127,17 @@ __attribute__((always_inline)) static inline void finish_block(float* out, long 
         }
         return;
     }
-    for (long r = 0; r < rows; ++r) {
+    for (long r = 0; r < rows; ++r) {  // any width (a whole by-rows or int8 product's output)
         float* o = out + r * outputs + col;
-        for (long j = 0; j < cols; j += 8) {
-            const long n = cols - j < 8 ? cols - j : 8;
+        long j = 0;
+        for (; j + 8 <= cols; j += 8) {  // whole vectors read and written in place
+            v8f v = load8(o + j);
+            if (bias != nullptr) v += load8(bias + col + j);
+            if (activation == kGelu) v = gelu8(v);
+            store8(o + j, v);
+        }
+        if (j < cols) {  // the last few columns, through a vector's worth of scratch
+            const long n = cols - j;
             alignas(32) float lane[8] = {}, add[8] = {};
             std::memcpy(lane, o + j, n * sizeof(float));
             if (bias != nullptr) std::memcpy(add, bias + col + j, n * sizeof(float));

@@ -71,10 +71,7 @@ struct StepRows {
 
 static void step_linear(const float* x, long rows, const Weight& w, const float* bias, long in, long out_features,
                         float* out, int threads) {
-    linear_rows(x, rows, w, in, out, out_features, threads);
-    if (bias != nullptr)
-        for (long t = 0; t < rows; ++t)
-            for (long o = 0; o < out_features; ++o) out[t * out_features + o] += bias[o];
+    linear_rows(x, rows, w, in, out, out_features, threads, bias);
 }
 
 // Tokens [first, last): their q and k heads normed (Qwen3) and rotated, into q [tokens, q_size]
