@@ -31,7 +31,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
-__all__ = ["gather_last", "rms_norm", "rope_kv_write", "rotate", "silu_and_mul"]
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate) * up
+
+__all__ = ["gather_last", "gelu_and_mul", "rms_norm", "rope_kv_write", "rotate", "silu_and_mul"]
 
 
 def rope_kv_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,

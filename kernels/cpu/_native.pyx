@@ -176,10 +176,11 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
                       float* out)
     void run_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out)
     void run_silu_and_mul(const float* x, long rows, long width, float* out)
+    void run_gelu_and_mul(const float* x, long rows, long width, float* out)
     void team_rms_norm(Strided3 x, const float* weight, float eps, const float* residual, float* residual_out,
                        float* out, int threads)
     void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_stride, float* out, int threads)
-    void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads)
+    void team_gated(bint gelu, const float* x, long rows, long width, float* out, int threads)
     void team_layer_norm(const float* x, const float* residual, long rows, long dim, const float* weight,
                          const float* bias, float eps, float* out, int threads)
     void run_gelu(const float* x, float* out, long n)
@@ -227,12 +228,24 @@ def rotate(size_t x_ptr, long rows, long heads, long dim, long row_stride, long 
 
 def silu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int threads) -> None:
     """out[rows, width] = silu(x[:, :width]) * x[:, width:], both contiguous."""
+    _gated(False, x_ptr, rows, width, out_ptr, threads)
+
+
+def gelu_and_mul(size_t x_ptr, long rows, long width, size_t out_ptr, int threads) -> None:
+    """out[rows, width] = gelu(x[:, :width]) * x[:, width:] (the erf GELU), both contiguous."""
+    _gated(True, x_ptr, rows, width, out_ptr, threads)
+
+
+cdef void _gated(bint gelu, size_t x_ptr, long rows, long width, size_t out_ptr, int threads):
     threads = threads_worth(2 * rows * width, threads)
     if threads == 1:
-        run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
+        if gelu:
+            run_gelu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
+        else:
+            run_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr)
         return
     with nogil:
-        team_silu_and_mul(<const float*>x_ptr, rows, width, <float*>out_ptr, threads)
+        team_gated(gelu, <const float*>x_ptr, rows, width, <float*>out_ptr, threads)
 
 
 # An encoder's LayerNorm runs on the team (where its rows are worth it), without the GIL; its GELU

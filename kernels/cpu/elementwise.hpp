@@ -60,15 +60,17 @@ __attribute__((always_inline)) static inline void rotate_body(Strided3 x, const 
     }
 }
 
-// out[t] = silu(x[t, :width]) * x[t, width:], x [rows, 2 * width] and out [rows, width] contiguous.
-__attribute__((always_inline)) static inline void silu_and_mul_body(const float* x, long rows, long width, float* out) {
+// out[t] = act(x[t, :width]) * x[t, width:], x [rows, 2 * width] and out [rows, width] contiguous;
+// act is SiLU (a decoder's SwiGLU) or, with kGelu, the erf GELU (ModernBERT's GeGLU).
+template <bool kGelu>
+__attribute__((always_inline)) static inline void gated_body(const float* x, long rows, long width, float* out) {
     for (long t = 0; t < rows; ++t) {
         const float* gate = x + t * 2 * width;
         const float* up = gate + width;
         float* dst = out + t * width;
         for (long i = 0; i < width; i += 8) {
             v8f g = load8(gate + i);
-            store8(dst + i, g / (1.0f + exp8(v8f{} - g)) * load8(up + i));
+            store8(dst + i, (kGelu ? gelu8(g) : g / (1.0f + exp8(v8f{} - g))) * load8(up + i));
         }
     }
 }
@@ -114,7 +116,10 @@ PRELUDE_CPU_VARIANTS(rms_norm, (Strided3 x, const float* weight, float eps, cons
                      (x, weight, eps, residual, residual_out, out))
 PRELUDE_CPU_VARIANTS(rotate, (Strided3 x, const float* cos, const float* sin, long cs_stride, float* out),
                      (x, cos, sin, cs_stride, out))
-PRELUDE_CPU_VARIANTS(silu_and_mul, (const float* x, long rows, long width, float* out), (x, rows, width, out))
+PRELUDE_CPU_VARIANTS_OF(silu_and_mul, gated_body<false>, (const float* x, long rows, long width, float* out),
+                        (x, rows, width, out))
+PRELUDE_CPU_VARIANTS_OF(gelu_and_mul, gated_body<true>, (const float* x, long rows, long width, float* out),
+                        (x, rows, width, out))
 
 // The same three over a prompt's many rows, split by rows across `threads` of the team (the
 // caller asked threads_worth): on one thread a prefill's SwiGLU is a visible share of a layer.
@@ -139,9 +144,9 @@ static void team_rotate(Strided3 x, const float* cos, const float* sin, long cs_
     });
 }
 
-static void team_silu_and_mul(const float* x, long rows, long width, float* out, int threads) {
+static void team_gated(bool gelu, const float* x, long rows, long width, float* out, int threads) {
     parallel_ranges(rows, threads, 1, [&](long begin, long end) {
-        run_silu_and_mul(x + begin * 2 * width, end - begin, width, out + begin * width);
+        (gelu ? run_gelu_and_mul : run_silu_and_mul)(x + begin * 2 * width, end - begin, width, out + begin * width);
     });
 }
 

@@ -132,11 +132,21 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _gated(x, "silu")
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU (ModernBERT's MLP): the erf GELU of x's first half times its second half."""
+    return _gated(x, "gelu")
+
+
+def _gated(x: torch.Tensor, activation: str) -> torch.Tensor:
     width = x.shape[-1] // 2
     if x.dim() != 2 or not _native_fp32(x) or width % 8 or not x.is_contiguous():
-        return reference.silu_and_mul(x)
+        return reference.gelu_and_mul(x) if activation == "gelu" else reference.silu_and_mul(x)
     out = torch.empty(x.shape[0], width, dtype=x.dtype)
-    _native.silu_and_mul(x.data_ptr(), x.shape[0], width, out.data_ptr(), torch.get_num_threads())
+    native = _native.gelu_and_mul if activation == "gelu" else _native.silu_and_mul
+    native(x.data_ptr(), x.shape[0], width, out.data_ptr(), torch.get_num_threads())
     return out
 
 

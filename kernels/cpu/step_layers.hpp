@@ -272,7 +272,7 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
                           threads_worth(rows * hidden, threads));
             step_linear(normed, rows, w.gate_up, nullptr, hidden, 2 * inter, s.gate_up.get(),
                         threads);
-            team_silu_and_mul(s.gate_up.get(), rows, inter, s.act.get(), threads_worth(rows * 2 * inter, threads));
+            team_gated(false, s.gate_up.get(), rows, inter, s.act.get(), threads_worth(rows * 2 * inter, threads));
             step_linear(s.act.get(), rows, w.down, nullptr, inter, hidden, out, threads);
         }
     }

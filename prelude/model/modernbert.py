@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from prelude.model.attention import AttentionBackend
+from kernels.cpu import ops as cpu_ops
 from kernels.reference import rotate
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.encoder import ACTIVATION_FUNCTIONS, Dense, EncoderLM, LayerNorm, Rename
@@ -49,6 +50,7 @@ class ModernBertLayer(nn.Module):
         self.mlp_norm = LayerNorm(config.hidden_size, e.norm_eps, e.norm_bias)
         self.mlp = ModernBertMLP(config)
         self.act = ACTIVATION_FUNCTIONS[e.activation]
+        self.gelu_gated = e.activation == "gelu"  # the erf GELU: GeGLU on the native kernels
         self.window = 0 if e.global_layers[layer] else e.window
         self.rotary = rotary
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
@@ -59,7 +61,10 @@ class ModernBertLayer(nn.Module):
         cos, sin = self.rotary.lookup(positions, x.dtype)
         attended = attention.bidirectional(rotate(q, cos, sin), rotate(k, cos, sin), v, self.window)
         x = x + self.attn.Wo(attended.reshape(len(x), -1))
-        hidden, gate = self.mlp.Wi(self.mlp_norm(x)).chunk(2, dim=-1)
+        projected = self.mlp.Wi(self.mlp_norm(x))
+        if self.gelu_gated:  # one native pass on the CPU in fp32 (cpu_ops falls back elsewhere)
+            return x + self.mlp.Wo(cpu_ops.gelu_and_mul(projected))
+        hidden, gate = projected.chunk(2, dim=-1)
         return x + self.mlp.Wo(self.act(hidden) * gate)
 
 

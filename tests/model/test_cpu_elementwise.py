@@ -1,6 +1,6 @@
-"""The native CPU norms, rotation and SwiGLU equal kernels/reference.py on the layouts the model
-hands them (hidden rows with a residual, q/k heads strided inside the fused qkv output) and fall
-back to the reference for anything else; an encoder's LayerNorm and GELU equal torch's."""
+"""The native CPU norms, rotation, SwiGLU and GeGLU equal kernels/reference.py on the layouts the
+model hands them (hidden rows with a residual, q/k heads strided inside the fused qkv output) and
+fall back to the reference for anything else; an encoder's LayerNorm and GELU equal torch's."""
 from __future__ import annotations
 
 import pytest
@@ -70,6 +70,13 @@ def test_silu_and_mul(rows, width):
     torch.testing.assert_close(ops.silu_and_mul(x), reference.silu_and_mul(x))
 
 
+@pytest.mark.parametrize("rows,width", [(1, 8), (4, 1152), (40, 1152)])  # 40 x 1152: split across the team
+@torch.inference_mode()
+def test_gelu_and_mul_is_modernberts_geglu(rows, width):
+    x = _randn(rows, 2 * width) * 4  # past erf's saturation on both sides
+    torch.testing.assert_close(ops.gelu_and_mul(x), reference.gelu_and_mul(x), rtol=1e-5, atol=3e-6)
+
+
 def test_inputs_the_kernels_do_not_take_go_to_the_reference():
     weight = _randn(12)
     for x in (_randn(3, 12), _randn(3, 16, dtype=torch.bfloat16), _randn(2, 3, 4, 8)):
@@ -80,6 +87,7 @@ def test_inputs_the_kernels_do_not_take_go_to_the_reference():
     torch.testing.assert_close(ops.rotate(x, cos, sin), reference.rotate(x, cos, sin))
     x = _randn(3, 20)
     torch.testing.assert_close(ops.silu_and_mul(x), reference.silu_and_mul(x))
+    torch.testing.assert_close(ops.gelu_and_mul(x), reference.gelu_and_mul(x))
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
