@@ -6,8 +6,8 @@ the same large, short-lived tensors every step pays those faults periodically: t
 measured on CPU (issue #20; LD_PRELOAD of tcmalloc removed them). Keeping the memory instead:
 large allocations stay on the heap, and the heap is never trimmed. RSS then stays at its peak, as
 it does with tcmalloc. Past glibc's ceiling for the mmap threshold (32 MB) it would still map each
-allocation afresh and fault its pages in on every use: 32 passages' GELU input (37.5 MB) took
-10 ms to allocate and touch against 1 ms from the heap, six times a forward, so nothing is mapped
+allocation afresh and fault its pages in on every use: 32 passages' up-projection output (37.5 MB)
+took 10 ms to allocate and touch against 1 ms from the heap, six times a forward, so nothing is mapped
 (a worker thread's arena still maps what its 64 MB heaps cannot hold)."""
 from __future__ import annotations
 

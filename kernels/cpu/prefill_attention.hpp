@@ -310,8 +310,9 @@ static inline PrefillAttention encoder_row(const PrefillAttention& step, long st
 // The rows of an encoder step in one team dispatch: row r is tokens [spans[2r], spans[2r + 1]),
 // bidirectional over its own tokens (`step` holds the step's pointers, strides and heads). The
 // rows' work items are split into ranges of about equal work (a row's n queries times its n keys)
-// that may cross rows. One dispatch per layer, where one per row cost more than a short text's own
-// products (all-MiniLM, 32 texts of ~20 tokens: ~9% of the forward).
+// that may cross rows. One dispatch per layer instead of one Python call and team dispatch per
+// row: all-MiniLM's attention over 32 rows of 22 tokens 2.04 -> 1.17 ms, of 200 tokens 34.8 ->
+// 23.7 ms.
 static void encoder_rows_attention(const PrefillAttention& step, const long* spans, long rows, int threads) {
     std::vector<long> first(rows + 1, 0);        // the step's index of row r's first item
     std::vector<double> before(rows + 1, 0.0);  // the work of the rows before row r
