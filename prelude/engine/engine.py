@@ -183,7 +183,9 @@ class Engine:
             self._on_ready()
         self._ready = True
         while True:
-            self._shed_late()
+            for work in self.scheduler.late(self.clock()):
+                self.requests.finish(work.seq_id, FinishReason.ERROR,
+                                     DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
             if step is None:
                 self._wakeup.clear()
@@ -191,34 +193,8 @@ class Engine:
                 continue
             if isinstance(step.batch, DecodeBatch):
                 await self._run_decodes(step)
-            elif self.steps.preemptible(step.batch):
-                await self._run_step(step, preemptible=True)
             else:
-                await self._run_queued(step)
-
-    def _shed_late(self) -> None:
-        for work in self.scheduler.late(self.clock()):
-            self.requests.finish(work.seq_id, FinishReason.ERROR,
-                                 DeadlineExceeded("the request can no longer meet its deadline"))
-
-    async def _run_queued(self, step: ScheduledStep) -> None:
-        """A step that runs whole and, while a backlog of OneShot work waits (Scheduler.
-        schedule_ahead), the steps after it, each planned and queued for the worker while the
-        one before it runs (overlap scheduling): the device goes from one to the next without
-        waiting for the loop to fold one back and plan the next, which under load waits its
-        turn behind HTTP work. The folds keep the steps' order."""
-        self._in_flight += 1
-        try:
-            queue = [(step, self.steps.start(step))]
-            while queue:
-                step, running = queue.pop(0)
-                self._shed_late()
-                if (ahead := self.scheduler.schedule_ahead(step)) is not None:
-                    queue.append((ahead, self.steps.start(ahead)))
-                outcome, seconds = await running
-                self._fold(step, outcome, seconds)
-        finally:
-            self._in_flight -= 1
+                await self._run_step(step, preemptible=True)
 
     async def _run_step(self, step: ScheduledStep, preemptible: bool) -> None:
         """Executes a step and folds its results back; a preemptible one may let short work run

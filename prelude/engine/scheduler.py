@@ -152,10 +152,8 @@ class Scheduler:
         the next tick."""
         return self._schedule(min(max_tokens, self.config.max_num_batched_tokens))
 
-    def _schedule(self, short_tokens: int | None, ahead: bool = False) -> ScheduledStep | None:
-        """`short_tokens`: None for a usual step, else the cap of a short step (schedule_short).
-        `ahead`: a step planned while another runs (schedule_ahead), which runs whole, so it
-        ends before a row long enough to step aside (that row waits for the next usual tick)."""
+    def _schedule(self, short_tokens: int | None) -> ScheduledStep | None:
+        """`short_tokens`: None for a usual step, else the cap of a short step (schedule_short)."""
         if not self.waiting and not self.decode.running:
             self._held_apart = False
             return None
@@ -166,8 +164,6 @@ class Scheduler:
                                                      tick.shortest):
                 continue
             if isinstance(work, OneShotJob):
-                if ahead and self.preemption.preemptible(tokens):
-                    break
                 offer = self._offer_oneshot(tick, work, tokens)
             else:
                 offer = self._offer_sequence(tick, work)
@@ -249,18 +245,6 @@ class Scheduler:
         if seqs is None:
             return None
         return ScheduledStep(DecodeBatch([self.decode.ahead_row(s) for s in seqs]), [], [], seqs)
-
-    def schedule_ahead(self, in_flight: ScheduledStep) -> ScheduledStep | None:
-        """The step to run right after `in_flight`, planned while it runs, when that is a step of
-        OneShot rows alone, no sequence runs, a full step's tokens or more wait, and no step is
-        long enough to step aside (else None: the next step is scheduled once `in_flight` is
-        folded back). With less waiting, the next step is better planned later, with the
-        arrivals meanwhile in it; with sequences running, their next tokens go first."""
-        budget = self.config.max_num_batched_tokens
-        if not isinstance(in_flight.batch, OneShotBatch) or self.decode.running or self._held_apart \
-                or self.waiting.num_tokens < budget or self.preemption.preemptible(budget):
-            return None
-        return self._schedule(None, ahead=True)
 
     # -- after the step -------------------------------------------------------------------
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, TypeVar
 
-from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, OneShotBatch
+from prelude.contract.batch import BatchResult, DecodeBatch, OneShotBatch
 from prelude.engine.clock import Clock
 from prelude.engine.decode_chain import DecodeChain
 from prelude.engine.isolation import StepOutcome, execute_isolating
@@ -46,21 +46,6 @@ class StepRunner:
         self._worker.submit(chain.run, self.executors.execute, batch)
         return chain
 
-    def start(self, step: ScheduledStep) -> asyncio.Future[tuple[StepOutcome, float]]:
-        """Queues a step that runs whole in the worker (after those queued before it): its
-        outcome and its seconds in the worker (not those it waited in the queue)."""
-        return self._worker.start(self._timed, step.batch)
-
-    def _timed(self, batch: ForwardBatch) -> tuple[StepOutcome, float]:
-        started = self.clock()
-        outcome = execute_isolating(self.executors.execute, batch)
-        return outcome, self.clock() - started
-
-    def preemptible(self, batch: ForwardBatch) -> bool:
-        """Whether the step may step aside for short work: a OneShot step predicted to be long."""
-        tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
-        return bool(tokens) and self.scheduler.preemption.preemptible(tokens)
-
     def shutdown(self) -> None:
         self._worker.shutdown()
 
@@ -79,7 +64,8 @@ class StepRunner:
         step of short waiting work while this one is parked; whether there was any."""
         batch = step.batch
         self.last_parked = False
-        if not self.preemptible(batch):
+        tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
+        if not (tokens and self.scheduler.preemption.preemptible(tokens)):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)
         self.preemptible_steps += 1

@@ -23,15 +23,10 @@ class Worker:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) in the worker; its result or exception here."""
-        return await self.start(fn, *args)
-
-    def start(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queues fn(*args) for the worker now (calls run in the order queued); its result or
-        exception when the future is awaited."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._calls.put((loop, future, fn, args))
-        return future
+        return await future
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """fn(*args) in the worker, its result dropped (fn reports back itself)."""

@@ -16,7 +16,7 @@ from prelude.engine.output import DeadlineExceeded, EngineError
 from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.executor.executors import Executors
-from tests.engine.fakes import Pause, PoisonedExecutor
+from tests.engine.fakes import PoisonedExecutor
 from tests.engine.simulated import Ends, embed, generate, run, simulated_engine, until
 
 
@@ -229,32 +229,3 @@ def test_a_sequence_its_stop_token_ended_computes_no_row_after_it():
     assert len(long.token_ids) == 30
     inputs = [r.token_id for b in executor.batches for r in decode_rows(b) if r.token_id < 500]
     assert inputs == [11, 12, 13, 14], inputs  # no row with 15, the token that ended it, as input
-
-
-@pytest.mark.parametrize("requests, waiting_while_held", [(8, 0), (7, 3)])
-def test_a_backlog_of_oneshot_work_has_its_next_step_queued_while_one_runs(requests, waiting_while_held):
-    """16-token embeddings against steps of 64 tokens, the first step (four of them) held in
-    the executor. With a full step's tokens still waiting (eight requests), the next step is
-    planned and queued behind the held one, so the device goes on without waiting for the loop;
-    with less (seven), the next step waits for the first to be folded back, so that arrivals
-    meanwhile can join it. Either way every answer is the one a request alone gets, in order,
-    and no KV block stays held."""
-    engine, executor = simulated_engine(max_num_batched_tokens=64)
-    pause = Pause(lambda batch: True)
-    executor.before_piece = pause
-
-    async def scenario() -> tuple[int, list[list[float] | None]]:
-        streams = [engine.submit(embed(f"e{i}", 16, start=i)) for i in range(requests)]
-        await pause.reached()
-        if waiting_while_held:
-            await asyncio.sleep(0.05)  # time enough for the loop to plan ahead, were it to
-        else:
-            await until(lambda: engine.snapshot().num_waiting == 0)
-        waiting = engine.snapshot().num_waiting
-        pause.release()
-        return waiting, [(await s.collect()).pooled for s in streams]
-
-    waiting, pooled = run(engine, scenario)
-    assert waiting == waiting_while_held
-    assert pooled == [[1.0]] * requests
-    assert [len(ran.seq_ids) for ran in executor.ran] == ([4, 4] if requests == 8 else [4, 3])
