@@ -11,12 +11,15 @@
 # Preparing the carried folders on a machine with network access (the device has none):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-#     --platform manylinux_2_12_x86_64 -d .whl flashinfer-python==0.6.6 \
+#     --platform manylinux_2_12_x86_64 --platform manylinux_2_31_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
-#     priority wsproto orjson cython nvidia-ml-py ninja tokenizers py-spy
+#     priority wsproto orjson cython nvidia-ml-py ninja tokenizers py-spy uvicorn httptools \
+#     "llguidance>=1.7"
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 # then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
-# (62 MB): the device call carries at most 64 MiB. py-spy samples the table's servers (which thread
+# (62 MB): the device call carries at most 64 MiB. uvicorn and httptools are the default HTTP
+# server's; llguidance's newer wheels are manylinux_2_31 (without that tag pip picks 1.6, which
+# the structured-output tests refuse). py-spy samples the table's servers (which thread
 # holds the GIL, doing what). nvidia-ml-py and ninja are carried and installed
 # where the image lacks them; its other requirements are in the GPU image (einops, numpy,
 # requests, click, tqdm, tabulate) or only imported by

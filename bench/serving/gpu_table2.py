@@ -124,7 +124,7 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         config = json.loads((model / "config.json").read_text())
         record = {"model": size, "flags": list(flags), "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
-        timeline = startup_timeline(server.log_path.read_text())
+        timeline = startup_timeline(server.log_path)
         if timeline:  # the server's own account of where its startup went
             record["startup_timeline"] = timeline
             print(f"[{size}] startup: {timeline}", flush=True)
@@ -143,10 +143,18 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         server.stop()
 
 
-def startup_timeline(log: str) -> str | None:
-    """The banner's startup line (phase by phase, from the process's start), if logged."""
-    lines = [line.split("startup", 1)[1].strip() for line in log.splitlines() if line.lstrip().startswith("startup ")]
-    return lines[-1] if lines else None
+def startup_timeline(log_path: Path, wait_s: float = 30.0) -> str | None:
+    """The banner's startup line (phase by phase, from the process's start), if logged within
+    `wait_s`: /health answers during the warm-up, and the banner comes once the engine is ready."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        lines = [line.split("startup", 1)[1].strip() for line in log_path.read_text().splitlines()
+                 if line.lstrip().startswith("startup ")]
+        if lines or time.monotonic() > deadline:
+            return lines[-1] if lines else None
+        time.sleep(0.05)
 
 
 def drive(server: ServerProcess, size: str, vocab: int, seed: int, prompt_len: int, max_tokens: int,

@@ -48,12 +48,16 @@ def test_the_ablation_table_pairs_each_shape_with_the_default_servers_run(capsys
     assert lines[2].split() == ["0.6B", "128/1", "1", "200.0", "160.0", "1.25", "4.0", "5.0"]
 
 
-def test_the_startup_timeline_is_read_from_the_servers_banner():
+def test_the_startup_timeline_is_read_from_the_servers_banner(tmp_path):
+    """/health answers during the warm-up, before the banner: the line is awaited (a while)."""
     from bench.serving.gpu_table2 import startup_timeline
 
     log = ("2026-12-04 00:34:54,357 INFO prelude.app.assembly: Prelude 0.1.0 ready in 1.61s\n"
            "  tokenizer  fasttoken\n"
            "  startup    python 0.13s, imports 1.20s, config and tokenizer 0.09s, warm-up 0.02s\n"
            "2026-12-04 00:34:55,001 INFO prelude.access: - GET /health 200\n")
-    assert startup_timeline(log) == "python 0.13s, imports 1.20s, config and tokenizer 0.09s, warm-up 0.02s"
-    assert startup_timeline("no banner yet\n") is None
+    path = tmp_path / "server.log"
+    path.write_text(log)
+    assert startup_timeline(path) == "python 0.13s, imports 1.20s, config and tokenizer 0.09s, warm-up 0.02s"
+    path.write_text("no banner yet\n")
+    assert startup_timeline(path, wait_s=0.1) is None
