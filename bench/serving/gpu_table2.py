@@ -8,8 +8,9 @@ the real configs, the Prelude server started on each (startup = time until /heal
   0.6B  512 in / 1 out   c=64, 128, 256  prefill-only throughput (issue #14 item 4)
 
 With --ablation, the one-token shapes of the ablation table (0.6B 128/1 at c=1, 16, 64; 4B 512/1
-at c=1, 32, 96) run again against a `--disable-oneshot` server of each model (every request
-takes the decode lifecycle), and a table of OneShot / ablation req/s and TTFT follows.
+at c=1, 32, 96) run on a OneShot server and a `--disable-oneshot` server of each model (every
+request takes the decode lifecycle), both up at once and loaded in turn, in ROUNDS rounds of
+alternating order, and a table of OneShot / ablation req/s and TTFT follows.
 
 Every row also gives input tokens/s and MFU: input tokens/s x the model's FLOPs per prompt token
 (its linear layers, and causal attention over the prompt; the LM head runs for one position
@@ -32,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +54,10 @@ SERVED_NAME = "bench"
 WORKDIR = Path(tempfile.gettempdir()) / "prelude-bench"  # the checkpoints, as qwen3-<size>
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 96)
 # Runs of ~1 s (100-400 requests) moved 15-30% from one device call to the next, more than the
-# classes differ: 300 requests at least, 8 per worker.
+# classes differ: 300 requests at least, 8 per worker. And the same build moved 40-55% between
+# runs a minute apart on one machine (h200-2026-12-04): the two servers are measured in ROUNDS
+# rounds of alternating order, each pooled over its rounds, each half of them a run of the ratio.
+ROUNDS = 4
 ABLATION = {"0.6B": [(128, 1, c, max(300, 8 * c)) for c in (1, 16, 64)],
             "4B": [(512, 1, c, max(300, 8 * c)) for c in (1, 32, 96)],
             "tiny": [(128, 1, c, 6) for c in (1, 2)]}
@@ -110,19 +115,17 @@ def run_json(result: RunResult) -> dict:
     return row
 
 
-def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path,
-              flags: tuple[str, ...] = ()) -> dict:
+def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path) -> dict:
     from tokenizers import Tokenizer
 
     model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
     vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
-    extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args + list(flags)
-    suffix = "".join(f.strip("-").replace("-", "_") for f in flags)
+    extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args
     server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra], env=prelude_env(),
-                           log_path=out / f"server-{size}{'-' + suffix if suffix else ''}.log", label=size)
+                           log_path=out / f"server-{size}.log", label=size)
     try:
         config = json.loads((model / "config.json").read_text())
-        record = {"model": size, "flags": list(flags), "startup_s": server.start(args.startup_timeout), "runs": []}
+        record = {"model": size, "startup_s": server.start(args.startup_timeout), "runs": []}
         print(f"[{size}] healthy after {record['startup_s']:.1f}s", flush=True)
         timeline = startup_timeline(server.log_path)
         if timeline:  # the server's own account of where its startup went
@@ -137,10 +140,53 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
             print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: {summary['req_per_s']:.1f} req/s",
                   flush=True)
         if args.py_spy:
-            profile_server(server, size + (f"-{suffix}" if suffix else ""), vocab, workloads, out)
+            profile_server(server, size, vocab, workloads, out)
         return record
     finally:
         server.stop()
+
+
+def run_ablation(size: str, args, out: Path) -> dict:
+    """The model's ABLATION shapes on a OneShot server and a `--disable-oneshot` one, both up at
+    once (each with 0.4 of the GPU's memory) and loaded in turn, ROUNDS rounds per shape, the order
+    reversed every other round, so a drift of the machine's speed falls on both alike. Each round
+    sends a ROUNDS-th of the shape's requests; only the first warms up with 2 x c."""
+    from tokenizers import Tokenizer
+
+    model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
+    vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
+    shapes = ABLATION[size]
+    common = ["--model", str(model), "--served-model-name", SERVED_NAME, "--gpu-memory-utilization", "0.4",
+              "--max-num-seqs", str(max(128, max(c for _, _, c, _ in shapes))), *args.server_args]
+    servers = {label: ServerProcess([*common, *flags], env=prelude_env(), label=f"{size} {label}",
+                                    log_path=out / f"server-{size}-pair-{label}.log")
+               for label, flags in (("oneshot", ()), ("ablation", ("--disable-oneshot",)))}
+    try:
+        record: dict = {"model": size, "startup_s": {label: server.start(args.startup_timeout)
+                                                     for label, server in servers.items()}, "ablation_pairs": []}
+        for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(shapes):
+            rounds: dict[str, list[dict]] = {label: [] for label in servers}
+            for k in range(ROUNDS):
+                order = list(servers) if k % 2 == 0 else list(reversed(servers))
+                for label in order:
+                    result = drive(servers[label], size, vocab, 100 * i + k, prompt_len, max_tokens, concurrency,
+                                   max(concurrency, requests // ROUNDS), warmup=2 * concurrency if k == 0 else 0)
+                    rounds[label].append(run_json(result))
+            pair = {"prompt_len": prompt_len, "max_tokens": max_tokens, "concurrency": concurrency, "rounds": rounds}
+            record["ablation_pairs"].append(pair)
+            oneshot, ablation = pooled_rate(rounds["oneshot"]), pooled_rate(rounds["ablation"])
+            print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: OneShot {oneshot:.1f} req/s, "
+                  f"ablation {ablation:.1f}", flush=True)
+        return record
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def pooled_rate(rounds: list[dict]) -> float:
+    """Requests answered over the seconds they took, all rounds together."""
+    seconds = sum(r["duration_s"] for r in rounds)
+    return sum(r["requests"] - r["errors"] for r in rounds) / seconds if seconds else 0.0
 
 
 def startup_timeline(log_path: Path, wait_s: float = 30.0) -> str | None:
@@ -158,10 +204,10 @@ def startup_timeline(log_path: Path, wait_s: float = 30.0) -> str | None:
 
 
 def drive(server: ServerProcess, size: str, vocab: int, seed: int, prompt_len: int, max_tokens: int,
-          concurrency: int, requests: int) -> RunResult:
+          concurrency: int, requests: int, warmup: int | None = None) -> RunResult:
     """One closed-loop workload, after unmeasured warm-up (2 x concurrency requests on the
-    measured connections)."""
-    limits = Limits(requests, warmup=2 * concurrency)
+    measured connections unless `warmup` says otherwise)."""
+    limits = Limits(requests, warmup=2 * concurrency if warmup is None else warmup)
     return asyncio.run(run_level(server.base_url, RandomIds(vocab, prompt_len, max_tokens),
                                  Level("concurrency", concurrency), limits, random.Random(seed),
                                  server=size, show_progress=False))
@@ -216,20 +262,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     records = []
     for size in args.models.split(","):
-        runs = [("", plan[size] + [w for w in ABLATION[size] if w not in plan[size]] if args.ablation else plan[size])]
+        steps = [("", lambda: run_model(size, plan[size], args, out))]
         if args.ablation:
-            runs.append(("--disable-oneshot", ABLATION[size]))
-        for flag, workloads in runs:
+            steps.append((" ablation", lambda: run_ablation(size, args, out)))
+        for what, step in steps:
             try:
-                records.append(run_model(size, workloads, args, out, (flag,) if flag else ()))
+                records.append(step())
             except Exception as exc:  # one model failing must not lose the other's numbers
-                print(f"[{size}{' ' + flag if flag else ''}] FAILED: {exc!r}", flush=True)
-                records.append({"model": size, "flags": [flag] if flag else [], "error": repr(exc)})
+                print(f"[{size}{what}] FAILED: {exc!r}", flush=True)
+                records.append({"model": size, "error": repr(exc)})
             (out / "gpu_table2.json").write_text(json.dumps(records, indent=1))
     print(f"\n{'model':<5} {'startup s':>9} {'in/out':>7} {'c':>3} {'n':>4} {'req/s':>7} {'tok/s':>7} "
           f"{'TTFT p50':>9} {'TTFT p95':>9} {'TTFT p99':>9} {'TPOT ms':>8} {'in tok/s':>9} {'MFU':>6} {'err':>4}")
     for rec in records:
-        for run in rec.get("runs", []) if not rec.get("flags") else []:
+        for run in rec.get("runs", []):
             print(f"{rec['model']:<5} {rec['startup_s']:>9.1f} {run['prompt_len']:>3}/{run['max_tokens']:<3} "
                   f"{run['concurrency']:>3} {run['requests']:>4} {run['req_per_s']:>7.1f} "
                   f"{run['out_tok_per_s']:>7.0f} {run.get('ttft_p50_ms', float('nan')):>9.1f} "
@@ -244,21 +290,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_ablation(records: list[dict]) -> None:
-    """OneShot (the default server) against --disable-oneshot, shape by shape."""
-    def runs(model: str, ablated: bool) -> dict:
-        return {(r["prompt_len"], r["max_tokens"], r["concurrency"]): r for rec in records
-                if rec["model"] == model and bool(rec.get("flags")) == ablated for r in rec.get("runs", [])}
-    print(f"\nOneShot against --disable-oneshot\n{'model':<5} {'in/out':>7} {'c':>3} {'req/s':>8} {'ablation':>8} "
-          f"{'ratio':>6} {'TTFT p50':>9} {'ablation':>9}")
-    for model in dict.fromkeys(rec["model"] for rec in records):
-        default, ablated = runs(model, False), runs(model, True)
-        for key, off in ablated.items():
-            on = default.get(key)
-            if on is None or not off["req_per_s"]:
+    """OneShot against --disable-oneshot, shape by shape: req/s pooled over all rounds, the ratio
+    of each half of the rounds (two runs), and the median of the rounds' TTFT P50."""
+    print(f"\nOneShot against --disable-oneshot ({ROUNDS} rounds, alternating)\n{'model':<5} {'in/out':>7} {'c':>3} "
+          f"{'req/s':>8} {'ablation':>8} {'ratio':>6} {'run 1':>6} {'run 2':>6} {'TTFT p50':>9} {'ablation':>9}")
+    for rec in records:
+        for pair in rec.get("ablation_pairs", []):
+            on, off = pair["rounds"]["oneshot"], pair["rounds"]["ablation"]
+            if not pooled_rate(off):
                 continue
-            print(f"{model:<5} {key[0]:>3}/{key[1]:<3} {key[2]:>3} {on['req_per_s']:>8.1f} {off['req_per_s']:>8.1f} "
-                  f"{on['req_per_s'] / off['req_per_s']:>6.2f} {on.get('ttft_p50_ms', float('nan')):>9.1f} "
-                  f"{off.get('ttft_p50_ms', float('nan')):>9.1f}")
+            half = (len(on) + 1) // 2
+            runs = [pooled_rate(on[part]) / pooled_rate(off[part]) if pooled_rate(off[part]) else float("nan")
+                    for part in (slice(0, half), slice(half, None))]
+            ttft = [statistics.median(r.get("ttft_p50_ms", float("nan")) for r in rounds) for rounds in (on, off)]
+            print(f"{rec['model']:<5} {pair['prompt_len']:>3}/{pair['max_tokens']:<3} {pair['concurrency']:>3} "
+                  f"{pooled_rate(on):>8.1f} {pooled_rate(off):>8.1f} {pooled_rate(on) / pooled_rate(off):>6.2f} "
+                  f"{runs[0]:>6.2f} {runs[1]:>6.2f} {ttft[0]:>9.1f} {ttft[1]:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -31,21 +31,22 @@ def test_gil_profile_shares_samples_by_thread_and_function(tmp_path):
     assert "   87.5%  MainThread       run" in text  # with its callee
 
 
-def test_the_ablation_table_pairs_each_shape_with_the_default_servers_run(capsys):
+def test_the_ablation_table_pools_each_servers_rounds_and_gives_each_halfs_ratio(capsys):
     from bench.serving.gpu_table2 import print_ablation
 
-    def run(prompt_len, concurrency, req_per_s, ttft):
-        return {"prompt_len": prompt_len, "max_tokens": 1, "concurrency": concurrency, "req_per_s": req_per_s,
-                "ttft_p50_ms": ttft}
+    def rounds(*rates_and_ttfts):  # one second per round: its requests are its rate
+        return [{"requests": rate, "errors": 0, "duration_s": 1.0, "ttft_p50_ms": ttft}
+                for rate, ttft in rates_and_ttfts]
 
-    records = [{"model": "0.6B", "flags": [], "runs": [run(128, 1, 200.0, 4.0), run(512, 64, 300.0, 90.0)]},
-               {"model": "0.6B", "flags": ["--disable-oneshot"], "runs": [run(128, 1, 160.0, 5.0)]},
-               {"model": "4B", "flags": [], "error": "failed to start"}]
-    print_ablation(records)
+    pair = {"prompt_len": 128, "max_tokens": 1, "concurrency": 16,
+            "rounds": {"oneshot": rounds((200, 4.0), (300, 5.0), (250, 6.0), (250, 7.0)),
+                       "ablation": rounds((200, 5.0), (200, 6.0), (250, 7.0), (250, 8.0))}}
+    print_ablation([{"model": "0.6B", "ablation_pairs": [pair]}, {"model": "4B", "error": "failed to start"}])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "OneShot against --disable-oneshot"
-    assert len(lines) == 3  # the title, the header, one shape: only those both servers ran
-    assert lines[2].split() == ["0.6B", "128/1", "1", "200.0", "160.0", "1.25", "4.0", "5.0"]
+    assert lines[0].startswith("OneShot against --disable-oneshot")
+    assert len(lines) == 3  # the title, the header, one shape: the 4B never ran
+    # pooled 1000 / 900 requests in 4 s each; halves 500 / 400 and 500 / 500; TTFT medians of rounds
+    assert lines[2].split() == ["0.6B", "128/1", "16", "250.0", "225.0", "1.11", "1.25", "1.00", "5.5", "6.5"]
 
 
 def test_the_startup_timeline_is_read_from_the_servers_banner(tmp_path):
