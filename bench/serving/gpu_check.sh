@@ -16,7 +16,8 @@
 #     priority wsproto orjson cython nvidia-ml-py ninja tokenizers py-spy uvicorn httptools \
 #     "llguidance>=1.7"
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
-# then run this with carry [".whl", ".tok"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
+#   bash bench/serving/gpu_prebuild.sh python3.12   # optional: the native extensions, into .so/
+# then run this with carry [".whl", ".tok", ".so"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
 # (62 MB): the device call carries at most 64 MiB. uvicorn and httptools are the default HTTP
 # server's; llguidance's newer wheels are manylinux_2_31 (without that tag pip picks 1.6, which
 # the structured-output tests refuse). py-spy samples the table's servers (which thread
@@ -89,10 +90,15 @@ finish() {
 }
 trap finish EXIT
 
-stage "fasttoken extension"
-# Built here for the device's Python (3.12); without Cython the server falls back to HF tokenizers.
-if $PY -c "import Cython" 2>/dev/null; then
-  $PY setup.py -q build_ext --inplace 2>&1 | tail -3
+stage "native extensions"
+# fasttoken and the CPU kernels for the device's Python (3.12): carried prebuilt in .so/
+# (gpu_prebuild.sh) when built from these sources, else built here (~45 s; without Cython the
+# server falls back to HF tokenizers).
+suffix=$($PY -c "import importlib.machinery as m; print(m.EXTENSION_SUFFIXES[0])")
+if [ "$(cat .so/SOURCES 2>/dev/null)" = "$(bash bench/serving/native_sources.sh)" ] && compgen -G ".so/*$suffix" > /dev/null; then
+  cp .so/core*"$suffix" prelude/_fasttoken/ && cp .so/_native*"$suffix" kernels/cpu/ && echo "carried: $(ls .so)"
+elif $PY -c "import Cython" 2>/dev/null; then
+  $PY setup.py -q build_ext --inplace -j 2 2>&1 | tail -3
 fi
 $PY - <<'PY'
 import importlib, importlib.metadata, torch
