@@ -10,7 +10,9 @@ the real configs, the Prelude server started on each (startup = time until /heal
 With --ablation, the one-token shapes of the ablation table (0.6B 128/1 at c=1, 16, 64; 4B 512/1
 at c=1, 32, 96) run on a OneShot server and a `--disable-oneshot` server of each model (every
 request takes the decode lifecycle), both up at once and loaded in turn, in ROUNDS rounds of
-alternating order, and a table of OneShot / ablation req/s and TTFT follows.
+alternating order, and a table of OneShot / ablation req/s and TTFT follows. With --against
+CHECKOUT, the table's shapes run so on this checkout's server and on one of another checkout (an
+A/B of two builds in one device call).
 
 Every row also gives input tokens/s and MFU: input tokens/s x the model's FLOPs per prompt token
 (its linear layers, and causal attention over the prompt; the LM head runs for one position
@@ -150,41 +152,51 @@ def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: 
         server.stop()
 
 
-def run_ablation(size: str, args, out: Path) -> dict:
-    """The model's ABLATION shapes on a OneShot server and a `--disable-oneshot` one, both up at
-    once (each with ABLATION_KV's cache) and loaded in turn, ROUNDS rounds per shape, the order
-    reversed every other round, so a drift of the machine's speed falls on both alike. Each round
-    sends a ROUNDS-th of the shape's requests; only the first warms up with 2 x c."""
+def run_pair(size: str, args, out: Path, kind: str, shapes: list[tuple[int, int, int, int]],
+             sides: dict[str, tuple[tuple[str, ...], Path | None]]) -> dict:
+    """`shapes` on two servers of the model, both up at once (each with ABLATION_KV's cache) and
+    loaded in turn, ROUNDS rounds per shape, the order reversed every other round, so a drift of
+    the machine's speed falls on both alike. `sides`: each server's label, its extra flags, and
+    the checkout it runs from (None: this one). Each round sends a ROUNDS-th of the shape's
+    requests; only the first warms up with 2 x c."""
     from tokenizers import Tokenizer
 
     model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
     vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
-    shapes = ABLATION[size]
     common = ["--model", str(model), "--served-model-name", SERVED_NAME, *ABLATION_KV.get(size, ()),
               "--max-num-seqs", str(max(128, max(c for _, _, c, _ in shapes))), *args.server_args]
-    servers = {label: ServerProcess([*common, *flags], env=prelude_env(), label=f"{size} {label}",
-                                    log_path=out / f"server-{size}-pair-{label}.log")
-               for label, flags in (("oneshot", ()), ("ablation", ("--disable-oneshot",)))}
+    servers = {label: _server(size, label, [*common, *flags], checkout, out)
+               for label, (flags, checkout) in sides.items()}
+    labels = list(servers)
     try:
-        record: dict = {"model": size, "startup_s": {label: server.start(args.startup_timeout)
-                                                     for label, server in servers.items()}, "ablation_pairs": []}
+        record: dict = {"model": size, "kind": kind, "labels": labels, "pairs": [],
+                        "startup_s": {label: server.start(args.startup_timeout) for label, server in servers.items()}}
         for i, (prompt_len, max_tokens, concurrency, requests) in enumerate(shapes):
-            rounds: dict[str, list[dict]] = {label: [] for label in servers}
+            rounds: dict[str, list[dict]] = {label: [] for label in labels}
             for k in range(ROUNDS):
-                order = list(servers) if k % 2 == 0 else list(reversed(servers))
-                for label in order:
+                for label in labels if k % 2 == 0 else reversed(labels):
                     result = drive(servers[label], size, vocab, 100 * i + k, prompt_len, max_tokens, concurrency,
                                    max(concurrency, requests // ROUNDS), warmup=2 * concurrency if k == 0 else 0)
                     rounds[label].append(run_json(result))
-            pair = {"prompt_len": prompt_len, "max_tokens": max_tokens, "concurrency": concurrency, "rounds": rounds}
-            record["ablation_pairs"].append(pair)
-            oneshot, ablation = pooled_rate(rounds["oneshot"]), pooled_rate(rounds["ablation"])
-            print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: OneShot {oneshot:.1f} req/s, "
-                  f"ablation {ablation:.1f}", flush=True)
+            record["pairs"].append({"prompt_len": prompt_len, "max_tokens": max_tokens, "concurrency": concurrency,
+                                    "rounds": rounds})
+            print(f"[{size}] {prompt_len}in/{max_tokens}out c={concurrency}: " + ", ".join(
+                f"{label} {pooled_rate(rounds[label]):.1f} req/s" for label in labels), flush=True)
         return record
     finally:
         for server in servers.values():
             server.stop()
+
+
+def _server(size: str, label: str, args: list[str], checkout: Path | None, out: Path) -> ServerProcess:
+    """A server of this checkout, or of another one: first on its path, and the working directory
+    kept off it (-P), which `python -m` would put first."""
+    env = prelude_env()
+    command = None
+    if checkout is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), env["PYTHONPATH"]])
+        command = [sys.executable, "-P", "-m", "prelude"]
+    return ServerProcess(args, command, env, out / f"server-{size}-pair-{label}.log", label=f"{size} {label}")
 
 
 def pooled_rate(rounds: list[dict]) -> float:
@@ -255,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy", action="store_true", help="then each workload again under py-spy (server CPU)")
     parser.add_argument("--ablation", action="store_true",
                         help="the one-token shapes again against a --disable-oneshot server of each model")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="the table's shapes again on this checkout's server and one of CHECKOUT (another "
+                             "build, its native extensions built), both up, loaded in turn")
     args = parser.parse_args(argv)
     args.server_args = args.server_args.split()
     out = Path(os.environ.get("OUT", "bench-results"))
@@ -268,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.models.split(","):
         steps = [("", lambda: run_model(size, plan[size], args, out))]
         if args.ablation:
-            steps.append((" ablation", lambda: run_ablation(size, args, out)))
+            steps.append((" ablation", lambda: run_pair(size, args, out, "ablation", ABLATION[size], {
+                "oneshot": ((), None), "ablation": (("--disable-oneshot",), None)})))
+        if args.against:
+            steps.append((" against", lambda: run_pair(size, args, out, "against", plan[size], {
+                "this": ((), None), "against": ((), args.against)})))
         for what, step in steps:
             try:
                 records.append(step())
@@ -288,28 +307,33 @@ def main(argv: list[str] | None = None) -> int:
                   f"{run['in_tok_per_s']:>9.0f} {100 * run['mfu']:>5.1f}% {run['errors']:>4}")
         if "error" in rec:
             print(f"{rec['model']:<5} error: {rec['error']}")
-    if args.ablation:
-        print_ablation(records)
+    print_pairs(records)
     return 0 if all("error" not in r for r in records) else 1
 
 
-def print_ablation(records: list[dict]) -> None:
-    """OneShot against --disable-oneshot, shape by shape: req/s pooled over all rounds, the ratio
-    of each half of the rounds (two runs), and the median of the rounds' TTFT P50."""
-    print(f"\nOneShot against --disable-oneshot ({ROUNDS} rounds, alternating)\n{'model':<5} {'in/out':>7} {'c':>3} "
-          f"{'req/s':>8} {'ablation':>8} {'ratio':>6} {'run 1':>6} {'run 2':>6} {'TTFT p50':>9} {'ablation':>9}")
-    for rec in records:
-        for pair in rec.get("ablation_pairs", []):
-            on, off = pair["rounds"]["oneshot"], pair["rounds"]["ablation"]
-            if not pooled_rate(off):
-                continue
-            half = (len(on) + 1) // 2
-            runs = [pooled_rate(on[part]) / pooled_rate(off[part]) if pooled_rate(off[part]) else float("nan")
-                    for part in (slice(0, half), slice(half, None))]
-            ttft = [statistics.median(r.get("ttft_p50_ms", float("nan")) for r in rounds) for rounds in (on, off)]
-            print(f"{rec['model']:<5} {pair['prompt_len']:>3}/{pair['max_tokens']:<3} {pair['concurrency']:>3} "
-                  f"{pooled_rate(on):>8.1f} {pooled_rate(off):>8.1f} {pooled_rate(on) / pooled_rate(off):>6.2f} "
-                  f"{runs[0]:>6.2f} {runs[1]:>6.2f} {ttft[0]:>9.1f} {ttft[1]:>9.1f}")
+def print_pairs(records: list[dict]) -> None:
+    """Each pair of servers (the ablation, another checkout), shape by shape: req/s pooled over
+    all rounds, the ratio of each half of the rounds (two runs), and the rounds' median TTFT P50."""
+    titles = {"ablation": "OneShot against --disable-oneshot", "against": "This checkout against --against's"}
+    for kind, title in titles.items():
+        pairs = [rec for rec in records if rec.get("kind") == kind]
+        if not pairs:
+            continue
+        first, second = pairs[0]["labels"]
+        print(f"\n{title} ({ROUNDS} rounds, alternating)\n{'model':<5} {'in/out':>7} {'c':>3} {first:>8} {second:>8} "
+              f"{'ratio':>6} {'run 1':>6} {'run 2':>6} {'TTFT p50':>9} {second:>9}")
+        for rec in pairs:
+            for pair in rec["pairs"]:
+                on, off = pair["rounds"][first], pair["rounds"][second]
+                if not pooled_rate(off):
+                    continue
+                half = (len(on) + 1) // 2
+                runs = [pooled_rate(on[part]) / pooled_rate(off[part]) if pooled_rate(off[part]) else float("nan")
+                        for part in (slice(0, half), slice(half, None))]
+                ttft = [statistics.median(r.get("ttft_p50_ms", float("nan")) for r in rounds) for rounds in (on, off)]
+                print(f"{rec['model']:<5} {pair['prompt_len']:>3}/{pair['max_tokens']:<3} {pair['concurrency']:>3} "
+                      f"{pooled_rate(on):>8.1f} {pooled_rate(off):>8.1f} {pooled_rate(on) / pooled_rate(off):>6.2f} "
+                      f"{runs[0]:>6.2f} {runs[1]:>6.2f} {ttft[0]:>9.1f} {ttft[1]:>9.1f}")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ def test_gil_profile_shares_samples_by_thread_and_function(tmp_path):
     assert "   87.5%  MainThread       run" in text  # with its callee
 
 
-def test_the_ablation_table_pools_each_servers_rounds_and_gives_each_halfs_ratio(capsys):
-    from bench.serving.gpu_table2 import print_ablation
+def test_a_pair_table_pools_each_servers_rounds_and_gives_each_halfs_ratio(capsys):
+    from bench.serving.gpu_table2 import print_pairs
 
     def rounds(*rates_and_ttfts):  # one second per round: its requests are its rate
         return [{"requests": rate, "errors": 0, "duration_s": 1.0, "ttft_p50_ms": ttft}
@@ -41,7 +41,8 @@ def test_the_ablation_table_pools_each_servers_rounds_and_gives_each_halfs_ratio
     pair = {"prompt_len": 128, "max_tokens": 1, "concurrency": 16,
             "rounds": {"oneshot": rounds((200, 4.0), (300, 5.0), (250, 6.0), (250, 7.0)),
                        "ablation": rounds((200, 5.0), (200, 6.0), (250, 7.0), (250, 8.0))}}
-    print_ablation([{"model": "0.6B", "ablation_pairs": [pair]}, {"model": "4B", "error": "failed to start"}])
+    print_pairs([{"model": "0.6B", "kind": "ablation", "labels": ["oneshot", "ablation"], "pairs": [pair]},
+                 {"model": "4B", "error": "failed to start"}])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("OneShot against --disable-oneshot")
     assert len(lines) == 3  # the title, the header, one shape: the 4B never ran
