@@ -194,9 +194,28 @@ def _server(size: str, label: str, args: list[str], checkout: Path | None, out: 
     env = prelude_env()
     command = None
     if checkout is not None:
+        _share_native_extensions(checkout)
         env["PYTHONPATH"] = os.pathsep.join([str(checkout.resolve()), env["PYTHONPATH"]])
         command = [sys.executable, "-P", "-m", "prelude"]
     return ServerProcess(args, command, env, out / f"server-{size}-pair-{label}.log", label=f"{size} {label}")
+
+
+def _share_native_extensions(checkout: Path) -> None:
+    """Another checkout without built native extensions gets this one's, where both were built
+    from the same sources (an A/B of Python changes); else it must bring its own."""
+    import shutil
+    import subprocess
+
+    def sources(root: Path) -> str:
+        script = REPO / "bench" / "serving" / "native_sources.sh"
+        return subprocess.run(["bash", str(script), str(root)], capture_output=True, text=True, check=True).stdout
+
+    if sources(REPO) != sources(checkout):
+        return
+    for package in ("prelude/_fasttoken", "kernels/cpu"):
+        if not any((checkout / package).glob("*.so")):
+            for library in (REPO / package).glob("*.so"):
+                shutil.copy2(library, checkout / package)
 
 
 def pooled_rate(rounds: list[dict]) -> float:
