@@ -121,13 +121,25 @@ def run_json(result: RunResult) -> dict:
     return row
 
 
-def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path) -> dict:
+def checkpoint(size: str, args) -> tuple[Path, int]:
+    """The model's random-weight checkpoint (written once per work folder) and its vocabulary size."""
     from tokenizers import Tokenizer
 
     model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
-    vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
-    extra = ["--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads)))] + args.server_args
-    server = ServerProcess(["--model", str(model), "--served-model-name", SERVED_NAME, *extra], env=prelude_env(),
+    return model, Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
+
+
+def server_args(model: Path, workloads: list[tuple[int, int, int, int]], args,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """The flags every server of the table takes (room for the workloads' concurrency), then
+    `extra`, then --server-args (which may override them)."""
+    return ["--model", str(model), "--served-model-name", SERVED_NAME, *extra,
+            "--max-num-seqs", str(max(128, max(c for _, _, c, _ in workloads))), *args.server_args]
+
+
+def run_model(size: str, workloads: list[tuple[int, int, int, int]], args, out: Path) -> dict:
+    model, vocab = checkpoint(size, args)
+    server = ServerProcess(server_args(model, workloads, args), env=prelude_env(),
                            log_path=out / f"server-{size}.log", label=size)
     try:
         config = json.loads((model / "config.json").read_text())
@@ -159,12 +171,8 @@ def run_pair(size: str, args, out: Path, kind: str, shapes: list[tuple[int, int,
     the machine's speed falls on both alike. `sides`: each server's label, its extra flags, and
     the checkout it runs from (None: this one). Each round sends a ROUNDS-th of the shape's
     requests; only the first warms up with 2 x c."""
-    from tokenizers import Tokenizer
-
-    model = write_checkpoint(args.workdir / f"qwen3-{size}", size, args.tokenizer).resolve()
-    vocab = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size()
-    common = ["--model", str(model), "--served-model-name", SERVED_NAME, *ABLATION_KV.get(size, ()),
-              "--max-num-seqs", str(max(128, max(c for _, _, c, _ in shapes))), *args.server_args]
+    model, vocab = checkpoint(size, args)
+    common = server_args(model, shapes, args, ABLATION_KV.get(size, ()))
     servers = {label: _server(size, label, [*common, *flags], checkout, out)
                for label, (flags, checkout) in sides.items()}
     labels = list(servers)
@@ -344,15 +352,21 @@ def print_pairs(records: list[dict]) -> None:
         for rec in pairs:
             for pair in rec["pairs"]:
                 on, off = pair["rounds"][first], pair["rounds"][second]
-                if not pooled_rate(off):
+                rate_on, rate_off = pooled_rate(on), pooled_rate(off)
+                if not rate_off:
                     continue
                 half = (len(on) + 1) // 2
-                runs = [pooled_rate(on[part]) / pooled_rate(off[part]) if pooled_rate(off[part]) else float("nan")
-                        for part in (slice(0, half), slice(half, None))]
+                runs = [ratio(on[part], off[part]) for part in (slice(0, half), slice(half, None))]
                 ttft = [statistics.median(r.get("ttft_p50_ms", float("nan")) for r in rounds) for rounds in (on, off)]
                 print(f"{rec['model']:<5} {pair['prompt_len']:>3}/{pair['max_tokens']:<3} {pair['concurrency']:>3} "
-                      f"{pooled_rate(on):>8.1f} {pooled_rate(off):>8.1f} {pooled_rate(on) / pooled_rate(off):>6.2f} "
+                      f"{rate_on:>8.1f} {rate_off:>8.1f} {rate_on / rate_off:>6.2f} "
                       f"{runs[0]:>6.2f} {runs[1]:>6.2f} {ttft[0]:>9.1f} {ttft[1]:>9.1f}")
+
+
+def ratio(on: list[dict], off: list[dict]) -> float:
+    """Pooled req/s of `on` over that of `off` (nan where `off` answered nothing)."""
+    rate_off = pooled_rate(off)
+    return pooled_rate(on) / rate_off if rate_off else float("nan")
 
 
 if __name__ == "__main__":
