@@ -63,3 +63,33 @@ def test_the_startup_timeline_is_read_from_the_servers_banner(tmp_path):
     assert startup_timeline(path) == "python 0.13s, imports 1.20s, config and tokenizer 0.09s, warm-up 0.02s"
     path.write_text("no banner yet\n")
     assert startup_timeline(path, wait_s=0.1) is None
+
+
+NATIVE_PACKAGES = ("prelude/_fasttoken", "kernels/cpu")
+
+
+def _libraries(root) -> list[str]:
+    return sorted(p.name for package in NATIVE_PACKAGES for p in (root / package).glob("*.so"))
+
+
+def test_another_checkout_gets_this_ones_native_extensions_only_when_built_from_the_same_sources(tmp_path):
+    """--against CHECKOUT: a checkout with the same native sources and no built extensions is
+    given this one's; one whose sources differ is left to bring its own."""
+    import shutil
+
+    from bench.serving.gpu_table2 import REPO, _share_native_extensions
+
+    if not _libraries(REPO):
+        pytest.skip("the native extensions are not built in this checkout")
+    sources = [REPO / "setup.py", *(p for package in NATIVE_PACKAGES for pattern in ("*.pyx", "*.pxd", "*.hpp")
+                                    for p in (REPO / package).glob(pattern))]
+    same, changed = tmp_path / "same", tmp_path / "changed"
+    for root in (same, changed):
+        for source in sources:
+            copy = root / source.relative_to(REPO)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy)
+    (changed / "setup.py").write_text((changed / "setup.py").read_text() + "\n# changed\n")
+    for root in (same, changed):
+        _share_native_extensions(root)
+    assert _libraries(same) == _libraries(REPO) and _libraries(changed) == []
