@@ -187,6 +187,14 @@ cdef extern from "elementwise.hpp" namespace "prelude_cpu" nogil:
 
 cdef extern from "team.hpp" namespace "prelude_cpu" nogil:
     int threads_worth(long floats, int threads)
+    void hold_team(bint held)
+
+
+def team_held(held: bool) -> None:
+    """Holds the kernels' thread team (True) until released (False): between native calls its
+    workers wait for the next one instead of sleeping. Held across a run of native calls with
+    Python between them; holds nest."""
+    hold_team(held)
 
 
 cdef Strided3 _strided3(size_t ptr, long rows, long heads, long dim, long row_stride, long head_stride):

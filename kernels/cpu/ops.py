@@ -4,7 +4,8 @@ encoder's LayerNorm and GELU with torch's. Anything the kernels do not take (ano
 device, odd sizes, unusual strides) goes to the reference (or torch)."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,20 @@ built = _native is not None
 # wraps them).
 forward_step = _native.forward_step if _native is not None else None
 resumable_step = _native.ResumableStep if _native is not None else None
+
+
+@contextmanager
+def team_held() -> Iterator[None]:
+    """Around a run of native calls with Python between them (an encoder's layers): the thread
+    team's workers wait for the next call instead of sleeping after each (kernels/cpu/team.hpp)."""
+    if _native is None:
+        yield
+        return
+    _native.team_held(True)
+    try:
+        yield
+    finally:
+        _native.team_held(False)
 
 
 # Chunks of more than 512 queries with heads of 128 over more than 1,024 keys stay on torch's

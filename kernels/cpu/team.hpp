@@ -1,9 +1,11 @@
 // A persistent team of worker threads for the CPU kernels' parallel ranges. Starting a
 // std::thread costs tens of µs, and a decode step of a small model runs dozens of parallel pieces
 // (every linear layer, the attention, the LM head) of about that size each: spawning per piece
-// costs more than it saves. The team's workers poll, then yield, for about 100 µs after each
-// piece (the next one usually follows within that) and then sleep on a condition variable, so
-// an idle server does not burn the cores it shares with the event loop.
+// costs more than it saves. The team's workers poll briefly after each piece (within one native
+// call the next one follows within microseconds) and then sleep on a condition variable, so an
+// idle server does not burn the cores it shares with the event loop. While a caller holds the
+// team (hold_team: an encoder's layers, native calls with Python between them) they yield
+// instead of sleeping, as the next piece follows within tens of µs.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -55,18 +57,22 @@ class Team {
         job_ = nullptr;
     }
 
+    // While the team is held, its workers wait for the next piece rather than sleep: across
+    // `held` native calls with Python between them (an encoder's layers). Without it a worker
+    // that slept after its few µs of polling was woken 24 times in all-MiniLM-L6's 1 x 19-token
+    // forward, which took 5.6 ms against 4.1 ms held, and more CPU in all (futex round trips in
+    // a VM). Not held, a worker that yields on takes a core the event loop and the step thread
+    // need: the demo model's decode steps (one team piece each, the LM head) ran 5-25% slower.
+    void hold(bool held) { held_.fetch_add(held ? 1 : -1, std::memory_order_relaxed); }
+
    private:
     static constexpr long kSpinLimit = 1 << 14;  // a caller's polling for late workers (5-10 µs)
-    // A worker between pieces polls, then yields (a runnable event loop gets the core), then
-    // sleeps. An encoder layer's pieces are tens of µs apart (Python and the pieces the caller
-    // runs alone between them): a worker that slept after the first 5-10 µs, as the caller's
-    // polling does, slept and was woken 24 times in all-MiniLM-L6's 1 x 19-token forward, which
-    // then took 5.6 ms against 4.1 ms, and more CPU in all (futex round trips in a VM).
-    static constexpr std::chrono::microseconds kWorkerPoll{8}, kWorkerYield{100};
+    static constexpr std::chrono::microseconds kWorkerPoll{8};  // a worker's, before it sleeps
+    static constexpr std::chrono::milliseconds kHeldYield{2};   // its yielding while held, at most
     static constexpr std::chrono::microseconds kSleepAfter{500};  // a caller's wait for late workers
 
     // The signal once its generation moved past `seen`, or (it has not) when the worker should
-    // sleep: after kWorkerPoll of polling and kWorkerYield of yielding.
+    // sleep: after kWorkerPoll of polling, or while the team is held, of yielding.
     uint64_t wait_for_job(uint64_t seen) const {
         const auto start = std::chrono::steady_clock::now();
         bool yielding = false;
@@ -77,8 +83,9 @@ class Team {
             now = signal_.load(std::memory_order_acquire);
             if (yielding || spins % 64 == 0) {
                 const auto waited = std::chrono::steady_clock::now() - start;
-                if (waited >= kWorkerYield) break;
-                yielding = waited >= kWorkerPoll;
+                if (waited < kWorkerPoll) continue;
+                if (held_.load(std::memory_order_relaxed) <= 0 || waited >= kHeldYield) break;
+                yielding = true;
             }
         }
         return now;
@@ -136,6 +143,7 @@ class Team {
     // worker reads the count of the generation it saw, never of a later one.
     std::atomic<uint64_t> signal_{0};
     std::atomic<int> pending_{0};  // workers of the current job not yet done
+    std::atomic<int> held_{0};     // callers holding the team (hold)
     const std::function<void(int)>* job_ = nullptr;
 };
 
@@ -145,6 +153,8 @@ static Team& team() {
     static Team& shared = *new Team;
     return shared;
 }
+
+static void hold_team(bool held) { team().hold(held); }
 
 // Below this many floats read, a piece runs on the caller alone: handing it to the team costs a
 // few µs, more than such a piece takes. Each kernel asks here, so the decision is made once.

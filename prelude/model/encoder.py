@@ -188,10 +188,11 @@ class EncoderForward:
     def _run_layers(self, attention: AttentionBackend, stop: StopFlag | None) -> bool:
         layers = self.model.layers
         ran = False
-        while self.next_layer < len(layers):
-            if ran and stop is not None and stop.is_set():
-                return False
-            self.x = layers[self.next_layer](self.x, attention, self.positions)
-            self.next_layer += 1
-            ran = True
+        with cpu_ops.team_held():  # each layer is several native calls with Python between them
+            while self.next_layer < len(layers):
+                if ran and stop is not None and stop.is_set():
+                    return False
+                self.x = layers[self.next_layer](self.x, attention, self.positions)
+                self.next_layer += 1
+                ran = True
         return True
