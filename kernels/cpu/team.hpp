@@ -1,8 +1,8 @@
 // A persistent team of worker threads for the CPU kernels' parallel ranges. Starting a
 // std::thread costs tens of µs, and a decode step of a small model runs dozens of parallel pieces
 // (every linear layer, the attention, the LM head) of about that size each: spawning per piece
-// costs more than it saves. The team's workers poll briefly after each piece (within one native
-// call the next one follows within microseconds) and then sleep on a condition variable, so an
+// costs more than it saves. The team's workers poll for a few µs after each piece (within one
+// native call the next one follows within that) and then sleep on a condition variable, so an
 // idle server does not burn the cores it shares with the event loop. While a caller holds the
 // team (hold_team: an encoder's layers, native calls with Python between them) they yield
 // instead of sleeping, as the next piece follows within tens of µs.
@@ -66,37 +66,23 @@ class Team {
     void hold(bool held) { held_.fetch_add(held ? 1 : -1, std::memory_order_relaxed); }
 
    private:
-    static constexpr long kSpinLimit = 1 << 14;  // a caller's polling for late workers (5-10 µs)
-    static constexpr std::chrono::microseconds kWorkerPoll{8};  // a worker's, before it sleeps
-    static constexpr std::chrono::milliseconds kHeldYield{2};   // its yielding while held, at most
+    static constexpr long kSpinLimit = 1 << 14;  // polls before yielding or sleeping (5-10 µs here)
+    static constexpr std::chrono::milliseconds kHeldYield{2};  // a worker's yielding while held, at most
     static constexpr std::chrono::microseconds kSleepAfter{500};  // a caller's wait for late workers
 
     // The signal once its generation moved past `seen`, or (it has not) when the worker should
-    // sleep: after kWorkerPoll of polling, or while the team is held, of yielding.
+    // sleep: after kSpinLimit polls, or while the team is held, after yielding up to kHeldYield.
     uint64_t wait_for_job(uint64_t seen) const {
-        const auto start = std::chrono::steady_clock::now();
-        bool yielding = false;
         uint64_t now = signal_.load(std::memory_order_acquire);
-        for (long spins = 1; now >> 32 == seen; ++spins) {
-            if (yielding) std::this_thread::yield();
-            else cpu_relax();
+        for (long spins = 0; now >> 32 == seen && spins < kSpinLimit; ++spins) now = signal_.load(std::memory_order_acquire);
+        if (now >> 32 != seen || held_.load(std::memory_order_relaxed) <= 0) return now;
+        const auto give_up = std::chrono::steady_clock::now() + kHeldYield;
+        while (now >> 32 == seen && held_.load(std::memory_order_relaxed) > 0 &&
+               std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::yield();
             now = signal_.load(std::memory_order_acquire);
-            if (yielding || spins % 64 == 0) {
-                const auto waited = std::chrono::steady_clock::now() - start;
-                if (waited < kWorkerPoll) continue;
-                if (held_.load(std::memory_order_relaxed) <= 0 || waited >= kHeldYield) break;
-                yielding = true;
-            }
         }
         return now;
-    }
-
-    static void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        asm volatile("yield");
-#endif
     }
 
     void grow(int workers) {
