@@ -3,9 +3,8 @@
 // (every linear layer, the attention, the LM head) of about that size each: spawning per piece
 // costs more than it saves. The team's workers poll for a few µs after each piece (within one
 // native call the next one follows within that) and then sleep on a condition variable, so an
-// idle server does not burn the cores it shares with the event loop. While a caller holds the
-// team (hold_team: an encoder's layers, native calls with Python between them) they yield
-// instead of sleeping, as the next piece follows within tens of µs.
+// idle server does not burn the cores it shares with the event loop; a caller may hold them
+// awake across several native calls (Team::hold).
 #pragma once
 #include <atomic>
 #include <chrono>
