@@ -9,20 +9,28 @@ import argparse
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 LOCATION = re.compile(r" \([^()]*:\d+\)$")  # "name (file.py:12)" -> "name"
 THREAD_ID = re.compile(r"\s*\(\d+\)")
+
+
+def collapsed_stacks(path: Path) -> Iterator[tuple[str, int]]:
+    """(stack, samples) per line of py-spy's collapsed output (`--threads`: each stack starts with
+    its thread). py-spy now and then reads a frame's name mid-update, and the bytes it writes for
+    it may hold a line break (a profile of the decode class had one): the torn sample's pieces,
+    lines that do not start with a thread or end in a count, are skipped."""
+    for line in path.read_text(errors="replace").split("\n"):
+        stack, _, count = line.rpartition(" ")
+        if stack.startswith("thread") and count.isdigit():
+            yield stack, int(count)
 
 
 def summarize(path: Path, top: int) -> str:
     threads: Counter[str] = Counter()
     own: Counter[tuple[str, str]] = Counter()
     inclusive: Counter[tuple[str, str]] = Counter()
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        stack, count = line.rsplit(" ", 1)
-        samples = int(count)
+    for stack, samples in collapsed_stacks(path):
         thread, *frames = stack.split(";")
         thread = THREAD_ID.sub("", thread).removeprefix("thread").strip(" :")
         names = [LOCATION.sub("", frame) for frame in frames]

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from bench.serving.core import report
 from bench.serving.core.client import make_client
-from bench.serving.gil_profile import summarize
+from bench.serving.gil_profile import collapsed_stacks, summarize
 from bench.serving.core.loadgen import prompt_source, split_server_args
 from bench.serving.core.runner import Level, Limits, run_level
 from bench.serving.core.server import ServerProcess, parse_command, prelude_env
@@ -41,16 +41,13 @@ def layer_shares(raw: Path) -> list[tuple[str, float]]:
     calls (the engine's submit, the HTTP server's send), the engine's step loop is the engine's,
     the HTTP server's own callbacks (parsing) its own, the rest (the loop, asyncio) "other"."""
     shares: collections.Counter[str] = collections.Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
+    for stack, count in collapsed_stacks(raw):
         thread, _, frames = stack.partition(";")
         if not thread.endswith("MainThread"):
             layer = f"thread {thread.rpartition(': ')[2]}"
         else:
             layer = next((name for marker, name in LAYERS if marker in frames), "event loop, other")
-        shares[layer] += int(count)
+        shares[layer] += count
     total = sum(shares.values()) or 1
     return [(layer, 100 * n / total) for layer, n in shares.most_common()]
 

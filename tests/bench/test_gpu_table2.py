@@ -23,7 +23,8 @@ def test_gil_profile_shares_samples_by_thread_and_function(tmp_path):
     stacks = tmp_path / "pyspy.txt"
     stacks.write_text("thread (11): MainThread;run (a.py:1);parse (b.py:2) 3\n"
                       "thread (12): prelude-step_0;execute (c.py:3);launch (d.py:4) 1\n"
-                      "thread (11): MainThread;run (a.py:1) 4\n")
+                      "thread (11): MainThread;run (a.py:1) 4\n"
+                      "thread (11): MainThread;\n\x00 (\u0dde\x00:1694527087);run (a.py:1) 5\n")  # a torn read
     text = summarize(stacks, top=3)
     assert text.splitlines()[:3] == ["pyspy.txt: 8 samples holding the GIL", "   87.5%  MainThread",
                                      "   12.5%  prelude-step_0"]
