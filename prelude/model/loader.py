@@ -42,15 +42,14 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     stored). A decoder's activations are fp32 on the native kernels whatever its weights are
     stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
     after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
-    quantized); an fp32 encoder's dense layers likewise (EncoderLM.store_weights). A bf16 encoder
-    and fp16 run on torch's ops in the dtype asked for (on an encoder's many rows oneDNN's bf16
-    GEMM outruns the native bf16 kernel). A checkpoint of int8 weights stays int8."""
+    quantized); an encoder's dense layers likewise, in fp32 or bf16 (EncoderLM.store_weights).
+    fp16 runs on torch's ops in fp16. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
             raise UnsupportedModel("--quantization int8 serves decoder models; "
                                    f"{config.architecture} is an encoder")
         return torch.float32, "int8"
-    if dtype == torch.float16 or (config.encoder is not None and dtype != torch.float32):
+    if dtype == torch.float16:
         return dtype, None
     return torch.float32, "bfloat16" if dtype == torch.bfloat16 else "float32"
 

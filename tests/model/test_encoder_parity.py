@@ -33,12 +33,13 @@ CASES = [
 ]
 
 
-def _ours(path, family):
+def _ours(path, family, weight_format="float32"):
     config = ModelConfig.from_dir(path)
     if family == "bert":  # no tokenizer beside these weights: name the separator ourselves
         assert config.encoder is not None
         config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, sep_token_id=SEP))
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=config.max_position_embeddings)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=config.max_position_embeddings,
+                       weight_format=weight_format)
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.float32),
                     torch.device("cpu"))
     return config, model, TorchAttention(cache)
@@ -76,6 +77,31 @@ def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, fam
             theirs_scores = reference(prompt[None], **kwargs).logits[0]
             pooled = ours[0] if model.classifier_pooling == "cls" else ours.mean(dim=0)
             torch.testing.assert_close(model.compute_scores(pooled[None])[0], theirs_scores, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family,extra", [(f, e) for f, h, e in CASES if h == "Model"], ids=lambda c: c
+                         if isinstance(c, str) else "")
+def test_bf16_weights_keep_every_state_within_the_stated_cosine(tmp_path, family, extra):
+    # --dtype bfloat16: the dense layers' weights packed in bf16, each product's rows rounded to
+    # bf16 as the kernel reads them (AVX-512 BF16) or its weights widened; all else in fp32.
+    if encoder_attention.bidirectional_rows is None:
+        pytest.skip("kernels.cpu is not built")
+    path = make_checkpoint(tmp_path / family, family, head="Model", **extra)
+    config, model, attention = _ours(path, family, weight_format="bfloat16")
+    reference = load_reference(path)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
+    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
+                     (), 16)
+    layout = step.layout(torch.tensor(step.slots))
+    attention.plan(layout)
+    with torch.inference_mode():
+        hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
+        for i, prompt in enumerate(prompts):
+            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]]
+            kwargs = {"token_type_ids": torch.zeros_like(prompt)[None]} if family == "bert" else {}
+            theirs = reference(prompt[None], **kwargs).last_hidden_state[0]
+            assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() >= 0.999
 
 
 def test_a_forward_stepped_aside_between_layers_gives_the_same_states(tmp_path):

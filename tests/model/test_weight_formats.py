@@ -84,7 +84,7 @@ def test_narrow_weights_stay_within_the_stated_tolerance_of_fp32(tmp_path, weigh
     assert torch.nn.functional.cosine_similarity(hidden, hidden32, dim=-1).min() >= cosine
 
 
-def test_an_encoder_packs_fp32_weights_and_refuses_int8_with_its_reason(tmp_path):
+def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):
     from prelude.model.config import UnsupportedModel
     from prelude.model.loader import cpu_weight_format
 
@@ -92,4 +92,4 @@ def test_an_encoder_packs_fp32_weights_and_refuses_int8_with_its_reason(tmp_path
     with pytest.raises(UnsupportedModel, match="--quantization int8 serves decoder models"):
         cpu_weight_format(torch.float32, "int8", config)
     assert cpu_weight_format(torch.float32, "none", config) == (torch.float32, "float32")  # packed dense layers
-    assert cpu_weight_format(torch.bfloat16, "none", config) == (torch.bfloat16, None)  # torch's bf16 ops
+    assert cpu_weight_format(torch.bfloat16, "none", config) == (torch.float32, "bfloat16")  # packed, bf16

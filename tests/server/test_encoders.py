@@ -62,8 +62,8 @@ def test_embeddings_equal_sentence_transformers_on_the_real_model(minilm, minilm
 
 
 def test_bfloat16_embeds_within_the_stated_cosine_of_sentence_transformers(minilm):
-    # --dtype bfloat16 on the CPU: torch's bf16 ops (AVX-512 BF16 or AMX where the CPU has them,
-    # about twice fp32's speed on this model); docs/encoders.md states 0.9995 (measured 0.9999).
+    # --dtype bfloat16 on the CPU: the dense layers' weights packed in bf16 and multiplied with
+    # AVX-512 BF16 where the CPU has it, all else in fp32; docs/encoders.md states the cosine.
     st = pytest.importorskip("sentence_transformers")
     reference = st.SentenceTransformer(str(minilm), device="cpu").encode(TEXTS, normalize_embeddings=True)
     with ServerThread(Config(model=str(minilm), dtype="bfloat16")) as srv:
