@@ -45,6 +45,16 @@ def _ours(path, family, weight_format="float32"):
     return config, model, TorchAttention(cache)
 
 
+def _states(model, attention, prompts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each prompt's final states, the prompts computed together in one flattened step."""
+    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
+                     (), 16)
+    layout = step.layout(torch.tensor(step.slots))
+    attention.plan(layout)
+    hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
+    return [hidden[layout.query_starts[i]:layout.query_starts[i + 1]] for i in range(len(prompts))]
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("family,head,extra", CASES, ids=lambda c: c if isinstance(c, str) else "")
 def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, family, head, extra, native):
@@ -58,14 +68,8 @@ def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, fam
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
     prompts[0][4] = SEP  # a pair: tokens after the first separator are segment B
-    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
-                     (), 16)
-    layout = step.layout(torch.tensor(step.slots))
-    attention.plan(layout)
     with torch.inference_mode():
-        hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
-        for i, prompt in enumerate(prompts):
-            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]]
+        for i, (prompt, ours) in enumerate(zip(prompts, _states(model, attention, prompts))):
             kwargs = {}
             if family == "bert":
                 types = (torch.arange(len(prompt)) > 4).long() if i == 0 else torch.zeros_like(prompt)
@@ -91,14 +95,8 @@ def test_bf16_weights_keep_every_state_within_the_stated_cosine(tmp_path, family
     reference = load_reference(path)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
-    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
-                     (), 16)
-    layout = step.layout(torch.tensor(step.slots))
-    attention.plan(layout)
     with torch.inference_mode():
-        hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
-        for i, prompt in enumerate(prompts):
-            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]]
+        for prompt, ours in zip(prompts, _states(model, attention, prompts)):
             kwargs = {"token_type_ids": torch.zeros_like(prompt)[None]} if family == "bert" else {}
             theirs = reference(prompt[None], **kwargs).last_hidden_state[0]
             assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() >= 0.999
