@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the model name clients send (default: the --model path, or prelude-demo)")
     model.add_argument("--dtype", default=d.dtype, choices=_choices("dtype"),
                        help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU; on the CPU a "
-                            "decoder computes in fp32 and bfloat16 stores its weights in bf16 (multiplied in bf16 "
+                            "model computes in fp32 and bfloat16 stores its weights in bf16 (multiplied in bf16 "
                             "where the CPU has AVX-512 BF16)")
     model.add_argument("--quantization", default=d.quantization, choices=_choices("quantization"),
                        help="int8: int8 weights (one scale per output channel, quantized at load) for a "

@@ -36,12 +36,12 @@ Rename = tuple[str, str, int | None]
 
 class Dense(Linear):
     """An encoder's linear layer, with the activation that follows it (BERT's intermediate GELU).
-    On the CPU in fp32 its weight is kept packed (EncoderLM.store_weights), and its bias and
+    On the CPU its weight is kept packed, in fp32 or bf16 (EncoderLM.store_weights), and its bias and
     GELU run in the product's epilogue (kernels/cpu/packed_gemm.hpp) on the native kernels'
     threads, as the attention and LayerNorm between the products do: nothing of a layer is left to
     torch's threads, which contended with the native ones for the two cores (the packed product
     beside torch's GELU and LayerNorm was slower than MKL's; all-MiniLM, 32 texts). Elsewhere
-    (bf16, CUDA): torch's F.linear, then the activation."""
+    (fp16, CUDA): torch's F.linear, then the activation."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None):
         super().__init__(in_features, out_features, bias=bias)
@@ -130,7 +130,7 @@ class EncoderLM(nn.Module):
     # -- weights ------------------------------------------------------------------------------------
     def store_weights(self, format: str) -> None:
         """Keeps the dense layers' weights packed for the CPU kernels (Dense) in `format`
-        (cpu_weight_format's: float32)."""
+        (cpu_weight_format's: float32 or bfloat16)."""
         for module in self.modules():
             if isinstance(module, Dense):
                 module.store(format, PANELS)
