@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "amx_gemm.hpp"
 #include "packed_gemm.hpp"
 #include "team.hpp"
 #include "weights.hpp"
@@ -199,24 +200,43 @@ PRELUDE_BF16 static void bf16_panels(const bf16* xb, long n, const bf16* packed,
         }
     }
 }
+// x rounded to bf16 (to nearest even, as to_bf16; vcvtneps2bf16 also flushes denormals to zero,
+// which no product here can tell from them), 16 at a time.
+PRELUDE_BF16 static void round_to_bf16(const float* x, bf16* out, long count) {
+    long i = 0;
+    for (; i + 16 <= count; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    for (; i < count; ++i) out[i] = to_bf16(x[i]);
+}
 #undef PRELUDE_BF16
 
 // out[n, outputs] = x . w^T for a bf16 panel weight, on the thread team: rows rounded to bf16 in
 // ranges, then panels in ranges; `bias` and `activation`: packed_gemm.hpp's epilogue.
 static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                       const float* bias = nullptr, long activation = kNoActivation) {
+    // Whole tiles of rows on AMX where the CPU has it (their rows in the tiles' order), the rest
+    // (or all) by rows on the vector kernel.
+    const long tiled = has_amx_bf16() && inputs % kAmxK == 0 ? n - n % kAmxRows : 0;
+    const long rest = n - tiled;
     std::unique_ptr<bf16[]> xb(new bf16[n * inputs]);
     parallel_ranges(n, threads_worth(n * inputs, threads), 1, [&](long begin, long end) {
-        for (long i = begin * inputs; i < end * inputs; ++i) xb[i] = to_bf16(x[i]);
+        if (begin < tiled) round_to_tiles(x, xb.get(), begin, end < tiled ? end : tiled, inputs);
+        if (end > tiled) {
+            const long from = (begin > tiled ? begin : tiled) * inputs;
+            round_to_bf16(x + from, xb.get() + from, end * inputs - from);
+        }
     });
     const long panels = (outputs + kPanel - 1) / kPanel;
+    const bf16* packed = static_cast<const bf16*>(w.data);
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
-        if (n <= kBlockRows)
-            bf16_panels<true>(xb.get(), n, static_cast<const bf16*>(w.data), inputs, out, outputs, begin, end, bias,
-                              activation);
+        if (tiled) amx_panels(xb.get(), tiled, packed, inputs, out, outputs, begin, end, bias, activation);
+        const bf16* x_rest = xb.get() + tiled * inputs;
+        float* o = out + tiled * outputs;
+        if (rest == 0) return;
+        if (rest <= kBlockRows)
+            bf16_panels<true>(x_rest, rest, packed, inputs, o, outputs, begin, end, bias, activation);
         else
-            bf16_panels<false>(xb.get(), n, static_cast<const bf16*>(w.data), inputs, out, outputs, begin, end, bias,
-                               activation);
+            bf16_panels<false>(x_rest, rest, packed, inputs, o, outputs, begin, end, bias, activation);
     });
 }
 #else

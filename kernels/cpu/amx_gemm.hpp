@@ -1,0 +1,169 @@
+// Rows times a bf16 panel weight on AMX (Intel's tile unit: Sapphire Rapids and later), where
+// the CPU has it: one `tdpbf16ps` multiplies a 16 x 32 tile of bf16 rows by a 32 x 16 tile of
+// bf16 weights into 16 x 16 fp32 sums, 16 times the multiply-adds of a `vdpbf16ps` (oneDNN's
+// bf16 GEMM ran 1.6 TFLOP/s on two such cores, the vector kernel 0.2).
+//
+// The bf16 panels (bf16_gemm.hpp) are already the layout the tile unit reads its right-hand
+// tile in: a panel's 64-byte group holds output j's two consecutive k in lane j, so 16
+// consecutive groups (32 k by 16 outputs) are one tile, rows 64 bytes apart. The products are
+// the vector kernel's (bf16 x bf16, summed in fp32), in another order.
+//
+// Linux hands out the tile registers only to a process that asks (arch_prctl), once; without
+// the permission (an older kernel), the vector kernel runs. PRELUDE_CPU_AMX=0 turns AMX off.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "packed_gemm.hpp"
+#include "weights.hpp"
+
+namespace prelude_cpu {
+
+constexpr long kAmxRows = 16;  // rows of a tile
+constexpr long kAmxK = 32;     // bf16 k of a tile (64 bytes a row)
+constexpr long kAmxBlockBytes = 256 * 1024;  // rows of xb a block holds (a share of L2)
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+// The CPU has AMX-TILE and AMX-BF16, the kernel let this process use the tiles, and
+// PRELUDE_CPU_AMX=0 does not turn them off.
+static inline bool has_amx_bf16() {
+    static const bool has = [] {
+        const char* off = std::getenv("PRELUDE_CPU_AMX");
+        if (off != nullptr && std::string(off) == "0") return false;
+        unsigned a, b, c, d;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+        const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+        constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+        return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+    }();
+    return has;
+}
+
+#define PRELUDE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
+
+// Rows [begin, end) of x (all below the tiled rows' end) rounded to bf16 into xt in the tiles'
+// order: a tile's 16 rows by 32 k are 1 KB in a row, the tile of rows 16t and k 32s at
+// (16 t inputs + 512 s). Loaded from rows hundreds of bytes apart, the tiles ran at a third of
+// oneDNN's speed (which reorders its rows so, too).
+__attribute__((target("avx512f,avx512bf16"))) static void round_to_tiles(const float* x, bf16* xt, long begin,
+                                                                        long end, long inputs) {
+    for (long i = begin; i < end; ++i) {
+        bf16* tile_row = xt + (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kAmxK;
+        const float* row = x + i * inputs;
+        for (long k = 0; k < inputs; k += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile_row + (k / kAmxK) * kAmxRows * kAmxK + k % kAmxK),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + k)));
+    }
+}
+
+// Tiles 0-3: sums (two row tiles by two panels); 4-5: rows; 6-7: panels. All 16 x 64 bytes.
+struct alignas(64) TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+PRELUDE_AMX static inline void configure_tiles() {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kAmxRows;
+    _tile_loadconfig(&config);
+}
+
+// One tile's sums into out (`cols` <= 16 valid columns, rows `ld` floats apart).
+PRELUDE_AMX __attribute__((always_inline)) static inline void store_sums(const float* sums, float* out, long ld,
+                                                                         long cols) {
+    for (long r = 0; r < kAmxRows; ++r) std::memcpy(out + r * ld, sums + r * kPanel, cols * sizeof(float));
+}
+
+// kRowTiles x kPanels tiles of sums over the whole of k: 16 or 32 rows of xt (round_to_tiles) by one or two
+// panels, written to out. `cols`: valid columns of the last panel (a partial one is stored
+// through scratch, since a tile store writes all 16).
+template <int kRowTiles, int kPanels>
+PRELUDE_AMX static inline void amx_block(const bf16* xt, long inputs, const bf16* panel, float* out, long outputs,
+                                         long cols) {
+    const bf16* next = panel + inputs * kPanel;
+    const bf16* below_rows = xt + kAmxRows * inputs;
+    _tile_zero(0);
+    if (kPanels == 2) _tile_zero(1);
+    if (kRowTiles == 2) _tile_zero(2);
+    if (kRowTiles == 2 && kPanels == 2) _tile_zero(3);
+    for (long k = 0; k < inputs; k += kAmxK) {
+        _tile_loadd(4, xt + k * kAmxRows, 64);
+        if (kRowTiles == 2) _tile_loadd(5, below_rows + k * kAmxRows, 64);
+        _tile_loadd(6, panel + k * kPanel, 64);
+        if (kPanels == 2) _tile_loadd(7, next + k * kPanel, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (kPanels == 2) _tile_dpbf16ps(1, 4, 7);
+        if (kRowTiles == 2) _tile_dpbf16ps(2, 5, 6);
+        if (kRowTiles == 2 && kPanels == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+    const long ld = outputs * (long)sizeof(float);
+    float* below = out + kAmxRows * outputs;
+    if (cols == kPanel) {
+        _tile_stored(0, out, ld);
+        if (kPanels == 2) _tile_stored(1, out + kPanel, ld);
+        if (kRowTiles == 2) _tile_stored(2, below, ld);
+        if (kRowTiles == 2 && kPanels == 2) _tile_stored(3, below + kPanel, ld);
+        return;
+    }
+    // A partial last panel (only ever alone: pairs are whole): through scratch.
+    alignas(64) float sums[kAmxRows * kPanel];
+    _tile_stored(0, sums, kPanel * sizeof(float));
+    store_sums(sums, out, outputs, cols);
+    if (kRowTiles == 2) {
+        _tile_stored(2, sums, kPanel * sizeof(float));
+        store_sums(sums, below, outputs, cols);
+    }
+}
+
+// Rows [0, tiled) of xt (round_to_tiles; tiled a multiple of 16) by panels [p_begin, p_end), with packed_gemm's
+// epilogue. Rows go in blocks that stay in L2 while every panel pair passes over them (one pass
+// of all the rows per pair, with the sums' stores evicting them, ran at a third of oneDNN's
+// speed at 2,048 rows).
+PRELUDE_AMX static void amx_panels(const bf16* xt, long tiled, const bf16* packed, long inputs, float* out,
+                                   long outputs, long p_begin, long p_end, const float* bias, long activation) {
+    configure_tiles();
+    const long block = kAmxBlockBytes / (inputs * (long)sizeof(bf16)) / (2 * kAmxRows) * (2 * kAmxRows);
+    const long step = block > 2 * kAmxRows ? block : 2 * kAmxRows;
+    for (long r0 = 0; r0 < tiled; r0 += step) {
+        const long r1 = r0 + step < tiled ? r0 + step : tiled;
+        for (long p = p_begin; p < p_end;) {
+            const bf16* panel = packed + p * inputs * kPanel;
+            const long col = p * kPanel;
+            const bool pair = p + 1 < p_end && col + 2 * kPanel <= outputs;
+            const long cols = pair ? 2 * kPanel : (outputs - col < kPanel ? outputs - col : kPanel);
+            for (long r = r0; r < r1; r += 2 * kAmxRows) {
+                const bf16* x = xt + r * inputs;
+                float* o = out + r * outputs + col;
+                const bool two = r + 2 * kAmxRows <= r1;
+                if (pair && two) amx_block<2, 2>(x, inputs, panel, o, outputs, kPanel);
+                else if (pair) amx_block<1, 2>(x, inputs, panel, o, outputs, kPanel);
+                else if (two) amx_block<2, 1>(x, inputs, panel, o, outputs, cols);
+                else amx_block<1, 1>(x, inputs, panel, o, outputs, cols);
+            }
+            finish_block(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
+            p += pair ? 2 : 1;
+        }
+    }
+    _tile_release();
+}
+#undef PRELUDE_AMX
+#else
+static inline bool has_amx_bf16() { return false; }
+static void amx_panels(const bf16*, long, const bf16*, long, float*, long, long, long, const float*, long) {}
+static void round_to_tiles(const float*, bf16*, long, long, long) {}
+#endif
+
+}  // namespace prelude_cpu
