@@ -25,6 +25,7 @@
 #endif
 
 #include "packed_gemm.hpp"
+#include "simd.hpp"
 #include "weights.hpp"
 
 namespace prelude_cpu {
@@ -128,6 +129,27 @@ PRELUDE_AMX static inline void amx_block(const bf16* xt, long inputs, const bf16
     }
 }
 
+typedef float v16f __attribute__((vector_size(64)));
+
+// packed_gemm's epilogue (bias, then the activation) on the tiles' sums, 16 lanes at a time:
+// at eight, BERT's GELU took as long as its layer's product on the tiles.
+__attribute__((target("avx512f"))) static void amx_finish(float* out, long rows, long outputs, long col, long cols,
+                                                         const float* bias, long activation) {
+    if (cols % 16 != 0 || (bias == nullptr && activation == kNoActivation)) {
+        finish_block(out, rows, outputs, col, cols, bias, activation);
+        return;
+    }
+    for (long r = 0; r < rows; ++r)
+        for (long j = col; j < col + cols; j += 16) {
+            v16f v, b{};
+            std::memcpy(&v, out + r * outputs + j, sizeof(v));
+            if (bias != nullptr) std::memcpy(&b, bias + j, sizeof(b));
+            v += b;
+            if (activation == kGelu) v = gelu_lanes(v);
+            std::memcpy(out + r * outputs + j, &v, sizeof(v));
+        }
+}
+
 // Rows [0, tiled) of xt (round_to_tiles; tiled a multiple of 16) by panels [p_begin, p_end), with packed_gemm's
 // epilogue. Rows go in blocks that stay in L2 while every panel pair passes over them (one pass
 // of all the rows per pair, with the sums' stores evicting them, ran at a third of oneDNN's
@@ -153,7 +175,7 @@ PRELUDE_AMX static void amx_panels(const bf16* xt, long tiled, const bf16* packe
                 else if (two) amx_block<2, 1>(x, inputs, panel, o, outputs, cols);
                 else amx_block<1, 1>(x, inputs, panel, o, outputs, cols);
             }
-            finish_block(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
+            amx_finish(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
             p += pair ? 2 : 1;
         }
     }

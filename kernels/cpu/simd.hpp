@@ -31,51 +31,58 @@ __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// e^x for eight floats, within 2 ulp of expf over [-87, 88] (softmax arguments are <= 0): x =
+// e^x for each lane of a float vector (eight, or sixteen in an AVX-512 kernel), within 2 ulp of expf over [-87, 88] (softmax arguments are <= 0): x =
 // n ln2 + r with |r| <= ln2/2, e^r from its degree-6 Taylor-like minimax polynomial, 2^n built
 // in the exponent bits. A scalar expf per score was a third of a decode step's attention.
-__attribute__((always_inline)) static inline v8f exp8(v8f x) {
-    const v8f lo = v8f{} - 87.0f, hi = v8f{} + 88.0f;
+template <typename V>
+__attribute__((always_inline)) static inline V exp_lanes(V x) {
+    using I = decltype(x < x);  // the int32 vector of the same lanes
+    const V lo = V{} - 87.0f, hi = V{} + 88.0f;
     x = x < lo ? lo : x;
     x = x > hi ? hi : x;
     // Rounding to the nearest integer by adding 1.5 * 2^23: the sum's low mantissa bits hold n.
-    const v8f shifter = v8f{} + 12582912.0f;
-    v8f t = x * 1.44269504088896341f + shifter;
-    v8f n = t - shifter;
-    v8f r = x - n * 0.693359375f;     // ln2 in two parts, so r keeps its precision
+    const V shifter = V{} + 12582912.0f;
+    V t = x * 1.44269504088896341f + shifter;
+    V n = t - shifter;
+    V r = x - n * 0.693359375f;     // ln2 in two parts, so r keeps its precision
     r = r - n * -2.12194440e-4f;
-    v8f p = v8f{} + 1.9875691500e-4f;
+    V p = V{} + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    v8i bits;
+    I bits;
     std::memcpy(&bits, &t, sizeof(bits));
-    v8i shifter_bits;
+    I shifter_bits;
     std::memcpy(&shifter_bits, &shifter, sizeof(shifter_bits));
-    v8i scale_bits = ((bits - shifter_bits) + 127) << 23;
-    v8f scale;
+    I scale_bits = ((bits - shifter_bits) + 127) << 23;
+    V scale;
     std::memcpy(&scale, &scale_bits, sizeof(scale));
     return p * scale;
 }
 
-// x * (1 + erf(x / sqrt 2)) / 2 for eight floats (BERT's exact GELU): erf by Abramowitz and
+__attribute__((always_inline)) static inline v8f exp8(v8f x) { return exp_lanes(x); }
+
+// x * (1 + erf(x / sqrt 2)) / 2 for each lane (BERT's exact GELU): erf by Abramowitz and
 // Stegun 7.1.26 (absolute error 1.5e-7, below fp32's spacing near 1).
-__attribute__((always_inline)) static inline v8f gelu8(v8f v) {
-    const v8f z = v * 0.70710678118654752f;
-    const v8f a = z < 0.0f ? v8f{} - z : z;
-    const v8f t = 1.0f / (1.0f + 0.3275911f * a);
-    v8f p = v8f{} + 1.061405429f;
+template <typename V>
+__attribute__((always_inline)) static inline V gelu_lanes(V v) {
+    const V z = v * 0.70710678118654752f;
+    const V a = z < 0.0f ? V{} - z : z;
+    const V t = 1.0f / (1.0f + 0.3275911f * a);
+    V p = V{} + 1.061405429f;
     p = p * t - 1.453152027f;
     p = p * t + 1.421413741f;
     p = p * t - 0.284496736f;
     p = p * t + 0.254829592f;
-    const v8f erf_a = 1.0f - p * t * exp8(v8f{} - a * a);
-    const v8f erf_z = z < 0.0f ? v8f{} - erf_a : erf_a;
+    const V erf_a = 1.0f - p * t * exp_lanes(V{} - a * a);
+    const V erf_z = z < 0.0f ? V{} - erf_a : erf_a;
     return 0.5f * v * (1.0f + erf_z);
 }
+
+__attribute__((always_inline)) static inline v8f gelu8(v8f v) { return gelu_lanes(v); }
 
 static inline bool has_avx2_fma() {
 #if defined(__x86_64__) && defined(__GNUC__)
