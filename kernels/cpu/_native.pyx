@@ -41,13 +41,13 @@ def bf16_products() -> bool:
     return has_avx512_bf16()
 
 cdef extern from "amx_gemm.hpp" namespace "prelude_cpu" nogil:
-    bint has_amx_bf16()
+    bint has_amx()
 
 
 def amx_products() -> bool:
-    """Whether the bf16 products of whole 16-row tiles run on AMX's tiles on this CPU (and this
-    process may use them; PRELUDE_CPU_AMX=0 turns them off), kernels/cpu/amx_gemm.hpp."""
-    return bf16_products() and has_amx_bf16()
+    """Whether the bf16 and int8 products of whole 16-row tiles run on AMX's tiles on this CPU
+    (and this process may use them; PRELUDE_CPU_AMX=0 turns them off), kernels/cpu/amx_gemm.hpp."""
+    return has_amx()
 
 cdef extern from "paged_attention.hpp" namespace "prelude_cpu" nogil:
     cdef struct PagedDecode:

@@ -1,15 +1,17 @@
-// Rows times a bf16 panel weight on AMX (Intel's tile unit: Sapphire Rapids and later), where
-// the CPU has it: one `tdpbf16ps` multiplies a 16 x 32 tile of bf16 rows by a 32 x 16 tile of
-// bf16 weights into 16 x 16 fp32 sums, 16 times the multiply-adds of a `vdpbf16ps` (oneDNN's
-// bf16 GEMM ran 1.6 TFLOP/s on two such cores, the vector kernel 0.2).
+// Rows times a bf16 or int8 panel weight on AMX (Intel's tile unit: Sapphire Rapids and later),
+// where the CPU has it: one `tdpbf16ps` multiplies a 16 x 32 tile of bf16 rows by a 32 x 16 tile
+// of bf16 weights into 16 x 16 fp32 sums, 16 times the multiply-adds of a `vdpbf16ps`, and one
+// `tdpbusd` a 16 x 64 tile of u8 rows by a 64 x 16 int8 tile into int32 sums (oneDNN's bf16
+// GEMM ran 1.6 TFLOP/s on two such cores, the AVX-512 BF16 kernel 0.2).
 //
-// The bf16 panels (bf16_gemm.hpp) are already the layout the tile unit reads its right-hand
-// tile in: a panel's 64-byte group holds output j's two consecutive k in lane j, so 16
-// consecutive groups (32 k by 16 outputs) are one tile, rows 64 bytes apart. The products are
-// the vector kernel's (bf16 x bf16, summed in fp32), in another order.
+// The panels (bf16_gemm.hpp's, vnni_gemm.hpp's) are already the layout the tile unit reads its
+// right-hand tile in: a panel's 64-byte group holds output j's two (bf16) or four (int8)
+// consecutive k in lane j, so 16 consecutive groups are one tile, rows 64 bytes apart. The rows
+// are rounded or quantized as the vector kernels do it, into the tiles' order; the products are
+// the vector kernels' (int8's exactly; bf16's summed in another order).
 //
 // Linux hands out the tile registers only to a process that asks (arch_prctl), once; without
-// the permission (an older kernel), the vector kernel runs. PRELUDE_CPU_AMX=0 turns AMX off.
+// the permission (an older kernel), the vector kernels run. PRELUDE_CPU_AMX=0 turns AMX off.
 #pragma once
 #include <immintrin.h>
 
@@ -35,22 +37,22 @@ constexpr long kAmxK = 32;     // bf16 k of a tile (64 bytes a row)
 constexpr long kAmxBlockBytes = 256 * 1024;  // rows of xb a block holds (a share of L2)
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-// The CPU has AMX-TILE and AMX-BF16, the kernel let this process use the tiles, and
+// The CPU has AMX-TILE, AMX-BF16 and AMX-INT8, the kernel let this process use the tiles, and
 // PRELUDE_CPU_AMX=0 does not turn them off.
-static inline bool has_amx_bf16() {
+static inline bool has_amx() {
     static const bool has = [] {
         const char* off = std::getenv("PRELUDE_CPU_AMX");
         if (off != nullptr && std::string(off) == "0") return false;
         unsigned a, b, c, d;
         if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-        const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+        const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1, int8 = (d >> 25) & 1;
         constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
-        return tile && bf16 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+        return tile && bf16 && int8 && syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
     }();
     return has;
 }
 
-#define PRELUDE_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
+#define PRELUDE_AMX __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f")))
 
 // Rows [begin, end) of x (all below the tiled rows' end) rounded to bf16 into xt in the tiles'
 // order: a tile's 16 rows by 32 k are 1 KB in a row, the tile of rows 16t and k 32s at
@@ -82,51 +84,103 @@ PRELUDE_AMX static inline void configure_tiles() {
     _tile_loadconfig(&config);
 }
 
+// Sums tile C (0-3) to p: GCC's tile intrinsics take their tile numbers as literals.
+template <int C>
+PRELUDE_AMX __attribute__((always_inline)) static inline void store_tile(void* p, long stride) {
+    if constexpr (C == 0) _tile_stored(0, p, stride);
+    else if constexpr (C == 1) _tile_stored(1, p, stride);
+    else if constexpr (C == 2) _tile_stored(2, p, stride);
+    else _tile_stored(3, p, stride);
+}
+
 // One tile's sums into out (`cols` <= 16 valid columns, rows `ld` floats apart).
 PRELUDE_AMX __attribute__((always_inline)) static inline void store_sums(const float* sums, float* out, long ld,
                                                                          long cols) {
     for (long r = 0; r < kAmxRows; ++r) std::memcpy(out + r * ld, sums + r * kPanel, cols * sizeof(float));
 }
 
-// kRowTiles x kPanels tiles of sums over the whole of k: 16 or 32 rows of xt (round_to_tiles) by one or two
-// panels, written to out. `cols`: valid columns of the last panel (a partial one is stored
-// through scratch, since a tile store writes all 16).
-template <int kRowTiles, int kPanels>
-PRELUDE_AMX static inline void amx_block(const bf16* xt, long inputs, const bf16* panel, float* out, long outputs,
-                                         long cols) {
-    const bf16* next = panel + inputs * kPanel;
-    const bf16* below_rows = xt + kAmxRows * inputs;
-    _tile_zero(0);
-    if (kPanels == 2) _tile_zero(1);
-    if (kRowTiles == 2) _tile_zero(2);
-    if (kRowTiles == 2 && kPanels == 2) _tile_zero(3);
-    for (long k = 0; k < inputs; k += kAmxK) {
-        _tile_loadd(4, xt + k * kAmxRows, 64);
-        if (kRowTiles == 2) _tile_loadd(5, below_rows + k * kAmxRows, 64);
-        _tile_loadd(6, panel + k * kPanel, 64);
-        if (kPanels == 2) _tile_loadd(7, next + k * kPanel, 64);
+// What differs between the two kinds of products: bf16 rows by bf16 panels into fp32 sums, and
+// int8 rows (q + 128, vnni_gemm.hpp's) by int8 panels into int32 sums, scaled as they leave.
+struct Bf16Tiles {
+    using Row = bf16;
+    using Panel = bf16;
+    static constexpr long kK = kAmxK;
+    // Sums 0-3 += rows 4-5 by panels 6-7, as many as the block has.
+    template <int kRowTiles, int kPanels>
+    PRELUDE_AMX __attribute__((always_inline)) static inline void products() {
         _tile_dpbf16ps(0, 4, 6);
         if (kPanels == 2) _tile_dpbf16ps(1, 4, 7);
         if (kRowTiles == 2) _tile_dpbf16ps(2, 5, 6);
         if (kRowTiles == 2 && kPanels == 2) _tile_dpbf16ps(3, 5, 7);
     }
-    const long ld = outputs * (long)sizeof(float);
+    // Tile C's sums for rows [row, row + 16) and columns [col, col + cols) at out.
+    template <int C>
+    PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long, long, long cols) const {
+        if (cols == kPanel) {
+            store_tile<C>(out, outputs * (long)sizeof(float));
+            return;
+        }
+        alignas(64) float sums[kAmxRows * kPanel];  // a partial last panel: a tile store writes all 16
+        store_tile<C>(sums, kPanel * sizeof(float));
+        store_sums(sums, out, outputs, cols);
+    }
+};
+
+struct Int8Tiles {
+    using Row = uint8_t;
+    using Panel = int8_t;
+    static constexpr long kK = 64;
+    const int32_t* weight_sums;  // 128 times each output's weight sum (the rows' offset)
+    const float* weight_scales;
+    const float* row_scales;
+    template <int kRowTiles, int kPanels>
+    PRELUDE_AMX __attribute__((always_inline)) static inline void products() {
+        _tile_dpbusd(0, 4, 6);
+        if (kPanels == 2) _tile_dpbusd(1, 4, 7);
+        if (kRowTiles == 2) _tile_dpbusd(2, 5, 6);
+        if (kRowTiles == 2 && kPanels == 2) _tile_dpbusd(3, 5, 7);
+    }
+    template <int C>
+    PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long row, long col,
+                                                                long cols) const {
+        alignas(64) int32_t sums[kAmxRows * kPanel];
+        store_tile<C>(sums, kPanel * sizeof(int32_t));
+        const __mmask16 valid = (__mmask16)((1u << cols) - 1);
+        const __m512i offset = _mm512_maskz_loadu_epi32(valid, weight_sums + col);
+        const __m512 scales = _mm512_maskz_loadu_ps(valid, weight_scales + col);
+        for (long r = 0; r < kAmxRows; ++r) {
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums + r * kPanel), offset));
+            _mm512_mask_storeu_ps(out + r * outputs, valid,
+                                  _mm512_mul_ps(v, _mm512_mul_ps(scales, _mm512_set1_ps(row_scales[row + r]))));
+        }
+    }
+};
+
+// kRowTiles x kPanels tiles of sums over the whole of k: 16 or 32 rows of xt (in the tiles'
+// order) by one or two panels, written to out. Rows [row, ...) and columns [col, col + cols)
+// (cols: of the last panel; pairs are whole).
+template <typename Tiles, int kRowTiles, int kPanels>
+PRELUDE_AMX static inline void amx_block(const Tiles& tiles, const typename Tiles::Row* xt, long inputs,
+                                         const typename Tiles::Panel* panel, float* out, long outputs, long row,
+                                         long col, long cols) {
+    const typename Tiles::Panel* next = panel + inputs * kPanel;
+    const typename Tiles::Row* below_rows = xt + kAmxRows * inputs;
+    _tile_zero(0);
+    if (kPanels == 2) _tile_zero(1);
+    if (kRowTiles == 2) _tile_zero(2);
+    if (kRowTiles == 2 && kPanels == 2) _tile_zero(3);
+    for (long k = 0; k < inputs; k += Tiles::kK) {
+        _tile_loadd(4, xt + k * kAmxRows, 64);
+        if (kRowTiles == 2) _tile_loadd(5, below_rows + k * kAmxRows, 64);
+        _tile_loadd(6, panel + k * kPanel, 64);
+        if (kPanels == 2) _tile_loadd(7, next + k * kPanel, 64);
+        Tiles::template products<kRowTiles, kPanels>();
+    }
     float* below = out + kAmxRows * outputs;
-    if (cols == kPanel) {
-        _tile_stored(0, out, ld);
-        if (kPanels == 2) _tile_stored(1, out + kPanel, ld);
-        if (kRowTiles == 2) _tile_stored(2, below, ld);
-        if (kRowTiles == 2 && kPanels == 2) _tile_stored(3, below + kPanel, ld);
-        return;
-    }
-    // A partial last panel (only ever alone: pairs are whole): through scratch.
-    alignas(64) float sums[kAmxRows * kPanel];
-    _tile_stored(0, sums, kPanel * sizeof(float));
-    store_sums(sums, out, outputs, cols);
-    if (kRowTiles == 2) {
-        _tile_stored(2, sums, kPanel * sizeof(float));
-        store_sums(sums, below, outputs, cols);
-    }
+    tiles.template emit<0>(out, outputs, row, col, cols);
+    if (kPanels == 2) tiles.template emit<1>(out + kPanel, outputs, row, col + kPanel, kPanel);
+    if (kRowTiles == 2) tiles.template emit<2>(below, outputs, row + kAmxRows, col, cols);
+    if (kRowTiles == 2 && kPanels == 2) tiles.template emit<3>(below + kPanel, outputs, row + kAmxRows, col + kPanel, kPanel);
 }
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -150,30 +204,32 @@ __attribute__((target("avx512f"))) static void amx_finish(float* out, long rows,
         }
 }
 
-// Rows [0, tiled) of xt (round_to_tiles; tiled a multiple of 16) by panels [p_begin, p_end), with packed_gemm's
-// epilogue. Rows go in blocks that stay in L2 while every panel pair passes over them (one pass
-// of all the rows per pair, with the sums' stores evicting them, ran at a third of oneDNN's
-// speed at 2,048 rows).
-PRELUDE_AMX static void amx_panels(const bf16* xt, long tiled, const bf16* packed, long inputs, float* out,
-                                   long outputs, long p_begin, long p_end, const float* bias, long activation) {
+// Rows [0, tiled) of xt (in the tiles' order; tiled a multiple of 16) by panels [p_begin,
+// p_end), with packed_gemm's epilogue. Rows go in blocks that stay in L2 while every panel pair
+// passes over them (one pass of all the rows per pair, with the sums' stores evicting them, ran
+// at a third of oneDNN's speed at 2,048 rows).
+template <typename Tiles>
+PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row* xt, long tiled,
+                                   const typename Tiles::Panel* packed, long inputs, float* out, long outputs,
+                                   long p_begin, long p_end, const float* bias, long activation) {
     configure_tiles();
-    const long block = kAmxBlockBytes / (inputs * (long)sizeof(bf16)) / (2 * kAmxRows) * (2 * kAmxRows);
+    const long block = kAmxBlockBytes / (inputs * (long)sizeof(typename Tiles::Row)) / (2 * kAmxRows) * (2 * kAmxRows);
     const long step = block > 2 * kAmxRows ? block : 2 * kAmxRows;
     for (long r0 = 0; r0 < tiled; r0 += step) {
         const long r1 = r0 + step < tiled ? r0 + step : tiled;
         for (long p = p_begin; p < p_end;) {
-            const bf16* panel = packed + p * inputs * kPanel;
+            const typename Tiles::Panel* panel = packed + p * inputs * kPanel;
             const long col = p * kPanel;
             const bool pair = p + 1 < p_end && col + 2 * kPanel <= outputs;
             const long cols = pair ? 2 * kPanel : (outputs - col < kPanel ? outputs - col : kPanel);
             for (long r = r0; r < r1; r += 2 * kAmxRows) {
-                const bf16* x = xt + r * inputs;
+                const typename Tiles::Row* x = xt + r * inputs;
                 float* o = out + r * outputs + col;
                 const bool two = r + 2 * kAmxRows <= r1;
-                if (pair && two) amx_block<2, 2>(x, inputs, panel, o, outputs, kPanel);
-                else if (pair) amx_block<1, 2>(x, inputs, panel, o, outputs, kPanel);
-                else if (two) amx_block<2, 1>(x, inputs, panel, o, outputs, cols);
-                else amx_block<1, 1>(x, inputs, panel, o, outputs, cols);
+                if (pair && two) amx_block<Tiles, 2, 2>(tiles, x, inputs, panel, o, outputs, r, col, kPanel);
+                else if (pair) amx_block<Tiles, 1, 2>(tiles, x, inputs, panel, o, outputs, r, col, kPanel);
+                else if (two) amx_block<Tiles, 2, 1>(tiles, x, inputs, panel, o, outputs, r, col, cols);
+                else amx_block<Tiles, 1, 1>(tiles, x, inputs, panel, o, outputs, r, col, cols);
             }
             amx_finish(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
             p += pair ? 2 : 1;
@@ -183,8 +239,21 @@ PRELUDE_AMX static void amx_panels(const bf16* xt, long tiled, const bf16* packe
 }
 #undef PRELUDE_AMX
 #else
-static inline bool has_amx_bf16() { return false; }
-static void amx_panels(const bf16*, long, const bf16*, long, float*, long, long, long, const float*, long) {}
+static inline bool has_amx() { return false; }
+struct Bf16Tiles {
+    using Row = bf16;
+    using Panel = bf16;
+};
+struct Int8Tiles {
+    using Row = uint8_t;
+    using Panel = int8_t;
+    const int32_t* weight_sums;
+    const float* weight_scales;
+    const float* row_scales;
+};
+template <typename Tiles>
+static void amx_panels(const Tiles&, const typename Tiles::Row*, long, const typename Tiles::Panel*, long, float*,
+                       long, long, long, const float*, long) {}
 static void round_to_tiles(const float*, bf16*, long, long, long) {}
 #endif
 

@@ -216,7 +216,7 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
                       const float* bias = nullptr, long activation = kNoActivation) {
     // Whole tiles of rows on AMX where the CPU has it (their rows in the tiles' order), the rest
     // (or all) by rows on the vector kernel.
-    const long tiled = has_amx_bf16() && inputs % kAmxK == 0 ? n - n % kAmxRows : 0;
+    const long tiled = has_amx() && inputs % kAmxK == 0 ? n - n % kAmxRows : 0;
     const long rest = n - tiled;
     std::unique_ptr<bf16[]> xb(new bf16[n * inputs]);
     parallel_ranges(n, threads_worth(n * inputs, threads), 1, [&](long begin, long end) {
@@ -229,7 +229,7 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
     const long panels = (outputs + kPanel - 1) / kPanel;
     const bf16* packed = static_cast<const bf16*>(w.data);
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
-        if (tiled) amx_panels(xb.get(), tiled, packed, inputs, out, outputs, begin, end, bias, activation);
+        if (tiled) amx_panels(Bf16Tiles{}, xb.get(), tiled, packed, inputs, out, outputs, begin, end, bias, activation);
         const bf16* x_rest = xb.get() + tiled * inputs;
         float* o = out + tiled * outputs;
         if (rest == 0) return;

@@ -1,7 +1,8 @@
 // A linear layer's product on the CPU, out[n, outputs] = x[n, inputs] . w^T, in fp32 from a weight
 // stored in fp32, bf16 or int8 (weights.hpp), on the kernel of the weight's layout: packed panels
 // (the decoder layers' weights: a few rows stream them, more go through register tiles; int8
-// ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has AVX-512 BF16) or rows
+// ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has AVX-512 BF16,
+// whole 16-row tiles of either on AMX where it has that) or rows
 // (an LM head tied to its embedding, which needs the rows for its lookups).
 #pragma once
 #include "bf16_gemm.hpp"

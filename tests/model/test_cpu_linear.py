@@ -178,18 +178,20 @@ with torch.inference_mode():
 
 
 @pytest.mark.parametrize("amx", ["1", "0"])
-def test_bf16_tiles_and_the_vector_kernel_give_the_same_products(amx: str):
+@pytest.mark.parametrize("format", ["bfloat16", "int8"])
+def test_tiles_and_the_vector_kernels_give_the_same_products(amx: str, format: str):
     # Whole 16-row tiles go to AMX where the CPU has it (PRELUDE_CPU_AMX=0 sends them to the
-    # vector kernel): either way each row's products are its bf16-rounded row times the bf16
-    # weight, for tile pairs, lone tiles, a part panel and the rows past the last whole tile.
-    # A process of its own per setting: the kernels decide once per process.
+    # AVX-512 BF16 / VNNI kernels): either way each row's products are its rounded (bf16) or
+    # quantized (int8, per row) row times the weight as stored, for tile pairs, lone tiles, a
+    # part panel and the rows past the last whole tile. A process of its own per setting: the
+    # kernels decide once per process.
     import os
     import subprocess
     import sys
 
-    if not BF16_PRODUCTS:
-        pytest.skip("this CPU has no AVX-512 BF16: bf16 weights are widened (tested above)")
-    script = """
+    if not {"bfloat16": BF16_PRODUCTS, "int8": INT8_PRODUCTS}[format]:
+        pytest.skip(f"this CPU has no {format} products: its weights are widened (tested above)")
+    script = f"""
 import torch
 from kernels.cpu._native import amx_products
 from prelude.model.cpu_linear import PANELS, store
@@ -197,11 +199,12 @@ from tests.model.test_cpu_linear import _rounded
 print(amx_products())
 gen = torch.Generator().manual_seed(0)
 weight, bias = torch.randn(1000, 384, generator=gen) / 8, torch.randn(1000, generator=gen)
-stored = store(weight, "bfloat16", PANELS)
+stored = store(weight, "{format}", PANELS)
 with torch.inference_mode():
     for rows in (15, 16, 17, 32, 48, 200, 333):
         hidden = torch.randn(rows, 384, generator=gen)
-        expected = torch.nn.functional.gelu(_rounded(hidden, "bfloat16") @ _rounded(weight, "bfloat16").t() + bias)
+        product = _rounded(hidden, "{format}") @ _rounded(weight, "{format}").t()
+        expected = torch.nn.functional.gelu(product + bias)
         torch.testing.assert_close(stored.matmul(hidden, bias, "gelu"), expected, rtol=1e-5, atol=1e-4)
 """
     env = dict(os.environ, PRELUDE_CPU_AMX=amx)
