@@ -34,7 +34,8 @@ namespace prelude_cpu {
 
 constexpr long kAmxRows = 16;  // rows of a tile
 constexpr long kAmxK = 32;     // bf16 k of a tile (64 bytes a row)
-constexpr long kAmxBlockBytes = 256 * 1024;  // rows of xb a block holds (a share of L2)
+constexpr long kAmxK8 = 64;    // int8 k of a tile
+constexpr long kAmxBlockBytes = 256 * 1024;  // bytes of rows a block holds (a share of L2)
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The CPU has AMX-TILE, AMX-BF16 and AMX-INT8, the kernel let this process use the tiles, and
@@ -129,7 +130,7 @@ struct Bf16Tiles {
 struct Int8Tiles {
     using Row = uint8_t;
     using Panel = int8_t;
-    static constexpr long kK = 64;
+    static constexpr long kK = kAmxK8;
     const int32_t* weight_sums;  // 128 times each output's weight sum (the rows' offset)
     const float* weight_scales;
     const float* row_scales;

@@ -140,14 +140,14 @@ PRELUDE_VNNI static void quantize_to_tiles(const float* x, long inputs, long beg
         const float scale = largest > 0.0f ? largest / 127.0f : 1.0f;
         const __m512 inverse = _mm512_set1_ps(1.0f / scale);
         scales[r] = scale;
-        uint8_t* tile_row = xt + (r / kAmxRows) * kAmxRows * inputs + (r % kAmxRows) * 64;
+        uint8_t* tile_row = xt + (r / kAmxRows) * kAmxRows * inputs + (r % kAmxRows) * kAmxK8;
         for (long k = 0; k < inputs; k += 16) {
             __m512 q = _mm512_mul_ps(_mm512_loadu_ps(row + k), inverse);
             q = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), q));
             const __m512i sign = _mm512_andnot_si512(magnitude, _mm512_castps_si512(q));
             const __m512 half = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(0.5f))));
             const __m512i shifted = _mm512_add_epi32(_mm512_cvttps_epi32(_mm512_add_ps(q, half)), _mm512_set1_epi32(128));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(tile_row + (k / 64) * kAmxRows * 64 + k % 64),
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(tile_row + (k / kAmxK8) * kAmxRows * kAmxK8 + k % kAmxK8),
                              _mm512_cvtepi32_epi8(shifted));
         }
     }
@@ -158,7 +158,7 @@ PRELUDE_VNNI static void quantize_to_tiles(const float* x, long inputs, long beg
 // on the thread team: rows quantized in ranges, then panels in ranges; whole tiles of rows on
 // AMX where the CPU has it (the same int32 sums: the same results), the rest on VNNI.
 static void vnni_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads) {
-    const long tiled = has_amx() && inputs % 64 == 0 ? n - n % kAmxRows : 0;
+    const long tiled = has_amx() && inputs % kAmxK8 == 0 ? n - n % kAmxRows : 0;
     const long rest = n - tiled;
     std::unique_ptr<uint8_t[]> xq(new uint8_t[n * inputs]);
     std::unique_ptr<float[]> row_scales(new float[n]);
