@@ -33,6 +33,10 @@ def int8_products() -> bool:
 
 cdef extern from "bf16_gemm.hpp" namespace "prelude_cpu" nogil:
     bint has_avx512_bf16()
+    cdef cppclass bf16:
+        pass
+    void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, long inputs,
+                     float* out, long outputs, int threads, const float* bias, long activation)
 
 
 def bf16_products() -> bool:
@@ -101,6 +105,16 @@ def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, l
     with nogil:
         linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads, <const float*>bias_ptr,
                     activation)
+
+
+def matmul_bf16x3(size_t x_ptr, long n, size_t hi_ptr, size_t lo_ptr, long inputs, size_t out_ptr, long outputs,
+                  int threads, size_t bias_ptr=0, long activation=0) -> None:
+    """As matmul, for an fp32 weight kept as the bf16 panels (pack_linear's, format 1) of its
+    rounding (hi) and of the rest (lo): three bf16 products on AMX (amx_products() must be True),
+    inputs % 32 == 0."""
+    with nogil:
+        bf16x3_gemm(<const float*>x_ptr, n, <const bf16*>hi_ptr, <const bf16*>lo_ptr, inputs, <float*>out_ptr,
+                    outputs, threads, <const float*>bias_ptr, activation)
 
 
 def paged_decode(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t tables_ptr, size_t lens_ptr, size_t out_ptr,

@@ -10,6 +10,11 @@
 // are rounded or quantized as the vector kernels do it, into the tiles' order; the products are
 // the vector kernels' (int8's exactly; bf16's summed in another order).
 //
+// fp32 weights of an encoder go to the tiles as well, split (bf16x3, torch's "high" fp32 matmul
+// precision): a weight is its bf16 rounding plus that of the rest, a row likewise, and the product
+// is hi x hi + lo x hi + hi x lo, three tile products in fp32 sums, which agree with fp32's to
+// about 2^-16 of each term (all-MiniLM's embeddings: 1 - cos ~1e-7 against sentence-transformers').
+//
 // Linux hands out the tile registers only to a process that asks (arch_prctl), once; without
 // the permission (an older kernel), the vector kernels run. PRELUDE_CPU_AMX=0 turns AMX off.
 #pragma once
@@ -70,6 +75,24 @@ __attribute__((target("avx512f,avx512bf16"))) static void round_to_tiles(const f
     }
 }
 
+// Rows [begin, end) of x, `rows` of which are real (the rest are zeros), split into bf16 halves
+// in the tiles' order as round_to_tiles lays them out: hi their rounding, lo that of the rest.
+__attribute__((target("avx512f,avx512bf16"))) static void split_to_tiles(const float* x, long rows, bf16* hi,
+                                                                        bf16* lo, long begin, long end, long inputs) {
+    for (long i = begin; i < end; ++i) {
+        const long at = (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kAmxK;
+        const float* row = x + i * inputs;
+        for (long k = 0; k < inputs; k += 16) {
+            const long tile_at = at + (k / kAmxK) * kAmxRows * kAmxK + k % kAmxK;
+            const __m512 v = i < rows ? _mm512_loadu_ps(row + k) : _mm512_setzero_ps();
+            const __m256bh h = _mm512_cvtneps_pbh(v);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + tile_at), (__m256i)h);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + tile_at),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_cvtpbh_ps(h))));
+        }
+    }
+}
+
 // Tiles 0-3: sums (two row tiles by two panels); 4-5: rows; 6-7: panels. All 16 x 64 bytes.
 struct alignas(64) TileConfig {
     uint8_t palette = 1;
@@ -94,10 +117,20 @@ PRELUDE_AMX __attribute__((always_inline)) static inline void store_tile(void* p
     else _tile_stored(3, p, stride);
 }
 
-// One tile's sums into out (`cols` <= 16 valid columns, rows `ld` floats apart).
+// One tile's sums into out (`rows` <= 16 valid rows `ld` floats apart, `cols` <= 16 valid columns).
 PRELUDE_AMX __attribute__((always_inline)) static inline void store_sums(const float* sums, float* out, long ld,
-                                                                         long cols) {
-    for (long r = 0; r < kAmxRows; ++r) std::memcpy(out + r * ld, sums + r * kPanel, cols * sizeof(float));
+                                                                         long rows, long cols) {
+    for (long r = 0; r < rows; ++r) std::memcpy(out + r * ld, sums + r * kPanel, cols * sizeof(float));
+}
+
+// Row tiles a0 (and a1) into tiles 4 (5), panels b0 (and b1) into 6 (7).
+template <int kRowTiles, int kPanels, typename Row, typename Panel>
+PRELUDE_AMX __attribute__((always_inline)) static inline void load_tiles(const Row* a0, const Row* a1,
+                                                                         const Panel* b0, const Panel* b1) {
+    _tile_loadd(4, a0, 64);
+    if (kRowTiles == 2) _tile_loadd(5, a1, 64);
+    _tile_loadd(6, b0, 64);
+    if (kPanels == 2) _tile_loadd(7, b1, 64);
 }
 
 // What differs between the two kinds of products: bf16 rows by bf16 panels into fp32 sums, and
@@ -114,16 +147,42 @@ struct Bf16Tiles {
         if (kRowTiles == 2) _tile_dpbf16ps(2, 5, 6);
         if (kRowTiles == 2 && kPanels == 2) _tile_dpbf16ps(3, 5, 7);
     }
-    // Tile C's sums for rows [row, row + 16) and columns [col, col + cols) at out.
+    // The sums of one tile of k: row tiles a0 (a1) by panels b0 (b1).
+    template <int kRowTiles, int kPanels>
+    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
+                                                                const Panel* b1) const {
+        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
+        products<kRowTiles, kPanels>();
+    }
+    // Tile C's sums for rows [row, row + valid) and columns [col, col + cols) at out.
     template <int C>
-    PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long, long, long cols) const {
-        if (cols == kPanel) {
+    PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long, long, long cols,
+                                                                long valid) const {
+        if (cols == kPanel && valid == kAmxRows) {
             store_tile<C>(out, outputs * (long)sizeof(float));
             return;
         }
-        alignas(64) float sums[kAmxRows * kPanel];  // a partial last panel: a tile store writes all 16
+        alignas(64) float sums[kAmxRows * kPanel];  // a partial tile: a tile store writes all of it
         store_tile<C>(sums, kPanel * sizeof(float));
-        store_sums(sums, out, outputs, cols);
+        store_sums(sums, out, outputs, valid, cols);
+    }
+};
+
+// An fp32 weight and rows split into bf16 halves (hi, then lo `lo_panels` / `lo_rows` elements
+// further): per tile of k, hi x hi, lo x hi, hi x lo into the same sums.
+struct Bf16x3Tiles : Bf16Tiles {
+    long lo_rows;
+    long lo_panels;
+    template <int kRowTiles, int kPanels>
+    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
+                                                                const Panel* b1) const {
+        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
+        products<kRowTiles, kPanels>();
+        _tile_loadd(4, a0 + lo_rows, 64);
+        if (kRowTiles == 2) _tile_loadd(5, a1 + lo_rows, 64);
+        products<kRowTiles, kPanels>();
+        load_tiles<kRowTiles, kPanels>(a0, a1, b0 + lo_panels, b1 + lo_panels);
+        products<kRowTiles, kPanels>();
     }
 };
 
@@ -141,47 +200,54 @@ struct Int8Tiles {
         if (kRowTiles == 2) _tile_dpbusd(2, 5, 6);
         if (kRowTiles == 2 && kPanels == 2) _tile_dpbusd(3, 5, 7);
     }
+    template <int kRowTiles, int kPanels>
+    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
+                                                                const Panel* b1) const {
+        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
+        products<kRowTiles, kPanels>();
+    }
     template <int C>
     PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long row, long col,
-                                                                long cols) const {
+                                                                long cols, long valid) const {
         alignas(64) int32_t sums[kAmxRows * kPanel];
         store_tile<C>(sums, kPanel * sizeof(int32_t));
-        const __mmask16 valid = (__mmask16)((1u << cols) - 1);
-        const __m512i offset = _mm512_maskz_loadu_epi32(valid, weight_sums + col);
-        const __m512 scales = _mm512_maskz_loadu_ps(valid, weight_scales + col);
-        for (long r = 0; r < kAmxRows; ++r) {
+        const __mmask16 lanes = (__mmask16)((1u << cols) - 1);
+        const __m512i offset = _mm512_maskz_loadu_epi32(lanes, weight_sums + col);
+        const __m512 scales = _mm512_maskz_loadu_ps(lanes, weight_scales + col);
+        for (long r = 0; r < valid; ++r) {
             const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums + r * kPanel), offset));
-            _mm512_mask_storeu_ps(out + r * outputs, valid,
+            _mm512_mask_storeu_ps(out + r * outputs, lanes,
                                   _mm512_mul_ps(v, _mm512_mul_ps(scales, _mm512_set1_ps(row_scales[row + r]))));
         }
     }
 };
 
 // kRowTiles x kPanels tiles of sums over the whole of k: 16 or 32 rows of xt (in the tiles'
-// order) by one or two panels, written to out. Rows [row, ...) and columns [col, col + cols)
-// (cols: of the last panel; pairs are whole).
+// order) by one or two panels, written to out. Rows [row, rows) (the last tile's rows past
+// `rows` are padding, not written) and columns [col, col + cols) (cols: of the last panel;
+// pairs are whole).
 template <typename Tiles, int kRowTiles, int kPanels>
 PRELUDE_AMX static inline void amx_block(const Tiles& tiles, const typename Tiles::Row* xt, long inputs,
                                          const typename Tiles::Panel* panel, float* out, long outputs, long row,
-                                         long col, long cols) {
+                                         long rows, long col, long cols) {
     const typename Tiles::Panel* next = panel + inputs * kPanel;
     const typename Tiles::Row* below_rows = xt + kAmxRows * inputs;
     _tile_zero(0);
     if (kPanels == 2) _tile_zero(1);
     if (kRowTiles == 2) _tile_zero(2);
     if (kRowTiles == 2 && kPanels == 2) _tile_zero(3);
-    for (long k = 0; k < inputs; k += Tiles::kK) {
-        _tile_loadd(4, xt + k * kAmxRows, 64);
-        if (kRowTiles == 2) _tile_loadd(5, below_rows + k * kAmxRows, 64);
-        _tile_loadd(6, panel + k * kPanel, 64);
-        if (kPanels == 2) _tile_loadd(7, next + k * kPanel, 64);
-        Tiles::template products<kRowTiles, kPanels>();
+    for (long k = 0; k < inputs; k += Tiles::kK)
+        tiles.template step<kRowTiles, kPanels>(xt + k * kAmxRows, below_rows + k * kAmxRows, panel + k * kPanel,
+                                                next + k * kPanel);
+    const long valid = rows - row < kAmxRows ? rows - row : kAmxRows;
+    tiles.template emit<0>(out, outputs, row, col, cols, valid);
+    if (kPanels == 2) tiles.template emit<1>(out + kPanel, outputs, row, col + kPanel, kPanel, valid);
+    if (kRowTiles == 2) {
+        float* below = out + kAmxRows * outputs;
+        const long below_valid = rows - row - kAmxRows < kAmxRows ? rows - row - kAmxRows : kAmxRows;
+        tiles.template emit<2>(below, outputs, row + kAmxRows, col, cols, below_valid);
+        if (kPanels == 2) tiles.template emit<3>(below + kPanel, outputs, row + kAmxRows, col + kPanel, kPanel, below_valid);
     }
-    float* below = out + kAmxRows * outputs;
-    tiles.template emit<0>(out, outputs, row, col, cols);
-    if (kPanels == 2) tiles.template emit<1>(out + kPanel, outputs, row, col + kPanel, kPanel);
-    if (kRowTiles == 2) tiles.template emit<2>(below, outputs, row + kAmxRows, col, cols);
-    if (kRowTiles == 2 && kPanels == 2) tiles.template emit<3>(below + kPanel, outputs, row + kAmxRows, col + kPanel, kPanel);
 }
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -205,12 +271,12 @@ __attribute__((target("avx512f"))) static void amx_finish(float* out, long rows,
         }
 }
 
-// Rows [0, tiled) of xt (in the tiles' order; tiled a multiple of 16) by panels [p_begin,
-// p_end), with packed_gemm's epilogue. Rows go in blocks that stay in L2 while every panel pair
+// Rows [0, tiled) of xt (in the tiles' order; tiled a multiple of 16; those from `rows` on are
+// padding, not written) by panels [p_begin, p_end), with packed_gemm's epilogue. Rows go in blocks that stay in L2 while every panel pair
 // passes over them: one pass of all the rows per pair, the sums' stores evicting them, took
 // 1.1-1.2x as long at 2,048 rows (three of all-MiniLM's four shapes; the fourth alike).
 template <typename Tiles>
-PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row* xt, long tiled,
+PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row* xt, long tiled, long rows,
                                    const typename Tiles::Panel* packed, long inputs, float* out, long outputs,
                                    long p_begin, long p_end, const float* bias, long activation) {
     configure_tiles();
@@ -227,12 +293,12 @@ PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row
                 const typename Tiles::Row* x = xt + r * inputs;
                 float* o = out + r * outputs + col;
                 const bool two = r + 2 * kAmxRows <= r1;
-                if (pair && two) amx_block<Tiles, 2, 2>(tiles, x, inputs, panel, o, outputs, r, col, kPanel);
-                else if (pair) amx_block<Tiles, 1, 2>(tiles, x, inputs, panel, o, outputs, r, col, kPanel);
-                else if (two) amx_block<Tiles, 2, 1>(tiles, x, inputs, panel, o, outputs, r, col, cols);
-                else amx_block<Tiles, 1, 1>(tiles, x, inputs, panel, o, outputs, r, col, cols);
+                if (pair && two) amx_block<Tiles, 2, 2>(tiles, x, inputs, panel, o, outputs, r, rows, col, kPanel);
+                else if (pair) amx_block<Tiles, 1, 2>(tiles, x, inputs, panel, o, outputs, r, rows, col, kPanel);
+                else if (two) amx_block<Tiles, 2, 1>(tiles, x, inputs, panel, o, outputs, r, rows, col, cols);
+                else amx_block<Tiles, 1, 1>(tiles, x, inputs, panel, o, outputs, r, rows, col, cols);
             }
-            amx_finish(out + r0 * outputs, r1 - r0, outputs, col, cols, bias, activation);
+            amx_finish(out + r0 * outputs, (r1 < rows ? r1 : rows) - r0, outputs, col, cols, bias, activation);
             p += pair ? 2 : 1;
         }
     }
@@ -245,6 +311,10 @@ struct Bf16Tiles {
     using Row = bf16;
     using Panel = bf16;
 };
+struct Bf16x3Tiles : Bf16Tiles {
+    long lo_rows;
+    long lo_panels;
+};
 struct Int8Tiles {
     using Row = uint8_t;
     using Panel = int8_t;
@@ -253,9 +323,10 @@ struct Int8Tiles {
     const float* row_scales;
 };
 template <typename Tiles>
-static void amx_panels(const Tiles&, const typename Tiles::Row*, long, const typename Tiles::Panel*, long, float*,
-                       long, long, long, const float*, long) {}
+static void amx_panels(const Tiles&, const typename Tiles::Row*, long, long, const typename Tiles::Panel*, long,
+                       float*, long, long, long, const float*, long) {}
 static void round_to_tiles(const float*, bf16*, long, long, long) {}
+static void split_to_tiles(const float*, long, bf16*, bf16*, long, long, long) {}
 #endif
 
 }  // namespace prelude_cpu

@@ -229,7 +229,7 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
     const long panels = (outputs + kPanel - 1) / kPanel;
     const bf16* packed = static_cast<const bf16*>(w.data);
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
-        if (tiled) amx_panels(Bf16Tiles{}, xb.get(), tiled, packed, inputs, out, outputs, begin, end, bias, activation);
+        if (tiled) amx_panels(Bf16Tiles{}, xb.get(), tiled, tiled, packed, inputs, out, outputs, begin, end, bias, activation);
         const bf16* x_rest = xb.get() + tiled * inputs;
         float* o = out + tiled * outputs;
         if (rest == 0) return;
@@ -239,9 +239,28 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
             bf16_panels<false>(x_rest, rest, packed, inputs, o, outputs, begin, end, bias, activation);
     });
 }
+
+// out[n, outputs] = x . w^T for an fp32 weight split into bf16 halves (amx_gemm.hpp's bf16x3):
+// `hi` and `lo` bf16 panels of it (pack_weight's), inputs a multiple of 32, on AMX (the caller
+// checked has_amx()). Every row goes to the tiles, the last tile padded with zero rows.
+static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, long inputs, float* out,
+                        long outputs, int threads, const float* bias = nullptr, long activation = kNoActivation) {
+    const long tiled = (n + kAmxRows - 1) / kAmxRows * kAmxRows;
+    std::unique_ptr<bf16[]> xt(new bf16[2 * tiled * inputs]);  // the rows' hi tiles, then their lo tiles
+    parallel_ranges(tiled, threads_worth(tiled * inputs, threads), 1, [&](long begin, long end) {
+        split_to_tiles(x, n, xt.get(), xt.get() + tiled * inputs, begin, end, inputs);
+    });
+    const Bf16x3Tiles tiles{{}, tiled * inputs, lo - hi};
+    const long panels = (outputs + kPanel - 1) / kPanel;
+    parallel_ranges(panels, threads_worth(3 * tiled * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
+        amx_panels(tiles, xt.get(), tiled, n, hi, inputs, out, outputs, begin, end, bias, activation);
+    });
+}
 #else
 static void bf16_gemm(const float*, long, const Weight&, long, float*, long, int, const float* = nullptr,
                       long = kNoActivation) {}
+static void bf16x3_gemm(const float*, long, const bf16*, const bf16*, long, float*, long, int,
+                        const float* = nullptr, long = kNoActivation) {}
 #endif
 
 }  // namespace prelude_cpu

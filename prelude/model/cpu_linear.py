@@ -15,6 +15,11 @@ and its checkpoint copy is dropped. An LM head tied to its embedding stays by ro
 lookups need (kernels/cpu/skinny_gemm.hpp). bf16 halves and int8 quarters the bytes a decode
 step reads (kernels/cpu/weights.hpp: int8 with one scale per output); `python -m
 bench.kernels.lm_head` measures the formats.
+
+An encoder's fp32 weight on a CPU with AMX is kept as "bf16x3": the bf16 panels of its rounding
+and of the rest, which the tiles multiply by the rows split alike, three bf16 products per
+product (kernels/cpu/amx_gemm.hpp), as close to fp32's as makes no difference to an embedding
+and about twice as fast, in fp32's bytes.
 """
 from __future__ import annotations
 
@@ -34,7 +39,11 @@ MAX_SKINNY_ROWS = 32
 
 # Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
 # which a by-rows weight's rows must hold whole).
-FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32)}
+FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32),
+           "bf16x3": (1, torch.bfloat16, 16)}  # two bf16 packings (of code 1): see above
+# bf16x3 products run where whole tiles of rows do, on AMX; its tiles take k 32 at a time.
+SPLIT_PRODUCTS = _native is not None and _native.amx_products()
+SPLIT_K = 32
 BY_ROWS, PANELS = 0, 1
 # An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
@@ -66,6 +75,12 @@ class StoredWeight:
         the product's epilogue."""
         assert _native is not None
         out = x.new_empty(x.shape[0], self.outputs)
+        if self.format == "bf16x3":
+            half = self.data.shape[0] // 2 * self.data.element_size()
+            _native.matmul_bf16x3(x.data_ptr(), x.shape[0], self.data.data_ptr(), self.data.data_ptr() + half,
+                                  self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads(), _pointer(bias),
+                                  EPILOGUE_ACTIVATIONS[activation])
+            return out
         _native.matmul(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0],
                        self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads(),
                        _pointer(bias), EPILOGUE_ACTIVATIONS[activation])
@@ -101,6 +116,8 @@ def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
     """Whether the kernels take this weight in this format and layout."""
     if _native is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return False
+    if format == "bf16x3":
+        return SPLIT_PRODUCTS and layout == PANELS and weight.shape[1] % SPLIT_K == 0
     group = FORMATS[format][2] if layout == BY_ROWS else 1
     return weight.shape[1] % max(8, group) == 0
 
@@ -112,6 +129,13 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
     outputs, inputs = weight.shape
     weight = weight.contiguous()
     threads = torch.get_num_threads()
+    if format == "bf16x3":
+        hi = weight.to(torch.bfloat16).float()
+        size = _native.packed_size(outputs, inputs)
+        data = torch.empty(2 * size, dtype=dtype)
+        for half, part in enumerate((hi, weight - hi)):
+            _native.pack_linear(part.data_ptr(), outputs, inputs, code, data[half * size:].data_ptr(), 0, threads)
+        return StoredWeight(data, None, format, layout, outputs, inputs)
     if layout == PANELS:
         data = torch.empty(_native.packed_size(outputs, inputs), dtype=dtype)
         scales = torch.empty(_native.scales_size(outputs)) if format == "int8" else None

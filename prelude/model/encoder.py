@@ -36,7 +36,7 @@ Rename = tuple[str, str, int | None]
 
 class Dense(Linear):
     """An encoder's linear layer, with the activation that follows it (BERT's intermediate GELU).
-    On the CPU its weight is kept packed, in fp32 or bf16 (EncoderLM.store_weights), and its bias and
+    On the CPU its weight is kept packed, in fp32 (or bf16x3) or bf16 (EncoderLM.store_weights), and its bias and
     GELU run in the product's epilogue (kernels/cpu/packed_gemm.hpp) on the native kernels'
     threads, as the attention and LayerNorm between the products do: nothing of a layer is left to
     torch's threads, which contended with the native ones for the two cores (the packed product
@@ -130,7 +130,7 @@ class EncoderLM(nn.Module):
     # -- weights ------------------------------------------------------------------------------------
     def store_weights(self, format: str) -> None:
         """Keeps the dense layers' weights packed for the CPU kernels (Dense) in `format`
-        (cpu_weight_format's: float32 or bfloat16)."""
+        (cpu_weight_format's: float32, bf16x3 or bfloat16)."""
         for module in self.modules():
             if isinstance(module, Dense):
                 module.store(format, PANELS)

@@ -27,6 +27,8 @@ class UsesOps:
 def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | None:
     """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
     is: the kernels do not take it, or an fp32 weight by rows is already what they read."""
+    if format == "bf16x3" and not storable(weight, format, layout):  # k the tiles do not take whole
+        format = "float32"
     if (format == "float32" and layout == BY_ROWS) or not storable(weight, format, layout):
         return None
     return store(weight, format, layout)

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from prelude.model.config import ModelConfig, UnsupportedModel
+from prelude.model.cpu_linear import SPLIT_PRODUCTS
 from prelude.model.bert import BertLM
 from prelude.model.decoder import DecoderLM
 from prelude.model.encoder import EncoderLM
@@ -42,7 +43,8 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     stored). A decoder's activations are fp32 on the native kernels whatever its weights are
     stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
     after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
-    quantized); an encoder's dense layers likewise, in fp32 or bf16 (EncoderLM.store_weights).
+    quantized); an encoder's dense layers likewise, in fp32 or bf16 (EncoderLM.store_weights), its
+    fp32 as bf16x3 where the CPU has AMX (model.cpu_linear).
     fp16 runs on torch's ops in fp16. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
@@ -51,7 +53,9 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
         return torch.float32, "int8"
     if dtype == torch.float16:
         return dtype, None
-    return torch.float32, "bfloat16" if dtype == torch.bfloat16 else "float32"
+    if dtype == torch.bfloat16:
+        return torch.float32, "bfloat16"
+    return torch.float32, "bf16x3" if config.encoder is not None and SPLIT_PRODUCTS else "float32"
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.model.cpu_linear import BY_ROWS, MAX_SKINNY_ROWS, PANELS, built, dequantized, linear, store
+from prelude.model.cpu_linear import (BY_ROWS, MAX_SKINNY_ROWS, PANELS, SPLIT_PRODUCTS, built, dequantized, linear,
+                                      storable, store)
 
 try:
     from kernels.cpu._native import bf16_products, int8_products
@@ -212,3 +213,36 @@ with torch.inference_mode():
     assert done.returncode == 0, done.stderr
     if amx == "0":
         assert done.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 200, 352])  # a padded tile, tiles, tile pairs, row blocks
+@pytest.mark.parametrize("shape", [(1000, 384), (384, 1536), (40, 64)])  # a part panel, long k, a lone panel
+def test_bf16x3_gives_the_fp32_product_to_within_two_to_the_minus_16(rows: int, shape: tuple[int, int]):
+    # The weight and each row split into bf16 halves, three tile products: every row (the last
+    # tile's padded with zeros) agrees with the fp64 product to a few 1e-6 of its largest term,
+    # where bf16 alone is off by ~1e-2; bias and GELU follow as for the other formats.
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(*shape, generator=gen) / 8, torch.randn(shape[0], generator=gen)
+    hidden = torch.randn(rows, shape[1], generator=gen)
+    stored = store(weight, "bf16x3", PANELS)
+    assert stored.nbytes == store(weight, "float32", PANELS).nbytes
+    exact = (hidden.double() @ weight.double().t()).float()
+    out = stored.matmul(hidden)
+    assert out.shape == (rows, shape[0])
+    assert ((out - exact).abs().max() / exact.abs().max()).item() < 2 ** -16
+    torch.testing.assert_close(stored.matmul(hidden, bias, "gelu"), torch.nn.functional.gelu(exact + bias),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_layer_whose_k_the_tiles_do_not_take_whole_stays_fp32():
+    from prelude.model.layers import Linear
+
+    layer = Linear(48, 64)
+    layer.weight.data = torch.randn(64, 48)
+    hidden = torch.randn(5, 48)
+    expected = hidden @ layer.weight.data.t()
+    layer.store("bf16x3")
+    assert not storable(torch.zeros(64, 48), "bf16x3", PANELS)
+    assert layer.stored is not None and layer.stored.format == "float32"
+    torch.testing.assert_close(layer(hidden), expected, rtol=1e-5, atol=1e-5)
