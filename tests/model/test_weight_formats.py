@@ -86,10 +86,13 @@ def test_narrow_weights_stay_within_the_stated_tolerance_of_fp32(tmp_path, weigh
 
 def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):
     from prelude.model.config import UnsupportedModel
+    from prelude.model.cpu_linear import SPLIT_PRODUCTS
     from prelude.model.loader import cpu_weight_format
 
     config = ModelConfig.from_dir(make_checkpoint(tmp_path / "bert", "bert", head="Model"))
     with pytest.raises(UnsupportedModel, match="--quantization int8 serves decoder models"):
         cpu_weight_format(torch.float32, "int8", config)
-    assert cpu_weight_format(torch.float32, "none", config) == (torch.float32, "float32")  # packed dense layers
+    # packed dense layers: fp32, or split for the tiles where the CPU has AMX (cpu_linear's bf16x3)
+    assert cpu_weight_format(torch.float32, "none", config) == (torch.float32,
+                                                                "bf16x3" if SPLIT_PRODUCTS else "float32")
     assert cpu_weight_format(torch.bfloat16, "none", config) == (torch.float32, "bfloat16")  # packed, bf16
