@@ -250,8 +250,6 @@ PRELUDE_AMX static inline void amx_block(const Tiles& tiles, const typename Tile
     }
 }
 
-typedef float v16f __attribute__((vector_size(64)));
-
 // packed_gemm's epilogue (bias, then the activation) on the tiles' sums, 16 lanes at a time:
 // at eight, BERT's GELU took as long as its layer's product on the tiles.
 __attribute__((target("avx512f"))) static void amx_finish(float* out, long rows, long outputs, long col, long cols,

@@ -60,59 +60,89 @@ struct PrefillScratch {
     std::vector<int32_t> limit;
 };
 
-// The two products run as kRows rows by V vectors of 8: each vector loaded once serves all
-// kRows rows, so loads stay below the FMAs. (Two rows by four vectors had the compiler fold every
-// load into both rows' FMAs: ten loads per eight FMAs.)
-static constexpr int kRows = 4;
+// The body below runs on vectors F of W floats: eight (AVX2), or sixteen where the CPU has
+// AVX-512 and the head's dim is a multiple of 16 (all-MiniLM's passages' attention 1.x faster).
+template <typename F>
+constexpr long kWidth = (long)(sizeof(F) / sizeof(float));
 
-// acc[r] += sum over i < len of a[r][i * a_stride] * b(i)[0 .. 8 V): the scores (a: keys, b:
+template <typename F>
+__attribute__((always_inline)) static inline F load_lanes(const float* p) {
+    F v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+template <typename F>
+__attribute__((always_inline)) static inline void store_lanes(float* p, F v) { std::memcpy(p, &v, sizeof(v)); }
+
+// x in every lane, one broadcast (simd.hpp's splat, at either width).
+template <typename F>
+__attribute__((always_inline)) static inline F splat_lanes(float x) {
+    if constexpr (kWidth<F> == 8) {
+        return splat(x);
+    } else {
+        const F v = {x};
+        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    }
+}
+
+// The two products run as R rows by V vectors: each vector loaded once serves all R rows, so
+// loads stay below the FMAs. (Two rows by four vectors of eight had the compiler fold every load
+// into both rows' FMAs: ten loads per eight FMAs.) kRows for P.V; the scores take kScoreKeys keys,
+// eight on sixteen lanes, where one vector holds a tile's rows and four keys left half the FMA
+// chains the two units could run.
+static constexpr int kRows = 4;
+template <typename F>
+constexpr int kScoreKeys = kWidth<F> == 16 ? 8 : 4;
+
+// acc[r] += sum over i < len of a[r][i * a_stride] * b(i)[0 .. W V): the scores (a: keys, b:
 // transposed queries) and P.V (a: weight columns, b: value rows) are both this product.
-template <int V, typename B>
+template <typename F, int R, int V, typename B>
 __attribute__((always_inline)) static inline void accumulate_rows(const float* const* a, long a_stride, B b, long len,
-                                                                  v8f (&acc)[kRows][V]) {
+                                                                  F (&acc)[R][V]) {
     for (long i = 0; i < len; ++i) {
         const float* bi = b(i);
-        v8f bv[V];
+        F bv[V];
 #pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) bv[u] = load8(bi + 8 * u);
-#pragma GCC unroll 4
-        for (int r = 0; r < kRows; ++r) {
-            const v8f x = splat(a[r][i * a_stride]);
+        for (int u = 0; u < V; ++u) bv[u] = load_lanes<F>(bi + kWidth<F> * u);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            const F x = splat_lanes<F>(a[r][i * a_stride]);
 #pragma GCC unroll 4
             for (int u = 0; u < V; ++u) acc[r][u] += x * bv[u];
         }
     }
 }
 
-// kRows keys' scores against V vectors of 8 rows (qt: the rows' queries transposed, `stride`
-// floats per dim), written to s[key].
-template <int V>
+// R keys' scores against V vectors of rows (qt: the rows' queries transposed, `stride` floats
+// per dim), written to s[key].
+template <typename F, int R, int V>
 __attribute__((always_inline)) static inline void scores_keys(const float* const* keys, const float* qt, long stride,
                                                               long d, float* const* s) {
-    v8f acc[kRows][V] = {};
-    accumulate_rows<V>(keys, 1, [&](long x) { return qt + x * stride; }, d, acc);
+    F acc[R][V] = {};
+    accumulate_rows<F, R, V>(keys, 1, [&](long x) { return qt + x * stride; }, d, acc);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int r = 0; r < kRows; ++r)
-#pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) store8(s[r] + 8 * u, acc[r][u]);
+        for (int u = 0; u < V; ++u) store_lanes(s[r] + kWidth<F> * u, acc[r][u]);
 }
 
-// kRows rows' outputs, V vectors of 8 columns: o += p . values (p: a row's weights, `stride`
+// kRows rows' outputs, V vectors of columns: o += p . values (p: a row's weights, `stride`
 // floats per key; values: each key's row, offset to the columns).
-template <int V>
+template <typename F, int V>
 __attribute__((always_inline)) static inline void pv_rows(const float* const* p, long stride,
                                                           const float* const* values, long column, long nk,
                                                           float* const* o) {
-    v8f acc[kRows][V];
+    F acc[kRows][V];
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) acc[r][u] = load8(o[r] + 8 * u);
-    accumulate_rows<V>(p, stride, [&](long i) { return values[i] + column; }, nk, acc);
+        for (int u = 0; u < V; ++u) acc[r][u] = load_lanes<F>(o[r] + kWidth<F> * u);
+    accumulate_rows<F, kRows, V>(p, stride, [&](long i) { return values[i] + column; }, nk, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r)
 #pragma GCC unroll 4
-        for (int u = 0; u < V; ++u) store8(o[r] + 8 * u, acc[r][u]);
+        for (int u = 0; u < V; ++u) store_lanes(o[r] + kWidth<F> * u, acc[r][u]);
 }
 
 // Key j's and value j's vectors of KV head g: the cached context's from its block, then the
@@ -144,12 +174,16 @@ __attribute__((always_inline)) static inline void prefetch_rows(const float* con
 }
 
 // One KV head g, queries [i0, i1). Rows of the item are (query, head of the group), query-major;
-// a row's scores, top and total are one lane of a vector of 8 rows (`lanes` of them, the rows
+// a row's scores, top and total are one lane of a vector of W rows (`lanes` of them, the rows
 // past the last padding).
+template <typename F>
 __attribute__((always_inline)) static inline void prefill_item_body(const PrefillAttention& a, long g, long i0, long i1,
                                                                     PrefillScratch& w) {
+    using I = decltype(F{} < F{});
+    constexpr long W = kWidth<F>;
+    constexpr int R = kScoreKeys<F>;
     const long group = a.heads / a.kv_heads, d = a.dim, rows = (i1 - i0) * group, past = a.m - a.n;
-    const long lanes = (rows + 7) / 8 * 8;
+    const long lanes = (rows + W - 1) / W * W;
     const float neg_inf = -std::numeric_limits<float>::infinity();
     w.qt.assign(d * lanes, 0.f);
     w.s.resize(kKeys * lanes);
@@ -182,50 +216,52 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
             key_rows(a, g, j0 + block, next, next_keys, next_values);
             prefetch_rows(next_keys, next, d);
         }
-        // Scores, kRows keys at a time (the last group repeats its last key).
-        for (long j = 0; j < nk; j += kRows) {
-            const float* kr[kRows];
-            float* sr[kRows];
-            for (int t = 0; t < kRows; ++t) {
+        // Scores, R keys at a time (the last group repeats its last key).
+        for (long j = 0; j < nk; j += R) {
+            const float* kr[R];
+            float* sr[R];
+            for (int t = 0; t < R; ++t) {
                 const long key = j + t < nk ? j + t : nk - 1;
                 kr[t] = keys[key];
                 sr[t] = s + key * lanes;
             }
+            float* at[R];
             long c = 0;
-            for (; c + 16 <= lanes; c += 16) {
-                float* at[kRows] = {sr[0] + c, sr[1] + c, sr[2] + c, sr[3] + c};
-                scores_keys<2>(kr, qt + c, lanes, d, at);
+            for (; c + 2 * W <= lanes; c += 2 * W) {
+                for (int t = 0; t < R; ++t) at[t] = sr[t] + c;
+                scores_keys<F, R, 2>(kr, qt + c, lanes, d, at);
             }
             if (c < lanes) {
-                float* at[kRows] = {sr[0] + c, sr[1] + c, sr[2] + c, sr[3] + c};
-                scores_keys<1>(kr, qt + c, lanes, d, at);
+                for (int t = 0; t < R; ++t) at[t] = sr[t] + c;
+                scores_keys<F, R, 1>(kr, qt + c, lanes, d, at);
             }
         }
-        // Online softmax, 8 rows a vector: scores become weights against the rows' running maxima.
+        // Online softmax, W rows a vector: scores become weights against the rows' running maxima.
         // Only a block reaching past the item's first query is masked.
         const bool masked = !a.bidirectional && j0 + nk - 1 > past + i0;
-        for (long c = 0; c < lanes; c += 8) {
-            v8i limit;
+        const F minus_inf = splat_lanes<F>(neg_inf);
+        for (long c = 0; c < lanes; c += W) {
+            I limit;
             std::memcpy(&limit, w.limit.data() + c, sizeof(limit));
-            auto seen = [&](long j) { return masked ? (v8i{} + (int32_t)(j0 + j)) <= limit : v8i{} - 1; };
-            v8f block_top = splat(neg_inf);
+            auto seen = [&](long j) { return masked ? (I{} + (int32_t)(j0 + j)) <= limit : I{} - 1; };
+            F block_top = minus_inf;
             for (long j = 0; j < nk; ++j) {
-                const v8f x = load8(s + j * lanes + c);
+                const F x = load_lanes<F>(s + j * lanes + c);
                 block_top = seen(j) ? (x > block_top ? x : block_top) : block_top;
             }
-            const v8f old_top = load8(w.top.data() + c);
-            const v8f top = block_top > old_top ? block_top : old_top;  // finite: every row sees key 0
-            const v8f rescale = old_top == splat(neg_inf) ? v8f{} : exp8(old_top - top);
-            v8f sum = {};
+            const F old_top = load_lanes<F>(w.top.data() + c);
+            const F top = block_top > old_top ? block_top : old_top;  // finite: every row sees key 0
+            const F rescale = old_top == minus_inf ? F{} : exp_lanes(old_top - top);
+            F sum = {};
             for (long j = 0; j < nk; ++j) {
                 float* sj = s + j * lanes + c;
-                const v8f e = seen(j) ? exp8(load8(sj) - top) : v8f{};
-                store8(sj, e);
+                const F e = seen(j) ? exp_lanes(load_lanes<F>(sj) - top) : F{};
+                store_lanes(sj, e);
                 sum += e;
             }
-            store8(w.total.data() + c, load8(w.total.data() + c) * rescale + sum);
-            store8(w.top.data() + c, top);
-            store8(w.rescale.data() + c, rescale);
+            store_lanes(w.total.data() + c, load_lanes<F>(w.total.data() + c) * rescale + sum);
+            store_lanes(w.top.data() + c, top);
+            store_lanes(w.rescale.data() + c, rescale);
         }
         for (long r = 0; r < rows && j0 > 0; ++r) {  // the first block's accumulators are still zero
             const float rescale = w.rescale[r];
@@ -243,13 +279,13 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
                 orow[t] = o + row * d;
             }
             long c = 0;
-            for (; c + 16 <= d; c += 16) {
+            for (; c + 2 * W <= d; c += 2 * W) {
                 float* at[kRows] = {orow[0] + c, orow[1] + c, orow[2] + c, orow[3] + c};
-                pv_rows<2>(p, lanes, values, c, nk, at);
+                pv_rows<F, 2>(p, lanes, values, c, nk, at);
             }
-            if (c < d) {
+            if (c < d) {  // d is a multiple of W
                 float* at[kRows] = {orow[0] + c, orow[1] + c, orow[2] + c, orow[3] + c};
-                pv_rows<1>(p, lanes, values, c, nk, at);
+                pv_rows<F, 1>(p, lanes, values, c, nk, at);
             }
         }
     }
@@ -263,17 +299,41 @@ __attribute__((always_inline)) static inline void prefill_item_body(const Prefil
 
 // Items [first, last) of kv_heads x tiles; item k's tile alternates from the row's two ends.
 // Tiles are of equal size within one query, so that no tile is a few queries' worth of lanes.
+template <typename F>
 __attribute__((always_inline)) static inline void prefill_items_body(const PrefillAttention& a, long first, long last) {
     PrefillScratch w;
     const long tiles = (a.n + kTile - 1) / kTile;
     for (long item = first; item < last; ++item) {
         const long k = item / a.kv_heads, g = item % a.kv_heads;
         const long tile = k % 2 == 0 ? k / 2 : tiles - 1 - k / 2;
-        prefill_item_body(a, g, tile * a.n / tiles, (tile + 1) * a.n / tiles, w);
+        prefill_item_body<F>(a, g, tile * a.n / tiles, (tile + 1) * a.n / tiles, w);
     }
 }
 
-PRELUDE_CPU_VARIANTS(prefill_items, (const PrefillAttention& a, long first, long last), (a, first, last))
+PRELUDE_CPU_VARIANTS_OF(prefill_items8, prefill_items_body<v8f>, (const PrefillAttention& a, long first, long last),
+                        (a, first, last))
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void prefill_items16(const PrefillAttention& a, long first, long last) {
+    prefill_items_body<v16f>(a, first, last);
+}
+
+static inline bool has_avx512f() {
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f");
+    }();
+    return has;
+}
+
+// Sixteen lanes where the CPU has AVX-512 and the dim takes them whole, else eight.
+static void run_prefill_items(const PrefillAttention& a, long first, long last) {
+    if (a.dim % 16 == 0 && has_avx512f()) prefill_items16(a, first, last);
+    else run_prefill_items8(a, first, last);
+}
+#else
+static void run_prefill_items(const PrefillAttention& a, long first, long last) { run_prefill_items8(a, first, last); }
+#endif
 
 // A row's work items (KV heads x query tiles), which prefill_attention_items runs in any order.
 static long prefill_items(const PrefillAttention& a) { return (a.n + kTile - 1) / kTile * a.kv_heads; }

@@ -11,6 +11,7 @@ namespace prelude_cpu {
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));  // AVX-512 kernels only
 
 __attribute__((always_inline)) static inline v8f load8(const float* p) {
     v8f v;
