@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 #include <cpuid.h>
@@ -41,6 +42,15 @@ constexpr long kAmxRows = 16;  // rows of a tile
 constexpr long kAmxK = 32;     // bf16 k of a tile (64 bytes a row)
 constexpr long kAmxK8 = 64;    // int8 k of a tile
 constexpr long kAmxBlockBytes = 256 * 1024;  // bytes of rows a block holds (a share of L2)
+
+// Where element k of row i lies among rows in the tiles' order, for tiles of kK elements a row:
+// a tile's 16 rows by kK are 64 bytes a row, 1 KB in all, the tile of rows 16t and k kK s at
+// (16 t inputs + 16 kK s). Loaded from rows hundreds of bytes apart, the tiles' products took
+// 1.2-1.35x as long (all-MiniLM's shapes at 2,048 rows).
+template <long kK>
+static inline long tile_at(long i, long k, long inputs) {
+    return (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kK + (k / kK) * kAmxRows * kK + k % kK;
+}
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The CPU has AMX-TILE, AMX-BF16 and AMX-INT8, the kernel let this process use the tiles, and
@@ -61,16 +71,13 @@ static inline bool has_amx() {
 #define PRELUDE_AMX __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f")))
 
 // Rows [begin, end) of x (all below the tiled rows' end) rounded to bf16 into xt in the tiles'
-// order: a tile's 16 rows by 32 k are 1 KB in a row, the tile of rows 16t and k 32s at
-// (16 t inputs + 512 s). Loaded from rows hundreds of bytes apart, the tiles' products took
-// 1.2-1.35x as long (all-MiniLM's shapes at 2,048 rows).
+// order (tile_at).
 __attribute__((target("avx512f,avx512bf16"))) static void round_to_tiles(const float* x, bf16* xt, long begin,
                                                                         long end, long inputs) {
     for (long i = begin; i < end; ++i) {
-        bf16* tile_row = xt + (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kAmxK;
         const float* row = x + i * inputs;
         for (long k = 0; k < inputs; k += 16)
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile_row + (k / kAmxK) * kAmxRows * kAmxK + k % kAmxK),
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xt + tile_at<kAmxK>(i, k, inputs)),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + k)));
     }
 }
@@ -80,14 +87,13 @@ __attribute__((target("avx512f,avx512bf16"))) static void round_to_tiles(const f
 __attribute__((target("avx512f,avx512bf16"))) static void split_to_tiles(const float* x, long rows, bf16* hi,
                                                                         bf16* lo, long begin, long end, long inputs) {
     for (long i = begin; i < end; ++i) {
-        const long at = (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kAmxK;
         const float* row = x + i * inputs;
         for (long k = 0; k < inputs; k += 16) {
-            const long tile_at = at + (k / kAmxK) * kAmxRows * kAmxK + k % kAmxK;
+            const long at = tile_at<kAmxK>(i, k, inputs);
             const __m512 v = i < rows ? _mm512_loadu_ps(row + k) : _mm512_setzero_ps();
             const __m256bh h = _mm512_cvtneps_pbh(v);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + tile_at), (__m256i)h);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + tile_at),
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + at), (__m256i)h);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + at),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, _mm512_cvtpbh_ps(h))));
         }
     }
@@ -147,13 +153,6 @@ struct Bf16Tiles {
         if (kRowTiles == 2) _tile_dpbf16ps(2, 5, 6);
         if (kRowTiles == 2 && kPanels == 2) _tile_dpbf16ps(3, 5, 7);
     }
-    // The sums of one tile of k: row tiles a0 (a1) by panels b0 (b1).
-    template <int kRowTiles, int kPanels>
-    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
-                                                                const Panel* b1) const {
-        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
-        products<kRowTiles, kPanels>();
-    }
     // Tile C's sums for rows [row, row + valid) and columns [col, col + cols) at out.
     template <int C>
     PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long, long, long cols,
@@ -169,21 +168,10 @@ struct Bf16Tiles {
 };
 
 // An fp32 weight and rows split into bf16 halves (hi, then lo `lo_panels` / `lo_rows` elements
-// further): per tile of k, hi x hi, lo x hi, hi x lo into the same sums.
+// further): tile_step adds hi x hi, lo x hi, hi x lo into the same sums.
 struct Bf16x3Tiles : Bf16Tiles {
     long lo_rows;
     long lo_panels;
-    template <int kRowTiles, int kPanels>
-    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
-                                                                const Panel* b1) const {
-        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
-        products<kRowTiles, kPanels>();
-        _tile_loadd(4, a0 + lo_rows, 64);
-        if (kRowTiles == 2) _tile_loadd(5, a1 + lo_rows, 64);
-        products<kRowTiles, kPanels>();
-        load_tiles<kRowTiles, kPanels>(a0, a1, b0 + lo_panels, b1 + lo_panels);
-        products<kRowTiles, kPanels>();
-    }
 };
 
 struct Int8Tiles {
@@ -199,12 +187,6 @@ struct Int8Tiles {
         if (kPanels == 2) _tile_dpbusd(1, 4, 7);
         if (kRowTiles == 2) _tile_dpbusd(2, 5, 6);
         if (kRowTiles == 2 && kPanels == 2) _tile_dpbusd(3, 5, 7);
-    }
-    template <int kRowTiles, int kPanels>
-    PRELUDE_AMX __attribute__((always_inline)) inline void step(const Row* a0, const Row* a1, const Panel* b0,
-                                                                const Panel* b1) const {
-        load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
-        products<kRowTiles, kPanels>();
     }
     template <int C>
     PRELUDE_AMX __attribute__((always_inline)) inline void emit(float* out, long outputs, long row, long col,
@@ -222,6 +204,25 @@ struct Int8Tiles {
     }
 };
 
+// The sums of one tile of k: row tiles a0 (a1) by panels b0 (b1), of each kind's one product,
+// or of bf16x3's three.
+template <int kRowTiles, int kPanels, typename Tiles>
+PRELUDE_AMX __attribute__((always_inline)) static inline void tile_step(const Tiles& tiles,
+                                                                        const typename Tiles::Row* a0,
+                                                                        const typename Tiles::Row* a1,
+                                                                        const typename Tiles::Panel* b0,
+                                                                        const typename Tiles::Panel* b1) {
+    load_tiles<kRowTiles, kPanels>(a0, a1, b0, b1);
+    Tiles::template products<kRowTiles, kPanels>();
+    if constexpr (std::is_same_v<Tiles, Bf16x3Tiles>) {
+        _tile_loadd(4, a0 + tiles.lo_rows, 64);  // the panels' hi stay in 6-7
+        if (kRowTiles == 2) _tile_loadd(5, a1 + tiles.lo_rows, 64);
+        Tiles::template products<kRowTiles, kPanels>();
+        load_tiles<kRowTiles, kPanels>(a0, a1, b0 + tiles.lo_panels, b1 + tiles.lo_panels);
+        Tiles::template products<kRowTiles, kPanels>();
+    }
+}
+
 // kRowTiles x kPanels tiles of sums over the whole of k: 16 or 32 rows of xt (in the tiles'
 // order) by one or two panels, written to out. Rows [row, rows) (the last tile's rows past
 // `rows` are padding, not written) and columns [col, col + cols) (cols: of the last panel;
@@ -237,8 +238,8 @@ PRELUDE_AMX static inline void amx_block(const Tiles& tiles, const typename Tile
     if (kRowTiles == 2) _tile_zero(2);
     if (kRowTiles == 2 && kPanels == 2) _tile_zero(3);
     for (long k = 0; k < inputs; k += Tiles::kK)
-        tiles.template step<kRowTiles, kPanels>(xt + k * kAmxRows, below_rows + k * kAmxRows, panel + k * kPanel,
-                                                next + k * kPanel);
+        tile_step<kRowTiles, kPanels>(tiles, xt + k * kAmxRows, below_rows + k * kAmxRows, panel + k * kPanel,
+                                      next + k * kPanel);
     const long valid = rows - row < kAmxRows ? rows - row : kAmxRows;
     tiles.template emit<0>(out, outputs, row, col, cols, valid);
     if (kPanels == 2) tiles.template emit<1>(out + kPanel, outputs, row, col + kPanel, kPanel, valid);

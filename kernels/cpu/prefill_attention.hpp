@@ -60,31 +60,9 @@ struct PrefillScratch {
     std::vector<int32_t> limit;
 };
 
-// The body below runs on vectors F of W floats: eight (AVX2), or sixteen where the CPU has
-// AVX-512 and the head's dim is a multiple of 16 (all-MiniLM's passages' attention 1.x faster).
-template <typename F>
-constexpr long kWidth = (long)(sizeof(F) / sizeof(float));
-
-template <typename F>
-__attribute__((always_inline)) static inline F load_lanes(const float* p) {
-    F v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-template <typename F>
-__attribute__((always_inline)) static inline void store_lanes(float* p, F v) { std::memcpy(p, &v, sizeof(v)); }
-
-// x in every lane, one broadcast (simd.hpp's splat, at either width).
-template <typename F>
-__attribute__((always_inline)) static inline F splat_lanes(float x) {
-    if constexpr (kWidth<F> == 8) {
-        return splat(x);
-    } else {
-        const F v = {x};
-        return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    }
-}
+// The body below runs on vectors F of W floats (simd.hpp's lanes): eight (AVX2), or sixteen
+// where the CPU has AVX-512 and the head's dim is a multiple of 16 (all-MiniLM's attention over
+// 16 passages 65 -> 50 ms a forward).
 
 // The two products run as R rows by V vectors: each vector loaded once serves all R rows, so
 // loads stay below the FMAs. (Two rows by four vectors of eight had the compiler fold every load

@@ -13,20 +13,32 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v16f __attribute__((vector_size(64)));  // AVX-512 kernels only
 
-__attribute__((always_inline)) static inline v8f load8(const float* p) {
-    v8f v;
+// Floats a vector of type F holds: eight, or sixteen in an AVX-512 kernel.
+template <typename F>
+constexpr long kWidth = (long)(sizeof(F) / sizeof(float));
+
+template <typename F>
+__attribute__((always_inline)) static inline F load_lanes(const float* p) {
+    F v;
     std::memcpy(&v, p, sizeof(v));
     return v;
 }
 
-__attribute__((always_inline)) static inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
+template <typename F>
+__attribute__((always_inline)) static inline void store_lanes(float* p, F v) { std::memcpy(p, &v, sizeof(v)); }
 
-// x in all eight lanes, as one broadcast: `v8f{} + x` added the scalar to zero first, and an
+// x in every lane, as one broadcast: `v8f{} + x` added the scalar to zero first, and an
 // eight-x initializer became a chain of inserts.
-__attribute__((always_inline)) static inline v8f splat(float x) {
-    const v8f v = {x};
-    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+template <typename F>
+__attribute__((always_inline)) static inline F splat_lanes(float x) {
+    const F v = {x};
+    if constexpr (kWidth<F> == 8) return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+    else return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 }
+
+__attribute__((always_inline)) static inline v8f load8(const float* p) { return load_lanes<v8f>(p); }
+__attribute__((always_inline)) static inline void store8(float* p, v8f v) { store_lanes(p, v); }
+__attribute__((always_inline)) static inline v8f splat(float x) { return splat_lanes<v8f>(x); }
 
 __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));

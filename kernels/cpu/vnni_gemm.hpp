@@ -124,9 +124,8 @@ PRELUDE_VNNI static void vnni_panels(const uint8_t* xq, const float* row_scales,
     }
 }
 // Rows [begin, end) of x as quantize_rows quantizes them (the same scale and rounding, 16 at a
-// time), into xt in AMX's tiles' order: a tile's 16 rows by 64 k are 1 KB in a row, the tile of
-// rows 16t and k 64s at (16 t inputs + 1024 s). One at a time, they took most of a product's
-// time on the tiles.
+// time), into xt in AMX's tiles' order (amx_gemm.hpp's tile_at). One at a time, they took most
+// of a product's time on the tiles.
 PRELUDE_VNNI static void quantize_to_tiles(const float* x, long inputs, long begin, long end, uint8_t* xt,
                                            float* scales) {
     const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
@@ -140,14 +139,13 @@ PRELUDE_VNNI static void quantize_to_tiles(const float* x, long inputs, long beg
         const float scale = largest > 0.0f ? largest / 127.0f : 1.0f;
         const __m512 inverse = _mm512_set1_ps(1.0f / scale);
         scales[r] = scale;
-        uint8_t* tile_row = xt + (r / kAmxRows) * kAmxRows * inputs + (r % kAmxRows) * kAmxK8;
         for (long k = 0; k < inputs; k += 16) {
             __m512 q = _mm512_mul_ps(_mm512_loadu_ps(row + k), inverse);
             q = _mm512_min_ps(_mm512_set1_ps(127.0f), _mm512_max_ps(_mm512_set1_ps(-127.0f), q));
             const __m512i sign = _mm512_andnot_si512(magnitude, _mm512_castps_si512(q));
             const __m512 half = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_castps_si512(_mm512_set1_ps(0.5f))));
             const __m512i shifted = _mm512_add_epi32(_mm512_cvttps_epi32(_mm512_add_ps(q, half)), _mm512_set1_epi32(128));
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(tile_row + (k / kAmxK8) * kAmxRows * kAmxK8 + k % kAmxK8),
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(xt + tile_at<kAmxK8>(r, k, inputs)),
                              _mm512_cvtepi32_epi8(shifted));
         }
     }
