@@ -150,6 +150,9 @@ cdef extern from "prefill_attention.hpp" namespace "prelude_cpu" nogil:
         long context, block_size, cache_block_stride, cache_token_stride
         bint bidirectional
     void prefill_attention(const PrefillAttention& a, int threads)
+
+
+cdef extern from "encoder_attention.hpp" namespace "prelude_cpu" nogil:
     void encoder_rows_attention(const PrefillAttention& step, const long* spans, long rows, int threads)
 
 
@@ -179,7 +182,7 @@ def bidirectional_rows(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr,
     """An encoder step's attention, every row at once: row r is tokens [spans[2r], spans[2r + 1])
     (spans int64), out[i, h] = softmax(q[i, h] . K^T * scale) V over every key of i's row in head
     h. q, k, v [tokens, heads, dim] of the step, each with its token stride; out [tokens,
-    heads, dim] contiguous; fp32, dim % 8 == 0."""
+    heads, dim] contiguous; fp32, dim % 8 == 0 (rows on AMX's tiles: bf16x3, within a few 2^-16)."""
     cdef PrefillAttention a
     a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr
     a.n, a.m, a.heads, a.kv_heads, a.dim = 0, 0, heads, heads, dim

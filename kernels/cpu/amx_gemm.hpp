@@ -111,7 +111,10 @@ struct alignas(64) TileConfig {
 PRELUDE_AMX static inline void configure_tiles() {
     TileConfig config;
     for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = kAmxRows;
-    _tile_loadconfig(&config);
+    // The whole struct as the instruction's operand: GCC 12's _tile_loadconfig names only its
+    // first 8 bytes, and where this function was not inlined the widths and rows stored after
+    // them were dropped as dead (tiles unconfigured: SIGILL at the first tile instruction).
+    __asm__ volatile("ldtilecfg %0" ::"m"(config));
 }
 
 // Sums tile C (0-3) to p: GCC's tile intrinsics take their tile numbers as literals.
