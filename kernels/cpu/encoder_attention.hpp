@@ -1,6 +1,6 @@
 // An encoder step's attention: every row bidirectional over its own tokens, all rows in one team
 // dispatch. A row goes to AMX's tiles where they take it (amx_attention.hpp: heads whose dim is a
-// multiple of 32, rows up to 1,024 tokens), else to the vector kernel (prefill_attention.hpp).
+// multiple of 32, rows of 80 to 1,024 tokens), else to the vector kernel (prefill_attention.hpp).
 #pragma once
 #include <vector>
 
@@ -57,6 +57,7 @@ static void encoder_rows_attention(const PrefillAttention& step, const long* spa
     }
     team().run(threads, [&](int t) {
         AmxAttentionScratch scratch;
+        bool tiles = false;  // configured for amx_attention_heads
         long begin = bounds[t];
         const long end = bounds[t + 1];
         long row = 0;
@@ -65,11 +66,17 @@ static void encoder_rows_attention(const PrefillAttention& step, const long* spa
             const long hi = first[row + 1] < end ? first[row + 1] : end;
             if (begin < hi) {
                 const PrefillAttention a = encoder_row(step, spans[2 * row], spans[2 * row + 1]);
-                if (amx_attention_takes(a)) amx_attention_heads(a, begin - first[row], hi - first[row], scratch);
-                else run_prefill_items(a, begin - first[row], hi - first[row]);
+                if (amx_attention_takes(a)) {
+                    if (!tiles) amx_attention_begin();
+                    tiles = true;
+                    amx_attention_heads(a, begin - first[row], hi - first[row], scratch);
+                } else {
+                    run_prefill_items(a, begin - first[row], hi - first[row]);
+                }
             }
             begin = hi;
         }
+        if (tiles) amx_attention_end();
     });
 }
 
