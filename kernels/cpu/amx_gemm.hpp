@@ -52,6 +52,12 @@ static inline long tile_at(long i, long k, long inputs) {
     return (i / kAmxRows) * kAmxRows * inputs + (i % kAmxRows) * kK + (k / kK) * kAmxRows * kK + k % kK;
 }
 
+// Rows of `row_bytes` each that amx_panels keeps in L2 at a time (a multiple of 32, at least 32).
+static inline long amx_block_rows(long row_bytes) {
+    const long block = kAmxBlockBytes / row_bytes / (2 * kAmxRows) * (2 * kAmxRows);
+    return block > 2 * kAmxRows ? block : 2 * kAmxRows;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The CPU has AMX-TILE, AMX-BF16 and AMX-INT8, the kernel let this process use the tiles, and
 // PRELUDE_CPU_AMX=0 does not turn them off.
@@ -282,8 +288,7 @@ PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row
                                    const typename Tiles::Panel* packed, long inputs, float* out, long outputs,
                                    long p_begin, long p_end, const float* bias, long activation) {
     configure_tiles();
-    const long block = kAmxBlockBytes / (inputs * (long)sizeof(typename Tiles::Row)) / (2 * kAmxRows) * (2 * kAmxRows);
-    const long step = block > 2 * kAmxRows ? block : 2 * kAmxRows;
+    const long step = amx_block_rows(inputs * (long)sizeof(typename Tiles::Row));
     for (long r0 = 0; r0 < tiled; r0 += step) {
         const long r1 = r0 + step < tiled ? r0 + step : tiled;
         for (long p = p_begin; p < p_end;) {

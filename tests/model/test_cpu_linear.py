@@ -216,7 +216,7 @@ with torch.inference_mode():
 
 
 @pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 200, 352])  # a padded tile, tiles, tile pairs, row blocks
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 200, 352, 1001])  # a padded tile, tiles, tile pairs, row blocks
 @pytest.mark.parametrize("shape", [(1000, 384), (384, 1536), (40, 64)])  # a part panel, long k, a lone panel
 def test_bf16x3_gives_the_fp32_product_to_within_two_to_the_minus_16(rows: int, shape: tuple[int, int]):
     # The weight and each row split into bf16 halves, three tile products: every row (the last
