@@ -256,12 +256,10 @@ static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, 
         // (all-MiniLM's forward over 16 passages 210-212 -> 176-183 ms, over 352 short texts
         // 427-430 -> 351-354). The buffers come from the caller's heap, which keeps freed
         // memory: allocated by each thread in each call, they faulted their pages in.
-        const long per = ((tiled + threads - 1) / threads + 2 * kAmxRows - 1) / (2 * kAmxRows) * (2 * kAmxRows);
         std::unique_ptr<bf16[]> buffers(new bf16[threads * 2 * block * inputs]);
-        team().run(threads, [&](int t) {
+        parallel_numbered_ranges(tiled, threads, 2 * kAmxRows, [&](int t, long begin, long end) {
             bf16* split = buffers.get() + t * 2 * block * inputs;
-            const long end = (t + 1) * per < tiled ? (t + 1) * per : tiled;
-            for (long r0 = t * per; r0 < end; r0 += block) {
+            for (long r0 = begin; r0 < end; r0 += block) {
                 const long rows = end - r0 < block ? end - r0 : block, real = n - r0 < rows ? n - r0 : rows;
                 split_to_tiles(x + r0 * inputs, real, split, split + rows * inputs, 0, rows, inputs);
                 const Bf16x3Tiles tiles{{}, rows * inputs, lo - hi};

@@ -147,17 +147,23 @@ constexpr long kTeamMinFloats = 1 << 16;
 
 static int threads_worth(long floats, int threads) { return floats >= kTeamMinFloats ? threads : 1; }
 
-// Runs fn(begin, end) over [0, count) split into at most `threads` ranges whose starts are
-// multiples of `align`, on the team.
+// Runs fn(t, begin, end) over [0, count) split into at most `threads` ranges whose starts are
+// multiples of `align`, on the team; t < threads numbers the range (a slot of per-range scratch).
 template <typename Fn>
-static void parallel_ranges(long count, int threads, long align, Fn fn) {
+static void parallel_numbered_ranges(long count, int threads, long align, Fn fn) {
     if (threads < 1) threads = 1;
     const long per = ((count + threads - 1) / threads + align - 1) / align * align;
     const int used = per > 0 ? (int)((count + per - 1) / per) : 1;
     team().run(used, [&](int t) {
         const long begin = t * per, end = begin + per < count ? begin + per : count;
-        if (begin < end) fn(begin, end);
+        if (begin < end) fn(t, begin, end);
     });
+}
+
+// Runs fn(begin, end) over [0, count) split as parallel_numbered_ranges splits it.
+template <typename Fn>
+static void parallel_ranges(long count, int threads, long align, Fn fn) {
+    parallel_numbered_ranges(count, threads, align, [&](int, long begin, long end) { fn(begin, end); });
 }
 
 }  // namespace prelude_cpu

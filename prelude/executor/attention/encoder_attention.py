@@ -1,10 +1,10 @@
 """An encoder's attention over a flattened step: every row's queries attend to all of the row's
 own tokens (or, with a window, to those at most `window` positions away), nothing is cached.
 
-On the CPU in fp32, the rows go to the native prefill kernel in one call
-(kernels/cpu/encoder_attention.hpp: on AMX's tiles where the CPU has them, else the vector
-prefill kernel; every key seen), except a row whose window hides some of its
-keys: it reads q, k and v where the fused projection left them and writes the output in place.
+On the CPU in fp32, the rows go to the native kernels in one call
+(kernels/cpu/encoder_attention.hpp: AMX's tiles where the CPU has them, else the vector prefill
+kernel; every key seen), except a row whose window hides some of its keys: it reads q, k and v
+where the fused projection left them and writes the output in place.
 Elsewhere, short rows run as one padded batch under a key mask (one call instead of one per row),
 long rows one at a time without a mask on torch's flash kernel, where a mask would send the whole
 batch down its quadratic math path."""
