@@ -1,8 +1,9 @@
 """Our encoders' states and classifier scores equal transformers' on the same random weights:
 BERT (with token types), XLM-RoBERTa (positions offset past the padding id) and ModernBERT
 (global and windowed local layers), rows of several lengths in one flattened step: each row on
-the native kernel (fp32 on the CPU, no window), and on torch, short ones batched under a mask and
-long ones attended alone."""
+the native kernel (fp32 on the CPU, no window), on torch, short ones batched under a mask and
+long ones attended alone, and on the flashinfer backend (its non-causal ragged prefill, run here
+on the CPU stand-in of flashinfer's API; windowed layers whose window some row exceeds on torch)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +21,7 @@ from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from tests.checkpoints import load_reference, make_checkpoint
+from tests.executor import fake_flashinfer
 
 SEP = 3
 LENGTHS = [9, 1, PADDED_ROW_TOKENS + 13, 30, 5]
@@ -33,7 +35,7 @@ CASES = [
 ]
 
 
-def _ours(path, family, weight_format="float32"):
+def _ours(path, family, weight_format="float32", backend="torch"):
     config = ModelConfig.from_dir(path)
     if family == "bert":  # no tokenizer beside these weights: name the separator ourselves
         assert config.encoder is not None
@@ -42,6 +44,11 @@ def _ours(path, family, weight_format="float32"):
                        weight_format=weight_format)
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.float32),
                     torch.device("cpu"))
+    if backend == "flashinfer":
+        from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+
+        return config, model, FlashInferAttention(cache, config.num_heads, max_pages_per_row=4, dummy_page=3,
+                                                  fuse_rope=False, workspace_bytes=16)
     return config, model, TorchAttention(cache)
 
 
@@ -55,21 +62,27 @@ def _states(model, attention, prompts: list[torch.Tensor]) -> list[torch.Tensor]
     return [hidden[layout.query_starts[i]:layout.query_starts[i + 1]] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+@pytest.mark.parametrize("kernel", ["native", "torch", "flashinfer"])
 @pytest.mark.parametrize("family,head,extra", CASES, ids=lambda c: c if isinstance(c, str) else "")
-def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, family, head, extra, native):
-    if not native:
+def test_encoder_states_and_scores_match_transformers(tmp_path, monkeypatch, family, head, extra, kernel):
+    if kernel != "native":  # the torch fallback of either backend: batched under a mask, or alone
         monkeypatch.setattr(encoder_attention, "bidirectional_rows", None)
     elif encoder_attention.bidirectional_rows is None:
         pytest.skip("kernels.cpu is not built")
+    if kernel == "flashinfer":
+        fake_flashinfer.install(monkeypatch)
     path = make_checkpoint(tmp_path / family, family, head=head, **extra)
-    config, model, attention = _ours(path, family)
+    config, model, attention = _ours(path, family, backend="torch" if kernel == "native" else kernel)
     reference = load_reference(path)
     gen = torch.Generator().manual_seed(2)
     prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
     prompts[0][4] = SEP  # a pair: tokens after the first separator are segment B
     with torch.inference_mode():
-        for i, (prompt, ours) in enumerate(zip(prompts, _states(model, attention, prompts))):
+        states = _states(model, attention, prompts)
+    if kernel == "flashinfer":  # planned once for the step, at its first unwindowed layer
+        assert attention.encoder.plan_calls == 1
+    with torch.inference_mode():
+        for i, (prompt, ours) in enumerate(zip(prompts, states)):
             kwargs = {}
             if family == "bert":
                 types = (torch.arange(len(prompt)) > 4).long() if i == 0 else torch.zeros_like(prompt)
@@ -126,3 +139,38 @@ def test_an_unsupported_encoder_config_is_refused_with_its_reason():
                num_attention_heads=2, position_embedding_type="relative_key")
     with pytest.raises(UnsupportedModel, match="relative_key"):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and flashinfer)")
+@pytest.mark.parametrize("family,extra", [("bert", {}), ("modernbert", dict(local_attention=8))], ids=["bert", "modernbert"])
+def test_flashinfer_encoder_states_on_the_gpu_match_transformers(tmp_path, family, extra):
+    """flashinfer's own non-causal kernel, in bf16 at head_dim 64 (one of its prebuilt sizes),
+    against transformers in fp32 on the CPU."""
+    pytest.importorskip("flashinfer")
+    from prelude.executor.attention.flashinfer_backend import FlashInferAttention
+
+    path = make_checkpoint(tmp_path / family, family, head="Model", hidden_size=128, num_attention_heads=2,
+                           num_key_value_heads=2, **extra)
+    config = ModelConfig.from_dir(path)
+    if family == "bert":
+        assert config.encoder is not None
+        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, sep_token_id=SEP))
+    cuda = torch.device("cuda")
+    model = load_model(path, config, torch.bfloat16, cuda, max_positions=config.max_position_embeddings)
+    cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.bfloat16), cuda)
+    attention = FlashInferAttention(cache, config.num_heads, max_pages_per_row=4, dummy_page=3)
+    reference = load_reference(path)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
+    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
+                     (), 16)
+    layout = step.layout(torch.tensor(step.slots, device=cuda))
+    attention.plan(layout)
+    with torch.inference_mode():
+        hidden = model(torch.tensor(step.ids, device=cuda), torch.tensor(step.positions, device=cuda), attention)
+        assert attention._encoder_planned  # the global layers ran on flashinfer's kernel
+        for i, prompt in enumerate(prompts):
+            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]].float().cpu()
+            kwargs = {"token_type_ids": torch.zeros_like(prompt)[None]} if family == "bert" else {}
+            theirs = reference(prompt[None], **kwargs).last_hidden_state[0]
+            assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() >= 0.99

@@ -4,7 +4,9 @@ Per step (`plan`): one ragged causal prefill over all prefill rows' own tokens (
 mask when the step has multi-item rows, which see the shared part and their own item); one paged
 prefill (non-causal) over the cached context of the prefill rows that have one, merged into
 the ragged result by log-sum-exp; one paged decode for the decode rows. Each wrapper is planned
-once per step on host index arrays (flashinfer_plan.build_plan) and run once per layer.
+once per step on host index arrays (flashinfer_plan.build_plan) and run once per layer. An
+encoder's step instead runs one ragged non-causal prefill per layer (`bidirectional`), planned at
+its first layer.
 
 Per layer (`__call__`): K/V are stored first (by kernels.rope's fused norm+RoPE+write when
 Triton is there, else by index_copy_ over the planned slots), so decode rows read their own
@@ -77,6 +79,8 @@ class FlashInferAttention(AttentionBackend):
         self.prefix = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=PREFILL_BACKEND)
         self.decode = self._decode_wrapper()
+        self.encoder = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=PREFILL_BACKEND)
+        self._encoder_planned = False
         self.graph_decoders: dict[int, Any] = {}
         self.graph_prefills: dict[int, Any] = {}
         self._plan: FlashInferPlan | None = None
@@ -100,6 +104,7 @@ class FlashInferAttention(AttentionBackend):
     # -- planning ---------------------------------------------------------------------------
     def plan(self, layout: StepLayout) -> None:
         self.query_starts = layout.query_starts
+        self._encoder_planned = False
         plan = build_plan(layout, self.page_size, layout.host_slots)
         self._begin(plan, layout.slot_mapping)
         self._ragged = self.ragged
@@ -122,8 +127,18 @@ class FlashInferAttention(AttentionBackend):
             self._plan_decoder(self.decode, plan.decode_kv)
 
     def bidirectional(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
-        # torch's CUDA attention for now; flashinfer's non-causal ragged prefill is the GPU issue's.
-        return bidirectional_attention(q, k, v, self.query_starts, window)
+        """Every row's tokens see one another, through the non-causal ragged prefill. A local
+        window narrower than some row goes to torch's attention: flashinfer's window bounds only
+        the keys before a query."""
+        starts = self.query_starts
+        if window and any(end - start > window + 1 for start, end in zip(starts, starts[1:])):
+            return bidirectional_attention(q, k, v, starts, window)
+        if not self._encoder_planned:
+            indptr = _host(starts)
+            self.encoder.plan(indptr, indptr, q.shape[1], k.shape[1], q.shape[2], causal=False,
+                              q_data_type=q.dtype, kv_data_type=k.dtype)
+            self._encoder_planned = True
+        return self.encoder.run(_dense(q), _dense(k), _dense(v))
 
     def plan_graph(self, kind: GraphKind, layout: StepLayout, bucket: int) -> None:
         if kind == "decode":
