@@ -230,6 +230,7 @@ def build_plan(spec: dict[str, Any], use_scanners: bool = True) -> Plan:
         plan.first_token_bytes, plan.first_token_offsets = _arena(first_keys)
 
     plan.token_to_id = {**vocab, **by_content}
+    plan.added_to_id = by_content
     plan.added_by_id = shown
     plan.vocab_by_id = vocab_by_id
     plan.special_ids = special_token_ids(spec.get("added_tokens") or [])

@@ -78,6 +78,7 @@ class Plan:
     first_token_offsets: array = field(default_factory=lambda: array("I"))
     # Python-side lookups
     token_to_id: dict[str, int] = field(default_factory=dict)
+    added_to_id: dict[str, int] = field(default_factory=dict)  # the added tokens' part of token_to_id
     added_by_id: dict[int, str] = field(default_factory=dict)
     vocab_by_id: dict[int, str] = field(default_factory=dict)
     special_ids: frozenset[int] = frozenset()

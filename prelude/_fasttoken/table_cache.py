@@ -5,7 +5,7 @@ One file per (tokenizer.json content, fasttoken version) under <cache root>/fast
 
     header: magic, version tag, source sha256, then (length, checksum) of each section
     engine:  the C++ tables (ft_store.hpp), checksummed, then re-checked field by field on load
-    meta:    marshal of (special ids, vocab size)
+    meta:    marshal of (special ids, vocab size, added tokens' content -> id)
     lookups: marshal of (token_to_id, added_by_id, vocab_by_id), read on first use only
 
 Hashing an 11 MB tokenizer.json costs more than the whole warm load, so a small index file per
@@ -28,7 +28,7 @@ from prelude import __version__ as _prelude_version
 from prelude.cachedir import cache_root, write_atomically
 
 # Bump with any change to what ft_store.hpp writes or to the meaning of the tables.
-TABLES_FORMAT = 4
+TABLES_FORMAT = 5
 _TAG = f"fasttoken-{_prelude_version}-t{TABLES_FORMAT}"
 VERSION_TAG = _TAG.encode()[:32].ljust(32, b"\0")
 MAGIC = b"FTTABLES"
@@ -40,6 +40,7 @@ class Hit(NamedTuple):
     tables: memoryview  # over the mapped file
     special_ids: frozenset[int]
     vocab_size: int
+    added_to_id: dict[str, int]
     path: Path  # the cache file, for the lookups section
     lookups_at: tuple[int, int, int]  # offset, length, checksum
 
@@ -102,11 +103,13 @@ def load(digest: bytes) -> Hit | None:
     if _checksum(engine) != c_engine or _checksum(meta) != c_meta:
         return None
     try:
-        special_ids, vocab_size = marshal.loads(meta)
+        special_ids, vocab_size, added_to_id = marshal.loads(meta)
         ids = frozenset(int(i) for i in special_ids)
     except (ValueError, EOFError, TypeError):
         return None
-    return Hit(engine, ids, int(vocab_size), path, (start + n_engine + n_meta, n_lookups, c_lookups))
+    if not isinstance(added_to_id, dict):
+        return None
+    return Hit(engine, ids, int(vocab_size), added_to_id, path, (start + n_engine + n_meta, n_lookups, c_lookups))
 
 
 def read_lookups(hit: Hit) -> tuple[dict[str, int], dict[int, str], dict[int, str]] | None:
@@ -128,7 +131,7 @@ def read_lookups(hit: Hit) -> tuple[dict[str, int], dict[int, str], dict[int, st
 
 def store(digest: bytes, tables: bytes, plan: Any) -> None:
     """Writes the cache file (atomically); a read-only cache directory just means no cache."""
-    meta = marshal.dumps((sorted(plan.special_ids), plan.vocab_size))
+    meta = marshal.dumps((sorted(plan.special_ids), plan.vocab_size, plan.added_to_id))
     lookups = marshal.dumps((plan.token_to_id, plan.added_by_id, plan.vocab_by_id))
     head = _HEADER.pack(MAGIC, VERSION_TAG, digest, len(tables), _checksum(tables), len(meta),
                         _checksum(meta), len(lookups), _checksum(lookups))

@@ -60,6 +60,7 @@ class FastTokenizer(Tokenizer):
         self._hit = hit
         self._special_ids = hit.special_ids
         self._vocab_size = hit.vocab_size
+        self._added_to_id = hit.added_to_id
         return core
 
     def _build(self, use_scanners: bool) -> Any:
@@ -70,6 +71,7 @@ class FastTokenizer(Tokenizer):
         self._lookups = plan.token_to_id, plan.added_by_id, plan.vocab_by_id
         self._special_ids = plan.special_ids
         self._vocab_size = plan.vocab_size
+        self._added_to_id = plan.added_to_id
         if use_scanners and plan.regexes is None and self._digest is not None:
             table_cache.store(self._digest, core.save(), plan)
         return core
@@ -92,7 +94,10 @@ class FastTokenizer(Tokenizer):
         return self._core.decode(ids, skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
-        return self._tables()[0].get(token)
+        # An added token (the EOS and chat markers the server looks up as it starts) is found
+        # without the vocabulary's tables, whose load costs a Qwen3 tokenizer ~60 ms and 29 MiB.
+        added = self._added_to_id.get(token)
+        return added if added is not None else self._tables()[0].get(token)
 
     def id_to_token(self, token_id: int) -> str | None:
         _, added_by_id, vocab_by_id = self._tables()

@@ -55,6 +55,9 @@ def test_warm_load_uses_cache(cache: Path, tmp_path: Path, name: str) -> None:
     _cache_file(cache)
     warm = FastTokenizer(source)
     assert warm._hit is not None and warm._lookups is None  # lookups load on first use
+    added = {t["content"]: t["id"] for t in json.loads(source.read_text())["added_tokens"]}
+    assert added and {token: warm.token_to_id(token) for token in added} == added
+    assert warm._lookups is None  # added tokens (the EOS the server looks up as it starts) need none
     _same_as_hf(warm, name)
     assert warm.decode(warm.encode("Hello there")) == "Hello there"
 
