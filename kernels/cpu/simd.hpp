@@ -27,8 +27,19 @@ __attribute__((always_inline)) static inline F load_lanes(const float* p) {
 template <typename F>
 __attribute__((always_inline)) static inline void store_lanes(float* p, F v) { std::memcpy(p, &v, sizeof(v)); }
 
-// x in every lane, as one broadcast: `v8f{} + x` added the scalar to zero first, and an
-// eight-x initializer became a chain of inserts.
+// x in every lane, as one broadcast. GCC 12 lowers the same broadcast differently by context,
+// and where it builds the vector lane by lane (a chain of inserts) the kernel loses most of its
+// speed: the product panels need this form (a broadcast straight from memory; written once in
+// a template over the width, it became the chain), `v8f{} + x` added the scalar to zero first,
+// and an eight-x initializer was the chain. tests/bench/test_hot_paths.py's step guards time
+// the kernels that show it.
+__attribute__((always_inline)) static inline v8f splat(float x) {
+    const v8f v = {x};
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+// The same for a kernel over either width (the attention). At eight lanes it widens a 128-bit
+// vector: inside these templates, splat's form became the chain too.
 template <typename F>
 __attribute__((always_inline)) static inline F splat_lanes(float x) {
     const F v = {x};
@@ -38,7 +49,6 @@ __attribute__((always_inline)) static inline F splat_lanes(float x) {
 
 __attribute__((always_inline)) static inline v8f load8(const float* p) { return load_lanes<v8f>(p); }
 __attribute__((always_inline)) static inline void store8(float* p, v8f v) { store_lanes(p, v); }
-__attribute__((always_inline)) static inline v8f splat(float x) { return splat_lanes<v8f>(x); }
 
 __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));

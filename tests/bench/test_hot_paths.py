@@ -1,5 +1,6 @@
 """pytest-benchmark timings of the CPU paths every request crosses: normalization, a scheduling
-step, streaming detokenization, prefix matching, block allocation, JSON encoding. CI runs them
+step, streaming detokenization, prefix matching, block allocation, JSON encoding, and the
+demo model's steps on the native kernels (a prompt, a batch of decodes). CI runs them
 once as plain tests (pyproject passes --benchmark-disable). As guards they are compared with the
 committed baseline in tests/bench/baseline/ and fail when a median is 25% slower (README,
 "Hot-path guards"). Each also asserts what it computed, so a broken path fails rather than
@@ -12,6 +13,8 @@ import random
 import pytest
 
 from prelude.cache.block_pool import BlockPool
+from prelude.contract.batch import DecodeBatch, DecodeRow, OneShotBatch, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY
 from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.engine.output import RequestOutput
 from prelude.engine.request import Request
@@ -166,3 +169,46 @@ def test_response_serialization(benchmark):
     body, chunk = benchmark(serialize)
     assert json.loads(body)["choices"][0]["text"] == " yes"
     assert chunk.startswith(b"data: {") and chunk.endswith(b"\n\n")
+
+
+@pytest.fixture(scope="module")
+def demo_executors(demo_model):
+    """The demo model's executors as the server builds them: fp32 on the CPU, its native step."""
+    from prelude.app.cli import parse_args
+    from prelude.app.runner_setup import model_runner_setup
+    from prelude.executor.executors import Executors
+    from prelude.model.config import ModelConfig
+
+    config = parse_args(["--model", str(demo_model)])
+    return Executors.over(model_runner_setup(config, demo_model, ModelConfig.from_dir(demo_model), 4096).runner)
+
+
+def test_oneshot_step_of_a_128_token_prompt(benchmark, demo_executors):
+    """A prompt's kernels (fp32 panels, prefill attention, norms, the head), where a change in
+    how the compiler lowers a vector helper shows (a broadcast become a chain of inserts cost
+    this step 3.5x)."""
+    batch = OneShotBatch([PrefillRow(0, list(range(100, 228)), 0, (), OutputSpec(sample=GREEDY))])
+    result = benchmark(demo_executors.execute, batch)
+    assert [row.seq_id for row in result.rows] == [0] and result.rows[0].token is not None
+
+
+def test_decode_step_of_16_rows(benchmark, demo_executors):
+    """The decode kernels (skinny products, paged attention): 16 rows, each at position 255 over
+    its own 16 cache blocks."""
+    rows = [DecodeRow(i, 100 + i, 255, tuple(range(16 * i, 16 * i + 16)), OutputSpec(sample=GREEDY))
+            for i in range(16)]
+    result = benchmark(demo_executors.execute, DecodeBatch(rows))
+    assert [row.seq_id for row in result.rows] == list(range(16))
+
+
+def test_prefill_attention_of_eight_lane_heads(benchmark):
+    """The attention kernel at eight lanes (every prompt's on an AVX2 CPU; heads whose width is
+    no multiple of 16 on AVX-512): 32 rows of 64 tokens, 10 heads of 40."""
+    import torch
+
+    from prelude.executor.attention.encoder_attention import bidirectional_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(32 * 64, 3, 10, 40, generator=gen).unbind(1)
+    out = benchmark(bidirectional_attention, q, k, v, list(range(0, 32 * 64 + 1, 64)))
+    assert out.shape == q.shape and bool(out.isfinite().all())
