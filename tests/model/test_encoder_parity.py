@@ -142,7 +142,8 @@ def test_an_unsupported_encoder_config_is_refused_with_its_reason():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (and flashinfer)")
-@pytest.mark.parametrize("family,extra", [("bert", {}), ("modernbert", dict(local_attention=8))], ids=["bert", "modernbert"])
+@pytest.mark.parametrize("family,extra", [("bert", {}), ("modernbert", dict(local_attention=8))],
+                         ids=["bert", "modernbert"])
 def test_flashinfer_encoder_states_on_the_gpu_match_transformers(tmp_path, family, extra):
     """flashinfer's own non-causal kernel, in bf16 at head_dim 64 (one of its prebuilt sizes),
     against transformers in fp32 on the CPU."""

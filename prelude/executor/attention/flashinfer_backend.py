@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -34,7 +34,7 @@ WORKSPACE_BYTES = 256 * 2**20  # flashinfer's split-kv scratch, shared by all wr
 PREFILL_BACKEND = os.environ.get("PRELUDE_FLASHINFER_PREFILL", "auto")
 
 
-def _host(values: list[int]) -> torch.Tensor:
+def _host(values: Sequence[int]) -> torch.Tensor:
     # flashinfer plans on host int32 arrays and copies what the kernels need itself.
     return torch.tensor(values, dtype=torch.int32)
 
