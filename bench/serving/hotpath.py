@@ -86,7 +86,10 @@ async def measure(servers: Sequence[ServerProcess], cells: Sequence[Cell], round
     for cell in cells:
         for k in range(rounds):
             for server in servers if k % 2 == 0 else list(reversed(servers)):
-                rng = random.Random(k)  # both servers get the same requests in a round
+                # Both servers get the same requests in a round, and no cell repeats another's:
+                # seeded by the round alone, each cell sent the prompts of the cell before it, and
+                # 128/1 c=64 measured prefix-cache hits (620 req/s; 190 computed).
+                rng = random.Random(f"{cell.name}#{k}")
                 result = await run_level(server.base_url, cell.make(factory, options, labels),
                                          Level("concurrency", cell.concurrency), Limits(cell.requests, warmup=8),
                                          rng, f"{server.label}#{k + 1}", server.pid, show_progress=progress)
