@@ -38,8 +38,8 @@ __attribute__((always_inline)) static inline v8f splat(float x) {
     return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
-// The same for a kernel over either width (the attention). At eight lanes it widens a 128-bit
-// vector: inside these templates, splat's form became the chain too.
+// The same for a kernel written over either width (the attention). There this template form is
+// the broadcast, and splat's (called from the attention's template) was the chain.
 template <typename F>
 __attribute__((always_inline)) static inline F splat_lanes(float x) {
     const F v = {x};

@@ -1,6 +1,7 @@
 """pytest-benchmark timings of the CPU paths every request crosses: normalization, a scheduling
-step, streaming detokenization, prefix matching, block allocation, JSON encoding, and the
-demo model's steps on the native kernels (a prompt, a batch of decodes). CI runs them
+step, streaming detokenization, prefix matching, block allocation, JSON encoding, and the native
+kernels' (the demo model's prompt step in fp32, bf16 and int8 and a batch of its decodes, the
+eight-lane attention, all-MiniLM's forward). CI runs them
 once as plain tests (pyproject passes --benchmark-disable). As guards they are compared with the
 committed baseline in tests/bench/baseline/ and fail when a median is 25% slower (README,
 "Hot-path guards"). Each also asserts what it computed, so a broken path fails rather than
@@ -194,8 +195,8 @@ def _prompt_step(rows: int = 1, tokens: int = 128, output: OutputSpec = OutputSp
 
 def test_oneshot_step_of_a_128_token_prompt(benchmark, demo_executors):
     """A prompt's kernels (fp32 panels, prefill attention, norms, the head), where a change in
-    how the compiler lowers a vector helper shows (a broadcast become a chain of inserts cost
-    this step 3.5x)."""
+    how the compiler lowers a vector helper shows (a broadcast turned into a chain of inserts
+    cost this step 3.5x)."""
     result = benchmark(demo_executors.execute, _prompt_step())
     assert [row.seq_id for row in result.rows] == [0] and result.rows[0].token is not None
 

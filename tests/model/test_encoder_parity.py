@@ -35,11 +35,16 @@ CASES = [
 ]
 
 
-def _ours(path, family, weight_format="float32", backend="torch"):
+def _config(path, family) -> ModelConfig:
     config = ModelConfig.from_dir(path)
     if family == "bert":  # no tokenizer beside these weights: name the separator ourselves
         assert config.encoder is not None
         config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, sep_token_id=SEP))
+    return config
+
+
+def _ours(path, family, weight_format="float32", backend="torch"):
+    config = _config(path, family)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=config.max_position_embeddings,
                        weight_format=weight_format)
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.float32),
@@ -52,13 +57,13 @@ def _ours(path, family, weight_format="float32", backend="torch"):
     return config, model, TorchAttention(cache)
 
 
-def _states(model, attention, prompts: list[torch.Tensor]) -> list[torch.Tensor]:
+def _states(model, attention, prompts: list[torch.Tensor], device: str = "cpu") -> list[torch.Tensor]:
     """Each prompt's final states, the prompts computed together in one flattened step."""
     step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
                      (), 16)
-    layout = step.layout(torch.tensor(step.slots))
+    layout = step.layout(torch.tensor(step.slots, device=device))
     attention.plan(layout)
-    hidden = model(torch.tensor(step.ids), torch.tensor(step.positions), attention)
+    hidden = model(torch.tensor(step.ids, device=device), torch.tensor(step.positions, device=device), attention)
     return [hidden[layout.query_starts[i]:layout.query_starts[i + 1]] for i in range(len(prompts))]
 
 
@@ -152,10 +157,7 @@ def test_flashinfer_encoder_states_on_the_gpu_match_transformers(tmp_path, famil
 
     path = make_checkpoint(tmp_path / family, family, head="Model", hidden_size=128, num_attention_heads=2,
                            num_key_value_heads=2, **extra)
-    config = ModelConfig.from_dir(path)
-    if family == "bert":
-        assert config.encoder is not None
-        config = dataclasses.replace(config, encoder=dataclasses.replace(config.encoder, sep_token_id=SEP))
+    config = _config(path, family)
     cuda = torch.device("cuda")
     model = load_model(path, config, torch.bfloat16, cuda, max_positions=config.max_position_embeddings)
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=4, block_size=16, dtype=torch.bfloat16), cuda)
@@ -163,15 +165,11 @@ def test_flashinfer_encoder_states_on_the_gpu_match_transformers(tmp_path, famil
     reference = load_reference(path)
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(4, config.vocab_size, (n,), generator=gen) for n in LENGTHS]
-    step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
-                     (), 16)
-    layout = step.layout(torch.tensor(step.slots, device=cuda))
-    attention.plan(layout)
     with torch.inference_mode():
-        hidden = model(torch.tensor(step.ids, device=cuda), torch.tensor(step.positions, device=cuda), attention)
+        states = _states(model, attention, prompts, "cuda")
         assert attention._encoder_planned  # the global layers ran on flashinfer's kernel
-        for i, prompt in enumerate(prompts):
-            ours = hidden[layout.query_starts[i]:layout.query_starts[i + 1]].float().cpu()
+        for prompt, state in zip(prompts, states):
+            ours = state.float().cpu()
             kwargs = {"token_type_ids": torch.zeros_like(prompt)[None]} if family == "bert" else {}
             theirs = reference(prompt[None], **kwargs).last_hidden_state[0]
             assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() >= 0.99
