@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", type=Path, default=report.RESULTS_DIR / "logs")
     p.add_argument("--json", type=Path, help="results file (default bench-results/instructions-<time>.json); "
                                              "the chart goes beside it (.png)")
+    p.add_argument("--keep", type=Path, help="keep callgrind's files in this folder (one per thread and run, "
+                                             "for callgrind_annotate) instead of a temporary one")
     return p
 
 
@@ -139,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(apt install valgrind), or measure seconds with python -m bench.serving.cpu_cost")
     flags = ["--executor", "null", *(["--model", args.model] if args.model else []), *server_args]
     with tempfile.TemporaryDirectory(prefix="prelude-callgrind-") as tmp:
-        out_dir = Path(tmp)
+        out_dir = Path(tmp) if args.keep is None else args.keep
+        out_dir.mkdir(parents=True, exist_ok=True)
         command = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--instr-atstart=no",
                    f"--callgrind-out-file={out_dir / 'cg.out'}", sys.executable, "-m", "prelude"]
         args.log_dir.mkdir(parents=True, exist_ok=True)

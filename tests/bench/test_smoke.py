@@ -163,3 +163,22 @@ def test_hotpath_refuses_a_single_round_before_starting_a_server(capsys):
     with pytest.raises(SystemExit) as refused:
         hotpath.main(["--rounds", "1"])
     assert refused.value.code == 2 and "--rounds must be at least 2" in capsys.readouterr().err
+
+
+def test_idle_penalty_times_the_same_step_after_each_kind_of_gap(tmp_path, capsys):
+    import torch
+
+    from bench.serving import idle_penalty
+
+    threads = torch.get_num_threads()  # the null runner takes one intra-op thread for the process
+    out = tmp_path / "idle.json"
+    try:
+        code = idle_penalty.main(["--iterations", "20", "--rounds", "2", "--gap-ms", "0.2", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == list(idle_penalty.CASES)
+    assert all(r["steps"] == 40 and r["median_us"] > 0 for r in rows) and rows[0]["ratio"] == 1.0
+    assert "after sleep" in capsys.readouterr().out
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
