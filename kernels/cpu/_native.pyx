@@ -419,6 +419,11 @@ cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:
         const double* uniforms
         long* out
     void sample_rows(const SampleRows& s, int threads)
+    cdef struct GreedyRows:
+        const float* logits
+        long rows, vocab, row_stride
+        long* out
+    void greedy_rows(const GreedyRows& g, int threads)
     cdef struct MaskRows:
         float* logits
         long rows, vocab, row_stride
@@ -437,6 +442,15 @@ def sample_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, siz
     s.inv_temperature, s.uniforms, s.out = <const float*>inv_temperature_ptr, <const double*>uniforms_ptr, <long*>out_ptr
     with nogil:
         sample_rows(s, threads)
+
+
+def greedy_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, size_t out_ptr, int threads) -> None:
+    """out[r] = the first index of the largest of logits[r] (torch.argmax's, a NaN the largest);
+    logits fp32 rows of `row_stride`, out int64."""
+    cdef GreedyRows g
+    g.logits, g.rows, g.vocab, g.row_stride, g.out = <const float*>logits_ptr, rows, vocab, row_stride, <long*>out_ptr
+    with nogil:
+        greedy_rows(g, threads)
 
 
 def mask_logits(size_t logits_ptr, long rows, long vocab, long row_stride, size_t bitmask_ptr, long words,

