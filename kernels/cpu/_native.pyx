@@ -453,6 +453,33 @@ def greedy_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, siz
         greedy_rows(g, threads)
 
 
+cdef extern from "logprobs.hpp" namespace "prelude_cpu" nogil:
+    cdef struct LogprobRows:
+        const float* logits
+        long rows, vocab, row_stride
+        const long* targets
+        long top
+        float* logprobs
+        long* ranks
+        long* top_ids
+        float* top_logprobs
+    void logprob_rows(const LogprobRows& p, int threads)
+
+
+def token_logprobs(size_t logits_ptr, long rows, long vocab, long row_stride, size_t targets_ptr, long top,
+                   size_t logprobs_ptr, size_t ranks_ptr, size_t top_ids_ptr, size_t top_logprobs_ptr,
+                   int threads) -> None:
+    """For each fp32 logits row r (`row_stride` apart): logprobs[r] and ranks[r] of token
+    targets[r], and its `top` most likely tokens (top_ids, top_logprobs: [rows, top], best
+    first; -1 and -inf past the row's finite logits). int64 ids and ranks, fp32 logprobs."""
+    cdef LogprobRows p
+    p.logits, p.rows, p.vocab, p.row_stride = <const float*>logits_ptr, rows, vocab, row_stride
+    p.targets, p.top, p.logprobs, p.ranks = <const long*>targets_ptr, top, <float*>logprobs_ptr, <long*>ranks_ptr
+    p.top_ids, p.top_logprobs = <long*>top_ids_ptr, <float*>top_logprobs_ptr
+    with nogil:
+        logprob_rows(p, threads)
+
+
 def mask_logits(size_t logits_ptr, long rows, long vocab, long row_stride, size_t bitmask_ptr, long words,
                 size_t logits_rows_ptr, int threads) -> None:
     """logits[logits_rows[r], t] = -inf where bit t of bitmask row r is 0 (int32 words, bit 0

@@ -107,7 +107,7 @@ struct GreedyRows {
 
 __attribute__((always_inline)) static inline long greedy_row_body(const float* logits, long vocab) {
     typedef long long v4q __attribute__((vector_size(32)));
-    v8f top8 = v8f{} - INFINITY;
+    v8f top8 = splat(-INFINITY);
     v8i nan8 = {};
     long j = 0;
     for (; j + 8 <= vocab; j += 8) {
@@ -128,7 +128,7 @@ __attribute__((always_inline)) static inline long greedy_row_body(const float* l
     if (nan)
         for (long k = 0; k < vocab; ++k)
             if (logits[k] != logits[k]) return k;
-    const v8f wanted = v8f{} + top;  // every row has it: -inf when every logit is -inf
+    const v8f wanted = splat(top);  // every row has it: -inf when every logit is -inf
     for (j = 0; j + 8 <= vocab; j += 8) {
         const v4q hit = (v4q)(load8(logits + j) == wanted);
         if (hit[0] | hit[1] | hit[2] | hit[3])

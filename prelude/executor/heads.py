@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.runnable import RunnableModel
-from prelude.executor.sampler import RowMasks, sample
+from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
 from prelude.structured.masks import StepMasks
 
@@ -155,20 +155,12 @@ def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> boo
 def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequence[int],
                      top: int) -> list[TokenLogprob]:
     """Logprob (and rank) of prompt token j+1 given tokens 0..j, for every j, with `top`
-    alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time, one host copy each."""
+    alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time."""
     out: list[TokenLogprob] = []
-    targets_all = torch.tensor(list(token_ids[1:]), device=hidden.device)
-    for lo in range(0, len(targets_all), PROMPT_LOGPROB_CHUNK):
-        targets = targets_all[lo:lo + PROMPT_LOGPROB_CHUNK]
-        logprobs = torch.log_softmax(model.compute_logits(hidden[lo:lo + len(targets)]).float(), dim=-1)
-        chosen = logprobs.gather(1, targets[:, None])
-        ranks = (logprobs >= chosen).sum(dim=1).tolist()  # itself and every token as likely, as vLLM counts
-        alternatives: list[list] = [[] for _ in ranks]
-        if top > 0:
-            values, ids = logprobs.topk(top, dim=-1)
-            alternatives = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
-        out.extend(TokenLogprob(t, lp, alt, r) for t, lp, alt, r in
-                   zip(targets.tolist(), chosen.squeeze(1).tolist(), alternatives, ranks))
+    targets = list(token_ids[1:])
+    for lo in range(0, len(targets), PROMPT_LOGPROB_CHUNK):
+        chunk = targets[lo:lo + PROMPT_LOGPROB_CHUNK]
+        out.extend(token_logprobs(model.compute_logits(hidden[lo:lo + len(chunk)]).float(), chunk, top))
     return out
 
 

@@ -13,10 +13,12 @@ from prelude.structured.masks import apply_token_bitmask
 
 sample_tokens: Callable[..., None] | None
 greedy_tokens: Callable[..., None] | None
+native_logprobs: Callable[..., None] | None
 try:
     from kernels.cpu._native import greedy_tokens, sample_tokens
+    from kernels.cpu._native import token_logprobs as native_logprobs
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    sample_tokens = greedy_tokens = None
+    sample_tokens = greedy_tokens = native_logprobs = None
 
 
 class RowMasks(NamedTuple):
@@ -75,13 +77,16 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
     masks: the grammar masks of the rows that have one."""
     if masks is not None:
         apply_token_bitmask(logits, masks.bitmask, masks.rows)
-    raw_logprobs = None
-    if any(p.logprobs is not None for p in params):
-        # Reported logprobs are the model's own distribution, before any restriction or
-        # temperature (what vLLM reports by default), except a grammar's: as in vLLM, they are
-        # the distribution over the tokens the grammar allows.
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
-    if any(p.restricts_logits for p in params):
+    # Reported logprobs are the model's own distribution, before any restriction or temperature
+    # (what vLLM reports by default), except a grammar's: as in vLLM, they are the distribution
+    # over the tokens the grammar allows. The rows are kept as they are now (a copy, when
+    # restrictions are about to change them in place).
+    reported = [i for i, p in enumerate(params) if p.logprobs is not None]
+    restricts = any(p.restricts_logits for p in params)
+    raw = None
+    if reported:
+        raw = logits if len(reported) == len(params) and not restricts else logits[reported]
+    if restricts:
         restrict_logits(logits, params, steps, histories or [()] * len(params))
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) == len(params):  # the usual batch: every row samples, none needs argmax
@@ -93,11 +98,23 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
             tokens[rows] = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
     token_list = tokens.tolist()
     results = [TokenLogprob(t, 0.0, []) for t in token_list]
-    if raw_logprobs is not None:
-        for i, p in enumerate(params):
-            if p.logprobs is not None:
-                results[i] = token_logprob(raw_logprobs[i], token_list[i], p.logprobs, p.allowed_token_ids)
+    if raw is not None:
+        for i, entry in zip(reported, _reported(raw, [params[i] for i in reported], [token_list[i] for i in reported])):
+            results[i] = entry
     return results
+
+
+def _reported(raw: torch.Tensor, params: Sequence[SamplingParams], tokens: Sequence[int]) -> list[TokenLogprob]:
+    """The sampled tokens' logprobs, one row of `raw` logits each. A row restricted to
+    allowed_token_ids lists the best of those as its alternatives."""
+    out = token_logprobs(raw, tokens, max(p.logprobs or 0 for p in params))
+    for r, p in enumerate(params):
+        top = p.logprobs or 0
+        if p.allowed_token_ids is not None:
+            out[r] = token_logprob(torch.log_softmax(raw[r], dim=-1), tokens[r], top, p.allowed_token_ids)
+        else:
+            del out[r].top[top:]  # the rows share one count, the most any of them asked for
+    return out
 
 
 def _native_rows(logits: torch.Tensor) -> bool:
@@ -163,6 +180,35 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     # they can never be it.
     chosen = torch.searchsorted(cdf, targets[:, None], right=True).squeeze(1)
     return chosen.clamp_(max=logits.shape[-1] - 1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top: int) -> list[TokenLogprob]:
+    """For each row of logits its target token: the token's logprob under the row's
+    log-softmax, its rank (the tokens at least as likely, itself included, as vLLM counts) and
+    the row's `top` most likely tokens (none at -inf). fp32 rows on the CPU go to the native
+    kernel (kernels/cpu/logprobs.hpp), which reads each row two or three times where torch's
+    log_softmax, rank and topk make four passes and two tensors the size of the logits."""
+    rows = len(targets)
+    if native_logprobs is not None and _native_rows(logits):
+        ids, ranks = array("q", targets), array("q", bytes(8 * rows))
+        logprobs, top_ids, top_values = array("f", bytes(4 * rows)), array("q", bytes(8 * rows * top)), \
+            array("f", bytes(4 * rows * top))
+        native_logprobs(logits.data_ptr(), rows, logits.shape[1], logits.stride(0), ids.buffer_info()[0], top,
+                        logprobs.buffer_info()[0], ranks.buffer_info()[0], top_ids.buffer_info()[0],
+                        top_values.buffer_info()[0], torch.get_num_threads())
+        return [TokenLogprob(t, lp, [(top_ids[k], top_values[k]) for k in range(r * top, r * top + top)
+                                     if top_ids[k] >= 0], rank)
+                for r, (t, lp, rank) in enumerate(zip(targets, logprobs, ranks))]
+    all_logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = all_logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])
+    counted = (all_logprobs >= chosen).sum(dim=1).tolist()
+    alternatives: list[list] = [[] for _ in targets]
+    if top > 0:
+        values, best = all_logprobs.topk(top, dim=-1)
+        alternatives = [[(t, v) for t, v in zip(i, vs) if v != float("-inf")]
+                        for i, vs in zip(best.tolist(), values.tolist())]
+    return [TokenLogprob(t, lp, alt, rank)
+            for t, lp, alt, rank in zip(targets, chosen.squeeze(1).tolist(), alternatives, counted)]
 
 
 def token_logprob(logprobs: torch.Tensor, token_id: int, top: int,

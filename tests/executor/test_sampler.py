@@ -154,3 +154,35 @@ def test_grammar_masks_only_their_rows():
     assert [t for t, _ in out[1].top] == [4, 6]  # forbidden tokens are no alternatives
     unconstrained = sample(logits.clone(), [greedy, SamplingParams(temperature=1.0, seed=3)], [0, 0])
     assert out[2].token_id == unconstrained[1].token_id and out[0] == unconstrained[0]
+
+
+def test_native_logprobs_agree_with_torchs_log_softmax_rank_and_topk(monkeypatch):
+    """The native kernel (fp32 on the CPU) against the torch path on the same rows: logprobs
+    within float rounding, the same ranks and the same alternatives (of tied ones, the lower id
+    first)."""
+    if sampler.native_logprobs is None:
+        pytest.skip("kernels.cpu is not built")
+    gen = torch.Generator().manual_seed(5)
+    rows = [torch.randn(4, v, generator=gen) * 3 for v in (5, 8, 13, 1000, 151_936)]
+    edge = torch.randn(3, 300, generator=gen)
+    edge[0, 10:20] = float("-inf")  # masked tokens: no mass, never an alternative
+    edge[1, :] = float("-inf")
+    edge[1, [3, 250]] = torch.tensor([1.0, 2.0])  # two finite logits: fewer alternatives than asked
+    edge[2, [7, 8, 9]] = 4.0  # three tied: the rank counts them all
+    rows.append(edge)
+    rows.append(torch.randn(3, 1007, generator=gen)[:, :1000])  # rows 1007 floats apart
+    for logits in rows:
+        targets = [int(t) for t in torch.randint(0, logits.shape[1], (len(logits),), generator=gen)]
+        if logits is edge:
+            targets = [0, 3, 8]
+        native = sampler.token_logprobs(logits, targets, 5)
+        monkeypatch.setattr(sampler, "native_logprobs", None)
+        reference = sampler.token_logprobs(logits, targets, 5)
+        monkeypatch.undo()
+        for got, want in zip(native, reference):
+            assert got.token_id == want.token_id and got.rank == want.rank
+            assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+            in_order = sorted(want.top, key=lambda entry: (-entry[1], entry[0]))  # torch orders ties as it likes
+            assert [t for t, _ in got.top] == [t for t, _ in in_order]
+            assert [v for _, v in got.top] == pytest.approx([v for _, v in in_order], abs=1e-5)
+    assert native[1].top and len(sampler.token_logprobs(edge, [3, 3, 3], 5)[1].top) == 2
