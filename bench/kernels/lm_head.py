@@ -1,7 +1,8 @@
 """`python -m bench.kernels.lm_head`: the CPU LM head, `hidden @ W.t()` against Prelude's
-native kernel (prelude/model/cpu_linear.py, kernels/cpu/skinny_gemm.hpp), for n = 1..32 rows on a Qwen3-vocabulary
-head, beside what reading and copying the weight costs on this machine. Times are the minimum
-of the repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
+native kernel (prelude/model/cpu_linear.py, kernels/cpu/skinny_gemm.hpp), for the row counts it
+takes (up to cpu_linear.MAX_SKINNY_ROWS: 64 on AVX-512, 32 on AVX2) on a Qwen3-vocabulary head,
+beside what reading and copying the weight costs on this machine. Times are the minimum of the
+repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.kernels.lm_head", description=__doc__)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=512, help="512: the issue's checkpoint B; 1024: Qwen3-0.6B")
-    p.add_argument("--rows", default="1,2,4,8,16,32")
+    p.add_argument("--rows", default="1,2,4,8,16,32,64")
     add_flags(p, "lm_head.json")
     args = p.parse_args(argv)
     if not start(args, built):

@@ -48,6 +48,15 @@ cdef extern from "amx_gemm.hpp" namespace "prelude_cpu" nogil:
     bint has_amx()
 
 
+cdef extern from "simd.hpp" namespace "prelude_cpu" nogil:
+    bint has_avx512f()
+
+
+def wide_vectors() -> bool:
+    """Whether the kernels that have sixteen-lane (AVX-512) variants run them on this CPU."""
+    return has_avx512f()
+
+
 def amx_products() -> bool:
     """Whether the bf16 and int8 products of whole 16-row tiles run on AMX's tiles on this CPU
     (and this process may use them; PRELUDE_CPU_AMX=0 turns them off), kernels/cpu/amx_gemm.hpp."""

@@ -296,14 +296,6 @@ __attribute__((target("avx512f"))) static void prefill_items16(const PrefillAtte
     prefill_items_body<v16f>(a, first, last);
 }
 
-static inline bool has_avx512f() {
-    static const bool has = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f");
-    }();
-    return has;
-}
-
 // Sixteen lanes where the CPU has AVX-512 and the dim takes them whole, else eight.
 static void run_prefill_items(const PrefillAttention& a, long first, long last) {
     if (a.dim % 16 == 0 && has_avx512f()) prefill_items16(a, first, last);

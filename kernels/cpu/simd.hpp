@@ -116,6 +116,18 @@ static inline bool has_avx2_fma() {
 #endif
 }
 
+static inline bool has_avx512f() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f");
+    }();
+    return has;
+#else
+    return false;
+#endif
+}
+
 // From an always_inline body (NAME_body, or BODY), defines NAME_baseline and NAME_avx2 (x86-64
 // only), and run_NAME, which calls the variant this CPU runs (picked once, on its first call).
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -154,6 +154,58 @@ PRELUDE_FORMAT_VARIANTS(dot_rows, dot_rows_body, PRELUDE_ROWS_PARAMS, PRELUDE_RO
 #undef PRELUDE_ROWS_PARAMS
 #undef PRELUDE_ROWS_ARGS
 
+#if defined(__x86_64__) && defined(__GNUC__)
+typedef float v4f __attribute__((vector_size(16)));
+
+// The sums of four vectors, in order: a tree of ten shuffles for the four, where reducing each
+// alone takes four shuffles (each on the port that also runs half the multiply-adds).
+__attribute__((always_inline)) static inline v4f hsum4x16(v16f a, v16f b, v16f c, v16f d) {
+    const v16f ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    const v16f cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+                    __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    // Four partial sums of a, then of b, of c, of d.
+    const v16f q = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+                   __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const v8f e = __builtin_shufflevector(q, q, 0, 1, 4, 5, 8, 9, 12, 13) +
+                  __builtin_shufflevector(q, q, 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(e, e, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7);
+}
+
+// An fp32 weight by rows against more than kStreamRows rows on AVX-512: four weight rows by four
+// rows of x, sixteen floats a step, in sixteen of the thirty-two vector registers. The eight-lane
+// tile above computes at half the width, and past about sixteen rows MKL's GEMM beat it on an
+// AVX-512 machine (`python -m bench.kernels.lm_head`). hidden must be a multiple of 16.
+__attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, long n, const float* w, long hidden,
+                                                              float* out, long vocab, long v_begin, long v_end) {
+    long v = v_begin;
+    for (; v + 4 <= v_end; v += 4) {
+        const float* rows[4] = {w + v * hidden, w + (v + 1) * hidden, w + (v + 2) * hidden, w + (v + 3) * hidden};
+        const char* next = (const char*)(rows[3] + hidden);  // the next four rows, fetched by the first tile
+        for (long i = 0; i < n; i += 4) {
+            const float* xs[4];
+            for (int r = 0; r < 4; ++r) xs[r] = x + (i + r < n ? i + r : n - 1) * hidden;  // a short tile repeats
+            v16f acc[4][4] = {};
+            for (long h = 0; h < hidden; h += 16) {
+                if (i == 0)
+                    for (long line = 0; line < 256; line += 64) __builtin_prefetch(next + h * 16 + line);
+                v16f wv[4];
+                for (int c = 0; c < 4; ++c) wv[c] = load_lanes<v16f>(rows[c] + h);
+                for (int r = 0; r < 4; ++r) {
+                    const v16f xv = load_lanes<v16f>(xs[r] + h);
+                    for (int c = 0; c < 4; ++c) acc[r][c] += wv[c] * xv;
+                }
+            }
+            for (int r = 0; r < 4 && i + r < n; ++r) {
+                const v4f sums = hsum4x16(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+                std::memcpy(out + (i + r) * vocab + v, &sums, sizeof(sums));
+            }
+        }
+    }
+    if (v < v_end) run_dot_rows_f32(x, n, w, nullptr, hidden, out, vocab, v, v_end);
+}
+#endif
+
 // `w`: a weight by rows. hidden must be a multiple of 8 (the caller checks). The vocabulary is
 // split into up to `threads` ranges of whole four-row groups (one for a small weight).
 static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, float* out, long vocab, int threads) {
@@ -162,6 +214,10 @@ static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, fl
         if (n <= kStreamRows)
             by_format(w.format, run_stream_rows_f32, run_stream_rows_bf16, run_stream_rows_i8, x, n, w.data, w.scales,
                       hidden, out, vocab, begin, end);
+#if defined(__x86_64__) && defined(__GNUC__)
+        else if (w.format == kF32 && hidden % 16 == 0 && has_avx512f())
+            dot_rows16_f32(x, n, static_cast<const float*>(w.data), hidden, out, vocab, begin, end);
+#endif
         else
             by_format(w.format, run_dot_rows_f32, run_dot_rows_bf16, run_dot_rows_i8, x, n, w.data, w.scales, hidden,
                       out, vocab, begin, end);

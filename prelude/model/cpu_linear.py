@@ -34,8 +34,10 @@ except ImportError:  # the extension is not built (a source checkout before `pip
     _native = None  # type: ignore[assignment]
 
 built = _native is not None
-# A weight by rows in fp32 (an LM head): past this many rows the product goes to torch's GEMM.
-MAX_SKINNY_ROWS = 32
+# A weight by rows in fp32 (an LM head): past this many rows the product goes to torch's GEMM,
+# which is faster there (`python -m bench.kernels.lm_head`): 64 where the by-rows kernel runs
+# sixteen lanes (AVX-512; 0.84-0.93x MKL's time from 32 to 64 rows, 1.03-1.08x beyond), 32 on eight.
+MAX_SKINNY_ROWS = 64 if _native is not None and _native.wide_vectors() else 32
 
 # Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
 # which a by-rows weight's rows must hold whole).
