@@ -6,12 +6,13 @@
 // rows of x four at a time, and a software prefetch of the weight 8 KB ahead into L2: faster
 // than interleaving four weight rows, whose compute stops overlapping its memory reads once the
 // hardware prefetcher falls behind (`python -m bench.kernels.lm_head`). Past that, compute
-// dominates and the 4x2 register tile below does better; an fp32 weight on AVX-512 goes to the
-// sixteen-lane 4x4 tile past kWideStreamRows.
+// dominates and the 4x2 register tile below does better; an fp32 or bf16 weight on AVX-512 goes
+// to the sixteen-lane 4x4 tile past kWideStreamRows.
 //
 // The weight may be fp32, bf16 or int8 (weights.hpp); an int8 row's sums are scaled once at the end.
 #pragma once
 #include <type_traits>
+#include <vector>
 
 #include "simd.hpp"
 #include "team.hpp"
@@ -20,9 +21,9 @@
 namespace prelude_cpu {
 
 constexpr long kStreamRows = 8;
-// Where the sixteen-lane tile below runs (an fp32 weight on AVX-512), it is faster than the
-// stream from five rows on: 14.3 against 15.8-17.2 ms on Qwen3's head at five, 14.7 against
-// 16.8-17.6 at eight (`python -m bench.kernels.lm_head`).
+// Where the sixteen-lane tile below runs (an fp32 or bf16 weight on AVX-512), it is faster than
+// the stream from five rows on: on Qwen3's head at five rows 14.3 against 15.8-17.2 ms in fp32,
+// 7.4-10.0 against 9.9-11.2 in bf16 (`python -m bench.kernels.lm_head`).
 constexpr long kWideStreamRows = 4;
 
 // Output v's sum, scaled for an int8 weight.
@@ -177,29 +178,75 @@ __attribute__((always_inline)) static inline v4f hsum4x16(v16f a, v16f b, v16f c
     return __builtin_shufflevector(e, e, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7);
 }
 
-// An fp32 weight by rows against more than kStreamRows rows on AVX-512: four weight rows by four
-// rows of x, sixteen floats a step, in sixteen of the thirty-two vector registers. The eight-lane
-// tile above computes at half the width, and past about sixteen rows MKL's GEMM beat it on an
-// AVX-512 machine (`python -m bench.kernels.lm_head`). hidden must be a multiple of 16.
-__attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, long n, const float* w, long hidden,
-                                                              float* out, long vocab, long v_begin, long v_end) {
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+// A weight row's elements for the sixteen-lane tile: kElems of them as kVectors vectors, in the
+// order x16 (below) lays x out in. fp32: sixteen in order. bf16: two interleaved groups
+// (weights.hpp), whose 16 lanes widen to elements 0-7 and 16-23 (low halves), then 8-15 and 24-31.
+template <typename T>
+struct Wide16;
+
+template <>
+struct Wide16<float> {
+    static constexpr long kElems = 16, kVectors = 1;
+    __attribute__((always_inline)) static inline void load(const float* p, v16f* v) { v[0] = load_lanes<v16f>(p); }
+};
+
+template <>
+struct Wide16<bf16> {
+    static constexpr long kElems = 32, kVectors = 2;
+    __attribute__((always_inline)) static inline void load(const bf16* p, v16f* v) {
+        v16i lanes;
+        std::memcpy(&lanes, p, sizeof(lanes));
+        const v16i low = lanes << 16, high = lanes & (v16i{} - 65536);
+        std::memcpy(&v[0], &low, sizeof(low));
+        std::memcpy(&v[1], &high, sizeof(high));
+    }
+};
+
+// x's rows in the order Wide16<bf16> widens a weight row's elements in (fp32 weights take x as it is).
+static std::vector<float> x16_bf16(const float* x, long n, long hidden) {
+    std::vector<float> out(n * hidden);
+    for (long at = 0; at < n * hidden; at += 32)
+        for (long k = 0; k < 8; ++k) {
+            out[at + k] = x[at + k];
+            out[at + 8 + k] = x[at + 16 + k];
+            out[at + 16 + k] = x[at + 8 + k];
+            out[at + 24 + k] = x[at + 24 + k];
+        }
+    return out;
+}
+
+// A weight by rows (fp32, or bf16 widened) against more than kWideStreamRows rows on AVX-512:
+// four weight rows by four rows of x, sixteen lanes a vector, sixteen of the thirty-two vector
+// registers accumulating. The eight-lane tile above computes at half the width, and past about
+// sixteen rows MKL's GEMM beat it on an AVX-512 machine (`python -m bench.kernels.lm_head`).
+// x16: x in Wide16<T>'s order; x itself goes to the eight-lane tile with the last rows of a range
+// that are not four. hidden must be a multiple of Wide16<T>::kElems.
+template <typename T>
+__attribute__((always_inline)) static inline void dot_rows16_body(const float* x, const float* x16, long n,
+                                                                  const T* w, long hidden, float* out, long vocab,
+                                                                  long v_begin, long v_end) {
+    constexpr long kElems = Wide16<T>::kElems, kVectors = Wide16<T>::kVectors;
     long v = v_begin;
     for (; v + 4 <= v_end; v += 4) {
-        const float* rows[4] = {w + v * hidden, w + (v + 1) * hidden, w + (v + 2) * hidden, w + (v + 3) * hidden};
+        const T* rows[4] = {w + v * hidden, w + (v + 1) * hidden, w + (v + 2) * hidden, w + (v + 3) * hidden};
         const char* next = (const char*)(rows[3] + hidden);  // the next four rows, fetched by the first tile
         for (long i = 0; i < n; i += 4) {
             const float* xs[4];
-            for (int r = 0; r < 4; ++r) xs[r] = x + (i + r < n ? i + r : n - 1) * hidden;  // a short tile repeats
+            for (int r = 0; r < 4; ++r) xs[r] = x16 + (i + r < n ? i + r : n - 1) * hidden;  // a short tile repeats
             v16f acc[4][4] = {};
-            for (long h = 0; h < hidden; h += 16) {
-                if (i == 0)
-                    for (long line = 0; line < 256; line += 64) __builtin_prefetch(next + h * 16 + line);
-                v16f wv[4];
-                for (int c = 0; c < 4; ++c) wv[c] = load_lanes<v16f>(rows[c] + h);
-                for (int r = 0; r < 4; ++r) {
-                    const v16f xv = load_lanes<v16f>(xs[r] + h);
-                    for (int c = 0; c < 4; ++c) acc[r][c] += wv[c] * xv;
-                }
+            for (long h = 0; h < hidden; h += kElems) {
+                if (i == 0)  // four rows' bytes of this step: 256 for either format
+                    for (long line = 0; line < 4 * kElems * (long)sizeof(T); line += 64)
+                        __builtin_prefetch(next + 4 * h * (long)sizeof(T) + line);
+                v16f wv[4][kVectors];
+                for (int c = 0; c < 4; ++c) Wide16<T>::load(rows[c] + h, wv[c]);
+                for (int r = 0; r < 4; ++r)
+                    for (long g = 0; g < kVectors; ++g) {
+                        const v16f xv = load_lanes<v16f>(xs[r] + h + 16 * g);
+                        for (int c = 0; c < 4; ++c) acc[r][c] += wv[c][g] * xv;
+                    }
             }
             for (int r = 0; r < 4 && i + r < n; ++r) {
                 const v4f sums = hsum4x16(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
@@ -207,7 +254,26 @@ __attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, lo
             }
         }
     }
-    if (v < v_end) run_dot_rows_f32(x, n, w, nullptr, hidden, out, vocab, v, v_end);
+    if (v < v_end)
+        by_format(std::is_same<T, float>::value ? kF32 : kBF16, run_dot_rows_f32, run_dot_rows_bf16, run_dot_rows_i8,
+                  x, n, static_cast<const void*>(w), nullptr, hidden, out, vocab, v, v_end);
+}
+
+__attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, const float* x16, long n,
+                                                              const float* w, long hidden, float* out, long vocab,
+                                                              long v_begin, long v_end) {
+    dot_rows16_body<float>(x, x16, n, w, hidden, out, vocab, v_begin, v_end);
+}
+
+__attribute__((target("avx512f"))) static void dot_rows16_bf16(const float* x, const float* x16, long n,
+                                                               const bf16* w, long hidden, float* out, long vocab,
+                                                               long v_begin, long v_end) {
+    dot_rows16_body<bf16>(x, x16, n, w, hidden, out, vocab, v_begin, v_end);
+}
+
+// Whether the sixteen-lane tile takes a weight of this format and row length on this CPU.
+static inline bool wide_rows(long format, long hidden) {
+    return ((format == kF32 && hidden % 16 == 0) || (format == kBF16 && hidden % 32 == 0)) && has_avx512f();
 }
 #endif
 
@@ -215,14 +281,22 @@ __attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, lo
 // split into up to `threads` ranges of whole four-row groups (one for a small weight).
 static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, float* out, long vocab, int threads) {
     const long floats = vocab * hidden * format_bytes(w.format) / 4;
-    const bool wide = w.format == kF32 && hidden % 16 == 0 && has_avx512f();
+#if defined(__x86_64__) && defined(__GNUC__)
+    const bool wide = wide_rows(w.format, hidden);
+    std::vector<float> x16;  // x in a bf16 weight's widened order (wide_rows only)
+    if (wide && n > kWideStreamRows && w.format == kBF16) x16 = x16_bf16(x, n, hidden);
+#else
+    const bool wide = false;
+#endif
     parallel_ranges(vocab, threads_worth(floats, threads), 4, [&](long begin, long end) {
         if (n <= (wide ? kWideStreamRows : kStreamRows))
             by_format(w.format, run_stream_rows_f32, run_stream_rows_bf16, run_stream_rows_i8, x, n, w.data, w.scales,
                       hidden, out, vocab, begin, end);
 #if defined(__x86_64__) && defined(__GNUC__)
+        else if (wide && w.format == kF32)
+            dot_rows16_f32(x, x, n, static_cast<const float*>(w.data), hidden, out, vocab, begin, end);
         else if (wide)
-            dot_rows16_f32(x, n, static_cast<const float*>(w.data), hidden, out, vocab, begin, end);
+            dot_rows16_bf16(x, x16.data(), n, static_cast<const bf16*>(w.data), hidden, out, vocab, begin, end);
 #endif
         else
             by_format(w.format, run_dot_rows_f32, run_dot_rows_bf16, run_dot_rows_i8, x, n, w.data, w.scales, hidden,
