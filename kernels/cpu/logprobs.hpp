@@ -32,15 +32,8 @@ __attribute__((always_inline)) static inline void logprob_row_body(const Logprob
                                                                     std::vector<long>& best_ids) {
     const float* x = p.logits + r * p.row_stride;
     const long vocab = p.vocab;
-    v8f max8 = splat(-INFINITY);
-    long j = 0;
-    for (; j + 8 <= vocab; j += 8) {
-        const v8f v = load8(x + j);
-        max8 = v > max8 ? v : max8;
-    }
-    float top = -INFINITY;
-    for (long k = 0; k < 8; ++k) top = max8[k] > top ? max8[k] : top;
-    for (long k = j; k < vocab; ++k) top = x[k] > top ? x[k] : top;
+    const float top = max_of(x, vocab);
+    long j;
 
     // The sum runs in float within blocks of 512 entries and in double across them: a float
     // total over a whole row drifts by 1e-5 of itself (a 152K vocabulary), as much in its log.

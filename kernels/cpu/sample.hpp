@@ -29,15 +29,8 @@ struct SampleRows {
 __attribute__((always_inline)) static inline void sample_row_body(const float* logits, long vocab, float inv_t,
                                                                    double u, long* out, std::vector<float>& mass,
                                                                    std::vector<double>& block_sums) {
-    v8f top8 = v8f{} - INFINITY;
-    long j = 0;
-    for (; j + 8 <= vocab; j += 8) {
-        const v8f x = load8(logits + j);
-        top8 = x > top8 ? x : top8;
-    }
-    float top = -INFINITY;
-    for (long k = 0; k < 8; ++k) top = top8[k] > top ? top8[k] : top;
-    for (; j < vocab; ++j) top = logits[j] > top ? logits[j] : top;
+    const float top = max_of(logits, vocab);
+    long j;
     mass.resize(vocab);
     const long blocks = (vocab + kBlock - 1) / kBlock;
     block_sums.resize(blocks);

@@ -4,6 +4,7 @@
 // (GCC's target_clones("arch=...") dispatches on the CPU model, not its features, and chose the
 // baseline on AMD machines: five times slower.)
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -52,6 +53,20 @@ __attribute__((always_inline)) static inline void store8(float* p, v8f v) { stor
 
 __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// The largest of n floats (a NaN is passed over; -inf for none): a logits row's maximum.
+__attribute__((always_inline)) static inline float max_of(const float* x, long n) {
+    v8f top8 = splat(-INFINITY);
+    long j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const v8f v = load8(x + j);
+        top8 = v > top8 ? v : top8;
+    }
+    float top = -INFINITY;
+    for (long k = 0; k < 8; ++k) top = top8[k] > top ? top8[k] : top;
+    for (; j < n; ++j) top = x[j] > top ? x[j] : top;
+    return top;
 }
 
 // e^x for each lane of a float vector (eight, or sixteen in an AVX-512 kernel), within 2 ulp of expf over [-87, 88] (softmax arguments are <= 0): x =
