@@ -76,10 +76,8 @@ __attribute__((always_inline)) static inline void logprob_row_body(const Logprob
         best_ids[at] = k;
         last = best[p.top - 1];
     };
-    typedef long long v4q __attribute__((vector_size(32)));
     for (j = 0; j + 8 <= vocab; j += 8) {
-        const v4q above = (v4q)(load8(x + j) > splat(last));
-        if (above[0] | above[1] | above[2] | above[3])
+        if (any_lane(load8(x + j) > splat(last)))
             for (long k = j; k < j + 8; ++k)
                 if (x[k] > last) offer(k);
     }

@@ -99,7 +99,6 @@ struct GreedyRows {
 };
 
 __attribute__((always_inline)) static inline long greedy_row_body(const float* logits, long vocab) {
-    typedef long long v4q __attribute__((vector_size(32)));
     v8f top8 = splat(-INFINITY);
     v8i nan8 = {};
     long j = 0;
@@ -123,8 +122,7 @@ __attribute__((always_inline)) static inline long greedy_row_body(const float* l
             if (logits[k] != logits[k]) return k;
     const v8f wanted = splat(top);  // every row has it: -inf when every logit is -inf
     for (j = 0; j + 8 <= vocab; j += 8) {
-        const v4q hit = (v4q)(load8(logits + j) == wanted);
-        if (hit[0] | hit[1] | hit[2] | hit[3])
+        if (any_lane(load8(logits + j) == wanted))
             for (long k = j;; ++k)
                 if (logits[k] == top) return k;
     }

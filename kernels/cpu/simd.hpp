@@ -55,6 +55,13 @@ __attribute__((always_inline)) static inline float hsum(v8f v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+// Whether any lane of an eight-lane comparison's mask is set (as four 64-bit words: one test).
+__attribute__((always_inline)) static inline bool any_lane(v8i mask) {
+    typedef long long v4q __attribute__((vector_size(32)));
+    const v4q words = (v4q)mask;
+    return words[0] | words[1] | words[2] | words[3];
+}
+
 // The largest of n floats (a NaN is passed over; -inf for none): a logits row's maximum.
 __attribute__((always_inline)) static inline float max_of(const float* x, long n) {
     v8f top8 = splat(-INFINITY);

@@ -178,8 +178,6 @@ __attribute__((always_inline)) static inline v4f hsum4x16(v16f a, v16f b, v16f c
     return __builtin_shufflevector(e, e, 0, 2, 4, 6) + __builtin_shufflevector(e, e, 1, 3, 5, 7);
 }
 
-typedef int32_t v16i __attribute__((vector_size(64)));
-
 // A weight row's elements for the sixteen-lane tile: kElems of them as kVectors vectors, in the
 // order x16 (below) lays x out in. fp32: sixteen in order. bf16: two interleaved groups
 // (weights.hpp), whose 16 lanes widen to elements 0-7 and 16-23 (low halves), then 8-15 and 24-31.
@@ -195,13 +193,7 @@ struct Wide16<float> {
 template <>
 struct Wide16<bf16> {
     static constexpr long kElems = 32, kVectors = 2;
-    __attribute__((always_inline)) static inline void load(const bf16* p, v16f* v) {
-        v16i lanes;
-        std::memcpy(&lanes, p, sizeof(lanes));
-        const v16i low = lanes << 16, high = lanes & (v16i{} - 65536);
-        std::memcpy(&v[0], &low, sizeof(low));
-        std::memcpy(&v[1], &high, sizeof(high));
-    }
+    __attribute__((always_inline)) static inline void load(const bf16* p, v16f* v) { widen_bf16_pairs(p, v); }
 };
 
 // x's rows in the order Wide16<bf16> widens a weight row's elements in (fp32 weights take x as it is).

@@ -55,16 +55,23 @@ struct Widen<float> {
     }
 };
 
+// Interleaved bf16 pairs widened to floats, a vector of F's lanes at a time: each 32-bit lane
+// holds one element in its low half and another in its high half (the interleave above); v[0]
+// gets the low halves' elements, v[1] the high halves'.
+template <typename F>
+__attribute__((always_inline)) static inline void widen_bf16_pairs(const bf16* p, F* v) {
+    using I = decltype(v[0] < v[0]);  // the int32 vector of the same lanes
+    I lanes;
+    std::memcpy(&lanes, p, sizeof(lanes));
+    const I low = lanes << 16, high = lanes & (I{} - 65536);
+    std::memcpy(&v[0], &low, sizeof(low));
+    std::memcpy(&v[1], &high, sizeof(high));
+}
+
 template <>
 struct Widen<bf16> {
     static constexpr long kElems = 16;
-    __attribute__((always_inline)) static inline void load(const bf16* p, v8f* v) {
-        v8i lanes;
-        std::memcpy(&lanes, p, sizeof(lanes));
-        const v8i low = lanes << 16, high = lanes & (v8i{} - 65536);
-        std::memcpy(&v[0], &low, sizeof(low));
-        std::memcpy(&v[1], &high, sizeof(high));
-    }
+    __attribute__((always_inline)) static inline void load(const bf16* p, v8f* v) { widen_bf16_pairs(p, v); }
 };
 
 template <>
