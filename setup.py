@@ -7,8 +7,8 @@ from setuptools import Extension, setup
 
 
 def cython_extensions(package_dir: str) -> list[Extension]:
-    """One C++17 extension per .pyx of the package, rebuilt when one of its headers (.hpp, .pxd)
-    changes.
+    """One C++17 extension per .pyx of the package, rebuilt when one of its headers or included
+    binding files (.hpp, .pxd, .pxi) changes.
     -pthread: fasttoken's batch encode and the CPU kernels' row ranges run on std::threads. No
     -march: the kernels carry a baseline and an AVX2+FMA variant and pick one at run time."""
     return [
@@ -17,7 +17,8 @@ def cython_extensions(package_dir: str) -> list[Extension]:
             [source],
             language="c++",
             include_dirs=[package_dir],
-            depends=sorted(glob(f"{package_dir}/*.hpp") + glob(f"{package_dir}/*.pxd")),
+            depends=sorted(glob(f"{package_dir}/*.hpp") + glob(f"{package_dir}/*.pxd")
+                           + glob(f"{package_dir}/*.pxi")),
             extra_compile_args=["-O3", "-std=c++17", "-pthread"],
             extra_link_args=["-pthread"],
         )

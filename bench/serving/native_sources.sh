@@ -4,4 +4,4 @@
 cd "${1:-$(dirname "$0")/../..}"
 export LC_ALL=C  # the same glob order on every machine
 cat setup.py prelude/_fasttoken/*.pyx prelude/_fasttoken/*.pxd prelude/_fasttoken/*.hpp kernels/cpu/*.pyx \
-  kernels/cpu/*.hpp 2>/dev/null | sha256sum | cut -c1-16
+  kernels/cpu/*.pxi kernels/cpu/*.hpp 2>/dev/null | sha256sum | cut -c1-16
