@@ -183,7 +183,8 @@ def test_links_between_the_docs_resolve():
 def servers(demo_model, tmp_path_factory):
     classifier = tmp_path_factory.mktemp("demo-classifier")
     build_demo_classifier(demo_model, classifier)
-    with ServerThread(Config(model=str(demo_model))) as lm:
+    # served under the default demo's name, which the docs' URLs use
+    with ServerThread(Config(model=str(demo_model), served_model_name="prelude-demo")) as lm:
         with ServerThread(Config(model=str(classifier))) as cls:
             yield {"lm": lm, "classifier": cls}
 

@@ -121,11 +121,15 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
     # When the model was loaded, as vLLM reports it (0 read as 1970 in clients that show it).
     loaded_at = int(time.time())
 
-    async def models(_: HTTPRequest) -> Response:
-        return json_response({"object": "list", "data": [{
-            "id": served.name, "object": "model", "created": loaded_at, "owned_by": "prelude",
+    card = {"id": served.name, "object": "model", "created": loaded_at, "owned_by": "prelude",
             "root": str(served.path), "parent": None, "max_model_len": served.max_model_len,
-            "capabilities": served.capabilities}]})
+            "capabilities": served.capabilities}
+
+    async def models(_: HTTPRequest) -> Response:
+        return json_response({"object": "list", "data": [card]})
+
+    async def model_card(_: HTTPRequest) -> Response:  # OpenAI's GET /v1/models/{id} (models.retrieve)
+        return json_response(card)
 
     # SGLang's worker discovery (sglang-router asks for it): the model's id, and where its
     # tokenizer lives, so a cache-aware router tokenizes as the worker does.
@@ -204,6 +208,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         Route("/metrics", metrics_endpoint, ("GET",)),
         Route("/reset_prefix_cache", reset_prefix_cache, ("POST",)),
         Route("/v1/models", models, ("GET",)),
+        Route(f"/v1/models/{served.name}", model_card, ("GET",)),  # another id: 404
         *work,
         Route("/tokenize", tokenize, ("POST",)),
         Route("/detokenize", detokenize, ("POST",)),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 @pytest.fixture(scope="module")
@@ -15,6 +16,9 @@ def test_health_and_models(server, client):
     assert [m.id for m in models] == [server.served.name]
     # vLLM's fields: created when the model was loaded (it said 0, shown as 1970), and parent
     assert models[0].created > 1_700_000_000 and models[0].model_extra["parent"] is None
+    assert client.models.retrieve(server.served.name) == models[0]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("another-model")
 
 
 def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
