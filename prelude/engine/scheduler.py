@@ -20,36 +20,28 @@ request ends; the engine does, and calls `release`.
 """
 from __future__ import annotations
 
-import enum
 import time
 from typing import Callable
 
-from prelude.cache.block_pool import BlockKey, BlockPool
-from prelude.contract.batch import (
-    BatchResult,
-    DecodeBatch,
-    ForwardBatch,
-    MixedBatch,
-    OneShotBatch,
-    PrefillRow,
-)
+from prelude.cache.block_pool import BlockPool
+from prelude.contract.batch import BatchResult, DecodeBatch
+from prelude.engine.cost_model import StepCostModel
 from prelude.engine.decode_planner import DecodePlanner
 from prelude.engine.oneshot_planner import OneShotPlanner
 from prelude.engine.plan import (
     MIN_PROMPT_CHUNK,
-    PlannedOneShot,
-    SchedulerStats,
     ScheduledStep,
+    SchedulerStats,
     Skip,
     StepBudget,
     StepEvent,
 )
-from prelude.engine.cost_model import StepCostModel
 from prelude.engine.policy import QueuePolicy, make_policy
 from prelude.engine.preemption import STREAM_GAP_S, PreemptionPolicy
 from prelude.engine.prefix_sharing import PrefixSharing
 from prelude.engine.request import ExecutionClass, Request
 from prelude.engine.scheduler_config import SchedulerConfig
+from prelude.engine.tick import Offer, Tick
 from prelude.engine.work import OneShotJob, Sequence, Work, WorkStatus
 
 
@@ -167,16 +159,16 @@ class Scheduler:
                 offer = self._offer_oneshot(tick, work, tokens)
             else:
                 offer = self._offer_sequence(tick, work)
-            if offer is _Offer.STOP:
+            if offer is Offer.STOP:
                 break
-            if offer is _Offer.TAKEN:
+            if offer is Offer.TAKEN:
                 tick.take(work, tokens)
         self.waiting.remove_many(tick.admitted)
         if tick.alone and not tick.rows:  # the held row went away meanwhile (aborted): a usual step
             return self._schedule(None)
         return tick.step(self.decode)
 
-    def _start_tick(self, short_tokens: int | None) -> _Tick:
+    def _start_tick(self, short_tokens: int | None) -> Tick:
         """The tick's budget and its running work: the running sequences' decodes and prompt
         chunks, none when the previous tick held a row apart (this one is that row's)."""
         short = short_tokens is not None
@@ -192,47 +184,47 @@ class Scheduler:
         chunks = [] if alone else self.decode.prefill_chunks(budget, decodes)
         # With layer preemption, short and long work go in separate steps (not beside streams).
         apart = self.preemption.apart if not short and not (decodes or chunks) else None
-        return _Tick(now, budget, short, alone, decodes, chunks, apart)
+        return Tick(now, budget, short, alone, decodes, chunks, apart)
 
-    def _offer_oneshot(self, tick: _Tick, work: OneShotJob, tokens: int) -> _Offer:
+    def _offer_oneshot(self, tick: Tick, work: OneShotJob, tokens: int) -> Offer:
         """Plans a waiting OneShot row of `tokens` to compute into the tick, or says why not."""
         if tick.beside_streams and self.preemption.stalls_streams(tokens):
             self._held_apart = True
-            return _Offer.PASS
+            return Offer.PASS
         planned = self.oneshot.plan(work, tick.budget, tick.pending)
         if planned is Skip.NO_ROOM:
             if tick.short:
-                return _Offer.PASS  # a step of short work looks past what does not fit
+                return Offer.PASS  # a step of short work looks past what does not fit
             if tick.only_streams_in_way:
                 self._held_apart = True
-            return _Offer.STOP  # the step's token / temporary-memory budget is spent
+            return Offer.STOP  # the step's token / temporary-memory budget is spent
         if planned is Skip.DEFERRED:
-            return _Offer.PASS
+            return Offer.PASS
         tick.oneshots.append(planned)
         tick.rows.append(self.oneshot.row(planned))
         work.status = WorkStatus.RUNNING
         computed = len(tick.rows[-1].token_ids)  # the uncached ones
         if self.preemption.preemptible(computed):
             tick.long_tokens = max(tick.long_tokens, computed)
-        return _Offer.TAKEN
+        return Offer.TAKEN
 
-    def _offer_sequence(self, tick: _Tick, work: Sequence) -> _Offer:
+    def _offer_sequence(self, tick: Tick, work: Sequence) -> Offer:
         """Admits a waiting Decode sequence's first prompt chunk into the tick, or says why not."""
         if tick.decode_full or (tick.alone and not work.request.needs_every_position):
-            return _Offer.PASS
+            return Offer.PASS
         row = self.decode.admit(work, tick.budget, tick.pending)
         if row is Skip.DEFERRED:
-            return _Offer.PASS
+            return Offer.PASS
         if row is Skip.NO_ROOM:
             # Out of sequence slots or blocks: later Decode requests wait their turn, but OneShot
             # work behind it needs neither and is still admitted.
             if tick.only_streams_in_way and not tick.short and self.decode.fits_alone(work, tick.budget):
                 self._held_apart = True
             tick.decode_full = True
-            return _Offer.PASS
+            return Offer.PASS
         tick.prefills.append((work, len(row.token_ids)))
         tick.rows.append(row)
-        return _Offer.TAKEN
+        return Offer.TAKEN
 
     def plan_ahead(self, in_flight: ScheduledStep) -> ScheduledStep | None:
         """The step to run right after `in_flight`, planned while it runs, when that is a step of
@@ -286,60 +278,3 @@ class Scheduler:
                 self.release(seq)
                 failed.append(seq)
         return step._replace(oneshots=oneshots), failed
-
-
-class _Offer(enum.Enum):
-    """What became of one waiting piece offered to the tick."""
-    TAKEN = "taken"  # its row is in the step
-    PASS = "pass"  # not this tick; later pieces are still offered
-    STOP = "stop"  # the step is full: no later piece is offered
-
-
-class _Tick:
-    """What one tick has planned so far."""
-
-    def __init__(self, now: float, budget: StepBudget, short: bool, alone: bool, decodes: list[Sequence],
-                 chunks: list[tuple[Sequence, PrefillRow]],
-                 apart: Callable[[bool, int, int, int], bool] | None):
-        self.now = now
-        self.budget = budget
-        self.short = short  # a short step, run while a long one is parked
-        self.alone = alone  # the row held apart last tick: no decodes, no prompt chunks
-        self.decodes = decodes
-        self.chunks = chunks
-        self.beside_streams = bool(decodes or chunks)
-        self.apart = apart  # layer preemption's split of short from long work, when it applies
-        self.prefills: list[tuple[Sequence, int]] = [(seq, len(row.token_ids)) for seq, row in chunks]
-        self.rows: list[PrefillRow] = [row for _, row in chunks]
-        self.oneshots: list[PlannedOneShot] = []
-        self.pending: set[BlockKey] = set()  # first uncached block of each prefix computed this tick
-        self.admitted: list[Work] = []
-        self.decode_full = False  # no more Decode admissions this tick; OneShot work can still go
-        self.long_tokens = 0  # the longest preemptible OneShot row planned
-        self.shortest = 0  # the fewest tokens of waiting work admitted (0: none yet)
-
-    @property
-    def only_streams_in_way(self) -> bool:
-        """Running streams' decodes or chunks are in the step and nothing waiting was admitted: a
-        row refused now is held apart, to get the next tick without them."""
-        return self.beside_streams and len(self.rows) == len(self.chunks)
-
-    def take(self, work: Work, tokens: int) -> None:
-        """`work`, of `tokens` to compute when offered, is in the step."""
-        self.shortest = min(self.shortest, tokens) if self.shortest else tokens
-        if work.first_scheduled is None:
-            work.first_scheduled = self.now
-        self.admitted.append(work)
-
-    def step(self, decode: DecodePlanner) -> ScheduledStep | None:
-        if not self.rows and not self.decodes:
-            return None
-        decoding_rows = [decode.decode_row(s) for s in self.decodes]
-        batch: ForwardBatch
-        if not self.rows:
-            batch = DecodeBatch(decoding_rows)
-        elif not decoding_rows and not self.prefills:
-            batch = OneShotBatch(self.rows)
-        else:
-            batch = MixedBatch(self.rows, decoding_rows)
-        return ScheduledStep(batch, self.oneshots, self.prefills, self.decodes)
