@@ -56,6 +56,19 @@ __attribute__((always_inline)) static inline void dot_tail(const T* row, const f
             for (int i = 0; i < N; ++i) acc[i * 2] += load8(row + hidden - 8) * load8(xs[i] + hidden - 8);
 }
 
+// Weight row v against N consecutive rows of x in one pass (two accumulators per row of x, each
+// row's sums in the same order whatever N is): out[r * vocab + v] for r < N.
+template <typename T, int N>
+__attribute__((always_inline)) static inline void stream_dot(const T* row, const float* x, long hidden, float* out,
+                                                             long vocab, long v, const float* scales) {
+    const float* xs[N];
+    for (int r = 0; r < N; ++r) xs[r] = x + r * hidden;
+    v8f acc[2 * N] = {};
+    dot_groups<T, N>(row, xs, 0, hidden, acc);
+    dot_tail<T, N>(row, xs, hidden, acc);
+    for (int r = 0; r < N; ++r) out[r * vocab + v] = scaled<T>(hsum(acc[2 * r] + acc[2 * r + 1]), scales, v);
+}
+
 template <typename T>
 __attribute__((always_inline)) static inline void stream_rows_body(const float* x, long n, const void* weight,
                                                                    const float* scales, long hidden, float* out,
@@ -67,19 +80,13 @@ __attribute__((always_inline)) static inline void stream_rows_body(const float* 
         const char* ahead = (const char*)row + kPrefetchAheadBytes;
         for (long b = 0; b < hidden * (long)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 1);
         long i = 0;
-        for (; i + 4 <= n; i += 4) {
-            const float* xs[4] = {x + i * hidden, x + (i + 1) * hidden, x + (i + 2) * hidden, x + (i + 3) * hidden};
-            v8f acc[8] = {};
-            dot_groups<T, 4>(row, xs, 0, hidden, acc);
-            dot_tail<T, 4>(row, xs, hidden, acc);
-            for (int r = 0; r < 4; ++r) out[(i + r) * vocab + v] = scaled<T>(hsum(acc[2 * r] + acc[2 * r + 1]), scales, v);
-        }
-        for (; i < n; ++i) {
-            const float* xs[1] = {x + i * hidden};
-            v8f acc[2] = {};
-            dot_groups<T, 1>(row, xs, 0, hidden, acc);
-            dot_tail<T, 1>(row, xs, hidden, acc);
-            out[i * vocab + v] = scaled<T>(hsum(acc[0] + acc[1]), scales, v);
+        for (; i + 4 <= n; i += 4) stream_dot<T, 4>(row, x + i * hidden, hidden, out + i * vocab, vocab, v, scales);
+        // The last one to three rows in one pass too: a pass per row of x made the chains of
+        // dependent sums outlast the weight's stream.
+        switch (n - i) {
+            case 3: stream_dot<T, 3>(row, x + i * hidden, hidden, out + i * vocab, vocab, v, scales); break;
+            case 2: stream_dot<T, 2>(row, x + i * hidden, hidden, out + i * vocab, vocab, v, scales); break;
+            case 1: stream_dot<T, 1>(row, x + i * hidden, hidden, out + i * vocab, vocab, v, scales); break;
         }
     }
 }
@@ -251,6 +258,68 @@ __attribute__((always_inline)) static inline void dot_rows16_body(const float* x
                   x, n, static_cast<const void*>(w), nullptr, hidden, out, vocab, v, v_end);
 }
 
+// A weight by rows (fp32, or bf16 widened) against one to kWideStreamRows rows on AVX-512: the
+// stream above at sixteen lanes, two accumulators per row of x. x16 as for dot_rows16_body. Four
+// rows of an fp32 weight stay on the eight-lane stream, which reads them as fast; for fewer rows,
+// and a bf16 weight's, the wide one took a fifth to a third off Qwen3's head
+// (`python -m bench.kernels.lm_head`).
+constexpr long kWide16StreamRowsF32 = 3;
+
+template <typename T, int N>
+__attribute__((always_inline)) static inline void stream16_dot(const T* row, const float* x16, long hidden,
+                                                               float* out, long vocab, long v) {
+    constexpr long kElems = Wide16<T>::kElems, kVectors = Wide16<T>::kVectors;
+    v16f acc[N][2] = {};
+    long h = 0;
+    for (; h + 2 * kElems <= hidden; h += 2 * kElems) {
+        v16f a[kVectors], b[kVectors];
+        Wide16<T>::load(row + h, a);
+        Wide16<T>::load(row + h + kElems, b);
+        for (long g = 0; g < kVectors; ++g)
+            for (int r = 0; r < N; ++r) {
+                acc[r][0] += a[g] * load_lanes<v16f>(x16 + r * hidden + h + 16 * g);
+                acc[r][1] += b[g] * load_lanes<v16f>(x16 + r * hidden + h + kElems + 16 * g);
+            }
+    }
+    if (h < hidden) {
+        v16f a[kVectors];
+        Wide16<T>::load(row + h, a);
+        for (long g = 0; g < kVectors; ++g)
+            for (int r = 0; r < N; ++r) acc[r][g & 1] += a[g] * load_lanes<v16f>(x16 + r * hidden + h + 16 * g);
+    }
+    for (int r = 0; r < N; ++r) {
+        const v16f sum = acc[r][0] + acc[r][1];
+        out[r * vocab + v] = hsum(__builtin_shufflevector(sum, sum, 0, 1, 2, 3, 4, 5, 6, 7) +
+                                  __builtin_shufflevector(sum, sum, 8, 9, 10, 11, 12, 13, 14, 15));
+    }
+}
+
+template <typename T>
+__attribute__((always_inline)) static inline void stream16_body(const float* x16, long n, const T* w, long hidden,
+                                                                float* out, long vocab, long v_begin, long v_end) {
+    for (long v = v_begin; v < v_end; ++v) {
+        const T* row = w + v * hidden;
+        const char* ahead = (const char*)row + kPrefetchAheadBytes;  // into L2, as the stream above
+        for (long b = 0; b < hidden * (long)sizeof(T); b += 64) __builtin_prefetch(ahead + b, 0, 1);
+        switch (n) {
+            case 4: stream16_dot<T, 4>(row, x16, hidden, out, vocab, v); break;
+            case 3: stream16_dot<T, 3>(row, x16, hidden, out, vocab, v); break;
+            case 2: stream16_dot<T, 2>(row, x16, hidden, out, vocab, v); break;
+            default: stream16_dot<T, 1>(row, x16, hidden, out, vocab, v); break;
+        }
+    }
+}
+
+__attribute__((target("avx512f"))) static void stream16_f32(const float* x16, long n, const float* w, long hidden,
+                                                            float* out, long vocab, long v_begin, long v_end) {
+    stream16_body<float>(x16, n, w, hidden, out, vocab, v_begin, v_end);
+}
+
+__attribute__((target("avx512f"))) static void stream16_bf16(const float* x16, long n, const bf16* w, long hidden,
+                                                             float* out, long vocab, long v_begin, long v_end) {
+    stream16_body<bf16>(x16, n, w, hidden, out, vocab, v_begin, v_end);
+}
+
 __attribute__((target("avx512f"))) static void dot_rows16_f32(const float* x, const float* x16, long n,
                                                               const float* w, long hidden, float* out, long vocab,
                                                               long v_begin, long v_end) {
@@ -276,11 +345,18 @@ static void skinny_gemm(const float* x, long n, const Weight& w, long hidden, fl
 #if defined(__x86_64__) && defined(__GNUC__)
     const bool wide = wide_rows(w.format, hidden);
     std::vector<float> x16;  // x in a bf16 weight's widened order (wide_rows only)
-    if (wide && n > kWideStreamRows && w.format == kBF16) x16 = x16_bf16(x, n, hidden);
+    if (wide && w.format == kBF16) x16 = x16_bf16(x, n, hidden);
 #else
     const bool wide = false;
 #endif
     parallel_ranges(vocab, threads_worth(floats, threads), 4, [&](long begin, long end) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (wide && n <= kWide16StreamRowsF32 && w.format == kF32)
+            stream16_f32(x, n, static_cast<const float*>(w.data), hidden, out, vocab, begin, end);
+        else if (wide && n <= kWideStreamRows && w.format == kBF16)
+            stream16_bf16(x16.data(), n, static_cast<const bf16*>(w.data), hidden, out, vocab, begin, end);
+        else
+#endif
         if (n <= (wide ? kWideStreamRows : kStreamRows))
             by_format(w.format, run_stream_rows_f32, run_stream_rows_bf16, run_stream_rows_i8, x, n, w.data, w.scales,
                       hidden, out, vocab, begin, end);

@@ -69,7 +69,7 @@ def test_the_epilogue_adds_the_bias_then_the_activation(format: str, layout: int
 
 @pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("layout", [BY_ROWS, PANELS])
-@pytest.mark.parametrize("rows", [1, 4, 6, 7, 40, 200])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7, 40, 200])  # the stream takes 1-3 rows in one pass
 def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int, rows: int):
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(1003, 64 if layout == BY_ROWS else 520, generator=gen)  # not whole panels
