@@ -9,6 +9,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from prelude.model.attention import AttentionBackend
+from prelude.model.config import ModelConfig
 from prelude.contract.stop import StopFlag
 from prelude.model.decoder import ResumableForward
 
@@ -20,6 +21,7 @@ class RunnableModel(Protocol):
     # and which states compute_scores reads: a row's last token, its first (cls) or their mean.
     skips_unread_tokens: bool
     classifier_pooling: str
+    config: ModelConfig  # its vocab_size: the width of compute_logits' rows
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
                 keep: torch.Tensor | None = None, on_launch: Callable[[], None] | None = None) -> torch.Tensor: ...

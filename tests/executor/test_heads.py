@@ -5,21 +5,24 @@ itself."""
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 
 import torch
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
-from prelude.contract.sampling import GREEDY
+from prelude.contract.sampling import GREEDY, SamplingParams
 from prelude.executor.attention.torch_ref import TorchAttention
 from prelude.executor.fused_step import native_step
 from prelude.executor.heads import row_results
 from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.executor.runner import ModelRunner
+from prelude.executor.sampler import RowMasks, sample
 from prelude.model.attention import StepLayout
 from prelude.model.config import ModelConfig
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
+from prelude.structured.masks import StepMasks
 from tests.checkpoints import make_checkpoint
 
 SPECS = [
@@ -116,3 +119,47 @@ def test_step_skips_unread_tokens_without_changing_results(tmp_path):
         assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
         for p, q in zip(a.prompt_logprobs or [], b.prompt_logprobs or []):
             assert p.token_id == q.token_id and p.rank == q.rank and math.isclose(p.logprob, q.logprob, abs_tol=1e-5)
+
+
+def _bitmask(allowed: list[int], vocab: int) -> torch.Tensor:
+    words = torch.zeros((vocab + 31) // 32, dtype=torch.int64)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # int32 words, bit 31 too
+
+
+def test_rows_that_can_take_few_tokens_sample_and_report_as_over_the_whole_vocabulary(demo_model):
+    """A row whose grammar allows a few tokens, or that is restricted to a few allowed_token_ids,
+    gets logits for just those: the tokens it samples (greedy, seeded) and the logprobs it
+    reports (a grammar's over the tokens it allows, as vLLM's; allowed_token_ids' over the whole
+    vocabulary) are those of the whole head's row under its restriction. Rows whose grammar
+    allows most tokens, or with none, are unchanged beside them."""
+    config = ModelConfig.from_dir(demo_model)
+    model = load_model(demo_model, config, torch.float32, torch.device("cpu"), 64)
+    vocab = config.vocab_size
+    few, many = [3, 31, 32, 95, vocab - 1], [t for t in range(vocab) if t % 7]  # many: past NARROW_HEAD_TOKENS
+    params = [SamplingParams(max_tokens=1, temperature=0.0, logprobs=3),
+              SamplingParams(max_tokens=1, temperature=0.8, seed=7),
+              SamplingParams(max_tokens=1, temperature=0.0, logprobs=2),
+              SamplingParams(max_tokens=1, temperature=0.0),
+              SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=(4, 40, 400)),
+              SamplingParams(max_tokens=1, temperature=0.9, seed=3, allowed_token_ids=(4, 40, 400), logprobs=2)]
+    masked = {0: few, 1: few, 2: many}  # the other rows have no grammar
+    lengths = [5, 6, 7, 4, 8, 3]
+    rows = [PrefillRow(i, [9] * n, 0, (), OutputSpec(sample=p)) for i, (p, n) in enumerate(zip(params, lengths))]
+    bitmask = torch.stack([_bitmask(masked[i], vocab) for i in sorted(masked)])
+    ready: Future = Future()
+    ready.set_result(StepMasks(bitmask, {i: k for k, i in enumerate(sorted(masked))}))
+    hidden = torch.randn(sum(lengths), config.hidden_size, generator=torch.Generator().manual_seed(5))
+    layout = _layout(lengths)
+    with torch.inference_mode():
+        got = row_results(model, hidden, rows, (), layout, _last_hidden, masks=ready)
+        logits = model.compute_logits(_last_hidden(hidden, layout, list(range(len(rows))))).float()
+        want = sample(logits, params, [0] * len(rows), masks=RowMasks(bitmask, sorted(masked)))
+    for a, b in zip(got, want):
+        assert a.token is not None
+        assert a.token.token_id == b.token_id and math.isclose(a.token.logprob, b.logprob, abs_tol=1e-5)
+        assert [t for t, _ in a.token.top] == [t for t, _ in b.top]
+    assert got[0].token.token_id in few and got[1].token.token_id in few and got[2].token.token_id in many
+    assert all(t in few for t, _ in got[0].token.top)
+    assert got[4].token.token_id in (4, 40, 400) and got[5].token.token_id in (4, 40, 400)
