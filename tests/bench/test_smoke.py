@@ -35,6 +35,18 @@ def test_load_generator_against_the_demo_model(server, tmp_path, capsys):
     server.wait_idle()
 
 
+def test_choice_workload_answers_one_of_its_labels(server, tmp_path):
+    out = tmp_path / "choice.json"
+    code = loadgen.main(["--base-url", server.base_url, "--workload", "choice", "--input-len", "24",
+                         "--concurrency", "2", "--num-requests", "6", "--warmup", "0", "--no-progress",
+                         "--json", str(out)])
+    assert code == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["workload"] == "choice 24"
+    assert (result["completed"], result["errors"], result["output_len_mismatches"]) == (6, 0, 0)
+    server.wait_idle()
+
+
 def test_load_generator_shows_a_progress_bar_per_level(server, tmp_path, capsys):
     out = tmp_path / "bar.json"
     code = loadgen.main(["--base-url", server.base_url, "--shapes", "16/1", "--concurrency", "2",

@@ -22,10 +22,19 @@ from bench.serving.core.client import make_client, send
 from bench.serving.core.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.core.runner import Level, Limits, RunResult, run_level
 from bench.serving.core.server import ServerError, ServerProcess, parse_command, prelude_env
-from bench.serving.core.workloads import Embed, Fixed, Options, PromptLogprobs, Score, SharedPrefix, Workload
+from bench.serving.core.workloads import (
+    Choice,
+    Embed,
+    Fixed,
+    Options,
+    PromptLogprobs,
+    Score,
+    SharedPrefix,
+    Workload,
+)
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96)
-WORKLOADS = ("fixed", "embed", "prompt-logprobs", "score", "recommend", "system-prompt")
+WORKLOADS = ("fixed", "embed", "prompt-logprobs", "choice", "score", "recommend", "system-prompt")
 # Shared-prefix presets: (prefixes, prefix tokens, suffix tokens, output tokens).
 SHARED_PRESETS = {"recommend": (4, 1024, 64, 1), "system-prompt": (8, 512, 64, 32)}
 
@@ -153,6 +162,8 @@ async def build_workloads(args: argparse.Namespace, factory: PromptFactory, toke
             out.append(Embed(factory, options, args.input_len))
         elif name == "prompt-logprobs":
             out.append(PromptLogprobs(factory, options, args.input_len))
+        elif name == "choice":
+            out.append(Choice(factory, options, args.input_len))
         elif name in SHARED_PRESETS:
             n, prefix, suffix, output = SHARED_PRESETS[name]
             out.append(SharedPrefix(factory, options, name, args.num_prefixes or n, args.prefix_len or prefix,

@@ -6,6 +6,8 @@ before a run starts, so the client spends its measured time sending, not composi
 - embed: /v1/embeddings of distinct prompts of an exact length.
 - prompt-logprobs: completions of distinct prompts of an exact length asking for every prompt
   token's logprob (vLLM's prompt_logprobs) and one output token.
+- choice: completions of distinct prompts of an exact length whose one-token answer is one of
+  two labels (vLLM's guided_choice): a judge's or router's verdict.
 - score: the decision endpoint /v1/score in SGLang's label-token shape, one shared query
   against several short items per request.
 - recommend: PrefillOnly's recommendation shape, scaled down: a few users with long shared
@@ -138,6 +140,28 @@ class PromptLogprobs(Fixed):
         job = super().completion(prompt)
         body = json.loads(job.body)
         body["prompt_logprobs"] = 1
+        return Job(job.path, encode(body), job.stream, job.prompt_tokens, job.output_tokens)
+
+
+class Choice(Fixed):
+    """One distinct prompt of exactly `input_len` tokens per request, its one-token answer
+    guided_choice [" yes", " no"]: a judge's or router's verdict (single tokens in Qwen3's and
+    Llama's vocabularies, a grammar where a label takes more)."""
+
+    LABELS = [" yes", " no"]
+
+    def __init__(self, factory: PromptFactory, options: Options, input_len: int):
+        super().__init__(factory, options, input_len, output_len=1)
+
+    @property
+    def label(self) -> str:
+        return f"choice {self.input_len}"
+
+    def completion(self, prompt: Prompt) -> Job:
+        job = super().completion(prompt)
+        body = json.loads(job.body)
+        body["guided_choice"] = self.LABELS
+        body.pop("ignore_eos", None)  # the choice ends the answer
         return Job(job.path, encode(body), job.stream, job.prompt_tokens, job.output_tokens)
 
 
