@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from bench.serving.core.prompts import Prompt, PromptFactory, Segment
 
@@ -125,44 +126,39 @@ class Embed(Fixed):
         return Job(self.path, encode(body), False, prompt.num_tokens, 0)
 
 
-class PromptLogprobs(Fixed):
-    """One distinct prompt of exactly `input_len` tokens per request, prompt_logprobs=1, one token
-    out: a judge or evaluator reading the prompt's own likelihood."""
+class OneToken(Fixed):
+    """One distinct prompt of exactly `input_len` tokens per request, one token out, with the
+    request fields `fields` adds (and without those named in `dropped`)."""
+
+    name: ClassVar[str]
+    fields: ClassVar[dict[str, Any]]
+    dropped: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, factory: PromptFactory, options: Options, input_len: int):
         super().__init__(factory, options, input_len, output_len=1)
 
     @property
     def label(self) -> str:
-        return f"prompt-logprobs {self.input_len}"
+        return f"{self.name} {self.input_len}"
 
     def completion(self, prompt: Prompt) -> Job:
         job = super().completion(prompt)
-        body = json.loads(job.body)
-        body["prompt_logprobs"] = 1
+        body = {k: v for k, v in json.loads(job.body).items() if k not in self.dropped} | self.fields
         return Job(job.path, encode(body), job.stream, job.prompt_tokens, job.output_tokens)
 
 
-class Choice(Fixed):
-    """One distinct prompt of exactly `input_len` tokens per request, its one-token answer
-    guided_choice [" yes", " no"]: a judge's or router's verdict (single tokens in Qwen3's and
-    Llama's vocabularies, a grammar where a label takes more)."""
+class PromptLogprobs(OneToken):
+    """prompt_logprobs=1: a judge or evaluator reading the prompt's own likelihood."""
 
-    LABELS = [" yes", " no"]
+    name, fields = "prompt-logprobs", {"prompt_logprobs": 1}
 
-    def __init__(self, factory: PromptFactory, options: Options, input_len: int):
-        super().__init__(factory, options, input_len, output_len=1)
 
-    @property
-    def label(self) -> str:
-        return f"choice {self.input_len}"
+class Choice(OneToken):
+    """The answer guided_choice [" yes", " no"]: a judge's or router's verdict (single tokens in
+    Qwen3's and Llama's vocabularies, a grammar where a label takes more). No ignore_eos: the
+    choice ends the answer."""
 
-    def completion(self, prompt: Prompt) -> Job:
-        job = super().completion(prompt)
-        body = json.loads(job.body)
-        body["guided_choice"] = self.LABELS
-        body.pop("ignore_eos", None)  # the choice ends the answer
-        return Job(job.path, encode(body), job.stream, job.prompt_tokens, job.output_tokens)
+    name, fields, dropped = "choice", {"guided_choice": [" yes", " no"]}, ("ignore_eos",)
 
 
 class SharedPrefix(Workload):
