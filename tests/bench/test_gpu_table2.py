@@ -82,7 +82,7 @@ def test_another_checkout_gets_this_ones_native_extensions_only_when_built_from_
 
     if not _libraries(REPO):
         pytest.skip("the native extensions are not built in this checkout")
-    sources = [REPO / "setup.py", *(p for package in NATIVE_PACKAGES for pattern in ("*.pyx", "*.pxd", "*.hpp")
+    sources = [REPO / "setup.py", *(p for package in NATIVE_PACKAGES for pattern in ("*.pyx", "*.pxd", "*.pxi", "*.hpp")
                                     for p in (REPO / package).glob(pattern))]
     same, changed = tmp_path / "same", tmp_path / "changed"
     for root in (same, changed):
