@@ -82,6 +82,17 @@ def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int,
         torch.testing.assert_close(stored.rows(ids), _rounded(weight, format)[ids], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+def test_an_fp32_weight_by_rows_the_wide_kernels_do_not_take(rows: int):
+    """Rows 72 long (an odd multiple of 8: no sixteen-lane kernel takes them, and each ends with
+    a half group): the eight-lane stream's one to three rows of x in one pass, its four, and
+    past them, on any CPU."""
+    gen = torch.Generator().manual_seed(rows)
+    weight, hidden = torch.randn(1003, 72, generator=gen), torch.randn(rows, 72, generator=gen)
+    torch.testing.assert_close(store(weight, "float32", BY_ROWS).matmul(hidden), hidden @ weight.t(),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_int8_stores_a_quarter_and_bf16_half_of_fp32():
     weight = torch.randn(512, 256)
     sizes = {f: store(weight, f, PANELS).nbytes for f in ("float32", "bfloat16", "int8")}
