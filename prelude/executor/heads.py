@@ -12,7 +12,7 @@ from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult,
 from prelude.executor.runnable import RunnableModel
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
-from prelude.structured.masks import StepMasks
+from prelude.structured.masks import StepMasks, unpack_bitmask
 
 # Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
 # long prompt never materializes a [prompt_len, vocab] tensor.
@@ -119,7 +119,8 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     return results
 
 
-def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow, masks: Future[StepMasks] | None) -> torch.Tensor | None:
+def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow,
+                masks: Future[StepMasks] | None) -> Sequence[int] | None:
     """The few token ids a sampled row can take (NARROW_HEAD_TOKENS); None when it needs the
     whole vocabulary's logits."""
     params = spec.sample
@@ -127,7 +128,7 @@ def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow, masks: Future[Ste
         return None
     if params.allowed_token_ids is not None:
         few = params.logprobs is None and len(params.allowed_token_ids) <= NARROW_HEAD_TOKENS
-        return torch.tensor(params.allowed_token_ids) if few else None
+        return params.allowed_token_ids if few else None
     step_masks = None if masks is None else masks.result()
     at = None if step_masks is None else step_masks.rows.get(row.seq_id)
     if step_masks is None or at is None:  # no grammar, or not under it now (a reasoning block)
@@ -136,12 +137,13 @@ def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow, masks: Future[Ste
     nonzero = torch.nonzero(words).flatten()
     if not 0 < len(nonzero) <= NARROW_HEAD_TOKENS:  # each nonzero word allows 1 to 32 tokens
         return None
-    lanes = torch.arange(32, dtype=torch.int32)
-    ids = (nonzero.unsqueeze(1) * 32 + lanes)[((words[nonzero].unsqueeze(1) >> lanes) & 1).bool()]
+    allowed = unpack_bitmask(words[nonzero].unsqueeze(0), 32 * len(nonzero))[0]
+    ids = (nonzero.unsqueeze(1) * 32 + torch.arange(32)).flatten()[allowed].tolist()
     return ids if len(ids) <= NARROW_HEAD_TOKENS else None
 
 
-def _vocab_logits(model: RunnableModel, states: torch.Tensor, narrow: list[torch.Tensor | None]) -> torch.Tensor:
+def _vocab_logits(model: RunnableModel, states: torch.Tensor,
+                  narrow: list[Sequence[int] | None]) -> torch.Tensor:
     """[rows, vocab] fp32 logits of `states`: a whole row of the LM head, or, for a row with
     allowed ids in `narrow`, their logits and -inf elsewhere (what its mask leaves of a row)."""
     if not any(ids is not None for ids in narrow):
@@ -152,10 +154,9 @@ def _vocab_logits(model: RunnableModel, states: torch.Tensor, narrow: list[torch
     if wide:
         logits[wide] = model.compute_logits(states[wide]).float()
     for j, ids in enumerate(narrow):
-        if ids is not None:
-            ids = ids[ids < vocab]  # a mask may be wider than the head (a larger tokenizer)
-            if len(ids):
-                logits[j, ids] = model.compute_label_logits(states[j:j + 1], tuple(ids.tolist()))[0].float()
+        kept = tuple(t for t in ids or () if t < vocab)  # a mask may be wider than the head (a larger tokenizer)
+        if kept:
+            logits[j, list(kept)] = model.compute_label_logits(states[j:j + 1], kept)[0].float()
     return logits
 
 
