@@ -107,14 +107,16 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
 def _reported(raw: torch.Tensor, params: Sequence[SamplingParams], tokens: Sequence[int]) -> list[TokenLogprob]:
     """The sampled tokens' logprobs, one row of `raw` logits each. A row restricted to
     allowed_token_ids lists the best of those as its alternatives."""
-    out = token_logprobs(raw, tokens, max(p.logprobs or 0 for p in params))
-    for r, p in enumerate(params):
-        top = p.logprobs or 0
-        if p.allowed_token_ids is not None:
-            out[r] = token_logprob(torch.log_softmax(raw[r], dim=-1), tokens[r], top, p.allowed_token_ids)
-        else:
-            del out[r].top[top:]  # the rows share one count, the most any of them asked for
-    return out
+    out = [token_logprob(torch.log_softmax(raw[r], dim=-1), tokens[r], p.logprobs or 0, p.allowed_token_ids)
+           if p.allowed_token_ids is not None else None for r, p in enumerate(params)]
+    plain = [r for r, entry in enumerate(out) if entry is None]
+    if plain:
+        rows = raw if len(plain) == len(params) else raw[plain]
+        for r, entry in zip(plain, token_logprobs(rows, [tokens[r] for r in plain],
+                                                  max(params[r].logprobs or 0 for r in plain))):
+            del entry.top[params[r].logprobs or 0:]  # the rows share one count, the most any of them asked for
+            out[r] = entry
+    return [entry for entry in out if entry is not None]
 
 
 def _native_rows(logits: torch.Tensor) -> bool:

@@ -156,6 +156,24 @@ def test_grammar_masks_only_their_rows():
     assert out[2].token_id == unconstrained[1].token_id and out[0] == unconstrained[0]
 
 
+def test_rows_restricted_to_allowed_tokens_report_the_whole_vocabulary_beside_plain_rows():
+    """A row restricted to allowed_token_ids reports its token's logprob over the whole
+    vocabulary and the best allowed tokens as alternatives; the plain rows beside it report
+    their own top alternatives, each as many as it asked for."""
+    logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS])
+    params = [SamplingParams(temperature=0.0, logprobs=3),
+              SamplingParams(temperature=0.0, logprobs=2, allowed_token_ids=(2, 5, 6)),
+              SamplingParams(temperature=0.0, logprobs=1)]
+    out = sample(logits.clone(), params, [0, 0, 0])
+    whole = torch.log_softmax(logits, dim=-1)
+    assert [e.token_id for e in out] == [0, 6, 0]
+    assert out[1] == sampler.token_logprob(whole[1], 6, 2, (2, 5, 6))
+    assert [t for t, _ in out[1].top] == [6, 5]
+    for r, top in ((0, 3), (2, 1)):
+        assert out[r].logprob == pytest.approx(float(whole[r, 0]))
+        assert [t for t, _ in out[r].top] == whole[r].topk(top).indices.tolist()
+
+
 def test_native_logprobs_agree_with_torchs_log_softmax_rank_and_topk(monkeypatch):
     """The native kernel (fp32 on the CPU) against the torch path on the same rows: logprobs
     within float rounding, the same ranks and the same alternatives (of tied ones, the lower id
