@@ -20,6 +20,7 @@ from prelude import __version__
 from prelude.app.cli import build_parser
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
 from prelude.demo import VERSION
+from prelude.model.cpu_linear import SPLIT_PRODUCTS
 
 
 def run_to_exit(args: list[str], command: list[str] | None = None,
@@ -151,7 +152,8 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         fields = dict(line.split(None, 1) for line in banner[1:])
         demo_dir = tmp_path / "cache" / f"demo-v{VERSION}"
         assert fields["model"] == f"{demo_dir} (Qwen3ForCausalLM), served as prelude-demo"
-        assert fields["dtype"] == f"float32 on cpu, {threads} compute thread{'' if threads == 1 else 's'}"
+        weights = ", weights bf16x3" if SPLIT_PRODUCTS else ""  # fp32 split in halves where the CPU has AMX
+        assert fields["dtype"] == f"float32{weights} on cpu, {threads} compute thread{'' if threads == 1 else 's'}"
         assert fields["tokenizer"] == "fasttoken"
         assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]
         assert fields["listening"] == server.base_url

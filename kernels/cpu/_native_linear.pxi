@@ -18,12 +18,6 @@ cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
     void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                      const float* bias, long activation)
 
-cdef extern from "bf16_gemm.hpp" namespace "prelude_cpu" nogil:
-    cdef cppclass bf16:
-        pass
-    void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, long inputs,
-                     float* out, long outputs, int threads, const float* bias, long activation)
-
 
 def packed_size(long outputs, long inputs) -> int:
     """Elements of pack_linear's copy of an [outputs, inputs] weight."""
@@ -56,8 +50,9 @@ def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,
            size_t out_ptr, long outputs, int threads, size_t bias_ptr=0, long activation=0) -> None:
     """out[n, outputs] = act(x[n, inputs] @ w.T + bias) (kernels/cpu/linear.hpp), x and out fp32; w
-    in `format` (0 fp32, 1 bf16, 2 int8 with its scales) by rows (layout 0) or packed (1,
-    pack_linear's); bias fp32 (0: none), activation 0 none or 1 GELU (the erf form). Contiguous,
+    in `format` (0 fp32, 1 bf16, 2 int8 with its scales, 3 bf16x3: the bf16 panels of an fp32
+    weight's rounding, then of the rest, inputs % 32 == 0, on a CPU with AMX) by rows (layout 0) or
+    packed (1, pack_linear's); bias fp32 (0: none), activation 0 none or 1 GELU (the erf form). Contiguous,
     inputs % 8 == 0."""
     cdef Weight w
     w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
@@ -65,12 +60,3 @@ def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, l
         linear_rows(<const float*>x_ptr, n, w, inputs, <float*>out_ptr, outputs, threads, <const float*>bias_ptr,
                     activation)
 
-
-def matmul_bf16x3(size_t x_ptr, long n, size_t hi_ptr, size_t lo_ptr, long inputs, size_t out_ptr, long outputs,
-                  int threads, size_t bias_ptr=0, long activation=0) -> None:
-    """As matmul, for an fp32 weight kept as the bf16 panels (pack_linear's, format 1) of its
-    rounding (hi) and of the rest (lo): three bf16 products on AMX (amx_products() must be True),
-    inputs % 32 == 0."""
-    with nogil:
-        bf16x3_gemm(<const float*>x_ptr, n, <const bf16*>hi_ptr, <const bf16*>lo_ptr, inputs, <float*>out_ptr,
-                    outputs, threads, <const float*>bias_ptr, activation)

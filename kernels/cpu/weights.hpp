@@ -26,7 +26,8 @@
 
 namespace prelude_cpu {
 
-enum WeightFormat : long { kF32 = 0, kBF16 = 1, kI8 = 2 };
+// kBF16x3: an fp32 weight kept as two bf16 packings, its rounding then the rest (linear.hpp).
+enum WeightFormat : long { kF32 = 0, kBF16 = 1, kI8 = 2, kBF16x3 = 3 };
 enum WeightLayout : long { kByRows = 0, kPanels = 1 };
 
 // Four 8-byte fields, so that a weight crosses from Python as four int64s.

@@ -42,7 +42,7 @@ MAX_SKINNY_ROWS = 64 if _native is not None and _native.wide_vectors() else 32
 # Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
 # which a by-rows weight's rows must hold whole).
 FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32),
-           "bf16x3": (1, torch.bfloat16, 16)}  # two bf16 packings (of code 1): see above
+           "bf16x3": (3, torch.bfloat16, 16)}  # two bf16 packings: see above
 # bf16x3 products run where whole tiles of rows do, on AMX; its tiles take k 32 at a time.
 SPLIT_PRODUCTS = _native is not None and _native.amx_products()
 SPLIT_K = 32
@@ -77,12 +77,6 @@ class StoredWeight:
         the product's epilogue."""
         assert _native is not None
         out = x.new_empty(x.shape[0], self.outputs)
-        if self.format == "bf16x3":
-            half = self.data.shape[0] // 2 * self.data.element_size()
-            _native.matmul_bf16x3(x.data_ptr(), x.shape[0], self.data.data_ptr(), self.data.data_ptr() + half,
-                                  self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads(), _pointer(bias),
-                                  EPILOGUE_ACTIVATIONS[activation])
-            return out
         _native.matmul(x.data_ptr(), x.shape[0], self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0],
                        self.layout, self.inputs, out.data_ptr(), self.outputs, torch.get_num_threads(),
                        _pointer(bias), EPILOGUE_ACTIVATIONS[activation])
@@ -136,7 +130,8 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
         size = _native.packed_size(outputs, inputs)
         data = torch.empty(2 * size, dtype=dtype)
         for half, part in enumerate((hi, weight - hi)):
-            _native.pack_linear(part.data_ptr(), outputs, inputs, code, data[half * size:].data_ptr(), 0, threads)
+            _native.pack_linear(part.data_ptr(), outputs, inputs, FORMATS["bfloat16"][0], data[half * size:].data_ptr(),
+                                0, threads)
         return StoredWeight(data, None, format, layout, outputs, inputs)
     if layout == PANELS:
         data = torch.empty(_native.packed_size(outputs, inputs), dtype=dtype)

@@ -43,8 +43,8 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     stored). A decoder's activations are fp32 on the native kernels whatever its weights are
     stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
     after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
-    quantized); an encoder's dense layers likewise, in fp32 or bf16 (EncoderLM.store_weights), its
-    fp32 as bf16x3 where the CPU has AMX (model.cpu_linear).
+    quantized); an encoder's dense layers likewise. fp32 weights are kept as bf16x3 where the CPU
+    has AMX (model.cpu_linear), a decoder's layers and an encoder's dense layers.
     fp16 runs on torch's ops in fp16. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
@@ -55,7 +55,7 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
         return dtype, None
     if dtype == torch.bfloat16:
         return torch.float32, "bfloat16"
-    return torch.float32, "bf16x3" if config.encoder is not None and SPLIT_PRODUCTS else "float32"
+    return torch.float32, "bf16x3" if SPLIT_PRODUCTS else "float32"
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:

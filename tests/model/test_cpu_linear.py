@@ -227,12 +227,15 @@ with torch.inference_mode():
 
 
 @pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 200, 352, 1001])  # a padded tile, tiles, tile pairs, row blocks
+# A decode step's few rows stream the panels (1-7: one and two groups of four), more go to the
+# tiles: a padded tile, tiles, tile pairs, row blocks.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 33, 200, 352, 1001])
 @pytest.mark.parametrize("shape", [(1000, 384), (384, 1536), (40, 64)])  # a part panel, long k, a lone panel
 def test_bf16x3_gives_the_fp32_product_to_within_two_to_the_minus_16(rows: int, shape: tuple[int, int]):
-    # The weight and each row split into bf16 halves, three tile products: every row (the last
-    # tile's padded with zeros) agrees with the fp64 product to a few 1e-6 of its largest term,
-    # where bf16 alone is off by ~1e-2; bias and GELU follow as for the other formats.
+    # The weight split into bf16 halves: on the tiles each row split alike, three products; a few
+    # rows multiply the halves' sum in fp32. Every row agrees with the fp64 product to a few 1e-6
+    # of its largest term, where bf16 alone is off by ~1e-2; bias and GELU follow as for the other
+    # formats.
     gen = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(*shape, generator=gen) / 8, torch.randn(shape[0], generator=gen)
     hidden = torch.randn(rows, shape[1], generator=gen)

@@ -103,5 +103,7 @@ def test_vllm_truncate_prompt_tokens_keeps_the_first_tokens_of_a_pooling_input(l
     cut = post(srv, "/v1/embeddings", input=[ids], truncate_prompt_tokens=8,
                **({} if side is None else {"truncation_side": side})).json()
     whole = post(srv, "/v1/embeddings", input=[ids[kept]]).json()
-    assert cut["data"][0]["embedding"] == pytest.approx(whole["data"][0]["embedding"], abs=1e-6)
+    # The second request finds the first's tokens cached and computes fewer rows, which may take
+    # another kernel (bf16x3 where the CPU has AMX: tiles for 8 rows, a stream for 1, ~1e-6 apart).
+    assert cut["data"][0]["embedding"] == pytest.approx(whole["data"][0]["embedding"], abs=1e-5)
     assert cut["usage"]["prompt_tokens"] == 8
