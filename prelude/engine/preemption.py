@@ -39,7 +39,8 @@ LONG_RUN_PER_SHORT_S = 0.5
 # 512 tokens, a few ms on two cores (attention pieces are sized to last about as long); fewer
 # tokens on wider models. A short request waits for the running piece to end before its own step
 # runs, so a piece's length is part of every short request's latency
-# (`python -m bench.kernels.stop_latency` measures it).
+# (`python -m bench.kernels.stop_latency` measures it). Counted in multiply-adds of fp32 panels:
+# a projection stored as bf16x3 (AMX) takes three times the tokens a piece (step_layers.hpp).
 CHECK_EVERY_MACS = 3 * 256 * 768 * 512
 
 
