@@ -1,14 +1,17 @@
-// An encoder row's attention on AMX's tiles, one head at a time, in fp32 to about 2^-16: q, k, v
-// and the softmax weights are split into bf16 halves as amx_gemm.hpp's bf16x3 splits an encoder's
-// weights (hi their rounding, lo that of the rest), and each product is hi x hi + lo x hi + hi x lo
-// in fp32 sums.
+// A prompt row's attention on AMX's tiles, one head at a time, in fp32 to about 2^-16: an
+// encoder's row (bidirectional) or a decoder's (causal, with no cached context: its keys are its
+// own). q, k, v and the softmax weights are split into bf16 halves as amx_gemm.hpp's bf16x3 splits
+// fp32 weights (hi their rounding, lo that of the rest), and each product is hi x hi + lo x hi +
+// hi x lo in fp32 sums.
 //
 // A head's keys and values are split once into the tiles' right-hand layout (a tile row holds
 // two consecutive k of 16 columns): keys transposed (k = the head's dims, columns = keys), values
 // as they lie (k = keys, columns = dims). Then, 16 queries at a time: their scores against every
 // key (16 x 16 tiles into a score row per query), a softmax over each query's row that writes its
 // weights as left-hand tiles (16 queries x 32 keys), and weights x values into 16 x dim sums,
-// divided by the weights' total as they leave. A row of all-MiniLM's head (dim 32) takes one
+// divided by the weights' total as they leave. A causal row's 16 queries score and weigh only the
+// keys up to the last of them, each query's past its own weighing nothing; a head's split keys
+// and values serve every query head of its group (GQA). A row of all-MiniLM's head (dim 32) takes one
 // tile of k for its scores; the vector kernel (prefill_attention.hpp) spends its time in the same
 // multiply-adds, 16 lanes at a time.
 #pragma once
@@ -43,10 +46,11 @@ struct AmxAttentionScratch {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 #define PRELUDE_AMX_ATTENTION __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 
-// The tiles take the row `a` (its n tokens, heads dim wide).
+// The tiles take the row `a`: its n tokens, heads dim wide, all its keys its own (a causal row's
+// with no cached context, not an item of a multi-item row).
 static inline bool amx_attention_takes(const PrefillAttention& a) {
-    return a.dim % kAmxK == 0 && a.heads == a.kv_heads && kAmxAttentionMinTokens <= a.n &&
-           a.n <= kAmxAttentionTokens && has_amx();
+    return a.dim % kAmxK == 0 && kAmxAttentionMinTokens <= a.n && a.n <= kAmxAttentionTokens && a.m == a.n &&
+           (a.bidirectional || (a.context == 0 && a.gap == 0)) && has_amx();
 }
 
 // 32 floats (v0 then v1) as their bf16 rounding (hi) and that of the rest (lo), in order.
@@ -60,7 +64,7 @@ PRELUDE_AMX_ATTENTION __attribute__((always_inline)) static inline void split32(
     lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
 }
 
-// Head h's keys as right-hand tiles: tile (key block b, dims tile t) row r holds dims 2r, 2r + 1
+// KV head h's keys as right-hand tiles: tile (key block b, dims tile t) row r holds dims 2r, 2r + 1
 // of t's 32 for each of b's 16 keys (zeros past the row's n).
 PRELUDE_AMX_ATTENTION static void split_keys(const PrefillAttention& a, long h, long blocks, AmxAttentionScratch& w) {
     const long dims = a.dim / kAmxK;
@@ -92,7 +96,7 @@ PRELUDE_AMX_ATTENTION static void split_keys(const PrefillAttention& a, long h, 
         }
 }
 
-// Head h's values as right-hand tiles: tile (keys tile t of 32, columns c of 16) row r holds keys
+// KV head h's values as right-hand tiles: tile (keys tile t of 32, columns c of 16) row r holds keys
 // 2r and 2r + 1 of t, interleaved, for each of c's 16 dims (zeros past the row's n).
 PRELUDE_AMX_ATTENTION static void split_values(const PrefillAttention& a, long h, long key_tiles,
                                                AmxAttentionScratch& w) {
@@ -184,18 +188,23 @@ PRELUDE_AMX_ATTENTION static void tile_scores(long dims, long blocks, long strid
     }
 }
 
-// Each of the first `rows` queries' scores over n keys into weights e^(s - max) as left-hand
-// tiles (one per 32 keys, zeros past n) and their total; rows past `rows` weigh nothing.
-PRELUDE_AMX_ATTENTION static void tile_weights(long n, long rows, long key_tiles, long stride, AmxAttentionScratch& w) {
+// Each of the first `rows` queries' scores over its keys (all n, or with `causal` query i0 + r's
+// first i0 + r + 1) into weights e^(s - max) as left-hand tiles (one per 32 keys, zeros past its
+// keys) and their total; rows past `rows` weigh nothing.
+PRELUDE_AMX_ATTENTION static void tile_weights(long n, long rows, long key_tiles, long stride, bool causal, long i0,
+                                               AmxAttentionScratch& w) {
     for (long t = 0; t < key_tiles && rows < kAmxRows; ++t) {  // the padding rows
         std::memset(w.p_hi.data() + t * kTileElems + rows * kAmxK, 0, (kAmxRows - rows) * kAmxK * sizeof(bf16));
         std::memset(w.p_lo.data() + t * kTileElems + rows * kAmxK, 0, (kAmxRows - rows) * kAmxK * sizeof(bf16));
     }
     for (long r = 0; r < rows; ++r) {
         const float* s = w.s.data() + r * stride;
-        auto lanes = [&](long j) { return (__mmask16)(n - j >= 16 ? 0xffff : n - j <= 0 ? 0 : (1u << (n - j)) - 1); };
+        const long seen = causal && i0 + r + 1 < n ? i0 + r + 1 : n;
+        auto lanes = [&](long j) {
+            return (__mmask16)(seen - j >= 16 ? 0xffff : seen - j <= 0 ? 0 : (1u << (seen - j)) - 1);
+        };
         __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        for (long j = 0; j < n; j += 16) top = _mm512_mask_max_ps(top, lanes(j), top, _mm512_loadu_ps(s + j));
+        for (long j = 0; j < seen; j += 16) top = _mm512_mask_max_ps(top, lanes(j), top, _mm512_loadu_ps(s + j));
         const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
         __m512 sum = _mm512_setzero_ps();
         for (long t = 0; t < key_tiles; ++t) {
@@ -238,8 +247,8 @@ PRELUDE_AMX_ATTENTION static void tile_outputs(long dim, long key_tiles, AmxAtte
 PRELUDE_AMX_ATTENTION static void amx_attention_begin() { configure_tiles(); }
 PRELUDE_AMX_ATTENTION static void amx_attention_end() { _tile_release(); }
 
-// Heads [first, last) of the row `a` (bidirectional, n == m tokens), between amx_attention_begin
-// and amx_attention_end.
+// Query heads [first, last) of the row `a` (amx_attention_takes), between amx_attention_begin and
+// amx_attention_end.
 PRELUDE_AMX_ATTENTION static void amx_attention_heads(const PrefillAttention& a, long first, long last,
                                                       AmxAttentionScratch& w) {
     const long n = a.n, dims = a.dim / kAmxK;
@@ -252,15 +261,24 @@ PRELUDE_AMX_ATTENTION static void amx_attention_heads(const PrefillAttention& a,
     w.s.resize(kAmxRows * stride);
     w.o.resize(kAmxRows * a.dim);
     w.total.resize(kAmxRows);
+    const bool causal = !a.bidirectional;
+    long split_head = -1;  // the KV head whose keys and values are split in w
     for (long h = first; h < last; ++h) {
-        split_keys(a, h, blocks, w);
-        split_values(a, h, key_tiles, w);
+        const long kv_head = h / (a.heads / a.kv_heads);
+        if (kv_head != split_head) {
+            split_keys(a, kv_head, blocks, w);
+            split_values(a, kv_head, key_tiles, w);
+            split_head = kv_head;
+        }
         for (long i0 = 0; i0 < n; i0 += kAmxRows) {
             const long rows = n - i0 < kAmxRows ? n - i0 : kAmxRows;
+            // A causal block's queries see no key past its last query.
+            const long seen = causal ? i0 + rows : n;
+            const long seen_blocks = (seen + kAmxRows - 1) / kAmxRows, seen_tiles = (seen + kAmxK - 1) / kAmxK;
             split_queries(a, h, i0, rows, w);
-            tile_scores(dims, blocks, stride, w);
-            tile_weights(n, rows, key_tiles, stride, w);
-            tile_outputs(a.dim, key_tiles, w);
+            tile_scores(dims, seen_blocks, stride, w);
+            tile_weights(n, rows, seen_tiles, stride, causal, i0, w);
+            tile_outputs(a.dim, seen_tiles, w);
             for (long r = 0; r < rows; ++r) {
                 const __m512 inv = _mm512_set1_ps(1.f / w.total[r]);
                 float* dst = a.out + ((i0 + r) * a.heads + h) * a.dim;

@@ -22,6 +22,7 @@
 #include "paged_attention.hpp"
 #include "linear.hpp"
 #include "prefill_attention.hpp"
+#include "prompt_attention.hpp"
 
 namespace prelude_cpu {
 
@@ -248,14 +249,12 @@ static bool advance_step(const ModelShape& m, const LayerWeights* layers, long n
                 const PrefillAttention a = part_attention(m, w, r, s.row, s.part, s.q.get(), s.k.get(), s.qkv.get(),
                                                           s.attended.get());
                 if (a.n == 0) continue;
-                const long items = prefill_items(a);
-                // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
-                const long item_macs = 2 * (kTile * m.heads / m.kv_heads) * (a.m - a.n / 2) * m.dim;
+                const long items = prompt_items(a), item_macs = prompt_item_macs(a);
                 const long slice =
                     segment_macs <= 0 ? items : std::max(1L, segment_macs / std::max(1L, kAttentionMacCost * item_macs));
                 for (; s.at < items; s.at += slice) {
                     if (!go_on(stop, ran)) return false;
-                    prefill_attention_items(a, s.at, std::min(items, s.at + slice), threads);
+                    prompt_attention_items(a, s.at, std::min(items, s.at + slice), threads);
                 }
             }
         }
