@@ -65,7 +65,7 @@ def causal_prefill(size_t q_ptr, size_t k_ptr, size_t v_ptr, size_t out_ptr, lon
     token_stride), then the `fresh` rows of k/v, whose last n are q's tokens. q [n, heads, dim],
     k/v [fresh, kv_heads, dim], each with its token stride (heads contiguous within a token, in
     the cache too), out [n, heads, dim] contiguous; fp32, dim % 8 == 0. A row of its own keys
-    (no context) of 80 to 1,024 tokens with dim % 32 == 0 runs on AMX's tiles where the CPU has
+    (no context) of 80 to 8,192 tokens with dim % 32 == 0 runs on AMX's tiles where the CPU has
     them (within a few 2^-16 of fp32)."""
     cdef PrefillAttention a
     a.q, a.k, a.v, a.out = <const float*>q_ptr, <const float*>k_ptr, <const float*>v_ptr, <float*>out_ptr

@@ -28,13 +28,17 @@
 
 namespace prelude_cpu {
 
-// Rows the tiles take: at most 1,024 tokens, so that a query's score row and the head's split
-// keys and values stay within L2 (64 KB each at 1,024 tokens of dim 64), and at least 80, below
-// which splitting a head's keys and values and padding them to whole tiles costs more than the
-// tiles save (6,400 tokens of all-MiniLM's heads in rows of 48: 5.3 ms on the vector kernel,
-// 6.8 on the tiles; rows of 96: 9.3 and 8.4; rows of 200: 8.3 and 5.9).
-constexpr long kAmxAttentionTokens = 1024;
+// Rows the tiles take: at least 80 tokens, below which splitting a head's keys and values and
+// padding them to whole tiles costs more than the tiles save (6,400 tokens of all-MiniLM's heads
+// in rows of 48: 5.3 ms on the vector kernel, 6.8 on the tiles; rows of 96: 9.3 and 8.4; rows of
+// 200: 8.3 and 5.9), and at most a step's 8,192 tokens, whose split keys and values and 16 score
+// rows a thread keeps meanwhile (under 9 MB at dims of 128; B's one 2,048-token row 414 -> 287
+// ms a step, 4,000 tokens 1,175 -> 761, against the vector kernel).
+constexpr long kAmxAttentionTokens = 8192;
 constexpr long kAmxAttentionMinTokens = 80;
+// A work item is a query head's queries this many at a time (a preemptible step looks at its
+// flag between items: a head's 8,000 queries took 25 ms of the demo model at once).
+constexpr long kAmxQueryChunk = 256;
 constexpr long kTileElems = kAmxRows * kAmxK;  // bf16 of one tile
 
 struct AmxAttentionScratch {
@@ -242,15 +246,20 @@ PRELUDE_AMX_ATTENTION static void tile_outputs(long dim, long key_tiles, AmxAtte
     }
 }
 
-// The tiles' configuration for amx_attention_heads, set once by each thread before its rows
+// The tiles' configuration for amx_attention_run, set once by each thread before its rows
 // (per row, the configuration and release took 352 rows of 22 tokens from 5.2 to 7.3 ms).
 PRELUDE_AMX_ATTENTION static void amx_attention_begin() { configure_tiles(); }
 PRELUDE_AMX_ATTENTION static void amx_attention_end() { _tile_release(); }
 
-// Query heads [first, last) of the row `a` (amx_attention_takes), between amx_attention_begin and
-// amx_attention_end.
-PRELUDE_AMX_ATTENTION static void amx_attention_heads(const PrefillAttention& a, long first, long last,
-                                                      AmxAttentionScratch& w) {
+// The row's work items: each query head's queries, kAmxQueryChunk at a time.
+static inline long amx_attention_items(const PrefillAttention& a) {
+    return a.heads * ((a.n + kAmxQueryChunk - 1) / kAmxQueryChunk);
+}
+
+// Items [first, last) of the row `a` (amx_attention_takes; item i: query head i / chunks, its
+// chunk i % chunks), between amx_attention_begin and amx_attention_end.
+PRELUDE_AMX_ATTENTION static void amx_attention_run(const PrefillAttention& a, long first, long last,
+                                                    AmxAttentionScratch& w) {
     const long n = a.n, dims = a.dim / kAmxK;
     const long blocks = (n + kAmxRows - 1) / kAmxRows, key_tiles = (n + kAmxK - 1) / kAmxK;
     const long stride = blocks * kAmxRows;
@@ -263,15 +272,17 @@ PRELUDE_AMX_ATTENTION static void amx_attention_heads(const PrefillAttention& a,
     w.total.resize(kAmxRows);
     const bool causal = !a.bidirectional;
     long split_head = -1;  // the KV head whose keys and values are split in w
-    for (long h = first; h < last; ++h) {
-        const long kv_head = h / (a.heads / a.kv_heads);
+    const long chunks = (n + kAmxQueryChunk - 1) / kAmxQueryChunk;
+    for (long item = first; item < last; ++item) {
+        const long h = item / chunks, kv_head = h / (a.heads / a.kv_heads);
+        const long from = item % chunks * kAmxQueryChunk, to = from + kAmxQueryChunk < n ? from + kAmxQueryChunk : n;
         if (kv_head != split_head) {
             split_keys(a, kv_head, blocks, w);
             split_values(a, kv_head, key_tiles, w);
             split_head = kv_head;
         }
-        for (long i0 = 0; i0 < n; i0 += kAmxRows) {
-            const long rows = n - i0 < kAmxRows ? n - i0 : kAmxRows;
+        for (long i0 = from; i0 < to; i0 += kAmxRows) {
+            const long rows = to - i0 < kAmxRows ? to - i0 : kAmxRows;
             // A causal block's queries see no key past its last query.
             const long seen = causal ? i0 + rows : n;
             const long seen_blocks = (seen + kAmxRows - 1) / kAmxRows, seen_tiles = (seen + kAmxK - 1) / kAmxK;
@@ -291,7 +302,8 @@ PRELUDE_AMX_ATTENTION static void amx_attention_heads(const PrefillAttention& a,
 #undef PRELUDE_AMX_ATTENTION
 #else
 static inline bool amx_attention_takes(const PrefillAttention&) { return false; }
-static void amx_attention_heads(const PrefillAttention&, long, long, AmxAttentionScratch&) {}
+static inline long amx_attention_items(const PrefillAttention&) { return 0; }
+static void amx_attention_run(const PrefillAttention&, long, long, AmxAttentionScratch&) {}
 static void amx_attention_begin() {}
 static void amx_attention_end() {}
 #endif

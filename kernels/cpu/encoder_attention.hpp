@@ -1,6 +1,6 @@
 // An encoder step's attention: every row bidirectional over its own tokens, all rows in one team
 // dispatch. A row goes to AMX's tiles where they take it (amx_attention.hpp: heads whose dim is a
-// multiple of 32, rows of 80 to 1,024 tokens), else to the vector kernel (prefill_attention.hpp).
+// multiple of 32, rows of 80 to 8,192 tokens), else to the vector kernel (prefill_attention.hpp).
 #pragma once
 #include <vector>
 
@@ -23,9 +23,9 @@ static inline PrefillAttention encoder_row(const PrefillAttention& step, long st
     return a;
 }
 
-// A row's work items: its heads on the tiles, else the vector kernel's (KV heads x query tiles).
+// A row's work items: its heads' query chunks on the tiles, else the vector kernel's (KV heads x query tiles).
 static inline long encoder_items(const PrefillAttention& row) {
-    return amx_attention_takes(row) ? row.heads : prefill_items(row);
+    return amx_attention_takes(row) ? amx_attention_items(row) : prefill_items(row);
 }
 
 // The rows of an encoder step in one team dispatch: row r is tokens [spans[2r], spans[2r + 1]),
@@ -57,7 +57,7 @@ static void encoder_rows_attention(const PrefillAttention& step, const long* spa
     }
     team().run(threads, [&](int t) {
         AmxAttentionScratch scratch;
-        bool tiles = false;  // configured for amx_attention_heads
+        bool tiles = false;  // configured for amx_attention_run
         long begin = bounds[t];
         const long end = bounds[t + 1];
         long row = 0;
@@ -69,7 +69,7 @@ static void encoder_rows_attention(const PrefillAttention& step, const long* spa
                 if (amx_attention_takes(a)) {
                     if (!tiles) amx_attention_begin();
                     tiles = true;
-                    amx_attention_heads(a, begin - first[row], hi - first[row], scratch);
+                    amx_attention_run(a, begin - first[row], hi - first[row], scratch);
                 } else {
                     run_prefill_items(a, begin - first[row], hi - first[row]);
                 }

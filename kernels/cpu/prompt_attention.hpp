@@ -1,21 +1,25 @@
 // A decoder's prompt rows' attention, a part of a row at a time (step_layers.hpp): on AMX's tiles
-// where they take the part (amx_attention.hpp: 80 to 1,024 tokens, all its keys its own), its
-// query heads the items; else on the vector kernel (prefill_attention.hpp), whose items are a KV
+// where they take the part (amx_attention.hpp: 80 to 8,192 tokens, all its keys its own), its
+// query heads' chunks of queries the items; else on the vector kernel (prefill_attention.hpp), whose items are a KV
 // head's tile of queries. The items are what a preemptible step slices between its looks at the
 // stop flag.
 #pragma once
+#include <algorithm>
+
 #include "amx_attention.hpp"
 #include "prefill_attention.hpp"
 #include "team.hpp"
 
 namespace prelude_cpu {
 
-static long prompt_items(const PrefillAttention& a) { return amx_attention_takes(a) ? a.heads : prefill_items(a); }
+static long prompt_items(const PrefillAttention& a) {
+    return amx_attention_takes(a) ? amx_attention_items(a) : prefill_items(a);
+}
 
 // An item's multiply-adds: its queries' heads against about the keys they see, K and V.
 static long prompt_item_macs(const PrefillAttention& a) {
     const long per_query_head = 2 * (a.m - a.n / 2) * a.dim;
-    return (amx_attention_takes(a) ? a.n : kTile * (a.heads / a.kv_heads)) * per_query_head;
+    return (amx_attention_takes(a) ? std::min(a.n, kAmxQueryChunk) : kTile * (a.heads / a.kv_heads)) * per_query_head;
 }
 
 // Items [first, last) on the team.
@@ -28,7 +32,7 @@ static void prompt_attention_items(const PrefillAttention& a, long first, long l
     parallel_ranges(last - first, threads < 1 ? 1 : threads, 1, [&](long begin, long end) {
         AmxAttentionScratch scratch;
         amx_attention_begin();
-        amx_attention_heads(a, first + begin, first + end, scratch);
+        amx_attention_run(a, first + begin, first + end, scratch);
         amx_attention_end();
     });
 }

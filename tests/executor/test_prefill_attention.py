@@ -37,7 +37,7 @@ def _threads(threads, fn):
 # (queries, new keys, cached context, KV block size): a row from its start, a short suffix over a
 # long context, new keys before the queries (a later segment of a segmented row)
 @pytest.mark.parametrize("n,fresh,past,block_size", [
-    (1, 1, 0, 16), (17, 17, 0, 16), (128, 128, 0, 16), (150, 150, 0, 16), (333, 333, 0, 16), (3, 20, 0, 16),
+    (1, 1, 0, 16), (17, 17, 0, 16), (128, 128, 0, 16), (150, 150, 0, 16), (333, 333, 0, 16), (1000, 1000, 0, 16), (3, 20, 0, 16),
     (5, 5, 300, 16), (70, 70, 33, 16), (70, 70, 33, 5), (16, 16, 1000, 16), (64, 64, 960, 7), (9, 40, 37, 16),
 ])
 @pytest.mark.parametrize("threads", [1, 3])
@@ -52,11 +52,11 @@ def test_equals_causal_attention_over_the_context_and_the_row(heads, kv_heads, d
     context = scattered_context(k[:past], v[:past], block_size, gen) if past else None
     out = _threads(threads, lambda: ops.causal_prefill(q, k[past:], v[past:], context))
     assert out is not None
-    # Where the CPU has AMX, a row of its own keys (no context) of 80 to 1,024 tokens whose heads
+    # Where the CPU has AMX, a row of its own keys (no context) of 80 to 8,192 tokens whose heads
     # are a multiple of 32 wide attends on the tiles in bf16x3 (amx_attention.hpp), within a few
     # 2^-16; the rest on the vector kernel, as fp32.
     from kernels.cpu._native import amx_products
-    tiles = amx_products() and dim % 32 == 0 and past == 0 and fresh == n and 80 <= n <= 1024
+    tiles = amx_products() and dim % 32 == 0 and past == 0 and fresh == n and 80 <= n <= 8192
     tolerance = 4e-5 if tiles else 1e-5
     torch.testing.assert_close(out, reference(q, k, v), rtol=tolerance, atol=tolerance)
 
@@ -99,9 +99,9 @@ def test_declines_what_it_does_not_compute():
 def test_an_encoder_steps_rows_attend_to_their_own_tokens_in_one_call(lengths, heads, dim, threads):
     """Rows of an encoder step, bidirectional, each over its own tokens only, split across the
     threads by work (ranges crossing rows). Where the CPU has AMX, heads of 32 or 64 dims and rows
-    of 80 to 1,024 tokens run on its tiles, in bf16x3 (amx_attention.hpp): within a few 2^-16 of
-    the fp32 result; the rest (shorter and 1,100-token rows, dims 40 and 48) on the vector
-    kernel, as fp32: a step's rows may take either."""
+    of 80 to 8,192 tokens run on its tiles, in bf16x3 (amx_attention.hpp), a head's queries 256 at
+    a time: within a few 2^-16 of the fp32 result; the rest (shorter rows, dims 40 and 48) on the
+    vector kernel, as fp32: a step's rows may take either."""
     from kernels.cpu._native import amx_products
     from prelude.executor.attention import encoder_attention
 
@@ -116,6 +116,6 @@ def test_an_encoder_steps_rows_attend_to_their_own_tokens_in_one_call(lengths, h
     for start, end in zip(starts, starts[1:]):
         scores = torch.einsum("nhd,mhd->hnm", q[start:end].double(), k[start:end].double()) / dim ** 0.5
         expected = torch.einsum("hnm,mhd->nhd", scores.softmax(-1), v[start:end].double()).float()
-        tiles = amx_products() and dim % 32 == 0 and 80 <= end - start <= 1024
+        tiles = amx_products() and dim % 32 == 0 and 80 <= end - start <= 8192
         tolerance = 4e-5 if tiles else 1e-5
         torch.testing.assert_close(out[start:end], expected, rtol=tolerance, atol=tolerance)
