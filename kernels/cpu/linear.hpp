@@ -1,8 +1,8 @@
 // A linear layer's product on the CPU, out[n, outputs] = x[n, inputs] . w^T, in fp32 from a weight
-// stored in fp32, bf16, int8 or bf16x3 (weights.hpp), on the kernel of the weight's layout: packed panels
-// (the decoder layers' weights: a few rows stream them, more go through register tiles; int8
-// ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has AVX-512 BF16,
-// whole 16-row tiles of either on AMX where it has that) or rows
+// stored in fp32, bf16, int8 or bf16x3 (weights.hpp), on the kernel of the weight's layout:
+// packed panels (the decoder layers' weights: a few rows stream them, more go through register
+// tiles; int8 ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has
+// AVX-512 BF16, whole 16-row tiles of either, and of bf16x3, on AMX where it has that) or rows
 // (an LM head tied to its embedding, which needs the rows for its lookups).
 #pragma once
 #include "bf16_gemm.hpp"
@@ -60,7 +60,8 @@ static void bf16x3_stream(const float* x, long n, const bf16* hi, const bf16* lo
     const long panels = (outputs + kPanel - 1) / kPanel;
     parallel_ranges(panels, threads_worth(panels * kPanel * inputs, threads), 1, [&](long begin, long end) {
         for (long p = begin; p < end; ++p) {
-            const long at = p * inputs * kPanel, col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
+            const long at = p * inputs * kPanel, col = p * kPanel;
+            const long cols = outputs - col < kPanel ? outputs - col : kPanel;
             for (long i = 0; i < n; i += 4) {
                 const float* xi = x + i * inputs;
                 float* o = out + i * outputs + col;
