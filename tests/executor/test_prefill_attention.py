@@ -37,7 +37,8 @@ def _threads(threads, fn):
 # (queries, new keys, cached context, KV block size): a row from its start, a short suffix over a
 # long context, new keys before the queries (a later segment of a segmented row)
 @pytest.mark.parametrize("n,fresh,past,block_size", [
-    (1, 1, 0, 16), (17, 17, 0, 16), (128, 128, 0, 16), (150, 150, 0, 16), (333, 333, 0, 16), (1000, 1000, 0, 16), (3, 20, 0, 16),
+    (1, 1, 0, 16), (17, 17, 0, 16), (128, 128, 0, 16), (150, 150, 0, 16), (333, 333, 0, 16), (1000, 1000, 0, 16),
+    (3, 20, 0, 16),
     (5, 5, 300, 16), (70, 70, 33, 16), (70, 70, 33, 5), (16, 16, 1000, 16), (64, 64, 960, 7), (9, 40, 37, 16),
 ])
 @pytest.mark.parametrize("threads", [1, 3])
