@@ -1,8 +1,8 @@
 // A decoder's prompt rows' attention, a part of a row at a time (step_layers.hpp): on AMX's tiles
 // where they take the part (amx_attention.hpp: 80 to 8,192 tokens, all its keys its own), its
-// query heads' chunks of queries the items; else on the vector kernel (prefill_attention.hpp), whose items are a KV
-// head's tile of queries. The items are what a preemptible step slices between its looks at the
-// stop flag.
+// query heads' chunks of queries the items; else on the vector kernel (prefill_attention.hpp),
+// whose items are a KV head's tile of queries. The items are what a preemptible step slices
+// between its looks at the stop flag.
 #pragma once
 #include <algorithm>
 
