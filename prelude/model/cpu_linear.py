@@ -16,10 +16,11 @@ lookups need (kernels/cpu/skinny_gemm.hpp). bf16 halves and int8 quarters the by
 step reads (kernels/cpu/weights.hpp: int8 with one scale per output); `python -m
 bench.kernels.lm_head` measures the formats.
 
-An encoder's fp32 weight on a CPU with AMX is kept as "bf16x3": the bf16 panels of its rounding
-and of the rest, which the tiles multiply by the rows split alike, three bf16 products per
-product (kernels/cpu/amx_gemm.hpp), as close to fp32's as makes no difference to an embedding
-and about twice as fast, in fp32's bytes.
+An fp32 weight on a CPU with AMX (a decoder's layers, an encoder's dense layers) is kept as
+"bf16x3": the bf16 panels of its rounding and of the rest, which the tiles multiply by the rows
+split alike, three bf16 products per product (kernels/cpu/amx_gemm.hpp), within 2^-16 of fp32's
+and 2-4x as fast on a prompt's rows, in fp32's bytes; a decode step's few rows stream both
+halves in fp32 instead (kernels/cpu/linear.hpp), as fast as fp32's panels.
 """
 from __future__ import annotations
 
