@@ -318,10 +318,4 @@ static void prefill_attention_items(const PrefillAttention& a, long first, long 
                     [&](long begin, long end) { run_prefill_items(a, first + begin, first + end); });
 }
 
-// dim must be a multiple of 8, heads a multiple of kv_heads, m >= n >= 1, m - context >= n (the
-// caller checks).
-static void prefill_attention(const PrefillAttention& a, int threads) {
-    prefill_attention_items(a, 0, prefill_items(a), threads);
-}
-
 }  // namespace prelude_cpu

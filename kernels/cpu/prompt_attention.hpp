@@ -37,7 +37,8 @@ static void prompt_attention_items(const PrefillAttention& a, long first, long l
     });
 }
 
-// A whole part (the layer-by-layer path's causal_prefill).
+// A whole part (the layer-by-layer path's causal_prefill). dim must be a multiple of 8, heads a
+// multiple of kv_heads, m >= n >= 1, m - context >= n (the caller checks).
 static void prompt_attention(const PrefillAttention& a, int threads) {
     prompt_attention_items(a, 0, prompt_items(a), threads);
 }
