@@ -41,8 +41,10 @@ def hf_config(family: str, vocab_size: int = 512, tie: bool = False, head: str =
 
 
 def make_checkpoint(path: Path, family: str, seed: int = 0, vocab_size: int = 512, tie: bool = False,
-                    head: str = "ForCausalLM", max_shard_size: str | None = None, **extra) -> Path:
-    """Writes config.json + safetensors for a random model and returns the directory."""
+                    head: str = "ForCausalLM", max_shard_size: str | None = None, dtype: torch.dtype | None = None,
+                    **extra) -> Path:
+    """Writes config.json + safetensors for a random model and returns the directory; `dtype`:
+    the weights saved in it (bf16, as most published checkpoints are), else fp32."""
     import transformers
 
     config = hf_config(family, vocab_size, tie, head, **extra)
@@ -54,6 +56,8 @@ def make_checkpoint(path: Path, family: str, seed: int = 0, vocab_size: int = 51
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(torch.randn_like(param) * 0.1)
+    if dtype is not None:
+        model = model.to(dtype)
     path.mkdir(parents=True, exist_ok=True)
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **save_kwargs)

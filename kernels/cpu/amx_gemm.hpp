@@ -177,7 +177,9 @@ struct Bf16Tiles {
 };
 
 // An fp32 weight and rows split into bf16 halves (hi, then lo `lo_panels` / `lo_rows` elements
-// further): tile_step adds hi x hi, lo x hi, hi x lo into the same sums.
+// further): tile_step adds hi x hi, lo x hi, hi x lo into the same sums. lo_panels 0: a weight
+// bf16 holds exactly (bf16x2: a bf16 checkpoint served in fp32), whose rest is zero; its product
+// is not run.
 struct Bf16x3Tiles : Bf16Tiles {
     long lo_rows;
     long lo_panels;
@@ -227,8 +229,10 @@ PRELUDE_AMX __attribute__((always_inline)) static inline void tile_step(const Ti
         _tile_loadd(4, a0 + tiles.lo_rows, 64);  // the panels' hi stay in 6-7
         if (kRowTiles == 2) _tile_loadd(5, a1 + tiles.lo_rows, 64);
         Tiles::template products<kRowTiles, kPanels>();
-        load_tiles<kRowTiles, kPanels>(a0, a1, b0 + tiles.lo_panels, b1 + tiles.lo_panels);
-        Tiles::template products<kRowTiles, kPanels>();
+        if (tiles.lo_panels != 0) {
+            load_tiles<kRowTiles, kPanels>(a0, a1, b0 + tiles.lo_panels, b1 + tiles.lo_panels);
+            Tiles::template products<kRowTiles, kPanels>();
+        }
     }
 }
 

@@ -241,13 +241,15 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
 }
 
 // out[n, outputs] = x . w^T for an fp32 weight split into bf16 halves (amx_gemm.hpp's bf16x3):
-// `hi` and `lo` bf16 panels of it (pack_weight's), inputs a multiple of 32, on AMX (the caller
-// checked has_amx()). Every row goes to the tiles, the last tile padded with zero rows.
+// `hi` and `lo` bf16 panels of it (pack_weight's; lo null for bf16x2, a weight hi holds exactly),
+// inputs a multiple of 32, on AMX (the caller checked has_amx()). Every row goes to the tiles,
+// the last tile padded with zero rows.
 static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, long inputs, float* out,
                         long outputs, int threads, const float* bias = nullptr, long activation = kNoActivation) {
     const long tiled = (n + kAmxRows - 1) / kAmxRows * kAmxRows;
     const long panels = (outputs + kPanel - 1) / kPanel;
-    threads = threads_worth(3 * tiled * outputs * inputs / 16, threads);
+    const long lo_panels = lo == nullptr ? 0 : lo - hi;
+    threads = threads_worth((lo == nullptr ? 2 : 3) * tiled * outputs * inputs / 16, threads);
     const long block = amx_block_rows(inputs * (long)sizeof(bf16));
     if (tiled >= threads * block) {
         // Rows enough for whole blocks on every thread: each thread splits a block of its own
@@ -262,7 +264,7 @@ static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, 
             for (long r0 = begin; r0 < end; r0 += block) {
                 const long rows = end - r0 < block ? end - r0 : block, real = n - r0 < rows ? n - r0 : rows;
                 split_to_tiles(x + r0 * inputs, real, split, split + rows * inputs, 0, rows, inputs);
-                const Bf16x3Tiles tiles{{}, rows * inputs, lo - hi};
+                const Bf16x3Tiles tiles{{}, rows * inputs, lo_panels};
                 amx_panels(tiles, split, rows, real, hi, inputs, out + r0 * outputs, outputs, 0, panels, bias,
                            activation);
             }
@@ -273,7 +275,7 @@ static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, 
     parallel_ranges(tiled, threads_worth(tiled * inputs, threads), 1, [&](long begin, long end) {
         split_to_tiles(x, n, xt.get(), xt.get() + tiled * inputs, begin, end, inputs);
     });
-    const Bf16x3Tiles tiles{{}, tiled * inputs, lo - hi};
+    const Bf16x3Tiles tiles{{}, tiled * inputs, lo_panels};
     parallel_ranges(panels, threads, 1, [&](long begin, long end) {
         amx_panels(tiles, xt.get(), tiled, n, hi, inputs, out, outputs, begin, end, bias, activation);
     });

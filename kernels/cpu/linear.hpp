@@ -21,9 +21,10 @@ constexpr long kBf16x3TileFrom = 8;
 #if defined(__x86_64__) && defined(__GNUC__)
 // Up to four rows against one panel of a bf16x3 weight: each k pair's hi and lo lines widened and
 // added back into the fp32 weight they split (to within 2^-16 of it), sixteen outputs a vector,
-// then multiplied in fp32, so a decode step reads fp32's bytes once, in two streams. A 32-bit lane
-// of a bf16 panel's line holds one output's (k, k + 1) pair: shifted up, k's weight; masked, k + 1's.
-template <int R>
+// then multiplied in fp32, so a decode step reads fp32's bytes once, in two streams (a bf16x2
+// weight's one: kRest false). A 32-bit lane of a bf16 panel's line holds one output's (k, k + 1)
+// pair: shifted up, k's weight; masked, k + 1's.
+template <int R, bool kRest>
 __attribute__((target("avx512f"))) static void bf16x3_panel_rows(const float* x, long inputs, const bf16* hi,
                                                               const bf16* lo, float* out, long outputs, long cols) {
     typedef int32_t v16i __attribute__((vector_size(64)));
@@ -34,16 +35,23 @@ __attribute__((target("avx512f"))) static void bf16x3_panel_rows(const float* x,
     const v16i mask = v16i{} - 65536;
     for (long k = 0; k < inputs; k += 4) {
         __builtin_prefetch((const char*)(hi + k * kPanel) + kPrefetchAheadBytes, 0, 1);
-        __builtin_prefetch((const char*)(lo + k * kPanel) + kPrefetchAheadBytes, 0, 1);
         __builtin_prefetch((const char*)(hi + k * kPanel) + kPrefetchAheadBytes + 64, 0, 1);
-        __builtin_prefetch((const char*)(lo + k * kPanel) + kPrefetchAheadBytes + 64, 0, 1);
+        if (kRest) {
+            __builtin_prefetch((const char*)(lo + k * kPanel) + kPrefetchAheadBytes, 0, 1);
+            __builtin_prefetch((const char*)(lo + k * kPanel) + kPrefetchAheadBytes + 64, 0, 1);
+        }
         v16f w[4];  // k, k + 1, k + 2, k + 3
         for (int pair = 0; pair < 2; ++pair) {
-            v16i h, l;
+            v16i h;
             std::memcpy(&h, hi + (k + 2 * pair) * kPanel, sizeof(h));
-            std::memcpy(&l, lo + (k + 2 * pair) * kPanel, sizeof(l));
-            w[2 * pair] = (v16f)(h << 16) + (v16f)(l << 16);  // the casts reinterpret the bits
-            w[2 * pair + 1] = (v16f)(h & mask) + (v16f)(l & mask);
+            w[2 * pair] = (v16f)(h << 16);  // the casts reinterpret the bits
+            w[2 * pair + 1] = (v16f)(h & mask);
+            if (kRest) {
+                v16i l;
+                std::memcpy(&l, lo + (k + 2 * pair) * kPanel, sizeof(l));
+                w[2 * pair] += (v16f)(l << 16);
+                w[2 * pair + 1] += (v16f)(l & mask);
+            }
         }
         for (int r = 0; r < R; ++r)
             for (int j = 0; j < 4; ++j) sums[r][j] += (v16f)_mm512_set1_ps(x[r * inputs + k + j]) * w[j];
@@ -52,6 +60,18 @@ __attribute__((target("avx512f"))) static void bf16x3_panel_rows(const float* x,
     for (int r = 0; r < R; ++r) {
         if (cols == kPanel) std::memcpy(out + r * outputs, &sums[r][0], sizeof(sums[r][0]));
         else for (long j = 0; j < cols; ++j) out[r * outputs + j] = sums[r][0][j];
+    }
+}
+
+// The next (up to) four of `left` rows against one panel.
+template <bool kRest>
+static inline void bf16x3_rows(long left, const float* x, long inputs, const bf16* hi, const bf16* lo, float* out,
+                               long outputs, long cols) {
+    switch (left < 4 ? left : 4) {
+        case 4: bf16x3_panel_rows<4, kRest>(x, inputs, hi, lo, out, outputs, cols); break;
+        case 3: bf16x3_panel_rows<3, kRest>(x, inputs, hi, lo, out, outputs, cols); break;
+        case 2: bf16x3_panel_rows<2, kRest>(x, inputs, hi, lo, out, outputs, cols); break;
+        default: bf16x3_panel_rows<1, kRest>(x, inputs, hi, lo, out, outputs, cols); break;
     }
 }
 
@@ -65,12 +85,8 @@ static void bf16x3_stream(const float* x, long n, const bf16* hi, const bf16* lo
             for (long i = 0; i < n; i += 4) {
                 const float* xi = x + i * inputs;
                 float* o = out + i * outputs + col;
-                switch (n - i < 4 ? n - i : 4) {
-                    case 4: bf16x3_panel_rows<4>(xi, inputs, hi + at, lo + at, o, outputs, cols); break;
-                    case 3: bf16x3_panel_rows<3>(xi, inputs, hi + at, lo + at, o, outputs, cols); break;
-                    case 2: bf16x3_panel_rows<2>(xi, inputs, hi + at, lo + at, o, outputs, cols); break;
-                    default: bf16x3_panel_rows<1>(xi, inputs, hi + at, lo + at, o, outputs, cols); break;
-                }
+                if (lo != nullptr) bf16x3_rows<true>(n - i, xi, inputs, hi + at, lo + at, o, outputs, cols);
+                else bf16x3_rows<false>(n - i, xi, inputs, hi + at, nullptr, o, outputs, cols);
             }
         }
     });
@@ -80,12 +96,13 @@ static void bf16x3_stream(const float*, long, const bf16*, const bf16*, long, fl
 #endif
 
 // An fp32 weight kept as bf16x3 (amx_gemm.hpp; only on a CPU with AMX): the bf16 panels of its
-// rounding at w.data, those of the rest right after. Many rows go to the tiles (three bf16
-// products per product, within 2^-16 of fp32's), a few stream the panels.
+// rounding at w.data, those of the rest right after (none for bf16x2). Many rows go to the tiles
+// (three bf16 products per product, two for bf16x2, within 2^-16 of fp32's), a few stream the
+// panels.
 static void bf16x3_linear(const float* x, long n, const Weight& w, long inputs, float* out, long outputs,
                           int threads, const float* bias, long activation) {
     const bf16* hi = static_cast<const bf16*>(w.data);
-    const bf16* lo = hi + packed_elements(outputs, inputs);
+    const bf16* lo = w.format == kBF16x3 ? hi + packed_elements(outputs, inputs) : nullptr;
     if (n >= kBf16x3TileFrom) {
         bf16x3_gemm(x, n, hi, lo, inputs, out, outputs, threads, bias, activation);
         return;
@@ -98,7 +115,7 @@ static void bf16x3_linear(const float* x, long n, const Weight& w, long inputs, 
 // in the panel kernels' blocks; the by-rows and int8-product kernels apply it after the product.
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
-    if (w.format == kBF16x3) {
+    if (w.format == kBF16x3 || w.format == kBF16x2) {
         bf16x3_linear(x, n, w, inputs, out, outputs, threads, bias, activation);
     } else if (w.layout == kByRows || (w.format == kI8 && has_avx512_vnni())) {
         if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);

@@ -172,7 +172,7 @@ constexpr long kBf16x3Speedup = 3;
 
 // The budget of a piece of products by `w`, in multiply-adds of `w`'s format.
 static inline long projection_budget(long segment_macs, const Weight& w) {
-    return w.format == kBF16x3 ? segment_macs * kBf16x3Speedup : segment_macs;
+    return w.format == kBF16x3 || w.format == kBF16x2 ? segment_macs * kBf16x3Speedup : segment_macs;
 }
 
 // Where a step stands between two calls, and the scratch it keeps meanwhile. Phases of a layer:

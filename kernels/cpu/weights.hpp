@@ -26,8 +26,9 @@
 
 namespace prelude_cpu {
 
-// kBF16x3: an fp32 weight kept as two bf16 packings, its rounding then the rest (linear.hpp).
-enum WeightFormat : long { kF32 = 0, kBF16 = 1, kI8 = 2, kBF16x3 = 3 };
+// kBF16x3: an fp32 weight kept as two bf16 packings, its rounding then the rest (linear.hpp);
+// kBF16x2: one that bf16 holds exactly, kept as its one packing, multiplied as bf16x3 is.
+enum WeightFormat : long { kF32 = 0, kBF16 = 1, kI8 = 2, kBF16x3 = 3, kBF16x2 = 4 };
 enum WeightLayout : long { kByRows = 0, kPanels = 1 };
 
 // Four 8-byte fields, so that a weight crosses from Python as four int64s.

@@ -48,6 +48,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     from prelude.executor.attention import get_backend
     from prelude.executor.fused_step import native_step
     from prelude.executor.kv_cache import KVCache, KVCacheShape
+    from prelude.model.layers import stored_formats
     from prelude.model.loader import cpu_weight_format, load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
@@ -83,7 +84,7 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
     if weight_format not in (None, "float32"):
-        dtype_name += f", weights {weight_format}"
+        dtype_name += f", weights {'/'.join(stored_formats(model)) or weight_format}"
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)

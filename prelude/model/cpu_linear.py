@@ -20,7 +20,10 @@ An fp32 weight on a CPU with AMX (a decoder's layers, an encoder's dense layers)
 "bf16x3": the bf16 panels of its rounding and of the rest, which the tiles multiply by the rows
 split alike, three bf16 products per product (kernels/cpu/amx_gemm.hpp), within 2^-16 of fp32's
 and 2-4x as fast on a prompt's rows, in fp32's bytes; a decode step's few rows stream both
-halves in fp32 instead (kernels/cpu/linear.hpp), as fast as fp32's panels.
+halves in fp32 instead (kernels/cpu/linear.hpp), as fast as fp32's panels. A weight that bf16
+holds exactly (a bf16 checkpoint's, served in fp32 by default) has no rest: "bf16x2" keeps its
+one packing, which the tiles multiply by both halves of the rows (two products, the same sums)
+and a decode step streams at bf16's bytes (layers._stored chooses it).
 """
 from __future__ import annotations
 
@@ -43,7 +46,8 @@ MAX_SKINNY_ROWS = 64 if _native is not None and _native.wide_vectors() else 32
 # Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
 # which a by-rows weight's rows must hold whole).
 FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32),
-           "bf16x3": (3, torch.bfloat16, 16)}  # two bf16 packings: see above
+           "bf16x3": (3, torch.bfloat16, 16),  # two bf16 packings: see above
+           "bf16x2": (4, torch.bfloat16, 16)}  # bf16x3 of a weight bf16 holds exactly: one packing
 # bf16x3 products run where whole tiles of rows do, on AMX; its tiles take k 32 at a time.
 SPLIT_PRODUCTS = _native is not None and _native.amx_products()
 SPLIT_K = 32
@@ -105,6 +109,14 @@ class StoredWeight:
         return out
 
 
+def bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether bf16 holds every element of an fp32 weight exactly (a bf16 checkpoint's): no bit
+    below a bf16's. Its first row first, which settles it for an fp32 checkpoint's weight."""
+    def exact(part: torch.Tensor) -> bool:
+        return not (part.contiguous().view(torch.int32) & 0xFFFF).any()
+    return weight.dtype == torch.float32 and exact(weight[:1]) and exact(weight)
+
+
 def _pointer(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()
 
@@ -113,7 +125,7 @@ def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
     """Whether the kernels take this weight in this format and layout."""
     if _native is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return False
-    if format == "bf16x3":
+    if format in ("bf16x3", "bf16x2"):
         return SPLIT_PRODUCTS and layout == PANELS and weight.shape[1] % SPLIT_K == 0
     group = FORMATS[format][2] if layout == BY_ROWS else 1
     return weight.shape[1] % max(8, group) == 0
@@ -126,11 +138,12 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
     outputs, inputs = weight.shape
     weight = weight.contiguous()
     threads = torch.get_num_threads()
-    if format == "bf16x3":
+    if format in ("bf16x3", "bf16x2"):
         hi = weight.to(torch.bfloat16).float()
+        parts = (hi, weight - hi) if format == "bf16x3" else (hi,)
         size = _native.packed_size(outputs, inputs)
-        data = torch.empty(2 * size, dtype=dtype)
-        for half, part in enumerate((hi, weight - hi)):
+        data = torch.empty(len(parts) * size, dtype=dtype)
+        for half, part in enumerate(parts):
             _native.pack_linear(part.data_ptr(), outputs, inputs, FORMATS["bfloat16"][0], data[half * size:].data_ptr(),
                                 0, threads)
         return StoredWeight(data, None, format, layout, outputs, inputs)

@@ -249,6 +249,35 @@ def test_bf16x3_gives_the_fp32_product_to_within_two_to_the_minus_16(rows: int, 
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 17, 33, 352])
+@pytest.mark.parametrize("shape", [(1000, 384), (40, 64)])
+def test_a_weight_bf16_holds_exactly_keeps_one_packing_with_bf16x3s_products(rows: int, shape: tuple[int, int]):
+    # A bf16 checkpoint's weight served in fp32: its rest is zero, so it keeps the one packing
+    # (bf16x2, half the bytes) and multiplies to bf16x3's very sums, rows streamed or on the tiles.
+    from prelude.model.layers import Linear
+
+    gen = torch.Generator().manual_seed(rows)
+    weight = (torch.randn(*shape, generator=gen) / 8).to(torch.bfloat16).float()
+    bias, hidden = torch.randn(shape[0], generator=gen), torch.randn(rows, shape[1], generator=gen)
+    layer = Linear(shape[1], shape[0])
+    layer.weight.data = weight.clone()
+    layer.store("bf16x3")
+    assert layer.stored is not None and layer.stored.format == "bf16x2"
+    split = store(weight, "bf16x3", PANELS)
+    assert 2 * layer.stored.nbytes == split.nbytes
+    assert torch.equal(layer.stored.matmul(hidden), split.matmul(hidden))
+    assert torch.equal(layer.stored.matmul(hidden, bias, "gelu"), split.matmul(hidden, bias, "gelu"))
+    exact = (hidden.double() @ weight.double().t()).float()
+    assert ((layer(hidden) - exact).abs().max() / exact.abs().max()).item() < 2 ** -16
+    # One element off bf16's grid keeps both halves.
+    weight[-1, -1] += weight[-1, -1].abs() * 2 ** -12 + 1e-6
+    layer = Linear(shape[1], shape[0])
+    layer.weight.data = weight
+    layer.store("bf16x3")
+    assert layer.stored is not None and layer.stored.format == "bf16x3"
+
+
 def test_a_layer_whose_k_the_tiles_do_not_take_whole_stays_fp32():
     from prelude.model.layers import Linear
 

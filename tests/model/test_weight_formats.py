@@ -30,6 +30,7 @@ from prelude.executor.host_step import host_step
 from prelude.executor.kv_cache import KVCache, KVCacheShape
 from prelude.model.config import ModelConfig
 from prelude.model.cpu_linear import SPLIT_PRODUCTS
+from prelude.model.layers import stored_formats
 from prelude.model.loader import load_model
 from prelude.model.ops import select_ops
 from tests.checkpoints import make_checkpoint
@@ -89,6 +90,27 @@ def test_narrow_weights_stay_within_the_stated_tolerance_of_fp32(tmp_path, weigh
     assert torch.nn.functional.cosine_similarity(hidden, hidden32, dim=-1).min() >= cosine
     if weight_format == "bf16x3":  # as good as fp32 for every choice
         assert torch.equal(logits.argmax(-1), logits32.argmax(-1))
+
+
+@pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
+def test_a_bf16_checkpoint_served_in_fp32_keeps_its_layers_in_bf16_with_fp32s_results(tmp_path):
+    # Most published checkpoints are bf16, and the CPU serves them in fp32 by default: the layers'
+    # weights lose nothing in bf16, so they keep one packing (bf16x2), not fp32's bytes, and give
+    # fp32's logits within bf16x3's tolerance, every greedy token the same.
+    path = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512, vocab_size=2048,
+                           dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (3, 17, 30)]
+    hidden32, logits32 = _final_states(path, "float32", prompts)
+    hidden, logits = _final_states(path, "bf16x3", prompts)
+    logit_share, cosine = TOLERANCE["bf16x3"]
+    assert ((logits - logits32).abs().max(dim=-1).values <= logit_share * logits32.std(dim=-1)).all()
+    assert torch.equal(logits.argmax(-1), logits32.argmax(-1))
+    assert torch.nn.functional.cosine_similarity(hidden, hidden32, dim=-1).min() >= cosine
+    config = ModelConfig.from_dir(path)
+    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64,
+                       ops=select_ops(torch.device("cpu")), weight_format="bf16x3")
+    assert stored_formats(model) == ["bf16x2"]
 
 
 def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):
