@@ -115,8 +115,10 @@ static void bf16x3_linear(const float* x, long n, const Weight& w, long inputs, 
 // in the panel kernels' blocks; the by-rows and int8-product kernels apply it after the product.
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
-    if (w.format == kBF16x3 || w.format == kBF16x2) {
+    if (w.format == kBF16x3 || (w.format == kBF16x2 && has_amx() && inputs % kAmxK == 0)) {
         bf16x3_linear(x, n, w, inputs, out, outputs, threads, bias, activation);
+    } else if (w.format == kBF16x2) {  // no tiles for it: its bf16 panels widened into fp32 products
+        packed_gemm(x, n, Weight{w.data, nullptr, kBF16, kPanels}, inputs, out, outputs, threads, bias, activation);
     } else if (w.layout == kByRows || (w.format == kI8 && has_avx512_vnni())) {
         if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
         else vnni_gemm(x, n, w, inputs, out, outputs, threads);

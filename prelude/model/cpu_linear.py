@@ -20,10 +20,13 @@ An fp32 weight on a CPU with AMX (a decoder's layers, an encoder's dense layers)
 "bf16x3": the bf16 panels of its rounding and of the rest, which the tiles multiply by the rows
 split alike, three bf16 products per product (kernels/cpu/amx_gemm.hpp), within 2^-16 of fp32's
 and 2-4x as fast on a prompt's rows, in fp32's bytes; a decode step's few rows stream both
-halves in fp32 instead (kernels/cpu/linear.hpp), as fast as fp32's panels. A weight that bf16
-holds exactly (a bf16 checkpoint's, served in fp32 by default) has no rest: "bf16x2" keeps its
-one packing, which the tiles multiply by both halves of the rows (two products, the same sums)
-and a decode step streams at bf16's bytes (layers._stored chooses it).
+halves in fp32 instead (kernels/cpu/linear.hpp), as fast as fp32's panels.
+
+A weight in panels that bf16 holds exactly (a bf16 checkpoint's, which the CPU serves in fp32 by
+default) loses nothing in bf16: "bf16x2" keeps its one bf16 packing, half fp32's bytes, on any
+CPU. On AMX the tiles multiply it by both halves of the rows (two products: bf16x3's sums, its
+rest being zero); elsewhere the panels are widened into fp32 products as read, fp32's own
+arithmetic (layers._stored chooses it). A decode step reads half the bytes either way.
 """
 from __future__ import annotations
 
@@ -125,8 +128,10 @@ def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
     """Whether the kernels take this weight in this format and layout."""
     if _native is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return False
-    if format in ("bf16x3", "bf16x2"):
+    if format == "bf16x3":
         return SPLIT_PRODUCTS and layout == PANELS and weight.shape[1] % SPLIT_K == 0
+    if format == "bf16x2":  # on the tiles where they take its k whole, else widened (linear.hpp)
+        return layout == PANELS and weight.shape[1] % 8 == 0
     group = FORMATS[format][2] if layout == BY_ROWS else 1
     return weight.shape[1] % max(8, group) == 0
 

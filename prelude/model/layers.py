@@ -26,11 +26,11 @@ class UsesOps:
 
 def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | None:
     """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
-    is: the kernels do not take it, or an fp32 weight by rows is already what they read. An fp32
-    weight that bf16 holds exactly (a bf16 checkpoint's) has no rest to keep: its bf16x3 panels
-    are bf16x2's. (Its rows, a tied LM head's, stay fp32: by rows in bf16 the head took 0.78x
-    fp32's time at 512 rows, MKL's sgemm being faster there; 2.9x at one row.)"""
-    if format == "bf16x3" and layout == PANELS and bf16_exact(weight):
+    is: the kernels do not take it, or an fp32 weight by rows is already what they read. Panels
+    of an fp32 weight that bf16 holds exactly (a bf16 checkpoint's) are bf16x2's: half the bytes,
+    fp32's products. Its rows (an LM head) stay fp32: in bf16 by rows B's head took 0.3-0.5x fp32's
+    time at one row but 1.3x at 512 (a prompt's logprobs), where torch's sgemm takes fp32's."""
+    if format in ("bf16x3", "float32") and layout == PANELS and bf16_exact(weight):
         format = "bf16x2"
     if format in ("bf16x3", "bf16x2") and not storable(weight, format, layout):  # k the tiles do not take whole
         format = "float32"
@@ -41,7 +41,8 @@ def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | No
 
 def stored_formats(model: nn.Module) -> list[str]:
     """The formats the model's weights are kept in for the CPU kernels (none: as loaded)."""
-    return sorted({m.stored.format for m in model.modules() if getattr(m, "stored", None) is not None})
+    formats = {stored.format for m in model.modules() if isinstance(stored := getattr(m, "stored", None), StoredWeight)}
+    return sorted(formats)
 
 
 class Linear(nn.Module):

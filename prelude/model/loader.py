@@ -19,6 +19,7 @@ from prelude.model.cpu_linear import SPLIT_PRODUCTS
 from prelude.model.bert import BertLM
 from prelude.model.decoder import DecoderLM
 from prelude.model.encoder import EncoderLM
+from prelude.model.layers import stored_formats
 from prelude.model.modernbert import ModernBertLM
 from prelude.model.ops import TORCH_OPS, Ops
 from prelude.model.quantized_checkpoint import dequantized_tensors
@@ -44,7 +45,8 @@ def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig
     stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
     after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
     quantized); an encoder's dense layers likewise. fp32 weights are kept as bf16x3 where the CPU
-    has AMX (model.cpu_linear), a decoder's layers and an encoder's dense layers.
+    has AMX (model.cpu_linear), a decoder's layers and an encoder's dense layers; those that bf16
+    holds exactly (a bf16 checkpoint's) as bf16x2 on any CPU (layers._stored).
     fp16 runs on torch's ops in fp16. A checkpoint of int8 weights stays int8."""
     if quantization == "int8" or config.int8_weights:
         if config.encoder is not None:
@@ -117,6 +119,7 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     stored = ""
     if device.type == "cpu" and weight_format is not None:
         model.store_weights(weight_format)
-        stored = f", weights stored {weight_format} in {time.perf_counter() - loaded_at:.2f}s"
+        formats = "/".join(stored_formats(model)) or "as read"
+        stored = f", weights stored {formats} in {time.perf_counter() - loaded_at:.2f}s"
     logger.info("loaded %s (%s, %s) in %.2fs%s", model_dir, config.architecture, dtype, loaded_at - start, stored)
     return model

@@ -249,33 +249,71 @@ def test_bf16x3_gives_the_fp32_product_to_within_two_to_the_minus_16(rows: int, 
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not SPLIT_PRODUCTS, reason="bf16x3 runs on AMX, which this CPU (or process) lacks")
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 17, 33, 352])
-@pytest.mark.parametrize("shape", [(1000, 384), (40, 64)])
-def test_a_weight_bf16_holds_exactly_keeps_one_packing_with_bf16x3s_products(rows: int, shape: tuple[int, int]):
-    # A bf16 checkpoint's weight served in fp32: its rest is zero, so it keeps the one packing
-    # (bf16x2, half the bytes) and multiplies to bf16x3's very sums, rows streamed or on the tiles.
+def _bf16x2_products(rows_list: tuple[int, ...], shape: tuple[int, int]) -> None:
+    """A bf16 checkpoint's weight served in fp32 (it holds no bit below a bf16's) keeps one bf16
+    packing (bf16x2), half fp32's bytes, and gives fp32's products: on AMX bf16x3's very sums
+    (its rest is zero), elsewhere the panels widened into fp32 arithmetic. Bias and GELU follow."""
     from prelude.model.layers import Linear
 
-    gen = torch.Generator().manual_seed(rows)
+    gen = torch.Generator().manual_seed(shape[0])
     weight = (torch.randn(*shape, generator=gen) / 8).to(torch.bfloat16).float()
-    bias, hidden = torch.randn(shape[0], generator=gen), torch.randn(rows, shape[1], generator=gen)
+    bias = torch.randn(shape[0], generator=gen)
     layer = Linear(shape[1], shape[0])
     layer.weight.data = weight.clone()
-    layer.store("bf16x3")
+    layer.store("bf16x3" if SPLIT_PRODUCTS else "float32")
     assert layer.stored is not None and layer.stored.format == "bf16x2"
-    split = store(weight, "bf16x3", PANELS)
-    assert 2 * layer.stored.nbytes == split.nbytes
-    assert torch.equal(layer.stored.matmul(hidden), split.matmul(hidden))
-    assert torch.equal(layer.stored.matmul(hidden, bias, "gelu"), split.matmul(hidden, bias, "gelu"))
-    exact = (hidden.double() @ weight.double().t()).float()
-    assert ((layer(hidden) - exact).abs().max() / exact.abs().max()).item() < 2 ** -16
-    # One element off bf16's grid keeps both halves.
-    weight[-1, -1] += weight[-1, -1].abs() * 2 ** -12 + 1e-6
-    layer = Linear(shape[1], shape[0])
+    assert 2 * layer.stored.nbytes == store(weight, "float32", PANELS).nbytes
+    split = store(weight, "bf16x3", PANELS) if SPLIT_PRODUCTS else None
+    with torch.inference_mode():
+        for rows in rows_list:
+            hidden = torch.randn(rows, shape[1], generator=gen)
+            exact = (hidden.double() @ weight.double().t()).float()
+            out = layer(hidden)
+            error = ((out - exact).abs().max() / exact.abs().max()).item()
+            assert error < (2 ** -16 if SPLIT_PRODUCTS else 2e-6), (rows, error)
+            torch.testing.assert_close(layer.stored.matmul(hidden, bias, "gelu"),
+                                       torch.nn.functional.gelu(exact + bias), rtol=1e-4, atol=1e-4)
+            if split is not None:
+                assert torch.equal(out, split.matmul(hidden))
+                assert torch.equal(layer.stored.matmul(hidden, bias, "gelu"), split.matmul(hidden, bias, "gelu"))
+
+
+# A decode step's rows (1-7: streamed) and more (tiles where the CPU has AMX; register tiles
+# of widened panels elsewhere); a part panel with a k the tiles take, and a lone panel.
+BF16X2_ROWS = (1, 3, 4, 5, 8, 17, 33, 352)
+
+
+@pytest.mark.parametrize("shape", [(1000, 384), (40, 64)])
+def test_a_weight_bf16_holds_exactly_keeps_one_packing_and_fp32s_products(shape: tuple[int, int]):
+    _bf16x2_products(BF16X2_ROWS, shape)
+
+
+def test_without_amx_a_bf16x2_weight_is_widened_into_fp32_products():
+    # PRELUDE_CPU_AMX=0, in a process of its own (the kernels decide once per process); also a k
+    # the tiles do not take whole (40), which widens on any CPU.
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+from tests.model.test_cpu_linear import _bf16x2_products
+for shape in ((1000, 384), (40, 64), (64, 40)):
+    _bf16x2_products({BF16X2_ROWS}, shape)
+"""
+    env = dict(os.environ, PRELUDE_CPU_AMX="0")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_weight_off_bf16s_grid_keeps_both_halves():
+    from prelude.model.layers import Linear
+
+    weight = (torch.randn(64, 64) / 8).to(torch.bfloat16).float()
+    weight[-1, -1] += weight[-1, -1].abs() * 2 ** -12 + 1e-6  # one element between two bf16s
+    layer = Linear(64, 64)
     layer.weight.data = weight
-    layer.store("bf16x3")
-    assert layer.stored is not None and layer.stored.format == "bf16x3"
+    layer.store("bf16x3" if SPLIT_PRODUCTS else "float32")
+    assert layer.stored is not None and layer.stored.format == ("bf16x3" if SPLIT_PRODUCTS else "float32")
 
 
 def test_a_layer_whose_k_the_tiles_do_not_take_whole_stays_fp32():
