@@ -20,7 +20,7 @@ from prelude import __version__
 from prelude.app.cli import build_parser
 from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
 from prelude.demo import VERSION
-from prelude.model.cpu_linear import built
+from prelude.model.cpu_linear import SPLIT_PRODUCTS, built
 
 
 def run_to_exit(args: list[str], command: list[str] | None = None,
@@ -152,8 +152,9 @@ def test_demo_model_serves_cold_then_warm(tmp_path):
         fields = dict(line.split(None, 1) for line in banner[1:])
         demo_dir = tmp_path / "cache" / f"demo-v{VERSION}"
         assert fields["model"] == f"{demo_dir} (Qwen3ForCausalLM), served as prelude-demo"
-        # The demo's bf16 weights, served in fp32, kept in one bf16 packing by the native kernels.
-        weights = ", weights bf16x2" if built else ""
+        # The demo's bf16 weights, served in fp32, kept in bf16 by the native kernels (its head too
+        # where AMX's tiles take a head's many rows).
+        weights = ", weights bf16x2/bfloat16" if SPLIT_PRODUCTS else ", weights bf16x2" if built else ""
         assert fields["dtype"] == f"float32{weights} on cpu, {threads} compute thread{'' if threads == 1 else 's'}"
         assert fields["tokenizer"] == "fasttoken"
         assert fields["KV"].startswith("cache ") and "tokens" in fields["KV"] and "prefix caching on" in fields["KV"]

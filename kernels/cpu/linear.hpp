@@ -3,9 +3,11 @@
 // packed panels (the decoder layers' weights: a few rows stream them, more go through register
 // tiles; int8 ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has
 // AVX-512 BF16, whole 16-row tiles of either, and of bf16x3, on AMX where it has that) or rows
-// (an LM head tied to its embedding, which needs the rows for its lookups).
+// (an LM head tied to its embedding, which needs the rows for its lookups; many rows of a bf16
+// one go to AMX's tiles too, head_tiles.hpp).
 #pragma once
 #include "bf16_gemm.hpp"
+#include "head_tiles.hpp"
 #include "packed_gemm.hpp"
 #include "skinny_gemm.hpp"
 #include "vnni_gemm.hpp"
@@ -119,6 +121,9 @@ static void linear_rows(const float* x, long n, const Weight& w, long inputs, fl
         bf16x3_linear(x, n, w, inputs, out, outputs, threads, bias, activation);
     } else if (w.format == kBF16x2) {  // no tiles for it: its bf16 panels widened into fp32 products
         packed_gemm(x, n, Weight{w.data, nullptr, kBF16, kPanels}, inputs, out, outputs, threads, bias, activation);
+    } else if (w.layout == kByRows && w.format == kBF16 && n >= kRowsOnTilesFrom && has_amx() && inputs % kAmxK == 0) {
+        bf16_rows_on_tiles(x, n, static_cast<const bf16*>(w.data), inputs, out, outputs, threads);
+        finish_block(out, n, outputs, 0, outputs, bias, activation);
     } else if (w.layout == kByRows || (w.format == kI8 && has_avx512_vnni())) {
         if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
         else vnni_gemm(x, n, w, inputs, out, outputs, threads);

@@ -15,7 +15,8 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, PANELS, StoredWeight, bf16_exact, linear, storable, store
+from prelude.model.cpu_linear import (BY_ROWS, HEAD_LAYOUTS, PANELS, SPLIT_PRODUCTS, StoredWeight, bf16_exact, linear,
+                                      storable, store)
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -26,12 +27,16 @@ class UsesOps:
 
 def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | None:
     """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
-    is: the kernels do not take it, or an fp32 weight by rows is already what they read. Panels
-    of an fp32 weight that bf16 holds exactly (a bf16 checkpoint's) are bf16x2's: half the bytes,
-    fp32's products. Its rows (an LM head) stay fp32: in bf16 by rows B's head took 0.3-0.5x fp32's
-    time at one row but 1.3x at 512 (a prompt's logprobs), where torch's sgemm takes fp32's."""
-    if format in ("bf16x3", "float32") and layout == PANELS and bf16_exact(weight):
-        format = "bf16x2"
+    is: the kernels do not take it, or an fp32 weight by rows is already what they read. An fp32
+    weight that bf16 holds exactly (a bf16 checkpoint's) keeps half the bytes and fp32's products:
+    in panels as bf16x2; by rows (an LM head, its embedding) as bf16 where the CPU has AMX, whose
+    tiles take its many rows (a prompt's logprobs); elsewhere those rows run torch's fp32 sgemm,
+    which the bf16 kernel by rows falls behind (B's head at 512 rows: 1.3x its time)."""
+    if format in ("bf16x3", "float32") and bf16_exact(weight):
+        if layout == PANELS:
+            format = "bf16x2"
+        elif SPLIT_PRODUCTS:
+            format = "bfloat16"
     if format in ("bf16x3", "bf16x2") and not storable(weight, format, layout):  # k the tiles do not take whole
         format = "float32"
     if (format == "float32" and layout == BY_ROWS) or not storable(weight, format, layout):

@@ -305,6 +305,21 @@ for shape in ((1000, 384), (40, 64), (64, 40)):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("rows", [63, 64, 65, 100, 257])
+@pytest.mark.parametrize("shape", [(1003, 96), (4096, 512)])  # a part panel pair; a head's width
+def test_a_bf16_weight_by_rows_gives_fp32s_products_for_many_rows(rows: int, shape: tuple[int, int]):
+    # A bf16 LM head (kept by rows for its lookups): a few rows stream it, many go to AMX's tiles
+    # where the CPU has them (kernels/cpu/head_tiles.hpp: each row split in halves, the weight's
+    # rows gathered into panels). Either way every row within 2^-16 of the fp64 product.
+    gen = torch.Generator().manual_seed(rows)
+    weight = (torch.randn(*shape, generator=gen) / 8).to(torch.bfloat16).float()
+    stored = store(weight, "bfloat16", BY_ROWS)
+    hidden = torch.randn(rows, shape[1], generator=gen)
+    exact = (hidden.double() @ weight.double().t()).float()
+    out = stored.matmul(hidden)
+    assert ((out - exact).abs().max() / exact.abs().max()).item() < 2 ** -16
+
+
 def test_a_weight_off_bf16s_grid_keeps_both_halves():
     from prelude.model.layers import Linear
 

@@ -112,7 +112,8 @@ def test_a_bf16_checkpoint_served_in_fp32_keeps_its_layers_in_bf16_with_fp32s_re
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64,
                        ops=select_ops(torch.device("cpu")), weight_format="bf16x3" if SPLIT_PRODUCTS else "float32")
-    assert stored_formats(model) == ["bf16x2"]
+    # Its tied head and embedding by rows in bf16 too where AMX's tiles take a head's many rows.
+    assert stored_formats(model) == (["bf16x2", "bfloat16"] if SPLIT_PRODUCTS else ["bf16x2"])
 
 
 def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):

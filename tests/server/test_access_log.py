@@ -117,8 +117,8 @@ def test_json_log_format_and_disable_log_requests_end_to_end(demo_model, tmp_pat
         lines = [json.loads(line) for line in err.splitlines()]  # each line parses, or this raises
         (banner,) = [line for line in lines if line.get("event") == "ready"]
         assert banner["version"] and banner["architecture"] == "Qwen3ForCausalLM"
-        # its bf16 weights, served in fp32, kept in one bf16 packing (unless the kernels are not built)
-        assert banner["dtype"] in ("float32", "float32, weights bf16x2")
+        # its bf16 weights, served in fp32, kept in bf16 (its head too on AMX) unless the kernels are not built
+        assert banner["dtype"] in ("float32", "float32, weights bf16x2", "float32, weights bf16x2/bfloat16")
         assert banner["device"] == "cpu" and banner["tokenizer"] == "fasttoken" and banner["prefix_caching"] is True
         assert banner["kv_capacity_tokens"] > 0 and banner["listen_url"] == f"unix:{uds}"
         assert banner["seconds_to_ready"] > 0

@@ -1,0 +1,126 @@
+// A bf16 weight by rows (an LM head: its embedding lookups need the rows) times many fp32 rows, on
+// AMX's tiles (a prompt's logprobs: every prompt token's row). skinny_gemm streams the rows for a
+// decode step's few; from tens of rows on it computes, and fell behind torch's fp32 sgemm on the
+// head's fp32 copy (B's head at 512 rows: 1.3x its time), so a head kept in bf16 goes to the
+// tiles, as bf16x3 goes (amx_gemm.hpp): each row split into bf16 halves, the weight bf16 itself,
+// hi x w + lo x w in fp32 sums, within 2^-16 of fp32's products.
+//
+// The tiles read a weight in panels: line q of a panel holds word q (two bf16s) of each of 16
+// outputs. By rows a 32-bit word of a row holds two of its elements too, in weights.hpp's
+// interleave (elements j and j + 8 of a group of 16), and a product's sum over k does not care
+// about k's order: so 32 rows are gathered into two panels word for word, and the rows of x are
+// put into the same order before they are split.
+#pragma once
+#include <immintrin.h>
+
+#include <memory>
+
+#include "amx_gemm.hpp"
+#include "team.hpp"
+#include "weights.hpp"
+
+namespace prelude_cpu {
+
+// From this many rows a bf16 weight by rows goes to the tiles (fewer stream it: skinny_gemm).
+constexpr long kRowsOnTilesFrom = 64;
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define PRELUDE_HEAD_AMX __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f")))
+
+// Rows [0, count) of w (count <= 32) as two panels at `panel`, word for word (rows past count: zero).
+PRELUDE_HEAD_AMX static void gather_panels(const bf16* w, long inputs, long count, bf16* panel) {
+    const long words = inputs / 2;
+    const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32((int)words));
+    for (long half = 0; half < 2; ++half) {
+        const long rows = count - kPanel * half;
+        int32_t* line = reinterpret_cast<int32_t*>(panel + half * inputs * kPanel);
+        if (rows <= 0) {
+            std::memset(line, 0, inputs * kPanel * sizeof(bf16));
+            continue;
+        }
+        const __mmask16 valid = rows >= kPanel ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1);
+        const int32_t* word = reinterpret_cast<const int32_t*>(w + kPanel * half * inputs);
+        for (long q = 0; q < words; ++q)
+            _mm512_storeu_si512(line + kPanel * q,
+                                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, row_at, word + q, 4));
+    }
+}
+
+// Row tiles [r0, r1) of xt by the two panels at `panel` (outputs [col, col + cols), cols <= 32).
+PRELUDE_HEAD_AMX static void panel_pair_rows(const Bf16x3Tiles& tiles, const bf16* xt, long inputs,
+                                             const bf16* panel, float* out, long outputs, long r0, long r1,
+                                             long rows, long col, long cols) {
+    for (long r = r0; r < r1; r += 2 * kAmxRows) {
+        const bf16* a = xt + r * inputs;
+        float* o = out + r * outputs + col;
+        const bool two = r + 2 * kAmxRows <= r1;
+        if (cols == 2 * kPanel) {
+            if (two) amx_block<Bf16x3Tiles, 2, 2>(tiles, a, inputs, panel, o, outputs, r, rows, col, kPanel);
+            else amx_block<Bf16x3Tiles, 1, 2>(tiles, a, inputs, panel, o, outputs, r, rows, col, kPanel);
+            continue;
+        }
+        for (long half = 0; half * kPanel < cols; ++half) {
+            const long c = cols - half * kPanel < kPanel ? cols - half * kPanel : kPanel;
+            const bf16* p = panel + half * inputs * kPanel;
+            if (two) amx_block<Bf16x3Tiles, 2, 1>(tiles, a, inputs, p, o + half * kPanel, outputs, r, rows, col, c);
+            else amx_block<Bf16x3Tiles, 1, 1>(tiles, a, inputs, p, o + half * kPanel, outputs, r, rows, col, c);
+        }
+    }
+}
+
+// Panel pairs [begin, end) of w by all rows (one thread's share): gathered a group that fits a
+// share of L2 at a time, then blocks of row tiles that fit another share run over the group.
+PRELUDE_HEAD_AMX static void pair_range(const Bf16x3Tiles& tiles, const bf16* xt, long tiled, long n, const bf16* w,
+                                        long inputs, float* out, long outputs, long begin, long end) {
+    const long pair_elements = 2 * kPanel * inputs;
+    const long fit = kAmxBlockBytes / (pair_elements * (long)sizeof(bf16));
+    const long group = fit > 1 ? fit : 1;
+    const long block = amx_block_rows(2 * inputs * (long)sizeof(bf16));  // a row's hi and lo
+    std::unique_ptr<bf16[]> panels(new bf16[group * pair_elements]);
+    configure_tiles();
+    for (long g0 = begin; g0 < end; g0 += group) {
+        const long g1 = g0 + group < end ? g0 + group : end;
+        for (long p = g0; p < g1; ++p) {
+            const long count = outputs - 2 * kPanel * p < 2 * kPanel ? outputs - 2 * kPanel * p : 2 * kPanel;
+            gather_panels(w + 2 * kPanel * p * inputs, inputs, count, panels.get() + (p - g0) * pair_elements);
+        }
+        for (long r0 = 0; r0 < tiled; r0 += block) {
+            const long r1 = r0 + block < tiled ? r0 + block : tiled;
+            for (long p = g0; p < g1; ++p) {
+                const long col = 2 * kPanel * p;
+                const long cols = outputs - col < 2 * kPanel ? outputs - col : 2 * kPanel;
+                panel_pair_rows(tiles, xt, inputs, panels.get() + (p - g0) * pair_elements, out, outputs, r0, r1, n,
+                                col, cols);
+            }
+        }
+    }
+    _tile_release();
+}
+
+// out[n, outputs] = x . w^T, w bf16 by rows (weights.hpp's interleave), inputs a multiple of 32, on
+// AMX (the caller checked has_amx()): x's rows put in the weight's word order and split into
+// tiles once, then the panel pairs shared out among the threads.
+static void bf16_rows_on_tiles(const float* x, long n, const bf16* w, long inputs, float* out, long outputs,
+                               int threads) {
+    const long tiled = (n + kAmxRows - 1) / kAmxRows * kAmxRows;
+    std::unique_ptr<float[]> ordered(new float[n * inputs]);  // x's rows in the weight's word order
+    for (long i = 0; i < n; ++i)
+        for (long g = 0; g < inputs; g += 16)
+            for (long e = 0; e < 16; ++e) ordered[i * inputs + g + 2 * (e % 8) + e / 8] = x[i * inputs + g + e];
+    std::unique_ptr<bf16[]> xt(new bf16[2 * tiled * inputs]);  // hi tiles, then lo tiles
+    parallel_ranges(tiled, threads_worth(tiled * inputs, threads), kAmxRows, [&](long begin, long end) {
+        split_to_tiles(ordered.get(), n, xt.get(), xt.get() + tiled * inputs, begin, end, inputs);
+    });
+    const Bf16x3Tiles tiles{{}, tiled * inputs, 0};  // no lo panels: w is bf16 itself
+    const long pairs = (outputs + 2 * kPanel - 1) / (2 * kPanel);
+    parallel_ranges(pairs, threads, 1, [&](long begin, long end) {
+        pair_range(tiles, xt.get(), tiled, n, w, inputs, out, outputs, begin, end);
+    });
+}
+#undef PRELUDE_HEAD_AMX
+#else
+static void bf16_rows_on_tiles(const float*, long, const bf16*, long, float*, long, int) {}
+#endif
+
+}  // namespace prelude_cpu
