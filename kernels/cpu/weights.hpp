@@ -16,6 +16,10 @@
 // its b-th byte (int8) or half (bf16), and `(lane << (32 - w(b+1))) >> (32 - w)` brings it out
 // (w its width in bits). Panels interleave k within a lane instead (packed_gemm.hpp).
 #pragma once
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
@@ -161,6 +165,33 @@ static inline void put_row(void* dst, long format, const float* row, long inputs
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// put_row's bf16 rows sixteen elements an instruction where the CPU converts to bf16 itself (the
+// same rounding): a bf16 checkpoint's head kept in bf16 took 111 ms of B's startup element by element.
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void put_bf16_row_wide(bf16* dst,
+                                                                                            const float* row,
+                                                                                            long inputs) {
+    // Lane 2j + b of a group takes its element 8b + j (the interleave above).
+    const __m256i order = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    for (long g = 0; g < inputs; g += 16) {
+        const __m256i half = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(row + g));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + g), _mm256_permutexvar_epi16(order, half));
+    }
+}
+
+static inline bool converts_bf16_wide() {
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    }();
+    return has;
+}
+#else
+static void put_bf16_row_wide(bf16*, const float*, long) {}
+static inline bool converts_bf16_wide() { return false; }
+#endif
+
 // w [outputs, inputs] fp32 into rows of `format` at dst; int8 writes scales [outputs]. On the
 // team: a model's vocabulary is converted while the server starts.
 static void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales,
@@ -173,7 +204,9 @@ static void convert_rows(const float* w, long outputs, long inputs, long format,
                 scales[o] = row_scale(row, inputs);
                 inverse = 1.0f / scales[o];
             }
-            put_row(static_cast<char*>(dst) + o * inputs * format_bytes(format), format, row, inputs, inverse);
+            void* out = static_cast<char*>(dst) + o * inputs * format_bytes(format);
+            if (format == kBF16 && converts_bf16_wide()) put_bf16_row_wide(static_cast<bf16*>(out), row, inputs);
+            else put_row(out, format, row, inputs, inverse);
         }
     });
 }

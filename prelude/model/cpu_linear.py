@@ -12,7 +12,8 @@ are compute-bound, and MKL's sgemm falls behind a kernel on a weight packed once
 So a decoder layer's weight is kept once, packed into panels (kernels/cpu/packed_gemm.hpp: few
 rows stream the panels, more run register tiles, both without the GIL inside the native step),
 and its checkpoint copy is dropped. An LM head tied to its embedding stays by rows, which its
-lookups need (kernels/cpu/skinny_gemm.hpp). bf16 halves and int8 quarters the bytes a decode
+lookups need (kernels/cpu/skinny_gemm.hpp; many rows of a bf16 one on AMX's tiles,
+kernels/cpu/head_tiles.hpp). bf16 halves and int8 quarters the bytes a decode
 step reads (kernels/cpu/weights.hpp: int8 with one scale per output); `python -m
 bench.kernels.lm_head` measures the formats.
 
@@ -26,7 +27,8 @@ A weight in panels that bf16 holds exactly (a bf16 checkpoint's, which the CPU s
 default) loses nothing in bf16: "bf16x2" keeps its one bf16 packing, half fp32's bytes, on any
 CPU. On AMX the tiles multiply it by both halves of the rows (two products: bf16x3's sums, its
 rest being zero); elsewhere the panels are widened into fp32 products as read, fp32's own
-arithmetic (layers._stored chooses it). A decode step reads half the bytes either way.
+arithmetic. Its head and embedding by rows are kept in bf16 where the CPU has AMX, whose tiles
+take a head's many rows (layers._stored chooses). A decode step reads half the bytes.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16)
 SPLIT_PRODUCTS = _native is not None and _native.amx_products()
 SPLIT_K = 32
 BY_ROWS, PANELS = 0, 1
+EXACT_BLOCK = 2048  # rows bf16_exact looks at a time
 # An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
 # faster than widened by rows); lookups gather from either.
@@ -114,10 +117,13 @@ class StoredWeight:
 
 def bf16_exact(weight: torch.Tensor) -> bool:
     """Whether bf16 holds every element of an fp32 weight exactly (a bf16 checkpoint's): no bit
-    below a bf16's. Its first row first, which settles it for an fp32 checkpoint's weight."""
-    def exact(part: torch.Tensor) -> bool:
-        return not (part.contiguous().view(torch.int32) & 0xFFFF).any()
-    return weight.dtype == torch.float32 and exact(weight[:1]) and exact(weight)
+    below a bf16's. Looked at in blocks of rows (its first row first, which settles it for an fp32
+    checkpoint's weight): a whole head's mask in one tensor took 3x as long."""
+    if weight.dtype != torch.float32 or weight.dim() != 2:
+        return False
+    bits = weight.contiguous().view(torch.int32)
+    starts = [0, 1, *range(EXACT_BLOCK, bits.shape[0], EXACT_BLOCK)]
+    return not any((bits[a:b] & 0xFFFF).any() for a, b in zip(starts, [*starts[1:], bits.shape[0]]))
 
 
 def _pointer(tensor: torch.Tensor | None) -> int:
