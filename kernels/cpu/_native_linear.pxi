@@ -1,4 +1,5 @@
 # Linear layers: weight conversion and packing, and their products (included by _native.pyx).
+from libc.stdint cimport int64_t
 
 cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
     cdef struct Weight:
@@ -7,6 +8,7 @@ cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
         long format
         long layout
     void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales, int threads)
+    void gather_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
     long packed_elements(long outputs, long inputs)
@@ -45,6 +47,15 @@ def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t 
     (int8: and its per-row scales, `outputs` floats, at scales_ptr)."""
     with nogil:
         convert_rows(<const float*>w_ptr, outputs, inputs, format, <void*>dst_ptr, <float*>scales_ptr, threads)
+
+
+def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t ids_ptr, long n, size_t out_ptr) -> None:
+    """out[n, inputs] (fp32) = rows ids[n] (int64) of a weight by rows in `format` (convert_weight's),
+    widened (int8: times each row's scale)."""
+    cdef Weight w
+    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, 0
+    with nogil:
+        gather_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
 
 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,

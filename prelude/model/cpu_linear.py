@@ -94,24 +94,25 @@ class StoredWeight:
         return out
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
-        """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows,
-        or from int8 panels (HEAD_LAYOUTS)."""
+        """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows
+        (widened natively), or from int8 panels (HEAD_LAYOUTS)."""
+        assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         if self.layout == PANELS:
             assert self.format == "int8", "rows are gathered from int8 panels only"
             # Output o's k sits at panel o / 16, group k / 4, half (o % 16) / 8, lane o % 8, byte k % 4.
             grid = self.data.view(-1, self.inputs // 4, 2, 8, 4)
-            picked = grid[index // 16, :, index % 16 // 8, index % 8, :].reshape(-1, self.inputs)
-        else:
-            picked = self.data[index]
-            group = FORMATS[self.format][2]
-            if group > 1:  # undo the interleave: a group's element 8b + j is stored at (group / 8) j + b
-                picked = picked.view(-1, self.inputs // group, 8, group // 8).transpose(-1, -2).reshape(
-                    -1, self.inputs)
-        picked = picked.reshape(*index.shape, self.inputs)
-        out = picked.float()
-        if self.scales is not None:
-            out *= self.scales[index].unsqueeze(-1)
+            picked = grid[index // 16, :, index % 16 // 8, index % 8, :].reshape(*index.shape, self.inputs)
+            out = picked.float()
+            if self.scales is not None:
+                out *= self.scales[index].unsqueeze(-1)
+            return out
+        ids = index.reshape(-1).contiguous()
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):  # the kernel reads unchecked
+            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
+        out = torch.empty(*index.shape, self.inputs)
+        _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0], self.inputs,
+                        ids.data_ptr(), len(ids), out.data_ptr())
         return out
 
 
