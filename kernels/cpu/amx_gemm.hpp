@@ -284,12 +284,14 @@ __attribute__((target("avx512f"))) static void amx_finish(float* out, long rows,
 }
 
 // Rows [0, tiled) of xt (in the tiles' order; tiled a multiple of 16; those from `rows` on are
-// padding, not written) by panels [p_begin, p_end), with packed_gemm's epilogue. Rows go in blocks that stay in L2 while every panel pair
+// padding, not written) by panels [p_begin, p_end) of `outputs` columns, into out's rows `ld`
+// floats apart (outputs, or more where the panels are a block of a wider weight's), with
+// packed_gemm's epilogue. Rows go in blocks that stay in L2 while every panel pair
 // passes over them: one pass of all the rows per pair, the sums' stores evicting them, took
 // 1.1-1.2x as long at 2,048 rows (three of all-MiniLM's four shapes; the fourth alike).
 template <typename Tiles>
 PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row* xt, long tiled, long rows,
-                                   const typename Tiles::Panel* packed, long inputs, float* out, long outputs,
+                                   const typename Tiles::Panel* packed, long inputs, float* out, long outputs, long ld,
                                    long p_begin, long p_end, const float* bias, long activation) {
     configure_tiles();
     const long step = amx_block_rows(inputs * (long)sizeof(typename Tiles::Row));
@@ -302,14 +304,14 @@ PRELUDE_AMX static void amx_panels(const Tiles& tiles, const typename Tiles::Row
             const long cols = pair ? 2 * kPanel : (outputs - col < kPanel ? outputs - col : kPanel);
             for (long r = r0; r < r1; r += 2 * kAmxRows) {
                 const typename Tiles::Row* x = xt + r * inputs;
-                float* o = out + r * outputs + col;
+                float* o = out + r * ld + col;
                 const bool two = r + 2 * kAmxRows <= r1;
-                if (pair && two) amx_block<Tiles, 2, 2>(tiles, x, inputs, panel, o, outputs, r, rows, col, kPanel);
-                else if (pair) amx_block<Tiles, 1, 2>(tiles, x, inputs, panel, o, outputs, r, rows, col, kPanel);
-                else if (two) amx_block<Tiles, 2, 1>(tiles, x, inputs, panel, o, outputs, r, rows, col, cols);
-                else amx_block<Tiles, 1, 1>(tiles, x, inputs, panel, o, outputs, r, rows, col, cols);
+                if (pair && two) amx_block<Tiles, 2, 2>(tiles, x, inputs, panel, o, ld, r, rows, col, kPanel);
+                else if (pair) amx_block<Tiles, 1, 2>(tiles, x, inputs, panel, o, ld, r, rows, col, kPanel);
+                else if (two) amx_block<Tiles, 2, 1>(tiles, x, inputs, panel, o, ld, r, rows, col, cols);
+                else amx_block<Tiles, 1, 1>(tiles, x, inputs, panel, o, ld, r, rows, col, cols);
             }
-            amx_finish(out + r0 * outputs, (r1 < rows ? r1 : rows) - r0, outputs, col, cols, bias, activation);
+            amx_finish(out + r0 * ld, (r1 < rows ? r1 : rows) - r0, ld, col, cols, bias, activation);
             p += pair ? 2 : 1;
         }
     }
@@ -335,7 +337,7 @@ struct Int8Tiles {
 };
 template <typename Tiles>
 static void amx_panels(const Tiles&, const typename Tiles::Row*, long, long, const typename Tiles::Panel*, long,
-                       float*, long, long, long, const float*, long) {}
+                       float*, long, long, long, long, const float*, long) {}
 static void round_to_tiles(const float*, bf16*, long, long, long) {}
 static void split_to_tiles(const float*, long, bf16*, bf16*, long, long, long) {}
 #endif

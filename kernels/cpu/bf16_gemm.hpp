@@ -229,7 +229,8 @@ static void bf16_gemm(const float* x, long n, const Weight& w, long inputs, floa
     const long panels = (outputs + kPanel - 1) / kPanel;
     const bf16* packed = static_cast<const bf16*>(w.data);
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 16, threads), 1, [&](long begin, long end) {
-        if (tiled) amx_panels(Bf16Tiles{}, xb.get(), tiled, tiled, packed, inputs, out, outputs, begin, end, bias, activation);
+        if (tiled) amx_panels(Bf16Tiles{}, xb.get(), tiled, tiled, packed, inputs, out, outputs, outputs, begin, end, bias,
+                              activation);
         const bf16* x_rest = xb.get() + tiled * inputs;
         float* o = out + tiled * outputs;
         if (rest == 0) return;
@@ -265,7 +266,7 @@ static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, 
                 const long rows = end - r0 < block ? end - r0 : block, real = n - r0 < rows ? n - r0 : rows;
                 split_to_tiles(x + r0 * inputs, real, split, split + rows * inputs, 0, rows, inputs);
                 const Bf16x3Tiles tiles{{}, rows * inputs, lo_panels};
-                amx_panels(tiles, split, rows, real, hi, inputs, out + r0 * outputs, outputs, 0, panels, bias,
+                amx_panels(tiles, split, rows, real, hi, inputs, out + r0 * outputs, outputs, outputs, 0, panels, bias,
                            activation);
             }
         });
@@ -277,7 +278,7 @@ static void bf16x3_gemm(const float* x, long n, const bf16* hi, const bf16* lo, 
     });
     const Bf16x3Tiles tiles{{}, tiled * inputs, lo_panels};
     parallel_ranges(panels, threads, 1, [&](long begin, long end) {
-        amx_panels(tiles, xt.get(), tiled, n, hi, inputs, out, outputs, begin, end, bias, activation);
+        amx_panels(tiles, xt.get(), tiled, n, hi, inputs, out, outputs, outputs, begin, end, bias, activation);
     });
 }
 #else

@@ -25,11 +25,9 @@ namespace prelude_cpu {
 constexpr long kRowsOnTilesFrom = 64;
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
-#define PRELUDE_HEAD_AMX __attribute__((target("amx-tile,amx-bf16,amx-int8,avx512f")))
-
 // Words [0, 16) of 16 rows `stride` words apart as 16 lines of a panel (line j: word j of each
 // row), transposed in registers: two rounds of unpacking, two of 128-bit shuffles.
-PRELUDE_HEAD_AMX static inline void transpose_words(const int32_t* rows, long stride, int32_t* lines) {
+__attribute__((target("avx512f"))) static inline void transpose_words(const int32_t* rows, long stride, int32_t* lines) {
     __m512i r[16], t[16], u[16];
     for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows + i * stride);
     for (int i = 0; i < 16; i += 2) {
@@ -56,7 +54,7 @@ PRELUDE_HEAD_AMX static inline void transpose_words(const int32_t* rows, long st
 // Rows [0, count) of w (count <= 32) as two panels at `panel`, word for word (rows past count:
 // zero): whole panels transposed 16 words at a time (B's head at 64 rows 35.6 -> 30.5 ms, at 128
 // rows 59.2 -> 52.9, against a gather per line), a part panel gathered.
-PRELUDE_HEAD_AMX static void gather_panels(const bf16* w, long inputs, long count, bf16* panel) {
+__attribute__((target("avx512f"))) static void gather_panels(const bf16* w, long inputs, long count, bf16* panel) {
     const long words = inputs / 2;
     const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32((int)words));
@@ -79,55 +77,25 @@ PRELUDE_HEAD_AMX static void gather_panels(const bf16* w, long inputs, long coun
     }
 }
 
-// Row tiles [r0, r1) of xt by the two panels at `panel` (outputs [col, col + cols), cols <= 32).
-PRELUDE_HEAD_AMX static void panel_pair_rows(const Bf16x3Tiles& tiles, const bf16* xt, long inputs,
-                                             const bf16* panel, float* out, long outputs, long r0, long r1,
-                                             long rows, long col, long cols) {
-    for (long r = r0; r < r1; r += 2 * kAmxRows) {
-        const bf16* a = xt + r * inputs;
-        float* o = out + r * outputs + col;
-        const bool two = r + 2 * kAmxRows <= r1;
-        if (cols == 2 * kPanel) {
-            if (two) amx_block<Bf16x3Tiles, 2, 2>(tiles, a, inputs, panel, o, outputs, r, rows, col, kPanel);
-            else amx_block<Bf16x3Tiles, 1, 2>(tiles, a, inputs, panel, o, outputs, r, rows, col, kPanel);
-            continue;
-        }
-        for (long half = 0; half * kPanel < cols; ++half) {
-            const long c = cols - half * kPanel < kPanel ? cols - half * kPanel : kPanel;
-            const bf16* p = panel + half * inputs * kPanel;
-            if (two) amx_block<Bf16x3Tiles, 2, 1>(tiles, a, inputs, p, o + half * kPanel, outputs, r, rows, col, c);
-            else amx_block<Bf16x3Tiles, 1, 1>(tiles, a, inputs, p, o + half * kPanel, outputs, r, rows, col, c);
-        }
-    }
-}
-
-// Panel pairs [begin, end) of w by all rows (one thread's share): gathered a group that fits a
-// share of L2 at a time, then blocks of row tiles that fit another share run over the group.
-PRELUDE_HEAD_AMX static void pair_range(const Bf16x3Tiles& tiles, const bf16* xt, long tiled, long n, const bf16* w,
-                                        long inputs, float* out, long outputs, long begin, long end) {
+// Panel pairs [begin, end) of w by all rows (one thread's share): a group of pairs that fits a
+// share of L2 gathered at a time, then run over all the rows as any panels are (amx_panels).
+static void pair_range(const Bf16x3Tiles& tiles, const bf16* xt, long tiled, long n, const bf16* w, long inputs,
+                       float* out, long outputs, long begin, long end) {
     const long pair_elements = 2 * kPanel * inputs;
     const long fit = kAmxBlockBytes / (pair_elements * (long)sizeof(bf16));
     const long group = fit > 1 ? fit : 1;
-    const long block = amx_block_rows(2 * inputs * (long)sizeof(bf16));  // a row's hi and lo
     std::unique_ptr<bf16[]> panels(new bf16[group * pair_elements]);
-    configure_tiles();
     for (long g0 = begin; g0 < end; g0 += group) {
         const long g1 = g0 + group < end ? g0 + group : end;
+        const long col = 2 * kPanel * g0;
+        const long cols = outputs - col < 2 * kPanel * (g1 - g0) ? outputs - col : 2 * kPanel * (g1 - g0);
         for (long p = g0; p < g1; ++p) {
             const long count = outputs - 2 * kPanel * p < 2 * kPanel ? outputs - 2 * kPanel * p : 2 * kPanel;
             gather_panels(w + 2 * kPanel * p * inputs, inputs, count, panels.get() + (p - g0) * pair_elements);
         }
-        for (long r0 = 0; r0 < tiled; r0 += block) {
-            const long r1 = r0 + block < tiled ? r0 + block : tiled;
-            for (long p = g0; p < g1; ++p) {
-                const long col = 2 * kPanel * p;
-                const long cols = outputs - col < 2 * kPanel ? outputs - col : 2 * kPanel;
-                panel_pair_rows(tiles, xt, inputs, panels.get() + (p - g0) * pair_elements, out, outputs, r0, r1, n,
-                                col, cols);
-            }
-        }
+        amx_panels(tiles, xt, tiled, n, panels.get(), inputs, out + col, cols, outputs, 0, (cols + kPanel - 1) / kPanel,
+                   nullptr, kNoActivation);
     }
-    _tile_release();
 }
 
 // out[n, outputs] = x . w^T, w bf16 by rows (weights.hpp's interleave), inputs a multiple of 32, on
@@ -150,7 +118,6 @@ static void bf16_rows_on_tiles(const float* x, long n, const bf16* w, long input
         pair_range(tiles, xt.get(), tiled, n, w, inputs, out, outputs, begin, end);
     });
 }
-#undef PRELUDE_HEAD_AMX
 #else
 static void bf16_rows_on_tiles(const float*, long, const bf16*, long, float*, long, int) {}
 #endif

@@ -169,7 +169,8 @@ static void vnni_gemm(const float* x, long n, const Weight& w, long inputs, floa
     const Int8Tiles tiles{reinterpret_cast<const int32_t*>(w.scales + panel_outputs(outputs)), w.scales,
                           row_scales.get()};
     parallel_ranges(panels, threads_worth(n * outputs * inputs / 32, threads), 1, [&](long begin, long end) {
-        if (tiled) amx_panels(tiles, xq.get(), tiled, tiled, packed, inputs, out, outputs, begin, end, nullptr, kNoActivation);
+        if (tiled) amx_panels(tiles, xq.get(), tiled, tiled, packed, inputs, out, outputs, outputs, begin, end, nullptr,
+                              kNoActivation);
         if (rest)
             vnni_panels(xq.get() + tiled * inputs, row_scales.get() + tiled, rest, packed, w.scales, inputs,
                         out + tiled * outputs, outputs, begin, end);
