@@ -83,8 +83,9 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
                                  + 3 * c.intermediate_size)
     per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
     dtype_name = str(dtype).removeprefix("torch.")
-    if weight_format is not None and stored_formats(model) not in ([], ["float32"]):
-        dtype_name += f", weights {'/'.join(stored_formats(model))}"
+    formats = stored_formats(model) if weight_format is not None else []
+    if formats not in ([], ["float32"]):
+        dtype_name += f", weights {'/'.join(formats)}"
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)

@@ -151,8 +151,10 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
     weight = weight.contiguous()
     threads = torch.get_num_threads()
     if format in ("bf16x3", "bf16x2"):
-        hi = weight.to(torch.bfloat16).float()
-        parts = (hi, weight - hi) if format == "bf16x3" else (hi,)
+        parts: tuple[torch.Tensor, ...] = (weight,)  # bf16x2: bf16 holds it, packing rounds it to itself
+        if format == "bf16x3":
+            hi = weight.to(torch.bfloat16).float()
+            parts = (hi, weight - hi)
         size = _native.packed_size(outputs, inputs)
         data = torch.empty(len(parts) * size, dtype=dtype)
         for half, part in enumerate(parts):
