@@ -7,14 +7,15 @@ cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
         const float* scales
         long format
         long layout
-    void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales, int threads)
+    void convert_rows(const void* w, long source, long outputs, long inputs, long format, void* dst, float* scales,
+                      int threads)
     void gather_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
     long packed_elements(long outputs, long inputs)
     long panel_outputs(long outputs)
-    void pack_weight(const float* w, long outputs, long inputs, long format, void* packed, float* scales,
-                     int threads)
+    void pack_weight(const void* w, long source, long outputs, long inputs, long format, void* packed,
+                     float* scales, int threads)
 
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
     void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
@@ -33,20 +34,22 @@ def scales_size(long outputs) -> int:
 
 
 def pack_linear(size_t w_ptr, long outputs, long inputs, long format, size_t packed_ptr, size_t scales_ptr,
-                int threads) -> None:
-    """Copies w [outputs, inputs] (fp32, contiguous) into packed panels at packed_ptr (packed_size
-    elements of `format`: 0 fp32, 1 bf16, 2 int8, which also writes scales_size floats of
-    per-output scales at scales_ptr)."""
+                int threads, long source=0) -> None:
+    """Copies w [outputs, inputs] (contiguous; `source` 0 fp32, 1 bf16) into packed panels at
+    packed_ptr (packed_size elements of `format`: 0 fp32, 1 bf16, 2 int8, which also writes
+    scales_size floats of per-output scales at scales_ptr)."""
     with nogil:
-        pack_weight(<const float*>w_ptr, outputs, inputs, format, <void*>packed_ptr, <float*>scales_ptr, threads)
+        pack_weight(<const void*>w_ptr, source, outputs, inputs, format, <void*>packed_ptr, <float*>scales_ptr,
+                    threads)
 
 
 def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t dst_ptr, size_t scales_ptr,
-                   int threads) -> None:
-    """Copies w [outputs, inputs] (fp32, contiguous) into the same layout in `format` at dst_ptr
-    (int8: and its per-row scales, `outputs` floats, at scales_ptr)."""
+                   int threads, long source=0) -> None:
+    """Copies w [outputs, inputs] (contiguous; `source` 0 fp32, 1 bf16) into the same layout in
+    `format` at dst_ptr (int8: and its per-row scales, `outputs` floats, at scales_ptr)."""
     with nogil:
-        convert_rows(<const float*>w_ptr, outputs, inputs, format, <void*>dst_ptr, <float*>scales_ptr, threads)
+        convert_rows(<const void*>w_ptr, source, outputs, inputs, format, <void*>dst_ptr, <float*>scales_ptr,
+                     threads)
 
 
 def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t ids_ptr, long n, size_t out_ptr) -> None:

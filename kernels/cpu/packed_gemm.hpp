@@ -75,18 +75,19 @@ static inline long panel_index(long format, long inputs, long p, long k, long j)
     return base + k * kPanel + j;
 }
 
-// w [outputs, inputs] fp32 into [panels, inputs, 16] of `format`; the last panel's missing
-// outputs are zero. int8 also writes `scales` (scales_floats): a scale per output and, for
-// vnni_gemm.hpp, 128 times the sum of the output's quantized weights as an int32 (1 and 0 past
-// the outputs).
-static void pack_weight(const float* w, long outputs, long inputs, long format, void* packed, float* scales,
-                        int threads) {
+// w [outputs, inputs] (fp32, or bf16: `source`) into [panels, inputs, 16] of `format`; the last
+// panel's missing outputs are zero. int8 also writes `scales` (scales_floats): a scale per output
+// and, for vnni_gemm.hpp, 128 times the sum of the output's quantized weights as an int32 (1 and 0
+// past the outputs).
+static void pack_weight(const void* w, long source, long outputs, long inputs, long format, void* packed,
+                        float* scales, int threads) {
     const long panels = (outputs + kPanel - 1) / kPanel;
     parallel_ranges(panels, threads, 1, [&](long begin, long end) {
+        std::vector<float> scratch(source == kF32 ? 0 : inputs);
         for (long p = begin; p < end; ++p)
             for (long j = 0; j < kPanel; ++j) {
                 const long o = p * kPanel + j;
-                const float* row = o < outputs ? w + o * inputs : nullptr;
+                const float* row = o < outputs ? source_row(w, source, o, inputs, scratch.data()) : nullptr;
                 float inverse = 1.0f;
                 if (format == kI8) {
                     scales[o] = row != nullptr ? row_scale(row, inputs) : 1.0f;

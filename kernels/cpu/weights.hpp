@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "simd.hpp"
 #include "team.hpp"
@@ -125,6 +126,19 @@ static inline bf16 to_bf16(float x) {
     return bf16{(uint16_t)(bits >> 16)};
 }
 
+// Row o of a weight being stored, in fp32: the source's own row (fp32), or a bf16 checkpoint's
+// row widened into `scratch` (inputs floats): such a weight is stored from the checkpoint's own
+// tensor, never held in fp32 while the model loads.
+static inline const float* source_row(const void* w, long source, long o, long inputs, float* scratch) {
+    if (source == kF32) return static_cast<const float*>(w) + o * inputs;
+    const uint16_t* row = static_cast<const uint16_t*>(w) + o * inputs;
+    for (long k = 0; k < inputs; ++k) {
+        const uint32_t bits = uint32_t(row[k]) << 16;
+        std::memcpy(scratch + k, &bits, sizeof(bits));
+    }
+    return scratch;
+}
+
 // One output's scale for int8 (1 for an all-zero row, so that dequantizing stays exact).
 static inline float row_scale(const float* w, long inputs) {
     float most = 0.0f;
@@ -192,13 +206,14 @@ static void put_bf16_row_wide(bf16*, const float*, long) {}
 static inline bool converts_bf16_wide() { return false; }
 #endif
 
-// w [outputs, inputs] fp32 into rows of `format` at dst; int8 writes scales [outputs]. On the
-// team: a model's vocabulary is converted while the server starts.
-static void convert_rows(const float* w, long outputs, long inputs, long format, void* dst, float* scales,
-                         int threads) {
+// w [outputs, inputs] (fp32, or bf16: `source`) into rows of `format` at dst; int8 writes scales
+// [outputs]. On the team: a model's vocabulary is converted while the server starts.
+static void convert_rows(const void* w, long source, long outputs, long inputs, long format, void* dst,
+                         float* scales, int threads) {
     parallel_ranges(outputs, threads, 1, [&](long begin, long end) {
+        std::vector<float> scratch(source == kF32 ? 0 : inputs);
         for (long o = begin; o < end; ++o) {
-            const float* row = w + o * inputs;
+            const float* row = source_row(w, source, o, inputs, scratch.data());
             float inverse = 1.0f;
             if (format == kI8) {
                 scales[o] = row_scale(row, inputs);

@@ -53,6 +53,9 @@ MAX_SKINNY_ROWS = 64 if _native is not None and _native.wide_vectors() else 32
 FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32),
            "bf16x3": (3, torch.bfloat16, 16),  # two bf16 packings: see above
            "bf16x2": (4, torch.bfloat16, 16)}  # bf16x3 of a weight bf16 holds exactly: one packing
+# The dtypes a weight is stored from (the kernels' source code): fp32, and a bf16 checkpoint's own
+# tensors, which the loader reads as they are (model.loader) rather than widened to fp32 first.
+SOURCES = {torch.float32: 0, torch.bfloat16: 1}
 # bf16x3 products run where whole tiles of rows do, on AMX; its tiles take k 32 at a time.
 SPLIT_PRODUCTS = _native is not None and _native.amx_products()
 SPLIT_K = 32
@@ -119,7 +122,10 @@ class StoredWeight:
 def bf16_exact(weight: torch.Tensor) -> bool:
     """Whether bf16 holds every element of an fp32 weight exactly (a bf16 checkpoint's): no bit
     below a bf16's. Looked at in blocks of rows (its first row first, which settles it for an fp32
-    checkpoint's weight): a whole head's mask in one tensor took 3x as long."""
+    checkpoint's weight): a whole head's mask in one tensor took 3x as long. A bf16 weight (loaded
+    as the checkpoint holds it) is."""
+    if weight.dtype == torch.bfloat16:
+        return True
     if weight.dtype != torch.float32 or weight.dim() != 2:
         return False
     bits = weight.contiguous().view(torch.int32)
@@ -132,8 +138,8 @@ def _pointer(tensor: torch.Tensor | None) -> int:
 
 
 def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
-    """Whether the kernels take this weight in this format and layout."""
-    if _native is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
+    """Whether the kernels take this weight (fp32, or a bf16 checkpoint's) in this format and layout."""
+    if _native is None or weight.device.type != "cpu" or weight.dtype not in SOURCES or weight.dim() != 2:
         return False
     if format == "bf16x3":
         return SPLIT_PRODUCTS and layout == PANELS and weight.shape[1] % SPLIT_K == 0
@@ -144,7 +150,8 @@ def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
 
 
 def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
-    """`weight` (fp32 [outputs, inputs], storable) converted into `format` and `layout`."""
+    """`weight` ([outputs, inputs], storable: fp32, or a bf16 checkpoint's read as it is)
+    converted into `format` and `layout`."""
     assert _native is not None and storable(weight, format, layout)
     code, dtype, _ = FORMATS[format]
     outputs, inputs = weight.shape
@@ -154,21 +161,23 @@ def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:
         parts: tuple[torch.Tensor, ...] = (weight,)  # bf16x2: bf16 holds it, packing rounds it to itself
         if format == "bf16x3":
             hi = weight.to(torch.bfloat16).float()
-            parts = (hi, weight - hi)
+            parts = (hi, weight.float() - hi)
         size = _native.packed_size(outputs, inputs)
         data = torch.empty(len(parts) * size, dtype=dtype)
         for half, part in enumerate(parts):
             _native.pack_linear(part.data_ptr(), outputs, inputs, FORMATS["bfloat16"][0], data[half * size:].data_ptr(),
-                                0, threads)
+                                0, threads, SOURCES[part.dtype])
         return StoredWeight(data, None, format, layout, outputs, inputs)
     if layout == PANELS:
         data = torch.empty(_native.packed_size(outputs, inputs), dtype=dtype)
         scales = torch.empty(_native.scales_size(outputs)) if format == "int8" else None
-        _native.pack_linear(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads)
+        _native.pack_linear(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads,
+                            SOURCES[weight.dtype])
     else:
         data = torch.empty(outputs, inputs, dtype=dtype)
         scales = torch.empty(outputs) if format == "int8" else None
-        _native.convert_weight(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads)
+        _native.convert_weight(weight.data_ptr(), outputs, inputs, code, data.data_ptr(), _pointer(scales), threads,
+                               SOURCES[weight.dtype])
     return StoredWeight(data, scales, format, layout, outputs, inputs)
 
 

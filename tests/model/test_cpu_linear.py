@@ -163,6 +163,21 @@ def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
         assert model.lm_head.stored is not None and model.lm_head.stored.layout == PANELS
 
 
+@pytest.mark.parametrize("format, layout", [("float32", PANELS), ("float32", BY_ROWS), ("bfloat16", PANELS),
+                                            ("bfloat16", BY_ROWS), ("int8", PANELS), ("int8", BY_ROWS),
+                                            ("bf16x2", PANELS), ("bf16x3", PANELS)])
+def test_a_bf16_weight_is_stored_as_its_fp32_copy_is(format: str, layout: int):
+    # A bf16 checkpoint's weights are stored from its own tensors (model.loader), never widened to
+    # fp32 first: the kernels' copy is the fp32 copy's, byte for byte (a part panel: 37 outputs).
+    weight = (torch.randn(37, 64) / 8).bfloat16()
+    if not storable(weight, format, layout):
+        pytest.skip(f"{format} takes no weight in this layout on this CPU")
+    narrow, wide = store(weight, format, layout), store(weight.float(), format, layout)
+    assert narrow.format == wide.format and torch.equal(narrow.data.view(torch.uint8), wide.data.view(torch.uint8))
+    if wide.scales is not None:
+        assert narrow.scales is not None and torch.equal(narrow.scales.view(torch.int32), wide.scales.view(torch.int32))
+
+
 @pytest.mark.parametrize("format, switch", [("int8", "PRELUDE_CPU_INT8_PRODUCTS"),
                                             ("bfloat16", "PRELUDE_CPU_BF16_PRODUCTS")])
 def test_narrow_weights_alone_where_their_products_are_off_or_missing(format: str, switch: str):

@@ -116,6 +116,34 @@ def test_a_bf16_checkpoint_served_in_fp32_keeps_its_layers_in_bf16_with_fp32s_re
     assert stored_formats(model) == (["bf16x2", "bfloat16"] if SPLIT_PRODUCTS else ["bf16x2"])
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_bf16_checkpoint_is_read_as_bf16_and_gives_its_fp32_copys_results(tmp_path, tie):
+    # A bf16 checkpoint's projections and embeddings are read and stored as the checkpoint holds
+    # them (model.loader), not widened to fp32 first: in every CPU format the model gives the very
+    # results of the same weights saved in fp32, and keeps no bf16 parameter beside its stored
+    # weights (what the kernels do not take is widened again).
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = make_checkpoint(tmp_path / "bf16", "qwen3", hidden_size=256, intermediate_size=512, vocab_size=2048,
+                           tie=tie, dtype=torch.bfloat16)
+    wide = tmp_path / "fp32"
+    shutil.copytree(path, wide)
+    for file in wide.glob("*.safetensors"):
+        save_file({name: t.float() for name, t in load_file(file).items()}, file, metadata={"format": "pt"})
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (3, 17)]
+    for weight_format in ("bf16x3" if SPLIT_PRODUCTS else "float32", "bfloat16", "int8"):
+        hidden, logits = _final_states(path, weight_format, prompts)
+        hidden32, logits32 = _final_states(wide, weight_format, prompts)
+        assert torch.equal(hidden, hidden32) and torch.equal(logits, logits32), weight_format
+        config = ModelConfig.from_dir(path)
+        model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64,
+                           ops=select_ops(torch.device("cpu")), weight_format=weight_format)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}, weight_format
+
+
 def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):
     from prelude.model.config import UnsupportedModel
     from prelude.model.loader import cpu_weight_format
