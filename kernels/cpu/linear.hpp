@@ -17,7 +17,9 @@ namespace prelude_cpu {
 
 // A bf16x3 weight with fewer rows than this streams its panels (bf16x3_stream) instead of going
 // to AMX's tiles, which pad a step's rows to 16 (B's layers at one to four rows: 1.25-1.46x fp32's
-// time on the tiles; from eight rows on the tiles are faster).
+// time on the tiles; from eight rows on the tiles are faster). So does a bf16x2 weight without
+// AMX on AVX-512, where packed_gemm's widened bf16 panels took about twice as long at one to
+// four rows (B's 512 x 1536 at one row 37 -> 18 us, PRELUDE_CPU_AMX=0).
 constexpr long kBf16x3TileFrom = 8;
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -119,6 +121,9 @@ static void linear_rows(const float* x, long n, const Weight& w, long inputs, fl
                         const float* bias = nullptr, long activation = kNoActivation) {
     if (w.format == kBF16x3 || (w.format == kBF16x2 && has_amx() && inputs % kAmxK == 0)) {
         bf16x3_linear(x, n, w, inputs, out, outputs, threads, bias, activation);
+    } else if (w.format == kBF16x2 && n < kBf16x3TileFrom && has_avx512f()) {  // no tiles for it
+        bf16x3_stream(x, n, static_cast<const bf16*>(w.data), nullptr, inputs, out, outputs, threads);
+        finish_block(out, n, outputs, 0, outputs, bias, activation);
     } else if (w.format == kBF16x2) {  // no tiles for it: its bf16 panels widened into fp32 products
         packed_gemm(x, n, Weight{w.data, nullptr, kBF16, kPanels}, inputs, out, outputs, threads, bias, activation);
     } else if (w.layout == kByRows && w.format == kBF16 && n >= kRowsOnTilesFrom && has_amx() && inputs % kAmxK == 0) {
