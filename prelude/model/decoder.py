@@ -18,6 +18,7 @@ from prelude.model.layers import (
     RMSNorm,
     RotaryEmbedding,
     UsesOps,
+    fill,
 )
 from prelude.model.ops import Ops
 from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, linear
@@ -199,7 +200,7 @@ class DecoderLM(nn.Module):
             if packed is None:
                 if name not in params:
                     continue
-                params[name].data.copy_(tensor)
+                fill(params[name], tensor)
                 loaded.add(name)
                 continue
             fragment, (target, shard) = packed

@@ -19,7 +19,7 @@ from prelude.contract.stop import StopFlag
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig
 from prelude.model.cpu_linear import EPILOGUE_ACTIVATIONS, PANELS, linear
-from prelude.model.layers import Linear
+from prelude.model.layers import Linear, fill
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": cpu_ops.gelu,  # native in fp32 on the CPU, else F.gelu
@@ -152,7 +152,7 @@ class EncoderLM(nn.Module):
                     break
                 param = params[param_name]
                 if block is None:
-                    param.data.copy_(tensor)
+                    fill(param, tensor)
                     loaded.add(param_name)
                 else:
                     size = param.shape[0] // 3  # the fused q/k/v blocks

@@ -44,6 +44,18 @@ def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | No
     return store(weight, format, layout)
 
 
+def fill(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    """A checkpoint's tensor into `param`, converted as copied; a bf16 one for a bf16 parameter on
+    the CPU is taken as it is, no copy (read from safetensors' memory map). On the CPU only a bf16
+    checkpoint's matrices are bf16 parameters, and each is stored for the kernels or widened
+    before the model serves (model.loader), so none stays backed by the file."""
+    if (param.dtype == torch.bfloat16 and tensor.dtype == param.dtype and tensor.shape == param.shape
+            and param.device.type == "cpu" and tensor.device.type == "cpu"):
+        param.data = tensor
+    else:
+        param.data.copy_(tensor)
+
+
 def stored_formats(model: nn.Module) -> list[str]:
     """The formats the model's weights are kept in for the CPU kernels (none: as loaded)."""
     formats = {stored.format for m in model.modules() if isinstance(stored := getattr(m, "stored", None), StoredWeight)}

@@ -2,7 +2,8 @@
 
 Tensors are read through safetensors' memory map straight into the already-allocated target
 parameters (converted on copy), so no full-precision copy of the model is ever made; on the CPU a
-bf16 checkpoint's projections and embeddings are read as bf16 and stored for the kernels from there.
+bf16 checkpoint's projections and embeddings are read as bf16 (taken from the map as they are,
+where no fusing needs a copy: layers.fill) and stored for the kernels from there.
 """
 from __future__ import annotations
 
