@@ -21,8 +21,11 @@
 
 namespace prelude_cpu {
 
-// From this many rows a bf16 weight by rows goes to the tiles (fewer stream it: skinny_gemm).
-constexpr long kRowsOnTilesFrom = 64;
+// From this many rows a bf16 weight by rows goes to the tiles (fewer stream it: skinny_gemm). B's
+// head (151,936 x 512), p25 of 15 calls: at 8-10 rows the two within noise (9-12 ms), at 12 rows
+// tiles 10.1-10.3 against 11.1-11.8 ms, at 16 10.4-10.7 against 15.0-15.9, at 32 13.4-14.6
+// against 25.5-27.6, at 63 29-30 against 61.
+constexpr long kRowsOnTilesFrom = 12;
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // Words [0, 16) of 16 rows `stride` words apart as 16 lines of a panel (line j: word j of each

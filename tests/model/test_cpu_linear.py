@@ -324,7 +324,7 @@ for shape in ((1000, 384), (40, 64), (64, 40)):
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("rows", [63, 64, 65, 100, 257])
+@pytest.mark.parametrize("rows", [11, 12, 13, 16, 17, 63, 64, 65, 100, 257])
 @pytest.mark.parametrize("shape", [(1003, 96), (4096, 512)])  # a part panel pair; a head's width
 def test_a_bf16_weight_by_rows_gives_fp32s_products_for_many_rows(rows: int, shape: tuple[int, int]):
     # A bf16 LM head (kept by rows for its lookups): a few rows stream it, many go to AMX's tiles
