@@ -102,7 +102,7 @@ static void bf16x3_stream(const float*, long, const bf16*, const bf16*, long, fl
 // An fp32 weight kept as bf16x3 (amx_gemm.hpp; only on a CPU with AMX): the bf16 panels of its
 // rounding at w.data, those of the rest right after (none for bf16x2). Many rows go to the tiles
 // (three bf16 products per product, two for bf16x2, within 2^-16 of fp32's), a few stream the
-// panels.
+// panels (AVX-512 alone: a bf16x2 weight's few rows come here without AMX too).
 static void bf16x3_linear(const float* x, long n, const Weight& w, long inputs, float* out, long outputs,
                           int threads, const float* bias, long activation) {
     const bf16* hi = static_cast<const bf16*>(w.data);
@@ -119,11 +119,10 @@ static void bf16x3_linear(const float* x, long n, const Weight& w, long inputs, 
 // in the panel kernels' blocks; the by-rows and int8-product kernels apply it after the product.
 static void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
-    if (w.format == kBF16x3 || (w.format == kBF16x2 && has_amx() && inputs % kAmxK == 0)) {
+    const bool bf16x2_tiles = w.format == kBF16x2 && has_amx() && inputs % kAmxK == 0;
+    const bool bf16x2_stream = w.format == kBF16x2 && n < kBf16x3TileFrom && has_avx512f();
+    if (w.format == kBF16x3 || bf16x2_tiles || bf16x2_stream) {
         bf16x3_linear(x, n, w, inputs, out, outputs, threads, bias, activation);
-    } else if (w.format == kBF16x2 && n < kBf16x3TileFrom && has_avx512f()) {  // no tiles for it
-        bf16x3_stream(x, n, static_cast<const bf16*>(w.data), nullptr, inputs, out, outputs, threads);
-        finish_block(out, n, outputs, 0, outputs, bias, activation);
     } else if (w.format == kBF16x2) {  // no tiles for it: its bf16 panels widened into fp32 products
         packed_gemm(x, n, Weight{w.data, nullptr, kBF16, kPanels}, inputs, out, outputs, threads, bias, activation);
     } else if (w.layout == kByRows && w.format == kBF16 && n >= kRowsOnTilesFrom && has_amx() && inputs % kAmxK == 0) {

@@ -134,8 +134,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
     start = time.perf_counter()
     model = build_model(config, dtype, device, max_positions, ops)
     files = checkpoint_files(model_dir)
-    stores = device.type == "cpu" and weight_format is not None
-    read_bf16 = stores and dtype == torch.float32 and not config.int8_weights and _floats_all_bf16(files)
+    stored_as = weight_format if device.type == "cpu" else None  # None: the weights stay as read
+    read_bf16 = (stored_as is not None and dtype == torch.float32 and not config.int8_weights
+                 and _floats_all_bf16(files))
     if read_bf16:
         _matrices_as(model, torch.bfloat16, keep_values=False)
     # safetensors' "cuda" device reads each tensor straight into device memory.
@@ -148,9 +149,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         raise UnsupportedModel(f"checkpoint {model_dir} lacks weights: {sorted(missing)[:8]}")
     loaded_at = time.perf_counter()
     stored = ""
-    if stores:
-        assert weight_format is not None
-        model.store_weights(weight_format)
+    if stored_as is not None:
+        model.store_weights(stored_as)
         if read_bf16:
             _matrices_as(model, dtype, keep_values=True)
         formats = "/".join(stored_formats(model)) or "as read"
