@@ -60,11 +60,11 @@ static inline long amx_block_rows(long row_bytes) {
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 // The CPU has AMX-TILE, AMX-BF16 and AMX-INT8, the kernel let this process use the tiles, and
-// PRELUDE_CPU_AMX=0 does not turn them off.
+// neither PRELUDE_CPU_AMX=0 nor a PRELUDE_CPU_MAX_ISA below AVX-512 turns them off.
 static inline bool has_amx() {
     static const bool has = [] {
         const char* off = std::getenv("PRELUDE_CPU_AMX");
-        if (off != nullptr && std::string(off) == "0") return false;
+        if ((off != nullptr && std::string(off) == "0") || !has_avx512f()) return false;
         unsigned a, b, c, d;
         if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
         const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1, int8 = (d >> 25) & 1;

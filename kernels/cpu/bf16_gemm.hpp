@@ -31,7 +31,7 @@ constexpr long kBf16Rows = 8;
 static inline bool has_avx512_bf16() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+    static const bool has = has_avx512f() && __builtin_cpu_supports("avx512bf16") &&
                             !(std::getenv("PRELUDE_CPU_BF16_PRODUCTS") != nullptr &&
                               std::string(std::getenv("PRELUDE_CPU_BF16_PRODUCTS")) == "0");
     return has;

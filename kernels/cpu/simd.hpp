@@ -6,7 +6,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace prelude_cpu {
 
@@ -129,10 +131,25 @@ __attribute__((always_inline)) static inline V gelu_lanes(V v) {
 
 __attribute__((always_inline)) static inline v8f gelu8(v8f v) { return gelu_lanes(v); }
 
+// The widest instruction set the kernels may pick, whatever the CPU has beyond it:
+// PRELUDE_CPU_MAX_ISA=avx2 runs them as on a CPU without AVX-512 (so without its BF16, VNNI and
+// AMX too), =baseline as on one without AVX2 either; unset, all the CPU has. So one machine runs
+// the variants that another picks (tests/model/test_cpu_isa.py). Read once per process.
+enum class Isa { baseline, avx2, avx512 };
+
+static inline Isa max_isa() {
+    static const Isa isa = [] {
+        const char* set = std::getenv("PRELUDE_CPU_MAX_ISA");
+        const std::string name = set == nullptr ? "" : set;
+        return name == "baseline" ? Isa::baseline : name == "avx2" ? Isa::avx2 : Isa::avx512;
+    }();
+    return isa;
+}
+
 static inline bool has_avx2_fma() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return max_isa() != Isa::baseline && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return false;
 #endif
@@ -142,7 +159,7 @@ static inline bool has_avx512f() {
 #if defined(__x86_64__) && defined(__GNUC__)
     static const bool has = [] {
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f");
+        return max_isa() == Isa::avx512 && __builtin_cpu_supports("avx512f");
     }();
     return has;
 #else

@@ -33,7 +33,7 @@ constexpr long kVnniRows = 8;
 static inline bool has_avx512_vnni() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    static const bool has = has_avx512f() && __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vnni") &&
                             !(std::getenv("PRELUDE_CPU_INT8_PRODUCTS") != nullptr &&
                               std::string(std::getenv("PRELUDE_CPU_INT8_PRODUCTS")) == "0");

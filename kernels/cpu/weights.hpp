@@ -196,7 +196,7 @@ __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) static void put_
 static inline bool converts_bf16_wide() {
     static const bool has = [] {
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+        return has_avx512f() && __builtin_cpu_supports("avx512bf16") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     }();
     return has;
