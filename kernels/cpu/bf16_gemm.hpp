@@ -78,17 +78,6 @@ PRELUDE_BF16 __attribute__((always_inline)) static inline void bf16_tile(const b
     }
 }
 
-// The lines of the next two panels' slices [k0, k0 + 2 * lines) (a 64-byte group per two k), which
-// the tiles over this pair fetch a share each, one line per step of their products: read as the
-// hardware prefetcher reads them, the weights of 9-64 rows came at a fraction of the memory's
-// speed (packed_gemm.hpp's blocked tiles measured a third).
-struct PairFetch {
-    const char* first;   // the first next panel's slice
-    const char* second;  // the second's
-    long lines;          // lines per panel slice
-    const char* line(long j) const { return j < lines ? first + 64 * j : second + 64 * (j - lines); }
-};
-
 // R rows times two whole neighbouring panels' slices (32 columns): each broadcast pair of a row
 // feeds two products, half the broadcasts per product of bf16_tile (which oneDNN's larger tiles
 // outran by 1.4x at thousands of rows).

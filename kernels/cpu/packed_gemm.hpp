@@ -106,6 +106,17 @@ static void pack_weight(const void* w, long source, long outputs, long inputs, l
     });
 }
 
+// The lines of the next two panels' slices (a 64-byte group of each per step of the products),
+// which the tiles over this pair fetch a share each, one line per step: read as the hardware
+// prefetcher reads them, the weights of 8-64 rows came at a fraction of the memory's speed (a
+// third for the blocked tiles below). Here and in bf16_gemm.hpp's tile pairs.
+struct PairFetch {
+    const char* first;   // the first next panel's slice
+    const char* second;  // the second's
+    long lines;          // lines per panel slice
+    const char* line(long j) const { return j < lines ? first + 64 * j : second + 64 * (j - lines); }
+};
+
 // What a product may end with, applied to each finished block of a panel while it is still in
 // cache: a bias per output, then an activation (an encoder's dense layers; a decoder's have
 // neither). As separate passes over the output (torch's bias copy and GELU) they took a fifth
@@ -293,12 +304,134 @@ __attribute__((always_inline)) static inline void packed_panels_body(const float
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The blocked product on AVX-512: packed_panels_body's blocks and slices, but its tiles sixteen
+// lanes wide, two panels (32 outputs, a vector each) by up to twelve rows: 24 accumulators, each
+// k two loads and twelve broadcasts for 24 FMAs. Eight-lane tiles took 1.15-1.5x MKL's sgemm
+// time for 64-256 rows on an AVX-512 CPU without AMX (fp32 and bf16x2 panels alike), one panel by
+// twelve rows 1.15-1.25x (`/tmp` figures in the commit).
+constexpr long kWideTileRows = 12;
+
+
+// R rows of x against P panels' fp32 slices at k in [k0, k1) (`slices[q] + k * kPanel`); out is
+// set, or added to when `accumulate`; the last panel has `cols` valid columns.
+template <int R, int P>
+__attribute__((always_inline)) static inline void pair_tile16(const float* x, long inputs, const float* const* slices,
+                                                              long k0, long k1, bool accumulate, float* out,
+                                                              long outputs, long cols, const PairFetch& fetch,
+                                                              long line, long last) {
+    v16f sums[R][P];
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < P; ++q) sums[r][q] = v16f{};
+    for (long k = k0; k < k1; ++k) {
+        if (line + (k - k0) < last) __builtin_prefetch(fetch.line(line + (k - k0)), 0, 1);
+        v16f w[P];
+        for (int q = 0; q < P; ++q) w[q] = load_lanes<v16f>(slices[q] + k * kPanel);
+        for (int r = 0; r < R; ++r) {
+            const float xr = x[r * inputs + k];
+            for (int q = 0; q < P; ++q) sums[r][q] += xr * w[q];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int q = 0; q < P; ++q) {
+            float* o = out + r * outputs + q * kPanel;
+            if (q + 1 < P || cols == kPanel) {
+                if (accumulate) sums[r][q] += load_lanes<v16f>(o);
+                store_lanes(o, sums[r][q]);
+            } else {
+                for (long j = 0; j < cols; ++j) o[j] = (accumulate ? o[j] : 0.0f) + sums[r][q][j];
+            }
+        }
+}
+
+template <int P, int R = kWideTileRows>
+__attribute__((always_inline)) static inline void pair_tiles16(const float* x, long rows, long inputs,
+                                                               const float* const* slices, long k0, long k1,
+                                                               bool accumulate, float* out, long outputs, long cols,
+                                                               const PairFetch& fetch, long line, long last) {
+    if constexpr (R > 1) {
+        if (rows < R) {
+            pair_tiles16<P, R - 1>(x, rows, inputs, slices, k0, k1, accumulate, out, outputs, cols, fetch, line, last);
+            return;
+        }
+    }
+    pair_tile16<R, P>(x, inputs, slices, k0, k1, accumulate, out, outputs, cols, fetch, line, last);
+}
+
+template <typename T>
+__attribute__((always_inline)) static inline void packed_pairs16_body(const float* x, long n, const void* weight,
+                                                                      const float* scales, long inputs, float* out,
+                                                                      long outputs, long p_begin, long p_end,
+                                                                      const float* bias, long activation) {
+    const T* packed = static_cast<const T*>(weight);
+    const long stride = inputs * kPanel;  // elements per panel
+    alignas(64) float wide[std::is_same<T, float>::value ? 1 : 2 * kSliceK * kPanel];
+    for (long r0 = 0; r0 < n; r0 += kBlockRows) {
+        const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
+        const long tiles = (r1 - r0 + kWideTileRows - 1) / kWideTileRows;
+        for (long k0 = 0; k0 < inputs; k0 += kSliceK) {
+            const long k1 = k0 + kSliceK < inputs ? k0 + kSliceK : inputs;
+            const long lines = ((k1 - k0) * kPanel * (long)sizeof(T) + 63) / 64;  // of one panel's slice
+            for (long p = p_begin; p < p_end; p += 2) {
+                const int pair = p + 1 < p_end ? 2 : 1;
+                const T* panel = packed + p * stride;
+                const long col = p * kPanel, last = col + (pair - 1) * kPanel;
+                const long cols = outputs - last < kPanel ? outputs - last : kPanel;
+                // The next pair's slices, fetched a share per tile while this pair's compute.
+                const char* next_a = p + 2 < p_end ? (const char*)(panel + 2 * stride + k0 * kPanel) : nullptr;
+                const char* next_b = p + 3 < p_end ? (const char*)(panel + 3 * stride + k0 * kPanel) : nullptr;
+                const PairFetch fetch = {next_a, next_b, lines};
+                const long total = (next_a != nullptr ? lines : 0) + (next_b != nullptr ? lines : 0);
+                const long share = (total + tiles - 1) / tiles;
+                const float* slices[2];
+                long first = k0;
+                if constexpr (std::is_same<T, float>::value) {
+                    slices[0] = panel, slices[1] = panel + stride;
+                } else {
+                    for (int q = 0; q < pair; ++q)
+                        widen_slice(panel + q * stride, scales == nullptr ? nullptr : scales + col + q * kPanel, k0,
+                                    k1, wide + q * kSliceK * kPanel);
+                    slices[0] = wide, slices[1] = wide + kSliceK * kPanel, first = 0;
+                }
+                for (long i = r0, line = 0; i < r1; i += kWideTileRows, line += share) {
+                    const long last = line + share < total ? line + share : total;
+                    const long rows = r1 - i < kWideTileRows ? r1 - i : kWideTileRows;
+                    const float* xi = x + i * inputs + k0 - first;
+                    float* o = out + i * outputs + col;
+                    if (pair == 2)
+                        pair_tiles16<2>(xi, rows, inputs, slices, first, first + k1 - k0, k0 != 0, o, outputs, cols,
+                                        fetch, line, last);
+                    else
+                        pair_tiles16<1>(xi, rows, inputs, slices, first, first + k1 - k0, k0 != 0, o, outputs, cols,
+                                        fetch, line, last);
+                }
+                if (k1 == inputs) {
+                    finish_block(out + r0 * outputs, r1 - r0, outputs, col, pair == 2 ? kPanel : cols, bias, activation);
+                    if (pair == 2) finish_block(out + r0 * outputs, r1 - r0, outputs, last, cols, bias, activation);
+                }
+            }
+        }
+    }
+}
+#endif
+
 #define PRELUDE_PANEL_PARAMS                                                                                   \
     (const float* x, long n, const void* weight, const float* scales, long inputs, float* out, long outputs, \
      long p_begin, long p_end, const float* bias, long activation)
 #define PRELUDE_PANEL_ARGS (x, n, weight, scales, inputs, out, outputs, p_begin, p_end, bias, activation)
 PRELUDE_FORMAT_VARIANTS(stream_panels, stream_panels_body, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
 PRELUDE_FORMAT_VARIANTS(packed_panels, packed_panels_body, PRELUDE_PANEL_PARAMS, PRELUDE_PANEL_ARGS)
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void packed_pairs16_f32 PRELUDE_PANEL_PARAMS {
+    packed_pairs16_body<float> PRELUDE_PANEL_ARGS;
+}
+__attribute__((target("avx512f"))) static void packed_pairs16_bf16 PRELUDE_PANEL_PARAMS {
+    packed_pairs16_body<bf16> PRELUDE_PANEL_ARGS;
+}
+__attribute__((target("avx512f"))) static void packed_pairs16_i8 PRELUDE_PANEL_PARAMS {
+    packed_pairs16_body<int8_t> PRELUDE_PANEL_ARGS;
+}
+#endif
 
 #undef PRELUDE_PANEL_PARAMS
 #undef PRELUDE_PANEL_ARGS
@@ -315,6 +448,11 @@ static void packed_gemm(const float* x, long n, const Weight& w, long inputs, fl
         if (few)
             by_format(w.format, run_stream_panels_f32, run_stream_panels_bf16, run_stream_panels_i8, x, n, w.data,
                       w.scales, inputs, out, outputs, begin, end, bias, activation);
+#if defined(__x86_64__) && defined(__GNUC__)
+        else if (has_avx512f())
+            by_format(w.format, packed_pairs16_f32, packed_pairs16_bf16, packed_pairs16_i8, x, n, w.data, w.scales,
+                      inputs, out, outputs, begin, end, bias, activation);
+#endif
         else
             by_format(w.format, run_packed_panels_f32, run_packed_panels_bf16, run_packed_panels_i8, x, n, w.data,
                       w.scales, inputs, out, outputs, begin, end, bias, activation);
