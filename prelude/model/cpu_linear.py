@@ -98,13 +98,15 @@ class StoredWeight:
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
         """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows
-        (widened natively), or from int8 panels (HEAD_LAYOUTS)."""
+        (widened natively), or from int8 or bf16x2 panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         if self.layout == PANELS:
-            assert self.format == "int8", "rows are gathered from int8 panels only"
-            # Output o's k sits at panel o / 16, group k / 4, half (o % 16) / 8, lane o % 8, byte k % 4.
-            grid = self.data.view(-1, self.inputs // 4, 2, 8, 4)
+            assert self.format in ("int8", "bf16x2"), "rows are gathered from int8 and bf16x2 panels only"
+            # Output o's k sits at panel o / 16, group k / per, half (o % 16) / 8, lane o % 8, element
+            # k % per: a lane holds `per` consecutive k (packed_gemm.hpp's PanelWiden).
+            per = 4 if self.format == "int8" else 2
+            grid = self.data.view(-1, self.inputs // per, 2, 8, per)
             picked = grid[index // 16, :, index % 16 // 8, index % 8, :].reshape(*index.shape, self.inputs)
             out = picked.float()
             if self.scales is not None:

@@ -29,13 +29,14 @@ def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | No
     """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
     is: the kernels do not take it, or an fp32 weight by rows is already what they read. An fp32
     weight that bf16 holds exactly (a bf16 checkpoint's) keeps half the bytes and fp32's products:
-    in panels as bf16x2; by rows (an LM head, its embedding) as bf16 where the CPU has AMX, whose
-    tiles take its many rows (a prompt's logprobs); elsewhere those rows run torch's fp32 sgemm,
-    which the bf16 kernel by rows falls behind (B's head at 512 rows: 1.3x its time)."""
+    in panels as bf16x2; an LM head and its embedding (by rows otherwise) as bf16 by rows where
+    the CPU has AMX, whose tiles take a head's many rows, elsewhere as bf16x2 panels too, whose
+    register tiles keep up with torch's fp32 sgemm there (B's head at 256 rows: 1.05x its time on
+    AVX-512, 1.11x on AVX2) and read half its bytes for a decode step's few (0.2-0.4x its time)."""
     if format in ("bf16x3", "float32") and bf16_exact(weight):
-        if layout == PANELS:
-            format = "bf16x2"
-        elif SPLIT_PRODUCTS:
+        if layout == PANELS or not SPLIT_PRODUCTS:
+            format, layout = "bf16x2", PANELS
+        else:
             format = "bfloat16"
     if format in ("bf16x3", "bf16x2") and not storable(weight, format, layout):  # k the tiles do not take whole
         format = "float32"

@@ -307,6 +307,17 @@ def test_a_weight_bf16_holds_exactly_keeps_one_packing_and_fp32s_products(shape:
     _bf16x2_products(BF16X2_ROWS, shape)
 
 
+@pytest.mark.parametrize("shape", [(1003, 96), (40, 64)])
+def test_a_bf16x2_weights_rows_are_gathered_from_its_panels(shape: tuple[int, int]):
+    # Without AMX a bf16 checkpoint's LM head and tied embedding are kept in bf16x2 panels, from
+    # which lookups gather their rows (a part panel: 1003 outputs).
+    weight = (torch.randn(*shape) / 8).to(torch.bfloat16).float()
+    stored = store(weight, "bf16x2", PANELS)
+    index = torch.tensor([[0, 15, 16], [shape[0] - 1, 7, 7]])
+    assert torch.equal(stored.rows(index), weight[index])
+    assert torch.equal(stored.rows(list(range(shape[0]))), weight)
+
+
 def test_without_amx_a_bf16x2_weight_is_widened_into_fp32_products():
     # PRELUDE_CPU_AMX=0, in a process of its own (the kernels decide once per process); also a k
     # the tiles do not take whole (40), which widens on any CPU.

@@ -112,8 +112,11 @@ def test_a_bf16_checkpoint_served_in_fp32_keeps_its_layers_in_bf16_with_fp32s_re
     config = ModelConfig.from_dir(path)
     model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64,
                        ops=select_ops(torch.device("cpu")), weight_format="bf16x3" if SPLIT_PRODUCTS else "float32")
-    # Its tied head and embedding by rows in bf16 too where AMX's tiles take a head's many rows.
+    # Its tied head and embedding in bf16 too: by rows where AMX's tiles take a head's many rows,
+    # else in bf16x2 panels (lookups gather from them).
     assert stored_formats(model) == (["bf16x2", "bfloat16"] if SPLIT_PRODUCTS else ["bf16x2"])
+    embedding = model.model.embed_tokens.stored
+    assert embedding is not None and embedding.format == ("bfloat16" if SPLIT_PRODUCTS else "bf16x2")
 
 
 @pytest.mark.parametrize("tie", [True, False])
