@@ -312,7 +312,6 @@ __attribute__((always_inline)) static inline void packed_panels_body(const float
 // one panel by twelve rows 1.15-1.25x, these 0.83-1.09x.
 constexpr long kWideTileRows = 12;
 
-
 // R rows of x against P panels' fp32 slices at k in [k0, k1) (`slices[q] + k * kPanel`); out is
 // set, or added to when `accumulate`; the last panel has `cols` valid columns.
 template <int R, int P>
@@ -375,9 +374,9 @@ __attribute__((always_inline)) static inline void packed_pairs16_body(const floa
             for (long p = p_begin; p < p_end; p += 2) {
                 const int pair = p + 1 < p_end ? 2 : 1;
                 const T* panel = packed + p * stride;
-                const long col = p * kPanel, last = col + (pair - 1) * kPanel;
-                const long cols = outputs - last < kPanel ? outputs - last : kPanel;
-                // The next pair's slices, fetched a share per tile while this pair's compute.
+                const long col = p * kPanel, last_col = col + (pair - 1) * kPanel;
+                const long cols = outputs - last_col < kPanel ? outputs - last_col : kPanel;  // of the last panel
+                // The next pair's slices, fetched a share per tile while this pair's tiles compute.
                 const char* next_a = p + 2 < p_end ? (const char*)(panel + 2 * stride + k0 * kPanel) : nullptr;
                 const char* next_b = p + 3 < p_end ? (const char*)(panel + 3 * stride + k0 * kPanel) : nullptr;
                 const PairFetch fetch = {next_a, next_b, lines};
@@ -407,7 +406,7 @@ __attribute__((always_inline)) static inline void packed_pairs16_body(const floa
                 }
                 if (k1 == inputs) {
                     finish_block(out + r0 * outputs, r1 - r0, outputs, col, pair == 2 ? kPanel : cols, bias, activation);
-                    if (pair == 2) finish_block(out + r0 * outputs, r1 - r0, outputs, last, cols, bias, activation);
+                    if (pair == 2) finish_block(out + r0 * outputs, r1 - r0, outputs, last_col, cols, bias, activation);
                 }
             }
         }

@@ -134,7 +134,7 @@ __attribute__((always_inline)) static inline v8f gelu8(v8f v) { return gelu_lane
 // The widest instruction set the kernels may pick, whatever the CPU has beyond it:
 // PRELUDE_CPU_MAX_ISA=avx2 runs them as on a CPU without AVX-512 (so without its BF16, VNNI and
 // AMX too), =baseline as on one without AVX2 either; unset, all the CPU has. So one machine runs
-// the variants that another picks (tests/model/test_cpu_isa.py). Read once per process.
+// the variants that another picks (tests/test_cpu_isa.py). Read once per process.
 enum class Isa { baseline, avx2, avx512 };
 
 static inline Isa max_isa() {

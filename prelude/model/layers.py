@@ -31,8 +31,9 @@ def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | No
     weight that bf16 holds exactly (a bf16 checkpoint's) keeps half the bytes and fp32's products:
     in panels as bf16x2; an LM head and its embedding (by rows otherwise) as bf16 by rows where
     the CPU has AMX, whose tiles take a head's many rows, elsewhere as bf16x2 panels too, whose
-    register tiles keep up with torch's fp32 sgemm there (B's head at 256 rows: 1.05x its time on
-    AVX-512, 1.11x on AVX2) and read half its bytes for a decode step's few (0.2-0.4x its time)."""
+    register tiles keep up with torch's fp32 sgemm there (B's head at 256 rows: 1.01-1.05x its time
+    on AVX-512, 1.06-1.11x on AVX2) and read half its bytes for a decode step's few rows (one to
+    four: 0.3-0.45x the fp32 head's time)."""
     if format in ("bf16x3", "float32") and bf16_exact(weight):
         if layout == PANELS or not SPLIT_PRODUCTS:
             format, layout = "bf16x2", PANELS
