@@ -63,12 +63,8 @@ BY_ROWS, PANELS = 0, 1
 EXACT_BLOCK = 2048  # rows bf16_exact looks at a time
 # An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
-# faster than widened by rows), and bf16 where the CPU has neither AMX's tiles nor AVX-512 BF16's
-# products for it: both kernels then widen it into fp32 products, the panels in 0.50-0.88x the
-# time by rows at 1-512 rows (B's head, capped to AVX2). Lookups gather from either layout.
+# faster than widened by rows); lookups gather from either.
 HEAD_LAYOUTS = {"int8": PANELS}
-if _native is not None and not SPLIT_PRODUCTS and not _native.bf16_products():
-    HEAD_LAYOUTS["bfloat16"] = PANELS
 # What the kernels can apply to a product before they store it (kernels/cpu/packed_gemm.hpp's
 # Activation): an encoder's dense layers.
 EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
@@ -102,11 +98,11 @@ class StoredWeight:
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
         """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows
-        (widened natively), or from int8 or bf16 panels (an LM head's, its embedding's)."""
+        (widened natively), or from int8 or bf16x2 panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         if self.layout == PANELS:
-            assert self.format in ("int8", "bfloat16", "bf16x2"), "rows are gathered from int8 and bf16 panels only"
+            assert self.format in ("int8", "bf16x2"), "rows are gathered from int8 and bf16x2 panels only"
             # Output o's k sits at panel o / 16, group k / per, half (o % 16) / 8, lane o % 8, element
             # k % per: a lane holds `per` consecutive k (packed_gemm.hpp's PanelWiden).
             per = 4 if self.format == "int8" else 2

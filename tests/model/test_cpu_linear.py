@@ -307,14 +307,12 @@ def test_a_weight_bf16_holds_exactly_keeps_one_packing_and_fp32s_products(shape:
     _bf16x2_products(BF16X2_ROWS, shape)
 
 
-@pytest.mark.parametrize("format", ["bf16x2", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1003, 96), (40, 64)])
-def test_a_bf16_weights_rows_are_gathered_from_its_panels(format: str, shape: tuple[int, int]):
-    # Without AMX a bf16 checkpoint's LM head and tied embedding are kept in bf16x2 panels (and
-    # --dtype bfloat16's in bf16 panels where AVX-512 BF16 is missing too), from which lookups
-    # gather their rows (a part panel: 1003 outputs).
+def test_a_bf16x2_weights_rows_are_gathered_from_its_panels(shape: tuple[int, int]):
+    # Without AMX a bf16 checkpoint's LM head and tied embedding are kept in bf16x2 panels, from
+    # which lookups gather their rows (a part panel: 1003 outputs).
     weight = (torch.randn(*shape) / 8).to(torch.bfloat16).float()
-    stored = store(weight, format, PANELS)
+    stored = store(weight, "bf16x2", PANELS)
     index = torch.tensor([[0, 15, 16], [shape[0] - 1, 7, 7]])
     assert torch.equal(stored.rows(index), weight[index])
     assert torch.equal(stored.rows(list(range(shape[0]))), weight)
