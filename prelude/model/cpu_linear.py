@@ -101,6 +101,11 @@ class StoredWeight:
         (widened natively), or from int8 or bf16x2 panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
+        ids = index.reshape(-1).contiguous()
+        # Neither layout's read checks it: the kernel reads unchecked, and the panels' index
+        # arithmetic would take a negative id, or one in the last panel's padding, for a row.
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
+            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
         if self.layout == PANELS:
             assert self.format in ("int8", "bf16x2"), "rows are gathered from int8 and bf16x2 panels only"
             # Output o's k sits at panel o / 16, group k / per, half (o % 16) / 8, lane o % 8, element
@@ -112,9 +117,6 @@ class StoredWeight:
             if self.scales is not None:
                 out *= self.scales[index].unsqueeze(-1)
             return out
-        ids = index.reshape(-1).contiguous()
-        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):  # the kernel reads unchecked
-            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
         out = torch.empty(*index.shape, self.inputs)
         _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0], self.inputs,
                         ids.data_ptr(), len(ids), out.data_ptr())

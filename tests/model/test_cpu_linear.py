@@ -316,6 +316,9 @@ def test_a_bf16x2_weights_rows_are_gathered_from_its_panels(shape: tuple[int, in
     index = torch.tensor([[0, 15, 16], [shape[0] - 1, 7, 7]])
     assert torch.equal(stored.rows(index), weight[index])
     assert torch.equal(stored.rows(list(range(shape[0]))), weight)
+    for outside in (shape[0], -1):  # the last panel's padding (1003 outputs), and a negative id
+        with pytest.raises(IndexError):
+            stored.rows([0, outside])
 
 
 def test_without_amx_a_bf16x2_weight_is_widened_into_fp32_products():
