@@ -43,19 +43,18 @@ static inline bool has_avx512_vnni() {
 #endif
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PRELUDE_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
 // Rows [begin, end) of x [*, inputs] as q + 128 into xq, and their scales.
-static void quantize_rows(const float* x, long inputs, long begin, long end, uint8_t* xq, float* scales) {
+PRELUDE_VNNI static void quantize_rows(const float* x, long inputs, long begin, long end, uint8_t* xq, float* scales) {
     for (long r = begin; r < end; ++r) {
         const float* row = x + r * inputs;
         const float scale = row_scale(row, inputs);
-        const float inverse = 1.0f / scale;
         scales[r] = scale;
-        for (long k = 0; k < inputs; ++k) xq[r * inputs + k] = (uint8_t)(to_int8(row[k], inverse) + 128);
+        quantize_row(row, inputs, 1.0f / scale, reinterpret_cast<int8_t*>(xq + r * inputs), 128);
     }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define PRELUDE_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 // R rows of xq times one panel's slice [k0, k1), into out (`cols` valid columns), set or added.
 template <int R>
