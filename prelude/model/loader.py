@@ -1,9 +1,10 @@
 """Loads an HF-format checkpoint directory into a DecoderLM on the target device and dtype.
 
 Tensors are read through safetensors' memory map straight into the already-allocated target
-parameters (converted on copy), so no full-precision copy of the model is ever made; on the CPU a
-bf16 checkpoint's projections and embeddings are read as bf16 (taken from the map as they are,
-where no fusing needs a copy: layers.fill) and stored for the kernels from there.
+parameters (converted on copy), so no full-precision copy of the model is ever made; on the CPU
+those already in the parameter's dtype are taken from the map as they are (where no fusing needs
+a copy: layers.fill; a bf16 checkpoint's projections and embeddings are read as bf16), stored for
+the kernels from there, and whatever the kernels did not take is then copied out of the map.
 """
 from __future__ import annotations
 
@@ -95,11 +96,24 @@ def _matrices_as(model: torch.nn.Module, dtype: torch.dtype, keep_values: bool) 
                 setattr(module, name, torch.nn.Parameter(data, requires_grad=False))
 
 
-def _tensors(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(files: list[Path], device: str, maps: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors; `maps` collects the storages they are read into (on the CPU, a
+    file's memory map)."""
     for path in files:
         with safe_open(str(path), framework="pt", device=device) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                tensor = f.get_tensor(name)
+                maps.add(tensor.untyped_storage().data_ptr())
+                yield name, tensor
+
+
+def _owned(model: torch.nn.Module, maps: set[int]) -> None:
+    """Every parameter still backed by a checkpoint file's map (layers.fill took it, and the
+    kernels did not store it) copied into the process's memory: a weight never changes with the
+    file under a running server."""
+    for param in model.parameters():
+        if param.numel() and param.untyped_storage().data_ptr() in maps:
+            param.data = param.data.clone()
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
@@ -141,7 +155,8 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         _matrices_as(model, torch.bfloat16, keep_values=False)
     # safetensors' "cuda" device reads each tensor straight into device memory.
     read_device = str(device) if device.type == "cuda" else "cpu"
-    tensors = _tensors(files, read_device)
+    maps: set[int] = set()
+    tensors = _tensors(files, read_device, maps)
     with torch.no_grad():
         loaded = model.load_weights(dequantized_tensors(tensors, dtype) if config.int8_weights else tensors)
     missing = model.expected_weights() - loaded
@@ -153,6 +168,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, d
         model.store_weights(stored_as)
         if read_bf16:
             _matrices_as(model, dtype, keep_values=True)
+    if device.type == "cpu":
+        _owned(model, maps)
+    if stored_as is not None:
         formats = "/".join(stored_formats(model)) or "as read"
         stored = f", weights stored {formats} in {time.perf_counter() - loaded_at:.2f}s"
     logger.info("loaded %s (%s, %s) in %.2fs%s", model_dir, config.architecture, dtype, loaded_at - start, stored)

@@ -42,12 +42,20 @@ TOLERANCE = {"bfloat16": (0.04, 0.9999), "int8": (0.25, 0.998), "bf16x3": (5e-4,
 
 def _final_states(path, weight_format: str | None, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Every prompt token's final hidden state and logits, through the native step (weight_format
-    None: the weights as read, through torch's ops); label-token logits (a judge's few rows of
-    the head) checked against the full ones."""
-    config = ModelConfig.from_dir(path)
+    None: the weights as read, through torch's ops)."""
+    return _states_of(_load(path, weight_format), weight_format, prompts)
+
+
+def _load(path, weight_format: str | None):
+    return load_model(path, ModelConfig.from_dir(path), torch.float32, torch.device("cpu"), max_positions=256,
+                      ops=select_ops(torch.device("cpu")), weight_format=weight_format)
+
+
+def _states_of(model, weight_format: str | None, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """_final_states of a loaded model; label-token logits (a judge's few rows of the head)
+    checked against the full ones."""
+    config = model.config
     ops = select_ops(torch.device("cpu"))
-    model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=256, ops=ops,
-                       weight_format=weight_format)
     native = native_step(model, ops)
     assert native is not None or weight_format is None, "every format runs on the native step"
     cache = KVCache(KVCacheShape.for_model(config, num_blocks=64, block_size=4, dtype=torch.float32),
@@ -145,6 +153,31 @@ def test_a_bf16_checkpoint_is_read_as_bf16_and_gives_its_fp32_copys_results(tmp_
         model = load_model(path, config, torch.float32, torch.device("cpu"), max_positions=64,
                            ops=select_ops(torch.device("cpu")), weight_format=weight_format)
         assert {p.dtype for p in model.parameters()} == {torch.float32}, weight_format
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_weight_changes_with_the_checkpoint_file_after_loading(tmp_path, dtype):
+    # The loader takes the checkpoint's tensors from safetensors' memory map where they need no
+    # conversion, stores them for the kernels from there, and copies out whatever the kernels do
+    # not take: the file's values zeroed in place under a loaded model change none of its results.
+    import shutil
+
+    pristine = make_checkpoint(tmp_path / "q3", "qwen3", hidden_size=256, intermediate_size=512, vocab_size=2048,
+                               dtype=dtype)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (3, 17)]
+    for weight_format in (None, "float32", "bf16x3" if SPLIT_PRODUCTS else "float32", "bfloat16", "int8"):
+        path = tmp_path / f"q3-{weight_format}"
+        shutil.copytree(pristine, path)
+        before = _final_states(path, weight_format, prompts)
+        model = _load(path, weight_format)
+        for file in path.glob("*.safetensors"):
+            with open(file, "r+b") as f:
+                start = 8 + int.from_bytes(f.read(8), "little")  # past the header: its tensors' bytes
+                f.seek(start)
+                f.write(bytes(file.stat().st_size - start))
+        after = _states_of(model, weight_format, prompts)
+        assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1]), weight_format
 
 
 def test_an_encoder_packs_fp32_and_bf16_weights_and_refuses_int8_with_its_reason(tmp_path):
