@@ -19,13 +19,16 @@ NATIVE_TESTS = ["tests/kernels", "tests/model", "tests/executor/test_prefill_att
                 "tests/executor/test_paged_decode.py", "tests/executor/test_fused_step.py",
                 "tests/executor/test_sampler.py", "tests/executor/test_heads.py"]
 
-# Inside the capped process: no sixteen-lane, bf16, int8 or tile products left, then the tests.
+# Inside the capped process: no sixteen-lane, bf16 or tile products left, int8 products only on
+# AVX2's (kernels/cpu/maddubs_gemm.hpp), then the tests.
 RUN_CAPPED = """
+import os
 import sys
 import pytest
 from kernels.cpu import _native
-assert not any(has() for has in (_native.wide_vectors, _native.bf16_products, _native.int8_products,
-                                 _native.amx_products)), "PRELUDE_CPU_MAX_ISA was not honoured"
+assert not any(has() for has in (_native.wide_vectors, _native.bf16_products, _native.amx_products)), \
+    "PRELUDE_CPU_MAX_ISA was not honoured"
+assert _native.int8_products() == (os.environ["PRELUDE_CPU_MAX_ISA"] == "avx2")
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
 """
 

@@ -1,13 +1,14 @@
 // A linear layer's product on the CPU, out[n, outputs] = x[n, inputs] . w^T, in fp32 from a weight
 // stored in fp32, bf16, int8 or bf16x3 (weights.hpp), on the kernel of the weight's layout:
 // packed panels (the decoder layers' weights: a few rows stream them, more go through register
-// tiles; int8 ones in int8 arithmetic where the CPU has VNNI, bf16 ones in bf16 where it has
+// tiles; int8 ones in int8 arithmetic where the CPU has VNNI or AVX2, bf16 ones in bf16 where it has
 // AVX-512 BF16, whole 16-row tiles of either, and of bf16x3, on AMX where it has that) or rows
 // (an LM head tied to its embedding, which needs the rows for its lookups; many rows of a bf16
 // one go to AMX's tiles too, head_tiles.hpp).
 #pragma once
 #include "bf16_gemm.hpp"
 #include "head_tiles.hpp"
+#include "maddubs_gemm.hpp"
 #include "packed_gemm.hpp"
 #include "skinny_gemm.hpp"
 #include "vnni_gemm.hpp"
@@ -128,9 +129,10 @@ static void linear_rows(const float* x, long n, const Weight& w, long inputs, fl
     } else if (w.layout == kByRows && w.format == kBF16 && n >= kRowsOnTilesFrom && has_amx() && inputs % kAmxK == 0) {
         bf16_rows_on_tiles(x, n, static_cast<const bf16*>(w.data), inputs, out, outputs, threads);
         finish_block(out, n, outputs, 0, outputs, bias, activation);
-    } else if (w.layout == kByRows || (w.format == kI8 && has_avx512_vnni())) {
+    } else if (w.layout == kByRows || (w.format == kI8 && (has_avx512_vnni() || has_avx2_int8_products()))) {
         if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
-        else vnni_gemm(x, n, w, inputs, out, outputs, threads);
+        else if (has_avx512_vnni()) vnni_gemm(x, n, w, inputs, out, outputs, threads);
+        else maddubs_gemm(x, n, w, inputs, out, outputs, threads);
         finish_block(out, n, outputs, 0, outputs, bias, activation);
     } else if (w.format == kBF16 && has_avx512_bf16()) {
         bf16_gemm(x, n, w, inputs, out, outputs, threads, bias, activation);

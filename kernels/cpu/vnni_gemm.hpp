@@ -28,15 +28,19 @@ namespace prelude_cpu {
 
 constexpr long kVnniRows = 8;
 
-// The CPU has AVX-512 VNNI, and PRELUDE_CPU_INT8_PRODUCTS=0 does not ask for int8 weights alone
-// (widened, computed in fp32: weight-only int8's accuracy at fp32's compute speed).
+// PRELUDE_CPU_INT8_PRODUCTS=0 asks for int8 weights alone (widened, computed in fp32: weight-only
+// int8's accuracy at fp32's compute speed), whatever int8 products the CPU has.
+static inline bool int8_products_wanted() {
+    const char* set = std::getenv("PRELUDE_CPU_INT8_PRODUCTS");
+    return set == nullptr || std::string(set) != "0";
+}
+
+// The CPU has AVX-512 VNNI, and int8 products are wanted.
 static inline bool has_avx512_vnni() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     static const bool has = has_avx512f() && __builtin_cpu_supports("avx512bw") &&
-                            __builtin_cpu_supports("avx512vnni") &&
-                            !(std::getenv("PRELUDE_CPU_INT8_PRODUCTS") != nullptr &&
-                              std::string(std::getenv("PRELUDE_CPU_INT8_PRODUCTS")) == "0");
+                            __builtin_cpu_supports("avx512vnni") && int8_products_wanted();
     return has;
 #else
     return false;
