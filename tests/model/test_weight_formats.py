@@ -11,8 +11,8 @@ rows are less uniform than Gaussian noise, but no test here can download one):
         alone in bf16.
   int8: every logit within 25% of that standard deviation (measured: 19%, the worst of 2,048
         tokens x 50 positions); hidden-state cosine >= 0.998 (measured 0.9991). Where the CPU has
-        AVX-512 VNNI the rows are quantized too (per row, kernels/cpu/vnni_gemm.hpp): 12% and
-        0.9996 with the weights alone quantized.
+        AVX-512 VNNI or AVX2 the rows are quantized too (per row, kernels/cpu/vnni_gemm.hpp,
+        maddubs_gemm.hpp): 12% and 0.9996 with the weights alone quantized.
   bf16x3 (fp32 weights on a CPU with AMX, kept as two bf16 halves, model.cpu_linear): every logit
         within 0.05% of that standard deviation (measured 0.006%), hidden-state cosine >= 0.99999
         (measured 1 - 1.8e-7), the same greedy token at every position."""
@@ -71,7 +71,7 @@ def _states_of(model, weight_format: str | None, prompts: list[list[int]]) -> tu
         assert hidden is not None
         logits = model.compute_logits(hidden)
         labels = (5, 1000, 2047)
-        # The label rows multiply fp32 activations; the whole head's int8 products (VNNI) quantize
+        # The label rows multiply fp32 activations; the whole head's int8 products (VNNI, AVX2) quantize
         # them per token: the two agree within that rounding (measured 2% of the logits' spread).
         close = 0.05 * logits.std().item() if weight_format == "int8" else 1e-4
         torch.testing.assert_close(model.compute_label_logits(hidden, labels), logits[:, labels], rtol=0, atol=close)
