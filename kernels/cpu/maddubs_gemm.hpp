@@ -66,8 +66,10 @@ PRELUDE_MADDUBS __attribute__((always_inline)) static inline void maddubs_tile(
             std::memcpy(&four, xq + r * inputs + k, sizeof(four));
             std::memcpy(&size, xa + r * inputs + k, sizeof(size));
             const __m256i sign = _mm256_set1_epi32(four), magnitude = _mm256_set1_epi32(size);
-            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w0, sign)), ones));
-            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w1, sign)), ones));
+            const __m256i pairs0 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w0, sign));
+            const __m256i pairs1 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w1, sign));
+            lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(pairs0, ones));
+            hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(pairs1, ones));
         }
     }
     const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
@@ -77,7 +79,10 @@ PRELUDE_MADDUBS __attribute__((always_inline)) static inline void maddubs_tile(
         __m256 v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(hi[r]), _mm256_mul_ps(s1, row_scale));
         float* o = out + r * outputs;
         if (cols == kPanel) {
-            if (accumulate) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(o)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(o + 8));
+            if (accumulate) {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(o));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(o + 8));
+            }
             _mm256_storeu_ps(o, v0);
             _mm256_storeu_ps(o + 8, v1);
         } else {

@@ -76,7 +76,7 @@ __attribute__((always_inline)) static inline void pack_range_body(const void* w,
                                                                   long inputs, long format, void* packed,
                                                                   float* scales, long begin, long end) {
     const long lanes = inputs * format_bytes(format) / 4;  // 32-bit lanes of a row
-    int32_t* sums = reinterpret_cast<int32_t*>(scales + panel_outputs(outputs));
+    int32_t* sums = format == kI8 ? reinterpret_cast<int32_t*>(scales + panel_outputs(outputs)) : nullptr;
     std::vector<float> scratch(source == kF32 ? 0 : inputs);
     std::vector<uint32_t> rows(kPanel * lanes);  // the panel's rows in `format`, in order
     for (long p = begin; p < end; ++p) {
