@@ -5,12 +5,12 @@
 // row goes in as |q| and the weight's sign is flipped where q is negative (`vpsignb`): two
 // products of at most 127 x 127 never saturate, and the int32 sums are exactly VNNI's (the same
 // outputs). Four instructions per 32 multiply-adds where fp32 FMAs take four per 32 too, but no
-// weight is widened and the tiles keep more rows in registers: on this VM's AVX2 code a 4 x 16
-// tile ran 81 GMAC/s against the fp32 tile's 61.
+// weight is widened: on this VM's AVX2 code a 4 x 16 tile ran 81 GMAC/s against the fp32 tile's
+// 61, one thread, in cache.
 //
 // The panels are pack_weight's int8 panels (a 64-byte group holds outputs 0-7's four consecutive
 // k, then outputs 8-15's: a 256-bit vector each); rows go in blocks and K in slices as in
-// vnni_gemm.hpp, a tile up to 4 rows by one panel.
+// vnni_gemm.hpp, a tile up to 3 or 4 rows by one panel.
 #pragma once
 #include <immintrin.h>
 
@@ -26,7 +26,11 @@
 
 namespace prelude_cpu {
 
-constexpr long kMaddubsRows = 4;
+// Rows of a tile: four while a decode step's few rows stream the panels; three in the blocked
+// tiles, where GCC kept four rows' eight accumulators only by spilling half of them to the stack
+// each step (B's 3072 x 512 at 2,048 rows, one thread: 67 ms with four, 54 with three).
+constexpr long kMaddubsStreamRows = 4;
+constexpr long kMaddubsRows = 3;
 
 // AVX2 (and FMA: the kernels' AVX2 variants' pair), no VNNI, and int8 products not turned off.
 static inline bool has_avx2_int8_products() {
@@ -98,8 +102,8 @@ PRELUDE_MADDUBS static void maddubs_panels(const int8_t* xq, const uint8_t* xa, 
                                            const int8_t* packed, const float* scales, long inputs, float* out,
                                            long outputs, long p_begin, long p_end) {
     // As vnni_panels: few rows read each panel once, whole; more go in K slices kept in L1.
-    const bool stream = n <= kMaddubsRows;
-    const long slice = stream ? inputs : kSliceK;
+    const bool stream = n <= kMaddubsStreamRows;
+    const long slice = stream ? inputs : kSliceK, step = stream ? kMaddubsStreamRows : kMaddubsRows;
     for (long r0 = 0; r0 < n; r0 += kBlockRows) {
         const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;
         for (long k0 = 0; k0 < inputs; k0 += slice) {
@@ -107,13 +111,13 @@ PRELUDE_MADDUBS static void maddubs_panels(const int8_t* xq, const uint8_t* xa, 
             for (long p = p_begin; p < p_end; ++p) {
                 const int8_t* panel = packed + p * inputs * kPanel;
                 const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
-                for (long i = r0; i < r1; i += kMaddubsRows) {
+                for (long i = r0; i < r1; i += step) {
                     const int8_t* q = xq + i * inputs;
                     const uint8_t* a = xa + i * inputs;
                     const float* s = row_scales + i;
                     float* o = out + i * outputs + col;
                     const bool later = k0 != 0;
-                    switch (r1 - i < kMaddubsRows ? r1 - i : kMaddubsRows) {
+                    switch (r1 - i < step ? r1 - i : step) {
                         case 4: maddubs_tile<4>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
                         case 3: maddubs_tile<3>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
                         case 2: maddubs_tile<2>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
