@@ -3,19 +3,15 @@
 (prelude/model/cpu_linear.py, prelude/executor/attention/torch_ref.py) check dtype, layout
 and shapes first. Both run without the GIL."""
 
-cdef extern from "vnni_gemm.hpp" namespace "prelude_cpu" nogil:
-    bint has_avx512_vnni()
-
-
-cdef extern from "maddubs_gemm.hpp" namespace "prelude_cpu" nogil:
-    bint has_avx2_int8_products()
+cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
+    bint has_int8_products()
 
 
 def int8_products() -> bool:
     """Whether a packed int8 weight's products run in int8 arithmetic on this CPU (AVX-512 VNNI,
     kernels/cpu/vnni_gemm.hpp, or AVX2, maddubs_gemm.hpp), the rows quantized per row; else in
     fp32, the weight widened."""
-    return has_avx512_vnni() or has_avx2_int8_products()
+    return has_int8_products()
 
 
 cdef extern from "bf16_gemm.hpp" namespace "prelude_cpu" nogil:

@@ -16,6 +16,10 @@
 
 namespace prelude_cpu {
 
+// An int8 panel weight multiplies in int8 (each row quantized per token) where the CPU has VNNI
+// or AVX2 and PRELUDE_CPU_INT8_PRODUCTS=0 does not turn it off; elsewhere it is widened.
+static inline bool has_int8_products() { return has_avx512_vnni() || has_avx2_int8_products(); }
+
 // A bf16x3 weight with fewer rows than this streams its panels (bf16x3_stream) instead of going
 // to AMX's tiles, which pad a step's rows to 16 (B's layers at one to four rows: 1.25-1.46x fp32's
 // time on the tiles; from eight rows on the tiles are faster). So does a bf16x2 weight without
@@ -129,7 +133,7 @@ static void linear_rows(const float* x, long n, const Weight& w, long inputs, fl
     } else if (w.layout == kByRows && w.format == kBF16 && n >= kRowsOnTilesFrom && has_amx() && inputs % kAmxK == 0) {
         bf16_rows_on_tiles(x, n, static_cast<const bf16*>(w.data), inputs, out, outputs, threads);
         finish_block(out, n, outputs, 0, outputs, bias, activation);
-    } else if (w.layout == kByRows || (w.format == kI8 && (has_avx512_vnni() || has_avx2_int8_products()))) {
+    } else if (w.layout == kByRows || (w.format == kI8 && has_int8_products())) {
         if (w.layout == kByRows) skinny_gemm(x, n, w, inputs, out, outputs, threads);
         else if (has_avx512_vnni()) vnni_gemm(x, n, w, inputs, out, outputs, threads);
         else maddubs_gemm(x, n, w, inputs, out, outputs, threads);
