@@ -175,9 +175,10 @@ def test_rows_restricted_to_allowed_tokens_report_the_whole_vocabulary_beside_pl
 
 
 def test_native_logprobs_agree_with_torchs_log_softmax_rank_and_topk(monkeypatch):
-    """The native kernel (fp32 on the CPU) against the torch path on the same rows: logprobs
-    within float rounding, the same ranks and the same alternatives (of tied ones, the lower id
-    first)."""
+    """The native kernel (fp32 on the CPU) against the torch path on the same rows: the same
+    ranks and the same alternatives (of tied ones, the lower id first), and logprobs within float
+    rounding of float64's. (Not of torch's float32 log_softmax: over a 152K vocabulary its float
+    sum drifts by 1e-5 where torch runs its baseline kernels, as on AMD CPUs capped to them.)"""
     if sampler.native_logprobs is None:
         pytest.skip("kernels.cpu is not built")
     gen = torch.Generator().manual_seed(5)
@@ -197,10 +198,11 @@ def test_native_logprobs_agree_with_torchs_log_softmax_rank_and_topk(monkeypatch
         monkeypatch.setattr(sampler, "native_logprobs", None)
         reference = sampler.token_logprobs(logits, targets, 5)
         monkeypatch.undo()
-        for got, want in zip(native, reference):
+        exact = torch.log_softmax(logits.double(), dim=-1)
+        for row, got, want in zip(exact, native, reference):
             assert got.token_id == want.token_id and got.rank == want.rank
-            assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+            assert got.logprob == pytest.approx(float(row[got.token_id]), abs=1e-5)
             in_order = sorted(want.top, key=lambda entry: (-entry[1], entry[0]))  # torch orders ties as it likes
             assert [t for t, _ in got.top] == [t for t, _ in in_order]
-            assert [v for _, v in got.top] == pytest.approx([v for _, v in in_order], abs=1e-5)
+            assert [v for _, v in got.top] == pytest.approx([float(row[t]) for t, _ in got.top], abs=1e-5)
     assert native[1].top and len(sampler.token_logprobs(edge, [3, 3, 3], 5)[1].top) == 2
