@@ -113,6 +113,24 @@ def test_prefill_attention_bench_writes_its_table_json_and_chart(tmp_path, capsy
     assert "speedup" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_linear_formats_bench_times_every_format_this_cpu_stores(tmp_path, capsys):
+    from bench.kernels import linear_formats
+    from prelude.model import cpu_linear
+
+    if not cpu_linear.built:
+        pytest.skip("kernels.cpu is not built")
+    out = tmp_path / "linear_formats.json"
+    code = linear_formats.main(["--hidden", "64", "--intermediate", "96", "--heads", "2,1,32", "--rows", "1,24",
+                                "--repeats", "1", "--json", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())["results"]
+    formats = {r["format"] for r in results}
+    assert {"float32", "bfloat16", "bf16x2", "int8"} <= formats
+    assert ("bf16x3" in formats) == cpu_linear.SPLIT_PRODUCTS
+    assert len(results) == 2 * len(formats) and all(r["gflops"] > 0 for r in results)
+    assert "GFLOP/s" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
     """bench.serving.cpu_cost launches a real `--executor null` server and reads its CPU per
     request; every request is answered (the null model once fell behind the runner's calls: its
