@@ -54,15 +54,15 @@ PRELUDE_MADDUBS static void quantize_signed_rows(const float* x, long inputs, lo
 }
 
 // R rows against one panel's slice [k0, k1), into out (`cols` valid columns), set or added.
-template <int R>
+template <int R, bool kStream>
 PRELUDE_MADDUBS __attribute__((always_inline)) static inline void maddubs_tile(
     const int8_t* xq, const uint8_t* xa, const float* row_scales, long inputs, const int8_t* panel,
-    const float* scale, long k0, long k1, bool accumulate, float* out, long outputs, long cols, bool stream) {
+    const float* scale, long k0, long k1, bool accumulate, float* out, long outputs, long cols) {
     __m256i lo[R], hi[R];
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
     const __m256i ones = _mm256_set1_epi16(1);
     for (long k = k0; k < k1; k += 4) {
-        if (stream) __builtin_prefetch(panel + k * kPanel + kPrefetchAheadBytes, 0, 1);
+        if constexpr (kStream) __builtin_prefetch(panel + k * kPanel + kPrefetchAheadBytes, 0, 1);
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * kPanel));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * kPanel + 32));
         for (int r = 0; r < R; ++r) {
@@ -98,6 +98,21 @@ PRELUDE_MADDUBS __attribute__((always_inline)) static inline void maddubs_tile(
     }
 }
 
+// A tile of `rows` (at most kMaddubsStreamRows) rows: maddubs_tile's other arguments. Streaming
+// is a template argument, not a flag, so that the blocked tiles' k loop tests nothing but k (on a
+// Zen 3, 128 to 2,048 rows 4-6% faster than with the flag tested every four k).
+template <bool kStream>
+PRELUDE_MADDUBS __attribute__((always_inline)) static inline void maddubs_rows(
+    long rows, const int8_t* q, const uint8_t* a, const float* s, long inputs, const int8_t* panel,
+    const float* scale, long k0, long k1, bool later, float* o, long outputs, long cols) {
+    switch (rows) {
+        case 4: maddubs_tile<4, kStream>(q, a, s, inputs, panel, scale, k0, k1, later, o, outputs, cols); break;
+        case 3: maddubs_tile<3, kStream>(q, a, s, inputs, panel, scale, k0, k1, later, o, outputs, cols); break;
+        case 2: maddubs_tile<2, kStream>(q, a, s, inputs, panel, scale, k0, k1, later, o, outputs, cols); break;
+        default: maddubs_tile<1, kStream>(q, a, s, inputs, panel, scale, k0, k1, later, o, outputs, cols); break;
+    }
+}
+
 PRELUDE_MADDUBS static void maddubs_panels(const int8_t* xq, const uint8_t* xa, const float* row_scales, long n,
                                            const int8_t* packed, const float* scales, long inputs, float* out,
                                            long outputs, long p_begin, long p_end) {
@@ -117,12 +132,9 @@ PRELUDE_MADDUBS static void maddubs_panels(const int8_t* xq, const uint8_t* xa, 
                     const float* s = row_scales + i;
                     float* o = out + i * outputs + col;
                     const bool later = k0 != 0;
-                    switch (r1 - i < step ? r1 - i : step) {
-                        case 4: maddubs_tile<4>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
-                        case 3: maddubs_tile<3>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
-                        case 2: maddubs_tile<2>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
-                        default: maddubs_tile<1>(q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols, stream); break;
-                    }
+                    const long rows = r1 - i < step ? r1 - i : step;
+                    if (stream) maddubs_rows<true>(rows, q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols);
+                    else maddubs_rows<false>(rows, q, a, s, inputs, panel, scales + col, k0, k1, later, o, outputs, cols);
                 }
             }
         }
