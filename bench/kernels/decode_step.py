@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from bench.charts import write_chart
+from bench.kernels.microbench import write_results
 from bench.serving.core import report
 from prelude.contract.batch import DecodeRow, OutputSpec
 from prelude.contract.sampling import SamplingParams
@@ -104,26 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.model}: {args.rows} rows at {args.context} tokens of context, {torch.get_num_threads()} threads")
     print(report.table(["ops", "best ms", "median ms"],
                        [[name, min(t), statistics.median(t)] for name, t in times.items()]))
-    path = report.write_json(args.json, {"tool": "bench.kernels.decode_step", "model": args.model, "rows": args.rows,
-                                         "context": args.context, "threads": torch.get_num_threads(),
-                                         "rounds_ms": times})
-    print(f"results: {path}")
-    write_chart(lambda out: _plot(times, out), path.with_suffix(".png"))
+    write_results(args.json, {"tool": "bench.kernels.decode_step", "model": args.model, "rows": args.rows,
+                              "context": args.context, "threads": torch.get_num_threads(), "rounds_ms": times},
+                  lambda fig, ax: _plot(times, ax))
     return 0
 
 
-def _plot(times: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4))
+def _plot(times: dict[str, list[float]], ax) -> None:
     ax.boxplot(list(times.values()), tick_labels=list(times))
     ax.set_ylabel("ms per decode step (rounds)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

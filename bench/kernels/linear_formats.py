@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from bench.charts import write_chart
-from bench.kernels.microbench import add_flags, best_seconds, start
+from bench.kernels.microbench import add_flags, best_seconds, start, write_results
 from bench.serving.core import report
 from prelude.model import cpu_linear
 
@@ -61,22 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append({"format": fmt, "rows": n, "ms": ms, "layer_ms": total, "gflops": flops / total / 1e6})
             table.append([fmt, n, *(f"{ms[k]:.3f}" for k in shapes), f"{total:.3f}", f"{flops / total / 1e6:.0f}"])
     print(report.table(["format", "rows", *(f"{k} ms" for k in shapes), "layer ms", "GFLOP/s"], table))
-    path = report.write_json(args.json, {"tool": "bench.kernels.linear_formats", "shapes": shapes,
-                                         "threads": torch.get_num_threads(), "results": results})
-    print(f"results: {path}")
-    write_chart(lambda out: _plot(results, out), path.with_suffix(".png"))
+    write_results(args.json, {"tool": "bench.kernels.linear_formats", "shapes": shapes,
+                              "threads": torch.get_num_threads(), "results": results},
+                  lambda fig, ax: _plot(results, ax))
     return 0
 
 
-def _plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bench.charts import save_figure
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _plot(results: list[dict], ax) -> None:
     for fmt in dict.fromkeys(r["format"] for r in results):
         mine = [r for r in results if r["format"] == fmt]
         ax.plot([r["rows"] for r in mine], [r["gflops"] for r in mine], "o-", label=fmt)
@@ -84,7 +73,6 @@ def _plot(results: list[dict], path: Path) -> None:
     ax.set_xlabel("rows")
     ax.set_ylabel("GFLOP/s over the layer's products")
     ax.legend()
-    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from bench.charts import write_chart
 from bench.serving.core import report
-from bench.kernels.microbench import add_flags, best_seconds, start
+from bench.kernels.microbench import add_flags, best_seconds, start, write_results
 from prelude.model.cpu_linear import MAX_SKINNY_ROWS, built, linear
 
 
@@ -49,21 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append([n, plain, ours, plain / ours, gigabytes / ours * 1000, read_ms / ours])
         results.append({"rows": n, "matmul_ms": plain, "prelude_ms": ours})
     print(report.table(["rows", "x @ W.t() ms", "prelude ms", "speedup", "prelude GB/s", "of read speed"], rows))
-    path = report.write_json(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
-                                         "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
-                                         "results": results})
-    print(f"results: {path}")
-    write_chart(lambda out: _plot(results, read_ms, out), path.with_suffix(".png"))
+    write_results(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
+                              "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
+                              "results": results}, lambda fig, ax: _plot(results, read_ms, ax))
     return 0
 
 
-def _plot(results: list[dict], read_ms: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _plot(results: list[dict], read_ms: float, ax) -> None:
     n = [r["rows"] for r in results]
     ax.plot(n, [r["matmul_ms"] for r in results], "o-", label="x @ W.t()")
     ax.plot(n, [r["prelude_ms"] for r in results], "s-", label="prelude (native kernel)")
@@ -72,9 +62,6 @@ def _plot(results: list[dict], read_ms: float, path: Path) -> None:
     ax.set_xlabel("rows")
     ax.set_ylabel("ms (best of repeats)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

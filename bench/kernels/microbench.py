@@ -1,14 +1,16 @@
-"""What the CPU kernel micro-benchmarks (lm_head, prefill_attention) share: the timer, and the
-flags for threads, repeats and the JSON path."""
+"""What the CPU kernel micro-benchmarks (lm_head, prefill_attention, linear_formats, decode_step)
+share: the timer, the flags for threads, repeats and the JSON path, and writing the results with
+their chart."""
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from bench.charts import save_figure, write_chart
 from bench.serving.core import report
 
 NOT_BUILT = "kernels.cpu is not built (pip install -e . or python setup.py build_ext --inplace)"
@@ -41,3 +43,23 @@ def start(args: argparse.Namespace, built: bool) -> bool:
         return False
     torch.manual_seed(0)
     return True
+
+
+def write_results(json_path: Path, payload: dict, draw: Callable[[Any, Any], None]) -> Path:
+    """Writes the JSON and, beside it, the chart that draw(fig, ax) fills (6 x 4 inches)."""
+    path = report.write_json(json_path, payload)
+    print(f"results: {path}")
+    write_chart(lambda out: _draw(draw, out), path.with_suffix(".png"))
+    return path
+
+
+def _draw(draw: Callable[[Any, Any], None], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    draw(fig, ax)
+    save_figure(fig, path)
+

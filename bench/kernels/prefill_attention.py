@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
 
-from bench.charts import write_chart
 from bench.serving.core import report
-from bench.kernels.microbench import add_flags, best_seconds, start
+from bench.kernels.microbench import add_flags, best_seconds, start, write_results
 from bench.kernels.scattered_blocks import scattered_context
 
 from kernels.cpu import ops
@@ -82,29 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{torch.get_num_threads()} threads")
     print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
                         "prelude GFLOPS"], rows))
-    path = report.write_json(args.json, {"tool": "bench.kernels.prefill_attention",
-                                         "threads": torch.get_num_threads(), "results": results})
-    print(f"results: {path}")
-    write_chart(lambda out: _plot(results, out), path.with_suffix(".png"))
+    write_results(args.json, {"tool": "bench.kernels.prefill_attention", "threads": torch.get_num_threads(),
+                              "results": results}, lambda fig, ax: _plot(results, ax))
     return 0
 
 
-def _plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+def _plot(results: list[dict], ax) -> None:
     labels = [f"{r['heads']} {r['tokens']}" + (f"+{r['context']}" if r["context"] else "") for r in results]
     ax.bar(range(len(results)), [r["torch_us"] / r["prelude_us"] for r in results])
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(results)), labels, rotation=45, ha="right")
     ax.set_ylabel("speedup over torch's flash kernel")
     ax.set_title("CPU prefill attention, one row")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
