@@ -62,4 +62,3 @@ def _draw(draw: Callable[[Any, Any], None], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     draw(fig, ax)
     save_figure(fig, path)
-
