@@ -104,26 +104,32 @@ def test_long_stop_strings_do_not_slow_other_requests(server):
     """Stop strings are matched as the text arrives, at a cost per character: searching the
     whole text and testing its suffixes against every stop string for each token grew with
     both lengths, on the event loop, and one request carrying sixteen 3,500-character stop
-    strings slowed every other request's decode steps over tenfold."""
+    strings slowed every other request's decode steps over tenfold. Measured against the same
+    stream without stop strings, so that sharing steps with a stream is not counted."""
     rng = random.Random(5)
     stops = ["".join(rng.choice("QXZJKV") for _ in range(3500)) for _ in range(16)]  # never generated whole
     tokenizer = server.served.tokenizer
     longest = max(range(3, tokenizer.vocab_size), key=lambda t: len(tokenizer.decode([t])))  # the text grows fast
     other = {"prompt": "Another user's request", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
-    with httpx.Client(base_url=server.base_url, timeout=60) as http:
-        began = time.monotonic()
-        assert http.post("/v1/completions", json=other).status_code == 200
-        alone = time.monotonic() - began
-        body = {"prompt": "Keep talking", "max_tokens": 480, "ignore_eos": True, "stream": True, "stop": stops,
+
+    def other_beside_a_stream(http: httpx.Client, stop: list[str]) -> float:
+        body = {"prompt": "Keep talking", "max_tokens": 480, "ignore_eos": True, "stream": True, "stop": stop,
                 "allowed_token_ids": [longest]}
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             for _ in range(2 * 200):  # 200 tokens (an event and a blank line each)
                 next(lines)
-            began = time.monotonic()
-            assert http.post("/v1/completions", json=other).status_code == 200
-            beside = time.monotonic() - began
-    assert beside < 3 * alone + 0.1, (alone, beside)
+            times = []
+            for _ in range(3):  # the least of three: a host's passing stall is not the stop strings'
+                began = time.monotonic()
+                assert http.post("/v1/completions", json=other).status_code == 200
+                times.append(time.monotonic() - began)
+            return min(times)
+
+    with httpx.Client(base_url=server.base_url, timeout=60) as http:
+        plain = other_beside_a_stream(http, [])
+        beside = other_beside_a_stream(http, stops)
+    assert beside < 3 * plain + 0.1, (plain, beside)
     server.wait_idle()
 
 
