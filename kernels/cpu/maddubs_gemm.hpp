@@ -1,9 +1,9 @@
-// Rows times an int8 weight in int8 arithmetic on AVX2 CPUs without AVX-512 VNNI (AMD Zen 2-4's
-// AVX2 path, Intel before Ice Lake): each row quantized as vnni_gemm.hpp quantizes it (per row,
-// max |x| / 127), and `vpmaddubsw` multiplies u8 by s8 pairs into int16, `vpmaddwd` by ones sums
-// the pairs into int32. vpmaddubsw takes one operand unsigned and saturates its int16 sums, so a
-// row goes in as |q| and the weight's sign is flipped where q is negative (`vpsignb`): two
-// products of at most 127 x 127 never saturate, and the int32 sums are exactly VNNI's (the same
+// Rows times an int8 weight in int8 arithmetic on AVX2 CPUs without AVX-512 VNNI (AMD Zen 2 and
+// 3, Intel before Ice Lake; Zen 4 has VNNI): each row quantized as vnni_gemm.hpp quantizes it
+// (per row, max |x| / 127), and `vpmaddubsw` multiplies u8 by s8 pairs into int16, `vpmaddwd` by
+// ones sums the pairs into int32. vpmaddubsw takes one operand unsigned and saturates its int16
+// sums, so a row goes in as |q| and the weight's sign is flipped where q is negative (`vpsignb`):
+// two products of at most 127 x 127 never saturate, and the int32 sums are exactly VNNI's (the same
 // outputs). Four instructions per 32 multiply-adds where fp32 FMAs take four per 32 too, but no
 // weight is widened: on this VM's AVX2 code a 4 x 16 tile ran 81 GMAC/s against the fp32 tile's
 // 61, one thread, in cache.
