@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        [[name, min(t), statistics.median(t)] for name, t in times.items()]))
     write_results(args.json, {"tool": "bench.kernels.decode_step", "model": args.model, "rows": args.rows,
                               "context": args.context, "threads": torch.get_num_threads(), "rounds_ms": times},
-                  lambda fig, ax: _plot(times, ax))
+                  lambda ax: _plot(times, ax))
     return 0
 
 

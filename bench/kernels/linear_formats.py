@@ -54,14 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in map(int, args.rows.split(",")):
             ms = {name: 1000 * best_seconds(lambda: s.matmul(x), args.repeats)
                   for name, s in stored.items() for x in [torch.randn(n, s.inputs)]}
-            flops = sum(2 * n * o * i for o, i in shapes.values())
             total = sum(ms.values())
-            results.append({"format": fmt, "rows": n, "ms": ms, "layer_ms": total, "gflops": flops / total / 1e6})
-            table.append([fmt, n, *(f"{ms[k]:.3f}" for k in shapes), f"{total:.3f}", f"{flops / total / 1e6:.0f}"])
+            gflops = sum(2 * n * o * i for o, i in shapes.values()) / total / 1e6
+            results.append({"format": fmt, "rows": n, "ms": ms, "layer_ms": total, "gflops": gflops})
+            table.append([fmt, n, *(f"{ms[k]:.3f}" for k in shapes), f"{total:.3f}", f"{gflops:.0f}"])
     print(report.table(["format", "rows", *(f"{k} ms" for k in shapes), "layer ms", "GFLOP/s"], table))
     write_results(args.json, {"tool": "bench.kernels.linear_formats", "shapes": shapes,
                               "threads": torch.get_num_threads(), "results": results},
-                  lambda fig, ax: _plot(results, ax))
+                  lambda ax: _plot(results, ax))
     return 0
 
 

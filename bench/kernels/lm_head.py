@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["rows", "x @ W.t() ms", "prelude ms", "speedup", "prelude GB/s", "of read speed"], rows))
     write_results(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
                               "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
-                              "results": results}, lambda fig, ax: _plot(results, read_ms, ax))
+                              "results": results}, lambda ax: _plot(results, read_ms, ax))
     return 0
 
 

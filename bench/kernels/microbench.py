@@ -45,20 +45,20 @@ def start(args: argparse.Namespace, built: bool) -> bool:
     return True
 
 
-def write_results(json_path: Path, payload: dict, draw: Callable[[Any, Any], None]) -> Path:
-    """Writes the JSON and, beside it, the chart that draw(fig, ax) fills (6 x 4 inches)."""
+def write_results(json_path: Path, payload: dict, draw: Callable[[Any], None]) -> Path:
+    """Writes the JSON and, beside it, the chart that draw(ax) fills (6 x 4 inches)."""
     path = report.write_json(json_path, payload)
     print(f"results: {path}")
     write_chart(lambda out: _draw(draw, out), path.with_suffix(".png"))
     return path
 
 
-def _draw(draw: Callable[[Any, Any], None], path: Path) -> None:
+def _draw(draw: Callable[[Any], None], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    draw(fig, ax)
+    draw(ax)
     save_figure(fig, path)

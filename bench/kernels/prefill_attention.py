@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["heads", "q/kv x dim", "tokens", "context", "torch us", "prelude us", "speedup",
                         "prelude GFLOPS"], rows))
     write_results(args.json, {"tool": "bench.kernels.prefill_attention", "threads": torch.get_num_threads(),
-                              "results": results}, lambda fig, ax: _plot(results, ax))
+                              "results": results}, lambda ax: _plot(results, ax))
     return 0
 
 
