@@ -64,17 +64,17 @@ class CudaModelRunner(ModelRunner):
             self._gather = gather_last
 
     def forward(self, step: HostStep, graph: GraphKind | None,
-                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout]:
+                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout, list[int] | None]:
         bucket = self._graph_bucket(graph, step)
         if graph is not None and bucket is not None:
-            replayed = self._replay(graph, bucket, step)
+            hidden, layout = self._replay(graph, bucket, step)
             if on_launch is not None:  # the replay is queued: the host waits for it from here
                 on_launch()
-            return replayed
+            return hidden, layout, None  # a graph computes every position's state
         bucket = None if self.pieces is None else pick_bucket(len(step.ids), self.pieces.sizes)
         if bucket is None:
             return super().forward(step, None, on_launch)
-        return self._replay_pieces(bucket, step, on_launch)
+        return *self._replay_pieces(bucket, step, on_launch), None
 
     # -- inputs -----------------------------------------------------------------------------
     def _fill(self, step: HostStep, width: int, pad_slot: int) -> int:

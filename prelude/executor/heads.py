@@ -2,6 +2,7 @@
 label-token logprobs, prompt logprobs, pooled state, classifier scores), per its OutputSpec."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
@@ -30,11 +31,55 @@ NARROW_HEAD_TOKENS = 1024
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
 
 
+class _States:
+    """A step's final hidden states as the heads ask for them, by step position: `hidden` holds
+    every position's (read None), or only those of the positions in `read` (ascending, from
+    positions_read), in that order, where the model skipped the others. Asking for a skipped
+    position fails rather than read a state nobody computed."""
+
+    __slots__ = ("hidden", "layout", "last_hidden", "read")
+
+    def __init__(self, hidden: torch.Tensor, layout: StepLayout, last_hidden: LastHidden, read: list[int] | None):
+        self.hidden, self.layout, self.last_hidden, self.read = hidden, layout, last_hidden, read
+
+    def last(self, rows: list[int]) -> torch.Tensor:
+        """The state of each of `rows`' last position (step row indices)."""
+        if self.read is None:
+            return self.last_hidden(self.hidden, self.layout, rows)
+        ends = self.layout.query_starts
+        return self.at([ends[i + 1] - 1 for i in rows])
+
+    def at(self, positions: list[int]) -> torch.Tensor:
+        if self.read is None:
+            return self.hidden[positions]
+        if positions == self.read:  # a OneShot step's usual read: each row's last state, no copy
+            return self.hidden
+        index = [self._index(p) for p in positions]
+        return self.hidden[index[0]:index[0] + 1] if len(index) == 1 else self.hidden[index]
+
+    def span(self, start: int, end: int) -> torch.Tensor:
+        """The states of positions start..end-1, which were all read."""
+        if self.read is None:
+            return self.hidden[start:end]
+        first = self._index(start)
+        assert self._index(end - 1) == first + end - 1 - start, f"positions {start}..{end - 1} were not all read"
+        return self.hidden[first:first + end - start]
+
+    def _index(self, position: int) -> int:
+        assert self.read is not None
+        i = bisect_left(self.read, position)
+        assert i < len(self.read) and self.read[i] == position, f"position {position} was not read"
+        return i
+
+
 def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
                 decodes: Sequence[DecodeRow], layout: StepLayout, last_hidden: LastHidden,
-                masks: Future[StepMasks] | None = None) -> list[RowResult]:
+                masks: Future[StepMasks] | None = None, read: list[int] | None = None) -> list[RowResult]:
     """Results of every row that produces something: prefill rows first, then decode rows.
-    `masks`: the token masks of the rows that sample under a grammar (being filled)."""
+    `masks`: the token masks of the rows that sample under a grammar (being filled). `read`:
+    the positions whose states `hidden` holds, in order, where the model skipped the others
+    (positions_read); None: it holds every position's."""
+    states = _States(hidden, layout, last_hidden, read)
     # (row index in the step, spec, row) for every row that produces something.
     wanted: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]] = [
         (i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
@@ -45,11 +90,11 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     full = [k for k, (_, spec, row) in enumerate(wanted)
             if spec.sample is not None or (spec.label_token_ids is not None and _reads_last_with_vocab(spec, row))]
     if full:
-        states = last_hidden(hidden, layout, [wanted[k][0] for k in full])
+        last = states.last([wanted[k][0] for k in full])
         # On a GPU the head's launch goes first and the masks' filling ends beside it; there one
         # row of the head takes microseconds, so no row is narrowed.
-        narrow = [_few_tokens(*wanted[k][1:], masks) for k in full] if states.is_cpu else []
-        logits = _vocab_logits(model, states, narrow)
+        narrow = [_few_tokens(*wanted[k][1:], masks) for k in full] if last.is_cpu else []
+        logits = _vocab_logits(model, last, narrow)
         sample_at = [j for j, k in enumerate(full) if wanted[k][1].sample is not None]
         for j, k in enumerate(full):
             ids = wanted[k][1].label_token_ids
@@ -81,11 +126,11 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
         groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append(
             (k, _item_ends(layout.query_starts[i + 1], items), bool(items)))
     for (ids, vocab_normalized), members in groups.items():
-        states = hidden[[e for _, ends, _ in members for e in ends]]
+        at_ends = states.at([e for _, ends, _ in members for e in ends])
         if vocab_normalized:
-            logprobs = torch.log_softmax(model.compute_logits(states).float(), dim=-1)[:, list(ids)]
+            logprobs = torch.log_softmax(model.compute_logits(at_ends).float(), dim=-1)[:, list(ids)]
         else:
-            logprobs = torch.log_softmax(model.compute_label_logits(states, ids).float(), dim=-1)
+            logprobs = torch.log_softmax(model.compute_label_logits(at_ends, ids).float(), dim=-1)
         values, at = logprobs.tolist(), 0
         for k, ends, per_item in members:
             if per_item:
@@ -98,24 +143,24 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     classify = [k for k, (_, spec, _) in enumerate(wanted) if spec.classify]
     if classify:
         rows = [wanted[k][0] for k in classify]
-        states = (last_hidden(hidden, layout, rows) if model.classifier_pooling == "last"
-                  else _pooled_rows(hidden, layout, rows, model.classifier_pooling))
-        scores = model.compute_scores(states).float()
+        pooled = (states.last(rows) if model.classifier_pooling == "last"
+                  else _pooled_rows(states, layout, rows, model.classifier_pooling))
+        scores = model.compute_scores(pooled).float()
         for k, row_scores in zip(classify, scores.tolist()):
             results[k].scores = row_scores
     last_pooled = [k for k, (_, spec, _) in enumerate(wanted) if spec.pooling == "last"]
     if last_pooled:
-        states = last_hidden(hidden, layout, [wanted[k][0] for k in last_pooled]).float()
-        normalized = F.normalize(states, dim=-1)
+        lasts = states.last([wanted[k][0] for k in last_pooled]).float()
+        normalized = F.normalize(lasts, dim=-1)
         for j, k in enumerate(last_pooled):
-            results[k].pooled = (normalized[j] if wanted[k][1].normalize else states[j]).tolist()
+            results[k].pooled = (normalized[j] if wanted[k][1].normalize else lasts[j]).tolist()
     for k, (i, spec, row) in enumerate(wanted):
         start, end = layout.query_starts[i], layout.query_starts[i + 1]
         if spec.prompt_logprobs is not None and isinstance(row, PrefillRow):
-            results[k].prompt_logprobs = _prompt_logprobs(model, hidden[start:end], row.token_ids,
+            results[k].prompt_logprobs = _prompt_logprobs(model, states.span(start, end), row.token_ids,
                                                           spec.prompt_logprobs)
         if spec.pooling is not None and spec.pooling != "last":
-            results[k].pooled = _pool(hidden[start:end], spec).tolist()
+            results[k].pooled = _pool(states.span(start, end), spec).tolist()
     return results
 
 
@@ -217,12 +262,12 @@ def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequ
     return out
 
 
-def _pooled_rows(hidden: torch.Tensor, layout: StepLayout, rows: list[int], pooling: str) -> torch.Tensor:
+def _pooled_rows(states: _States, layout: StepLayout, rows: list[int], pooling: str) -> torch.Tensor:
     """Each row's first state (cls) or the mean of its states, in the hidden states' dtype."""
     spans = [(layout.query_starts[i], layout.query_starts[i + 1]) for i in rows]
     if pooling == "cls":
-        return hidden[[start for start, _ in spans]]
-    return torch.stack([hidden[start:end].mean(dim=0) for start, end in spans])
+        return states.at([start for start, _ in spans])
+    return torch.stack([states.span(start, end).mean(dim=0) for start, end in spans])
 
 
 def _pool(hidden: torch.Tensor, spec: OutputSpec) -> torch.Tensor:

@@ -31,8 +31,7 @@ class Progress:
     prefills: Sequence[PrefillRow]
     layout: StepLayout
     forward: ResumableForward
-    num_tokens: int
-    keep: torch.Tensor | None
+    read: list[int] | None  # the positions whose states the forward keeps (None: all)
     masks: Future[StepMasks] | None
     parks: int = 0  # how many times it stepped aside for another step
 
@@ -56,8 +55,8 @@ class ModelRunner:
         engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
         masks = start_masks(prefills, decodes, self.device)
-        hidden, layout = self.forward(step, graph, on_launch)
-        return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks))
+        hidden, layout, read = self.forward(step, graph, on_launch)
+        return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks, read))
 
     @torch.inference_mode()
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> Progress:
@@ -71,7 +70,8 @@ class ModelRunner:
             forward = self.native.begin(input_ids, positions, self.attention, keep, stop.check_every_macs)
         if forward is None:
             forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
-        return Progress(prefills, layout, forward, len(step.ids), keep, start_masks(prefills, (), self.device))
+        return Progress(prefills, layout, forward, None if keep is None else step.read,
+                        start_masks(prefills, (), self.device))
 
     @torch.inference_mode()
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
@@ -83,19 +83,18 @@ class ModelRunner:
         if hidden is None:
             progress.parks += 1
             return None
-        if progress.keep is not None:
-            hidden = _scattered(hidden, progress.keep, progress.num_tokens)
         return BatchResult(row_results(self.model, hidden, progress.prefills, (), progress.layout, self.last_hidden,
-                                       progress.masks))
+                                       progress.masks, progress.read))
 
     def has_graph(self, kind: GraphKind, tokens: int, rows: int) -> bool:
         """Whether a step of this kind, tokens and rows replays a CUDA graph."""
         return False
 
     def forward(self, step: HostStep, graph: GraphKind | None,
-                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout]:
-        """Final hidden states of every token of the step that the heads read (NaN at the others),
-        and the layout they were computed in."""
+                on_launch: Callable[[], None] | None = None) -> tuple[torch.Tensor, StepLayout, list[int] | None]:
+        """Final hidden states of the step's tokens that the heads read, the layout they were
+        computed in, and which positions the states are of: those of step.read, in order, where
+        the model skipped the others (row_results maps them), else None: every position's."""
         input_ids, positions, layout = self.upload(step)
         self.attention.plan(layout)
         keep = self._kept(step)
@@ -104,7 +103,7 @@ class ModelRunner:
             hidden = self.native.try_forward(input_ids, positions, self.attention, keep, on_launch)
         if hidden is None:
             hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
-        return hidden if keep is None else _scattered(hidden, keep, len(step.ids)), layout
+        return hidden, layout, None if keep is None else step.read
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
         return self._to_device(step.ids), self._to_device(step.positions), step.layout(self._to_device(step.slots))
@@ -150,11 +149,3 @@ def _int64(values: list[int]) -> torch.Tensor:
     buffer = bytearray(8 * len(values))
     struct.pack_into(f"{len(values)}q", buffer, 0, *values)
     return torch.frombuffer(buffer, dtype=torch.long)
-
-
-def _scattered(kept: torch.Tensor, keep: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """The kept tokens' states at their step positions, NaN elsewhere: a head that read a state
-    the model skipped would fail loudly rather than read stale memory."""
-    full = kept.new_full((num_tokens, kept.shape[1]), float("nan"))
-    full[keep] = kept
-    return full
