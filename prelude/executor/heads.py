@@ -144,7 +144,7 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     if classify:
         rows = [wanted[k][0] for k in classify]
         pooled = (states.last(rows) if model.classifier_pooling == "last"
-                  else _pooled_rows(states, layout, rows, model.classifier_pooling))
+                  else _pooled_rows(states, rows, model.classifier_pooling))
         scores = model.compute_scores(pooled).float()
         for k, row_scores in zip(classify, scores.tolist()):
             results[k].scores = row_scores
@@ -262,9 +262,10 @@ def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequ
     return out
 
 
-def _pooled_rows(states: _States, layout: StepLayout, rows: list[int], pooling: str) -> torch.Tensor:
+def _pooled_rows(states: _States, rows: list[int], pooling: str) -> torch.Tensor:
     """Each row's first state (cls) or the mean of its states, in the hidden states' dtype."""
-    spans = [(layout.query_starts[i], layout.query_starts[i + 1]) for i in rows]
+    starts = states.layout.query_starts
+    spans = [(starts[i], starts[i + 1]) for i in rows]
     if pooling == "cls":
         return states.at([start for start, _ in spans])
     return torch.stack([states.span(start, end).mean(dim=0) for start, end in spans])
