@@ -158,6 +158,7 @@ async def _unstreamed(client: httpx.AsyncClient, job: Job, record: RequestRecord
 async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) -> None:
     chunks_with_choices = 0
     has_usage = False
+    done_at: float | None = None  # when [DONE] came
     async with client.stream("POST", job.path, content=job.body, headers=JSON_HEADERS) as resp:
         if resp.status_code != 200:
             await resp.aread()
@@ -165,11 +166,16 @@ async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) 
             record.error = error_message(resp.status_code, resp.text)
             return
         async for line in resp.aiter_lines():
+            if done_at is not None:
+                # After [DONE], the body's end is still read, as OpenAI's client reads it: a
+                # stream left unread closes its connection, and the next request would connect.
+                continue
             data = parse_sse_line(line)
             if data is None:
                 continue
             if data is DONE:
-                break
+                done_at = time.perf_counter()
+                continue
             if "error" in data:
                 record.end = time.perf_counter()
                 record.error = error_message(200, json.dumps(data))
@@ -179,7 +185,7 @@ async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) 
                     record.first_token = time.perf_counter()
                 chunks_with_choices += 1
             has_usage = _usage(data, record) or has_usage
-    record.end = time.perf_counter()
+    record.end = time.perf_counter() if done_at is None else done_at
     if not has_usage:
         record.output_tokens = chunks_with_choices  # servers that omit usage: one token a chunk
     record.ok = record.first_token is not None
