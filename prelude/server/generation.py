@@ -126,15 +126,14 @@ class GenerationAPI(Serving):
             if logged is not None:
                 logged.record(rid, finals.items(), n)
                 recorded = True
-            if usage_chunk is not None:
-                yield usage_chunk(self.usage([finals[i] for i in sorted(finals)], prompt_lens))
-            yield SSE_DONE
+            usage = b"" if usage_chunk is None else usage_chunk(
+                self.usage([finals[i] for i in sorted(finals)], prompt_lens))
+            yield usage + SSE_DONE  # one write, with the response's end (EventStream)
         except EngineError as exc:
             if logged is not None:
                 logged.request_id, logged.error = rid, str(exc)
                 recorded = True
-            yield sse(stream_error(exc))
-            yield SSE_DONE
+            yield sse(stream_error(exc)) + SSE_DONE
         finally:
             if logged is not None and not recorded:  # cancelled or closed: the client went away
                 logged.record(rid, finals.items(), n)

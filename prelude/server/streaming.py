@@ -31,7 +31,9 @@ async def wait_disconnect(receive: Receive) -> None:
 class EventStream:
     """An SSE response that stops producing as soon as the client goes away: the producer is
     cancelled, so its `finally` (which aborts the engine request and frees its blocks) runs
-    right then, not at the next failed write."""
+    right then, not at the next failed write. The event that ends in [DONE] is the stream's
+    last and carries the response's end: one write, so a client that reads the body to its end
+    after [DONE] (as OpenAI's does, to keep the connection) has it in the same packet."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None]):
         self.events = events
@@ -47,6 +49,9 @@ class EventStream:
         async def pump() -> None:
             try:
                 async for chunk in self.events:
+                    if chunk.endswith(SSE_DONE):  # the last event: the response ends in its write
+                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                        return
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
