@@ -159,3 +159,59 @@ with server:  # a benchmark's usual shape: the server is stopped on the way out
         os.kill(server_pid, signal.SIGKILL)
         pytest.fail("the server outlived its benchmark")
     assert "clean shutdown" in (tmp_path / "s.log").read_text()
+
+
+SSE_SERVER = """
+import http.server, sys, time
+connections = []  # one entry per connection a stream came on
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = str(len(set(connections))).encode() if self.path == "/connections" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        connections.append(self.client_address)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in (b'data: {"choices": [{"text": "a"}]}\\n\\n', b"data: [DONE]\\n\\n"):
+            self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(event), event))
+            self.wfile.flush()
+        if self.path == "/open-after-done":  # a server that leaves the body open
+            time.sleep(30)
+        self.wfile.write(b"0\\r\\n\\r\\n")
+    def log_message(self, *args):
+        pass
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_streamed_requests_keep_their_connection_and_a_body_left_open_does_not_hold_the_client(tmp_path):
+    """After [DONE] the client reads the body's end, as OpenAI's client does: a stream left
+    unread would close its connection and the next request would connect, a cost no real
+    client's server pays. A server that never ends the body holds it at most DRAIN_TIMEOUT_S."""
+    import asyncio
+
+    from bench.serving.core.client import DRAIN_TIMEOUT_S, ClientPool
+    from bench.serving.core.workloads import Job
+
+    script = tmp_path / "sse_server.py"
+    script.write_text(SSE_SERVER)
+
+    async def streams(base_url: str, path: str, count: int) -> list:
+        async with ClientPool(base_url, 1, 60.0) as pool:
+            return [await pool.send(Job(path, b"{}", True, 1, 1)) for _ in range(count)]
+
+    with ServerProcess([], [sys.executable, str(script)], log_path=tmp_path / "s.log", label="sse") as server:
+        records = asyncio.run(streams(server.base_url, "/v1/completions", 3))
+        assert all(r.ok and r.output_tokens == 1 for r in records)
+        assert httpx.get(server.base_url + "/connections").text == "1"
+        started = time.perf_counter()
+        [record] = asyncio.run(streams(server.base_url, "/open-after-done", 1))
+        assert record.ok and time.perf_counter() - started < DRAIN_TIMEOUT_S + 5

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 
@@ -15,6 +16,7 @@ from bench.serving.core.workloads import Job
 
 JSON_HEADERS = {"content-type": "application/json"}
 DONE = object()  # the SSE stream's "[DONE]" sentinel
+DRAIN_TIMEOUT_S = 1.0  # the longest a stream's client waits for the body's end after [DONE]
 
 
 def make_client(base_url: str, connections: int, timeout: float, api_key: str | None = None,
@@ -81,6 +83,11 @@ class ClientPool:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+async def _drain(lines: AsyncIterator[str]) -> None:
+    async for _ in lines:
+        pass
 
 
 def parse_sse_line(line: str) -> Any:
@@ -165,17 +172,14 @@ async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) 
             record.end = time.perf_counter()
             record.error = error_message(resp.status_code, resp.text)
             return
-        async for line in resp.aiter_lines():
-            if done_at is not None:
-                # After [DONE], the body's end is still read, as OpenAI's client reads it: a
-                # stream left unread closes its connection, and the next request would connect.
-                continue
+        lines = resp.aiter_lines()
+        async for line in lines:
             data = parse_sse_line(line)
             if data is None:
                 continue
             if data is DONE:
                 done_at = time.perf_counter()
-                continue
+                break
             if "error" in data:
                 record.end = time.perf_counter()
                 record.error = error_message(200, json.dumps(data))
@@ -185,6 +189,12 @@ async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) 
                     record.first_token = time.perf_counter()
                 chunks_with_choices += 1
             has_usage = _usage(data, record) or has_usage
+        if done_at is not None:
+            # The body's end is read too, as OpenAI's client reads it: a stream left unread
+            # closes its connection, and the next request would connect. Bounded, for a server
+            # that keeps the body open after [DONE].
+            with contextlib.suppress(asyncio.TimeoutError, httpx.HTTPError):
+                await asyncio.wait_for(_drain(lines), DRAIN_TIMEOUT_S)
     record.end = time.perf_counter() if done_at is None else done_at
     if not has_usage:
         record.output_tokens = chunks_with_choices  # servers that omit usage: one token a chunk
