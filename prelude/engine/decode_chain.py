@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from dataclasses import replace
 from typing import Callable, Union
 
-from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch
+from prelude.contract.batch import BatchResult, DecodeBatch, DecodeRow, ForwardBatch
 from prelude.engine.isolation import StepOutcome, execute_isolating
 
 ChainItem = Union[tuple[StepOutcome, float, bool], BaseException]
@@ -93,5 +92,8 @@ def with_sampled_tokens(batch: DecodeBatch, result: BatchResult, eos_token_ids: 
         token, forced = sampled[row.seq_id]
         if forced or (row.output.sample is not None and row.output.sample.ends_at(token, eos_token_ids)):
             continue
-        rows.append(replace(row, token_id=token, history=(*row.history, token) if row.history else ()))
+        # Built field by field: dataclasses.replace took 2.5x as long, on every row of every
+        # chained step, between one step's end and the next one's launch.
+        rows.append(DecodeRow(row.seq_id, token, row.position, row.block_table, row.output, row.sample_step,
+                              (*row.history, token) if row.history else ()))
     return DecodeBatch(rows) if rows else None
