@@ -120,9 +120,10 @@ class ModelRunner:
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
         """Final hidden state of the last position of each of `rows` (step row indices)."""
         ends = layout.query_starts
-        if len(rows) == 1:  # a view: no index tensor to build (a one-request step)
-            return hidden[ends[rows[0] + 1] - 1:ends[rows[0] + 1]]
-        return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
+        last = [ends[i + 1] - 1 for i in rows]
+        if last == list(range(last[0], last[0] + len(last))):  # one request, or a step's decodes
+            return hidden[last[0]:last[0] + len(last)]  # a view: no index tensor to build, no copy
+        return hidden[torch.tensor(last, device=hidden.device)]
 
     def warmup(self) -> None:
         """One-time costs before serving: none on the CPU, whose weights are stored for its
