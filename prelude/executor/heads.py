@@ -27,7 +27,7 @@ PROMPT_LOGPROB_CHUNK = 256
 # the head reads all of its weight (Qwen3's: 5 ms in bf16, 11 ms in fp32 on the dev machine).
 NARROW_HEAD_TOKENS = 1024
 
-# (hidden, layout, step row indices) -> the final hidden state of each row's last position.
+# (hidden, layout, step row indices, ascending) -> the final hidden state of each row's last position.
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
 
 
@@ -43,7 +43,7 @@ class _States:
         self.hidden, self.layout, self.last_hidden, self.read = hidden, layout, last_hidden, read
 
     def last(self, rows: list[int]) -> torch.Tensor:
-        """The state of each of `rows`' last position (step row indices)."""
+        """The state of each of `rows`' last position (step row indices, ascending)."""
         if self.read is None:
             return self.last_hidden(self.hidden, self.layout, rows)
         ends = self.layout.query_starts

@@ -118,12 +118,13 @@ class ModelRunner:
         return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
-        """Final hidden state of the last position of each of `rows` (step row indices)."""
+        """Final hidden state of the last position of each of `rows` (step row indices,
+        ascending)."""
         ends = layout.query_starts
-        last = [ends[i + 1] - 1 for i in rows]
-        if last == list(range(last[0], last[0] + len(last))):  # one request, or a step's decodes
-            return hidden[last[0]:last[0] + len(last)]  # a view: no index tensor to build, no copy
-        return hidden[torch.tensor(last, device=hidden.device)]
+        first, last = ends[rows[0] + 1] - 1, ends[rows[-1] + 1] - 1
+        if last - first == len(rows) - 1:  # consecutive: one request, or a step's decode rows
+            return hidden[first:last + 1]  # a view: no index tensor to build, no copy
+        return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
 
     def warmup(self) -> None:
         """One-time costs before serving: none on the CPU, whose weights are stored for its
