@@ -21,6 +21,10 @@ namespace prelude_cpu {
 
 constexpr long kPanel = 16;      // outputs per packed panel
 constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_body names 1-6)
+// A bf16 panel's stream tiles at most five rows: widening the weight takes the registers a tile of
+// six then lacks (B's 3072 x 512 on AVX2: five rows 0.085 ms, six 0.22-0.24 in one tile, 0.15 as
+// five and one, the panel still in cache for the second).
+constexpr long kBf16StreamTileRows = 5;
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
 
@@ -244,11 +248,12 @@ __attribute__((always_inline)) static inline void stream_panels_body(const float
                                                                      long outputs, long p_begin, long p_end,
                                                                      const float* bias, long activation) {
     const T* packed = static_cast<const T*>(weight);
+    constexpr long tile = std::is_same<T, bf16>::value ? kBf16StreamTileRows : kTileRows;
     for (long p = p_begin; p < p_end; ++p) {
         const T* panel = packed + p * inputs * kPanel;
         const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
-        for (long i = 0; i < n; i += kTileRows)
-            panel_tiles<T, true>(x + i * inputs, n - i < kTileRows ? n - i : kTileRows, inputs, panel,
+        for (long i = 0; i < n; i += tile)
+            panel_tiles<T, true>(x + i * inputs, n - i < tile ? n - i : tile, inputs, panel,
                         scales == nullptr ? nullptr : scales + col, 0, inputs, false, out + i * outputs + col, outputs,
                         cols);
         finish_block(out, n, outputs, col, cols, bias, activation);
