@@ -25,6 +25,10 @@ constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_b
 // six then lacks (B's 3072 x 512 on AVX2: five rows 0.085 ms, six 0.22-0.24 in one tile, 0.15 as
 // five and one, the panel still in cache for the second).
 constexpr long kBf16StreamTileRows = 5;
+// Where the blocked tiles are eight lanes wide (AVX2), a bf16 panel is streamed up to this many
+// rows, in even tiles of at most five: the blocked tiles widen each slice into fp32 first, and
+// took 1.3-1.6x the stream's time at seven to ten rows (B's layers in process), ~1.2x at twelve.
+constexpr long kBf16StreamUpTo = 12;
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
 
@@ -252,10 +256,15 @@ __attribute__((always_inline)) static inline void stream_panels_body(const float
     for (long p = p_begin; p < p_end; ++p) {
         const T* panel = packed + p * inputs * kPanel;
         const long col = p * kPanel, cols = outputs - col < kPanel ? outputs - col : kPanel;
-        for (long i = 0; i < n; i += tile)
-            panel_tiles<T, true>(x + i * inputs, n - i < tile ? n - i : tile, inputs, panel,
-                        scales == nullptr ? nullptr : scales + col, 0, inputs, false, out + i * outputs + col, outputs,
-                        cols);
+        // As even as they go (six rows as three and three): a tile of one row is two chains of
+        // dependent sums, slower than the stream.
+        const long tiles = (n + tile - 1) / tile;
+        for (long t = 0, i = 0; t < tiles; ++t) {
+            const long rows = (n - i) / (tiles - t);
+            panel_tiles<T, true>(x + i * inputs, rows, inputs, panel, scales == nullptr ? nullptr : scales + col, 0,
+                                 inputs, false, out + i * outputs + col, outputs, cols);
+            i += rows;
+        }
         finish_block(out, n, outputs, col, cols, bias, activation);
     }
 }
@@ -460,7 +469,11 @@ __attribute__((target("avx512f"))) static void packed_pairs16_i8 PRELUDE_PANEL_P
 static void packed_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
     const long panels = (outputs + kPanel - 1) / kPanel;
-    const bool few = n <= kTileRows;
+    long stream_up_to = w.format == kBF16 ? kBf16StreamUpTo : kTileRows;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (has_avx512f()) stream_up_to = kTileRows;  // its sixteen-lane tiles are not measured against it
+#endif
+    const bool few = n <= stream_up_to;
     const long work = few ? panels * kPanel * inputs * format_bytes(w.format) / 4 : n * outputs * inputs / 8;
     parallel_ranges(panels, threads_worth(work, threads), 1, [&](long begin, long end) {
         if (few)

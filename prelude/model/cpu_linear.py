@@ -12,8 +12,9 @@ are compute-bound, and MKL's sgemm falls behind a kernel on a weight packed once
 So a decoder layer's weight is kept once, packed into panels (kernels/cpu/packed_gemm.hpp: few
 rows stream the panels, more run register tiles, both without the GIL inside the native step),
 and its checkpoint copy is dropped. An LM head tied to its embedding stays by rows, which its
-lookups need (kernels/cpu/skinny_gemm.hpp; many rows of a bf16 one on AMX's tiles,
-kernels/cpu/head_tiles.hpp). bf16 halves and int8 quarters the bytes a decode
+lookups read (kernels/cpu/skinny_gemm.hpp; many rows of a bf16 one on AMX's tiles,
+kernels/cpu/head_tiles.hpp), except where panels serve it better (HEAD_LAYOUTS): lookups then
+gather from the panels. bf16 halves and int8 quarters the bytes a decode
 step reads (kernels/cpu/weights.hpp: int8 with one scale per output); `python -m
 bench.kernels.lm_head` measures the formats.
 
@@ -63,8 +64,11 @@ BY_ROWS, PANELS = 0, 1
 EXACT_BLOCK = 2048  # rows bf16_exact looks at a time
 # An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
-# faster than widened by rows); lookups gather from either.
-HEAD_LAYOUTS = {"int8": PANELS}
+# faster than widened by rows), and bf16 on a CPU of eight-lane vectors (AVX2), whose panel tiles
+# keep a decode step of four to twelve rows at the weight's read where the by-rows stream is
+# bound by its sums (B's head at 5 rows 4.6 against 6.1 ms, 10 rows 9.0 against 12.2); lookups
+# gather from either.
+HEAD_LAYOUTS = {"int8": PANELS} if _native is None or _native.wide_vectors() else {"int8": PANELS, "bfloat16": PANELS}
 # What the kernels can apply to a product before they store it (kernels/cpu/packed_gemm.hpp's
 # Activation): an encoder's dense layers.
 EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
@@ -98,7 +102,7 @@ class StoredWeight:
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
         """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows
-        (widened natively), or from int8 or bf16x2 panels (an LM head's, its embedding's)."""
+        (widened natively), or from int8 or bf16 panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         ids = index.reshape(-1).contiguous()
@@ -107,7 +111,7 @@ class StoredWeight:
         if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
             raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
         if self.layout == PANELS:
-            assert self.format in ("int8", "bf16x2"), "rows are gathered from int8 and bf16x2 panels only"
+            assert self.format in ("int8", "bfloat16", "bf16x2"), "rows are gathered from int8 and bf16 panels only"
             # Output o's k sits at panel o / 16, group k / per, half (o % 16) / 8, lane o % 8, element
             # k % per: a lane holds `per` consecutive k (packed_gemm.hpp's PanelWiden).
             per = 4 if self.format == "int8" else 2
