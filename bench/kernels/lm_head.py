@@ -3,6 +3,10 @@ native kernel (prelude/model/cpu_linear.py, kernels/cpu/skinny_gemm.hpp), for th
 takes (up to cpu_linear.MAX_SKINNY_ROWS: 64 on AVX-512, 32 on AVX2) on a Qwen3-vocabulary head,
 beside what reading and copying the weight costs on this machine. Times are the minimum of the
 repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
+
+With `--format bfloat16` or `int8` the head is stored in that format in both layouts the
+kernels take, by rows and in panels, and each is timed at every row count; the table marks the
+one the model keeps (cpu_linear.HEAD_LAYOUTS).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 
 from bench.serving.core import report
 from bench.kernels.microbench import add_flags, best_seconds, start, write_results
-from prelude.model.cpu_linear import MAX_SKINNY_ROWS, built, linear
+from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, MAX_SKINNY_ROWS, PANELS, built, linear, store
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -27,11 +31,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=512, help="512: the issue's checkpoint B; 1024: Qwen3-0.6B")
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
+    p.add_argument("--format", default="float32", choices=["float32", "bfloat16", "int8"],
+                   help="the head's stored format (narrow ones: both layouts timed)")
     add_flags(p, "lm_head.json")
     args = p.parse_args(argv)
     if not start(args, built):
         return 1
     weight = torch.randn(args.vocab, args.hidden)
+    if args.format != "float32":
+        return _layouts(args, weight)
     gigabytes = weight.numel() * weight.element_size() / 1e9
     copy_target = torch.empty_like(weight)
     read_ms = best_ms(lambda: weight.sum(), args.repeats)
@@ -51,6 +59,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "threads": torch.get_num_threads(), "read_ms": read_ms, "copy_ms": copy_ms,
                               "results": results}, lambda ax: _plot(results, read_ms, ax))
     return 0
+
+
+def _layouts(args: argparse.Namespace, weight: torch.Tensor) -> int:
+    """The head in a narrow format, by rows and in panels, at each row count."""
+    stored = {layout: store(weight, args.format, layout) for layout in (BY_ROWS, PANELS)}
+    kept = HEAD_LAYOUTS.get(args.format, BY_ROWS)
+    print(f"weight [{args.vocab}, {args.hidden}] {args.format}, {stored[kept].nbytes / 1e6:.0f} MB, "
+          f"{torch.get_num_threads()} threads; the model keeps it {'in panels' if kept == PANELS else 'by rows'}")
+    rows, results = [], []
+    for n in map(int, args.rows.split(",")):
+        hidden = torch.randn(n, args.hidden)
+        by_rows = best_ms(lambda: stored[BY_ROWS].matmul(hidden), args.repeats)
+        panels = best_ms(lambda: stored[PANELS].matmul(hidden), args.repeats)
+        rows.append([n, by_rows, panels, by_rows / panels])
+        results.append({"rows": n, "by_rows_ms": by_rows, "panels_ms": panels})
+    print(report.table(["rows", "by rows ms", "panels ms", "by rows / panels"], rows))
+    write_results(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
+                              "format": args.format, "kept": "panels" if kept == PANELS else "by rows",
+                              "threads": torch.get_num_threads(), "results": results},
+                  lambda ax: _plot_layouts(results, args.format, ax))
+    return 0
+
+
+def _plot_layouts(results: list[dict], format: str, ax) -> None:
+    n = [r["rows"] for r in results]
+    ax.plot(n, [r["by_rows_ms"] for r in results], "o-", label=f"{format} by rows")
+    ax.plot(n, [r["panels_ms"] for r in results], "s-", label=f"{format} in panels")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows")
+    ax.set_ylabel("ms (best of repeats)")
+    ax.legend()
 
 
 def _plot(results: list[dict], read_ms: float, ax) -> None:

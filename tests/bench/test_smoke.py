@@ -212,3 +212,19 @@ def test_idle_penalty_times_the_same_step_after_each_kind_of_gap(tmp_path, capsy
     assert all(r["steps"] == 40 and r["median_us"] > 0 for r in rows) and rows[0]["ratio"] == 1.0
     assert "after sleep" in capsys.readouterr().out
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_lm_head_bench_times_a_narrow_head_in_both_layouts(tmp_path, capsys):
+    from bench.kernels import lm_head
+    from prelude.model import cpu_linear
+
+    if not cpu_linear.built:
+        pytest.skip("kernels.cpu is not built")
+    out = tmp_path / "lm_head.json"
+    code = lm_head.main(["--vocab", "1000", "--hidden", "64", "--rows", "1,6", "--format", "bfloat16",
+                         "--repeats", "1", "--json", str(out)])
+    assert code == 0
+    payload = json.loads(out.read_text())
+    assert payload["kept"] in ("by rows", "panels") and [r["rows"] for r in payload["results"]] == [1, 6]
+    assert all(r["by_rows_ms"] > 0 and r["panels_ms"] > 0 for r in payload["results"])
+    assert "by rows / panels" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
