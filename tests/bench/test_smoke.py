@@ -98,37 +98,51 @@ def test_suffix_step_bench_times_a_suffix_over_a_cached_prefix(demo_model, tmp_p
     assert "median ms" in capsys.readouterr().out
 
 
+def _kernel_bench(module, args: list[str], tmp_path, capsys) -> tuple[dict, str]:
+    """Runs a CPU kernel micro-benchmark once, one repeat (skipped where the kernels are not
+    built): its JSON and what it printed; its chart is a PNG beside the JSON."""
+    from prelude.model import cpu_linear
+
+    if not cpu_linear.built:
+        pytest.skip("kernels.cpu is not built")
+    out = tmp_path / "bench.json"
+    assert module.main([*args, "--repeats", "1", "--json", str(out)]) == 0
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    return json.loads(out.read_text()), capsys.readouterr().out
+
+
 def test_prefill_attention_bench_writes_its_table_json_and_chart(tmp_path, capsys):
     from bench.kernels import prefill_attention
-    from kernels.cpu.ops import built
 
-    if not built:
-        pytest.skip("kernels.cpu is not built")
-    out = tmp_path / "prefill_attention.json"
-    code = prefill_attention.main(["--tokens", "16", "--chunk", "8:40", "--repeats", "1", "--json", str(out)])
-    assert code == 0
-    results = json.loads(out.read_text())["results"]
+    payload, printed = _kernel_bench(prefill_attention, ["--tokens", "16", "--chunk", "8:40"], tmp_path, capsys)
+    results = payload["results"]
     assert len(results) == 2 * len(prefill_attention.HEADS)
     assert all(r["torch_us"] > 0 and r["prelude_us"] > 0 for r in results)
-    assert "speedup" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "speedup" in printed
 
 
 def test_linear_formats_bench_times_every_format_this_cpu_stores(tmp_path, capsys):
     from bench.kernels import linear_formats
     from prelude.model import cpu_linear
 
-    if not cpu_linear.built:
-        pytest.skip("kernels.cpu is not built")
-    out = tmp_path / "linear_formats.json"
-    code = linear_formats.main(["--hidden", "64", "--intermediate", "96", "--heads", "2,1,32", "--rows", "1,24",
-                                "--repeats", "1", "--json", str(out)])
-    assert code == 0
-    results = json.loads(out.read_text())["results"]
+    payload, printed = _kernel_bench(linear_formats, ["--hidden", "64", "--intermediate", "96", "--heads", "2,1,32",
+                                                      "--rows", "1,24"], tmp_path, capsys)
+    results = payload["results"]
     formats = {r["format"] for r in results}
     assert {"float32", "bfloat16", "bf16x2", "int8"} <= formats
     assert ("bf16x3" in formats) == cpu_linear.SPLIT_PRODUCTS
     assert len(results) == 2 * len(formats) and all(r["gflops"] > 0 for r in results)
-    assert "GFLOP/s" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "GFLOP/s" in printed
+
+
+def test_lm_head_bench_times_a_narrow_head_in_both_layouts(tmp_path, capsys):
+    from bench.kernels import lm_head
+
+    payload, printed = _kernel_bench(lm_head, ["--vocab", "1000", "--hidden", "64", "--rows", "1,6",
+                                               "--format", "bfloat16"], tmp_path, capsys)
+    assert payload["kept"] in ("by rows", "panels") and [r["rows"] for r in payload["results"]] == [1, 6]
+    assert all(r["by_rows_ms"] > 0 and r["panels_ms"] > 0 for r in payload["results"])
+    assert "by rows / panels" in printed
 
 
 def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
@@ -212,19 +226,3 @@ def test_idle_penalty_times_the_same_step_after_each_kind_of_gap(tmp_path, capsy
     assert all(r["steps"] == 40 and r["median_us"] > 0 for r in rows) and rows[0]["ratio"] == 1.0
     assert "after sleep" in capsys.readouterr().out
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
-
-
-def test_lm_head_bench_times_a_narrow_head_in_both_layouts(tmp_path, capsys):
-    from bench.kernels import lm_head
-    from prelude.model import cpu_linear
-
-    if not cpu_linear.built:
-        pytest.skip("kernels.cpu is not built")
-    out = tmp_path / "lm_head.json"
-    code = lm_head.main(["--vocab", "1000", "--hidden", "64", "--rows", "1,6", "--format", "bfloat16",
-                         "--repeats", "1", "--json", str(out)])
-    assert code == 0
-    payload = json.loads(out.read_text())
-    assert payload["kept"] in ("by rows", "panels") and [r["rows"] for r in payload["results"]] == [1, 6]
-    assert all(r["by_rows_ms"] > 0 and r["panels_ms"] > 0 for r in payload["results"])
-    assert "by rows / panels" in capsys.readouterr().out and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
