@@ -16,6 +16,7 @@ cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
     long panel_outputs(long outputs)
     void pack_weight(const void* w, long source, long outputs, long inputs, long format, void* packed,
                      float* scales, int threads)
+    void gather_panel_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
     void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
@@ -52,13 +53,18 @@ def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t 
                      threads)
 
 
-def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t ids_ptr, long n, size_t out_ptr) -> None:
-    """out[n, inputs] (fp32) = rows ids[n] (int64) of a weight by rows in `format` (convert_weight's),
-    widened (int8: times each row's scale)."""
+def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t ids_ptr, long n, size_t out_ptr,
+            long layout=0) -> None:
+    """out[n, inputs] (fp32) = rows ids[n] (int64) of a weight in `format` (fp32, bf16 or int8), by
+    rows (layout 0, convert_weight's) or in panels (1, pack_weight's), widened (int8: times each
+    row's scale)."""
     cdef Weight w
-    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, 0
+    w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
     with nogil:
-        gather_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
+        if layout == 1:
+            gather_panel_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
+        else:
+            gather_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
 
 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,

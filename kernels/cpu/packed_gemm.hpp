@@ -117,6 +117,42 @@ PRELUDE_CPU_VARIANTS(pack_range,
                       long begin, long end),
                      (w, source, outputs, inputs, format, packed, scales, begin, end))
 
+// Rows `ids` of a weight in panels (pack_weight's layout; fp32, bf16 or int8) widened into fp32
+// out [n, inputs], int8 times each row's scale: a tied embedding's lookups, in the caller's thread.
+// Output o's 32-bit lanes are lane o % 16 of each 64-byte group of its panel, in k order, each
+// holding 4 / sizeof(T) consecutive k. torch's indexing of the same view took 10x the by-rows
+// gather's time (B's bf16 embedding, 128 ids: 0.28 against 0.027 ms).
+template <typename T>
+static void gather_panel_rows_of(const void* data, const float* scales, long inputs, const int64_t* ids, long n,
+                                 float* out) {
+    constexpr long kPer = 4 / sizeof(T);  // k per lane
+    const long lanes = inputs / kPer;
+    for (long i = 0; i < n; ++i) {
+        const long o = ids[i];
+        const uint32_t* lane = static_cast<const uint32_t*>(data) + (o / kPanel) * kPanel * lanes + o % kPanel;
+        const float scale = scales != nullptr ? scales[o] : 1.0f;
+        float* row = out + i * inputs;
+        for (long g = 0; g < lanes; ++g) {
+            const uint32_t word = lane[g * kPanel];
+            if constexpr (std::is_same<T, float>::value) {
+                std::memcpy(row + g, &word, sizeof(word));
+            } else if constexpr (std::is_same<T, bf16>::value) {
+                const uint32_t low = word << 16, high = word & 0xFFFF0000u;
+                std::memcpy(row + 2 * g, &low, sizeof(low));
+                std::memcpy(row + 2 * g + 1, &high, sizeof(high));
+            } else {
+                for (long b = 0; b < kPer; ++b) row[kPer * g + b] = static_cast<int8_t>(word >> (8 * b)) * scale;
+            }
+        }
+    }
+}
+
+static void gather_panel_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out) {
+    if (w.format == kBF16) gather_panel_rows_of<bf16>(w.data, nullptr, inputs, ids, n, out);
+    else if (w.format == kI8) gather_panel_rows_of<int8_t>(w.data, w.scales, inputs, ids, n, out);
+    else gather_panel_rows_of<float>(w.data, nullptr, inputs, ids, n, out);
+}
+
 // w [outputs, inputs] (fp32, or bf16: `source`) into [panels, inputs, 16] of `format`; the last
 // panel's missing outputs are zero. int8 also writes `scales` (scales_floats): a scale per output
 // and, for vnni_gemm.hpp, 128 times the sum of the output's quantized weights as an int32 (1 and 0

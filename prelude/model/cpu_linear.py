@@ -101,29 +101,22 @@ class StoredWeight:
         return out
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
-        """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows): by rows
-        (widened natively), or from int8 or bf16 panels (an LM head's, its embedding's)."""
+        """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows), widened
+        natively: by rows, or from int8 or bf16 panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         ids = index.reshape(-1).contiguous()
-        # Neither layout's read checks it: the kernel reads unchecked, and the panels' index
+        # Neither layout's read checks it: the kernels read unchecked, and the panels' index
         # arithmetic would take a negative id, or one in the last panel's padding, for a row.
         if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
             raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
+        format = self.format
         if self.layout == PANELS:
-            assert self.format in ("int8", "bfloat16", "bf16x2"), "rows are gathered from int8 and bf16 panels only"
-            # Output o's k sits at panel o / 16, group k / per, half (o % 16) / 8, lane o % 8, element
-            # k % per: a lane holds `per` consecutive k (packed_gemm.hpp's PanelWiden).
-            per = 4 if self.format == "int8" else 2
-            grid = self.data.view(-1, self.inputs // per, 2, 8, per)
-            picked = grid[index // 16, :, index % 16 // 8, index % 8, :].reshape(*index.shape, self.inputs)
-            out = picked.float()
-            if self.scales is not None:
-                out *= self.scales[index].unsqueeze(-1)
-            return out
+            assert format in ("int8", "bfloat16", "bf16x2"), "rows are gathered from int8 and bf16 panels only"
+            format = "bfloat16" if format == "bf16x2" else format  # its one packing is bf16's
         out = torch.empty(*index.shape, self.inputs)
-        _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[self.format][0], self.inputs,
-                        ids.data_ptr(), len(ids), out.data_ptr())
+        _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[format][0], self.inputs,
+                        ids.data_ptr(), len(ids), out.data_ptr(), self.layout)
         return out
 
 
