@@ -5,8 +5,9 @@ beside what reading and copying the weight costs on this machine. Times are the 
 repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
 
 With `--format bfloat16` or `int8` the head is stored in that format in both layouts the
-kernels take, by rows and in panels, and each is timed at every row count; the table marks the
-one the model keeps (cpu_linear.HEAD_LAYOUTS).
+kernels take, by rows and in panels, and each is timed at every row count, and as a tied
+embedding's lookups of 128 and 2,048 ids; the output names the layout the model keeps
+(cpu_linear.HEAD_LAYOUTS).
 """
 from __future__ import annotations
 
@@ -75,9 +76,18 @@ def _layouts(args: argparse.Namespace, weight: torch.Tensor) -> int:
         rows.append([n, by_rows, panels, by_rows / panels])
         results.append({"rows": n, "by_rows_ms": by_rows, "panels_ms": panels})
     print(report.table(["rows", "by rows ms", "panels ms", "by rows / panels"], rows))
+    # The tied embedding's lookups read the same weight: a prompt's ids, gathered from each layout.
+    lookups, looked = [], []
+    for n in (128, 2048):
+        ids = torch.randint(0, args.vocab, (n,))
+        by_rows = best_ms(lambda: stored[BY_ROWS].rows(ids), args.repeats)
+        panels = best_ms(lambda: stored[PANELS].rows(ids), args.repeats)
+        looked.append([n, by_rows, panels])
+        lookups.append({"ids": n, "by_rows_ms": by_rows, "panels_ms": panels})
+    print(report.table(["lookup ids", "by rows ms", "panels ms"], looked))
     write_results(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
                               "format": args.format, "kept": "panels" if kept == PANELS else "by rows",
-                              "threads": torch.get_num_threads(), "results": results},
+                              "threads": torch.get_num_threads(), "results": results, "lookups": lookups},
                   lambda ax: _plot_layouts(results, args.format, ax))
     return 0
 

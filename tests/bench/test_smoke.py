@@ -141,8 +141,8 @@ def test_lm_head_bench_times_a_narrow_head_in_both_layouts(tmp_path, capsys):
     payload, printed = _kernel_bench(lm_head, ["--vocab", "1000", "--hidden", "64", "--rows", "1,6",
                                                "--format", "bfloat16"], tmp_path, capsys)
     assert payload["kept"] in ("by rows", "panels") and [r["rows"] for r in payload["results"]] == [1, 6]
-    assert all(r["by_rows_ms"] > 0 and r["panels_ms"] > 0 for r in payload["results"])
-    assert "by rows / panels" in printed
+    assert all(r["by_rows_ms"] > 0 and r["panels_ms"] > 0 for r in payload["results"] + payload["lookups"])
+    assert "by rows / panels" in printed and "lookup ids" in printed
 
 
 def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
