@@ -66,8 +66,9 @@ def _layouts(args: argparse.Namespace, weight: torch.Tensor) -> int:
     """The head in a narrow format, by rows and in panels, at each row count."""
     stored = {layout: store(weight, args.format, layout) for layout in (BY_ROWS, PANELS)}
     kept = HEAD_LAYOUTS.get(args.format, BY_ROWS)
+    kept_name = "panels" if kept == PANELS else "by rows"
     print(f"weight [{args.vocab}, {args.hidden}] {args.format}, {stored[kept].nbytes / 1e6:.0f} MB, "
-          f"{torch.get_num_threads()} threads; the model keeps it {'in panels' if kept == PANELS else 'by rows'}")
+          f"{torch.get_num_threads()} threads; the model keeps it {'in ' if kept == PANELS else ''}{kept_name}")
     rows, results = [], []
     for n in map(int, args.rows.split(",")):
         hidden = torch.randn(n, args.hidden)
@@ -86,7 +87,7 @@ def _layouts(args: argparse.Namespace, weight: torch.Tensor) -> int:
         lookups.append({"ids": n, "by_rows_ms": by_rows, "panels_ms": panels})
     print(report.table(["lookup ids", "by rows ms", "panels ms"], looked))
     write_results(args.json, {"tool": "bench.kernels.lm_head", "vocab": args.vocab, "hidden": args.hidden,
-                              "format": args.format, "kept": "panels" if kept == PANELS else "by rows",
+                              "format": args.format, "kept": kept_name,
                               "threads": torch.get_num_threads(), "results": results, "lookups": lookups},
                   lambda ax: _plot_layouts(results, args.format, ax))
     return 0

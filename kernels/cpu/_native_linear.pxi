@@ -9,18 +9,17 @@ cdef extern from "weights.hpp" namespace "prelude_cpu" nogil:
         long layout
     void convert_rows(const void* w, long source, long outputs, long inputs, long format, void* dst, float* scales,
                       int threads)
-    void gather_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 cdef extern from "packed_gemm.hpp" namespace "prelude_cpu" nogil:
     long packed_elements(long outputs, long inputs)
     long panel_outputs(long outputs)
     void pack_weight(const void* w, long source, long outputs, long inputs, long format, void* packed,
                      float* scales, int threads)
-    void gather_panel_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 cdef extern from "linear.hpp" namespace "prelude_cpu" nogil:
     void linear_rows(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                      const float* bias, long activation)
+    void weight_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out)
 
 
 def packed_size(long outputs, long inputs) -> int:
@@ -61,10 +60,7 @@ def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t id
     cdef Weight w
     w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
     with nogil:
-        if layout == 1:
-            gather_panel_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
-        else:
-            gather_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
+        weight_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
 
 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,

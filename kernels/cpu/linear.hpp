@@ -145,4 +145,11 @@ static void linear_rows(const float* x, long n, const Weight& w, long inputs, fl
     }
 }
 
+// Rows `ids` of a weight (fp32, bf16 or int8) in fp32 out [n, inputs], in either layout: an
+// embedding's lookups, or an LM head's label rows.
+static void weight_rows(const Weight& w, long inputs, const int64_t* ids, long n, float* out) {
+    if (w.layout == kPanels) gather_panel_rows(w, inputs, ids, n, out);
+    else gather_rows(w, inputs, ids, n, out);
+}
+
 }  // namespace prelude_cpu
