@@ -27,8 +27,9 @@ constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_b
 constexpr long kBf16StreamTileRows = 5;
 // Where the blocked tiles are eight lanes wide (AVX2), a bf16 panel is streamed up to this many
 // rows, in even tiles of at most five: the blocked tiles widen each slice into fp32 first, and
-// took 1.3-1.6x the stream's time at seven to ten rows (B's layers in process), ~1.2x at twelve.
-constexpr long kBf16StreamUpTo = 12;
+// took 1.3-1.6x the stream's time at seven to ten rows (B's layers in process), 1.05-1.15x at
+// 16 to 32 (the tied head 1.08-1.25x), about 1.0x at 48.
+constexpr long kBf16StreamUpTo = 32;
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
 
