@@ -32,9 +32,10 @@ class DecodePlanner:
             if seq.status is not WorkStatus.RUNNING or seq.prefilling:
                 continue
             need = self.pool.blocks_for(seq.num_tokens) - len(seq.blocks)
-            if not self._make_room(need, seq, keep=[], decodes=scheduled):
-                continue
-            seq.blocks.extend(self.pool.allocate(need))
+            if need:  # a new block every block_size tokens; the other steps write into the last one
+                if not self._make_room(need, seq, keep=[], decodes=scheduled):
+                    continue
+                seq.blocks.extend(self.pool.allocate(need))
             scheduled.append(seq)
             budget.take(1)
         return scheduled
@@ -62,7 +63,8 @@ class DecodePlanner:
         if not seqs or not self.pool.can_allocate(sum(need)):
             return None
         for seq, n in zip(seqs, need):
-            seq.blocks.extend(self.pool.allocate(n))
+            if n:
+                seq.blocks.extend(self.pool.allocate(n))
         return seqs
 
     @staticmethod

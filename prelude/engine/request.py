@@ -46,6 +46,8 @@ class Request:
     grammar: TokenConstraint | None = None
     # The outputs the row carrying the last prompt token produces (derived, once).
     output: OutputSpec = field(init=False, repr=False)
+    # len(prompt_ids), kept: the scheduler and the fold read it several times per token.
+    num_prompt_tokens: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         generates = self.task is Task.GENERATE and self.sampling.max_tokens > 0
@@ -59,10 +61,7 @@ class Request:
             label_vocab_normalized=self.label_vocab_normalized,
             grammar=self.grammar if generates else None,
         ))
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+        object.__setattr__(self, "num_prompt_tokens", len(self.prompt_ids))
 
     @property
     def cacheable_len(self) -> int:

@@ -45,6 +45,7 @@ async def _serve_uvicorn(app: ASGIApp, listener: Listener, config: Config, shutd
         # Its startup and shutdown lines at info would repeat the banner's news (debug shows them).
         log_level=level if level == logging.DEBUG else max(level, logging.WARNING),
         proxy_headers=False,  # no X-Forwarded-* rewriting: Prelude logs and trusts no client address
+        server_header=False,  # no `server: uvicorn` on every response (two header checks and its bytes)
         backlog=config.backlog,
         timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # annotated int, used as seconds
         timeout_graceful_shutdown=GRACEFUL_S,  # type: ignore[arg-type]
