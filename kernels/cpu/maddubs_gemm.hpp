@@ -36,6 +36,12 @@ constexpr long kMaddubsRows = 3;
 // partial sums re-read the output, which an LM head's 152K columns make costly (B's head, 8 rows:
 // 9.3 ms sliced, 5.5 streamed; 16 rows 14.4 and 10.8; its layers' products within 5% either way).
 constexpr long kMaddubsStreamUpTo = 16;
+// An LM head (this many outputs or more) streams up to kMaddubsHeadStreamUpTo rows: its partial
+// sums are megabytes, re-read by every slice (B's head 17 rows 13.5 ms sliced, 10.8 streamed; 24
+// rows 17.4 and 16.6; 32 rows 22.2 and 21.5), where a layer's fit in L2 and its products took
+// 1.04-1.12x as long streamed at 17-48 rows.
+constexpr long kMaddubsHeadOutputs = 32768;
+constexpr long kMaddubsHeadStreamUpTo = 32;
 
 // AVX2 (and FMA: the kernels' AVX2 variants' pair), no VNNI, and int8 products not turned off.
 static inline bool has_avx2_int8_products() {
@@ -122,7 +128,7 @@ PRELUDE_MADDUBS static void maddubs_panels(const int8_t* xq, const uint8_t* xa, 
                                            const int8_t* packed, const float* scales, long inputs, float* out,
                                            long outputs, long p_begin, long p_end) {
     // As vnni_panels: few rows read each panel once, whole; more go in K slices kept in L1.
-    const bool stream = n <= kMaddubsStreamUpTo;
+    const bool stream = n <= kMaddubsStreamUpTo || (n <= kMaddubsHeadStreamUpTo && outputs >= kMaddubsHeadOutputs);
     const long slice = stream ? inputs : kSliceK, step = stream ? kMaddubsStreamRows : kMaddubsRows;
     for (long r0 = 0; r0 < n; r0 += kBlockRows) {
         const long r1 = r0 + kBlockRows < n ? r0 + kBlockRows : n;

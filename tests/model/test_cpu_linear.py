@@ -87,6 +87,16 @@ def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int,
             stored.rows(torch.tensor([0, 1003]))
 
 
+@pytest.mark.parametrize("format", ["bfloat16", "int8"])
+@pytest.mark.parametrize("rows", [16, 17, 32, 33])  # an LM head's panels stream more rows than a layer's
+def test_a_head_wide_weight_in_panels_gives_the_product_around_its_stream_limit(format: str, rows: int):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(32768 + 5, 64, generator=gen)
+    hidden = torch.randn(rows, 64, generator=gen)
+    stored = store(weight, format, PANELS)
+    torch.testing.assert_close(stored.matmul(hidden), _product(hidden, weight, format, PANELS), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 def test_an_fp32_weight_by_rows_the_wide_kernels_do_not_take(rows: int):
     """Rows 72 long (an odd multiple of 8: no sixteen-lane kernel takes them, and each ends with
