@@ -25,11 +25,13 @@ constexpr long kTileRows = 6;    // rows of x per register tile (packed_panels_b
 // six then lacks (B's 3072 x 512 on AVX2: five rows 0.085 ms, six 0.22-0.24 in one tile, 0.15 as
 // five and one, the panel still in cache for the second).
 constexpr long kBf16StreamTileRows = 5;
-// Where the blocked tiles are eight lanes wide (AVX2), a bf16 panel is streamed up to this many
-// rows, in even tiles of at most five: the blocked tiles widen each slice into fp32 first, and
-// took 1.3-1.6x the stream's time at seven to ten rows (B's layers in process), 1.05-1.15x at
-// 16 to 32 (the tied head 1.08-1.25x), about 1.0x at 48.
-constexpr long kBf16StreamUpTo = 32;
+// Where the blocked tiles are eight lanes wide (AVX2), fp32 and bf16 panels are streamed up to
+// this many rows, in even tiles. B's layers in process, the blocked tiles' time over the
+// stream's at 7-32 rows: bf16 1.3-1.6x at seven to ten rows (they widen each slice into fp32
+// first), 1.05-1.15x at 16 to 32 (its tied head 1.08-1.25x), about 1.0x at 48; fp32 1.05-1.25x
+// (one shape, q/k/v's 1024 x 512, 0.9-0.95x at 16 and 24 rows). Widened int8 panels stream up
+// to kTileRows: from twelve rows their stream took 1.1-1.3x the blocked tiles' time.
+constexpr long kStreamUpTo = 32;
 constexpr long kSliceK = 256;    // inputs per slice of a panel
 constexpr long kBlockRows = 192;  // rows of x whose slice (192 KB) stays in L2 while the panels pass
 
@@ -506,7 +508,7 @@ __attribute__((target("avx512f"))) static void packed_pairs16_i8 PRELUDE_PANEL_P
 static void packed_gemm(const float* x, long n, const Weight& w, long inputs, float* out, long outputs, int threads,
                         const float* bias = nullptr, long activation = kNoActivation) {
     const long panels = (outputs + kPanel - 1) / kPanel;
-    long stream_up_to = w.format == kBF16 ? kBf16StreamUpTo : kTileRows;
+    long stream_up_to = w.format == kI8 ? kTileRows : kStreamUpTo;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (has_avx512f()) stream_up_to = kTileRows;  // its sixteen-lane tiles are not measured against it
 #endif

@@ -69,8 +69,8 @@ def test_the_epilogue_adds_the_bias_then_the_activation(format: str, layout: int
 
 @pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("layout", [BY_ROWS, PANELS])
-# By rows the stream takes 1-3 rows in one pass; bf16 panels stream up to 32 rows (on AVX2) in
-# even tiles of at most five.
+# By rows the stream takes 1-3 rows in one pass; fp32 and bf16 panels stream up to 32 rows (on
+# AVX2) in even tiles.
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7, 9, 12, 13, 21, 32, 33, 40, 200])
 def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int, rows: int):
     gen = torch.Generator().manual_seed(rows)
