@@ -64,11 +64,13 @@ BY_ROWS, PANELS = 0, 1
 EXACT_BLOCK = 2048  # rows bf16_exact looks at a time
 # An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
 # through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
-# faster than widened by rows), and bf16 on a CPU of eight-lane vectors (AVX2), whose panel tiles
-# keep a decode step of four to twelve rows at the weight's read where the by-rows stream is
-# bound by its sums (B's head at 5 rows 4.6 against 6.1 ms, 10 rows 9.0 against 12.2); lookups
-# gather from either.
-HEAD_LAYOUTS = {"int8": PANELS} if _native is None or _native.wide_vectors() else {"int8": PANELS, "bfloat16": PANELS}
+# faster than widened by rows), and every format on a CPU of eight-lane vectors (AVX2), whose
+# panel tiles keep a decode step's rows near the weight's read where the by-rows stream is bound
+# by its sums from four or five rows (B's bf16 head at 5 rows 4.6 against 6.1 ms, 10 rows 9.0
+# against 12.2; fp32 at 12 rows 12.8 against 19.0, 64 rows 55 against MKL's 76; one to four fp32
+# rows 1.02-1.09x the by-rows time); lookups gather from either.
+HEAD_LAYOUTS = ({"int8": PANELS} if _native is None or _native.wide_vectors()
+                else {"int8": PANELS, "bfloat16": PANELS, "float32": PANELS})
 # What the kernels can apply to a product before they store it (kernels/cpu/packed_gemm.hpp's
 # Activation): an encoder's dense layers.
 EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
@@ -102,7 +104,7 @@ class StoredWeight:
 
     def rows(self, index: torch.Tensor | list[int]) -> torch.Tensor:
         """Rows of the weight in fp32 (an embedding lookup, or the LM head's label rows), widened
-        natively: by rows, or from int8 or bf16 panels (an LM head's, its embedding's)."""
+        natively: by rows, or from panels (an LM head's, its embedding's)."""
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         ids = index.reshape(-1).contiguous()
@@ -112,7 +114,7 @@ class StoredWeight:
             raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
         format = self.format
         if self.layout == PANELS:
-            assert format in ("int8", "bfloat16", "bf16x2"), "rows are gathered from int8 and bf16 panels only"
+            assert format != "bf16x3", "rows are not gathered from bf16x3's two packings"
             format = "bfloat16" if format == "bf16x2" else format  # its one packing is bf16's
         out = torch.empty(*index.shape, self.inputs)
         _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[format][0], self.inputs,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prelude.model.cpu_linear import (BY_ROWS, MAX_SKINNY_ROWS, PANELS, SPLIT_PRODUCTS, built, dequantized, linear,
-                                      storable, store)
+from prelude.model.cpu_linear import (BY_ROWS, HEAD_LAYOUTS, MAX_SKINNY_ROWS, PANELS, SPLIT_PRODUCTS, built,
+                                      dequantized, linear, storable, store)
 
 try:
     from kernels.cpu._native import bf16_products, int8_products
@@ -79,15 +79,14 @@ def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int,
     stored = store(weight, format, layout)
     torch.testing.assert_close(stored.matmul(hidden), _product(hidden, weight, format, layout), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dequantized(stored), _rounded(weight, format), rtol=1e-5, atol=1e-5)
-    if layout == BY_ROWS or format != "float32":  # an int8 or bf16 head is gathered from its panels
-        ids = torch.tensor([0, 5, 1002, 5])
-        torch.testing.assert_close(stored.rows(ids), _rounded(weight, format)[ids], rtol=1e-5, atol=1e-5)
-        assert stored.rows(ids.view(2, 2)).shape == (2, 2, weight.shape[1])
-        with pytest.raises(IndexError):  # gathered natively, unchecked there: checked before
-            stored.rows(torch.tensor([0, 1003]))
+    ids = torch.tensor([0, 5, 1002, 5])  # an embedding's lookups, from either layout (a head's)
+    torch.testing.assert_close(stored.rows(ids), _rounded(weight, format)[ids], rtol=1e-5, atol=1e-5)
+    assert stored.rows(ids.view(2, 2)).shape == (2, 2, weight.shape[1])
+    with pytest.raises(IndexError):  # gathered natively, unchecked there: checked before
+        stored.rows(torch.tensor([0, 1003]))
 
 
-@pytest.mark.parametrize("format", ["bfloat16", "int8"])
+@pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("rows", [16, 17, 32, 33])  # an LM head's panels stream more rows than a layer's
 def test_a_head_wide_weight_in_panels_gives_the_product_around_its_stream_limit(format: str, rows: int):
     gen = torch.Generator().manual_seed(rows)
@@ -153,8 +152,9 @@ def test_bias_and_leading_dimensions_follow_f_linear():
 
 @pytest.mark.parametrize("format", ["float32", "bfloat16", "int8"])
 def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
-    # The layers keep only their packed weights; a narrower format also keeps the embedding and
-    # an untied LM head by rows, and nothing of their fp32 copies.
+    # The layers keep only their packed weights; the embedding and an untied LM head are kept
+    # for the kernels too (and nothing of their fp32 copies) unless an fp32 head stays by rows,
+    # where the checkpoint's weight is what the kernels read.
     from prelude.model.config import ModelConfig
     from prelude.model.loader import load_model
     from prelude.model.ops import select_ops
@@ -167,9 +167,9 @@ def test_loading_keeps_one_copy_of_each_weight(tmp_path, format: str):
         for linear_ in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             assert linear_.stored is not None and linear_.stored.layout == PANELS and linear_.weight.numel() == 0
     assert model.lm_head is not None
-    narrow = format != "float32"
-    assert (model.lm_head.stored is not None) == narrow and (model.lm_head.weight.numel() == 0) == narrow
-    assert (model.model.embed_tokens.stored is not None) == narrow
+    kept = format != "float32" or HEAD_LAYOUTS.get(format, BY_ROWS) == PANELS
+    assert (model.lm_head.stored is not None) == kept and (model.lm_head.weight.numel() == 0) == kept
+    assert (model.model.embed_tokens.stored is not None) == kept
     if format == "int8":  # the head through the panel kernels, its lookups gathered from them
         assert model.lm_head.stored is not None and model.lm_head.stored.layout == PANELS
 
