@@ -4,10 +4,10 @@ takes (up to cpu_linear.MAX_SKINNY_ROWS: 64 on AVX-512, 32 on AVX2) on a Qwen3-v
 beside what reading and copying the weight costs on this machine. Times are the minimum of the
 repeats (the least-disturbed run on a shared machine); GB/s counts the weight's bytes once.
 
-With `--format bfloat16` or `int8` the head is stored in that format in both layouts the
-kernels take, by rows and in panels, and each is timed at every row count, and as a tied
-embedding's lookups of 128 and 2,048 ids; the output names the layout the model keeps
-(cpu_linear.HEAD_LAYOUTS).
+With `--format bfloat16` or `int8` (or fp32 with `--layouts`) the head is stored in that format
+in both layouts the kernels take, by rows and in panels, and each is timed at every row count,
+and as a tied embedding's lookups of 128 and 2,048 ids; the output names the layout the model
+keeps (cpu_linear.HEAD_LAYOUTS).
 """
 from __future__ import annotations
 
@@ -34,12 +34,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
     p.add_argument("--format", default="float32", choices=["float32", "bfloat16", "int8"],
                    help="the head's stored format (narrow ones: both layouts timed)")
+    p.add_argument("--layouts", action="store_true",
+                   help="fp32 too: both layouts the kernels take, instead of the native head against torch's")
     add_flags(p, "lm_head.json")
     args = p.parse_args(argv)
     if not start(args, built):
         return 1
     weight = torch.randn(args.vocab, args.hidden)
-    if args.format != "float32":
+    if args.format != "float32" or args.layouts:
         return _layouts(args, weight)
     gigabytes = weight.numel() * weight.element_size() / 1e9
     copy_target = torch.empty_like(weight)
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _layouts(args: argparse.Namespace, weight: torch.Tensor) -> int:
-    """The head in a narrow format, by rows and in panels, at each row count."""
+    """The head in its format, by rows and in panels, at each row count."""
     stored = {layout: store(weight, args.format, layout) for layout in (BY_ROWS, PANELS)}
     kept = HEAD_LAYOUTS.get(args.format, BY_ROWS)
     kept_name = "panels" if kept == PANELS else "by rows"
