@@ -29,7 +29,7 @@ constexpr long kBf16StreamTileRows = 5;
 // this many rows, in even tiles. B's layers in process, the blocked tiles' time over the
 // stream's at 7-32 rows: bf16 1.3-1.6x at seven to ten rows (they widen each slice into fp32
 // first), 1.05-1.15x at 16 to 32 (its tied head 1.08-1.25x), about 1.0x at 48; fp32 1.05-1.25x
-// (one shape, q/k/v's 1024 x 512, 0.9-0.95x at 16 and 24 rows). Widened int8 panels stream up
+// (q/k/v's 1024 x 512 0.9-0.95x at 7, 16 and 24 rows). Widened int8 panels stream up
 // to kTileRows: from twelve rows their stream took 1.1-1.3x the blocked tiles' time.
 constexpr long kStreamUpTo = 32;
 constexpr long kSliceK = 256;    // inputs per slice of a panel
