@@ -99,10 +99,7 @@ def _plot_layouts(results: list[dict], format: str, ax) -> None:
     n = [r["rows"] for r in results]
     ax.plot(n, [r["by_rows_ms"] for r in results], "o-", label=f"{format} by rows")
     ax.plot(n, [r["panels_ms"] for r in results], "s-", label=f"{format} in panels")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("rows")
-    ax.set_ylabel("ms (best of repeats)")
-    ax.legend()
+    _rows_axes(ax)
 
 
 def _plot(results: list[dict], read_ms: float, ax) -> None:
@@ -110,6 +107,11 @@ def _plot(results: list[dict], read_ms: float, ax) -> None:
     ax.plot(n, [r["matmul_ms"] for r in results], "o-", label="x @ W.t()")
     ax.plot(n, [r["prelude_ms"] for r in results], "s-", label="prelude (native kernel)")
     ax.axhline(read_ms, color="grey", linestyle=":", label="reading the weight once")
+    _rows_axes(ax)
+
+
+def _rows_axes(ax) -> None:
+    """Both charts' axes: row counts (log 2) against the best time."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rows")
     ax.set_ylabel("ms (best of repeats)")
