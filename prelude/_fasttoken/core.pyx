@@ -6,7 +6,7 @@ ids, where the work is shorter than a GIL hand-off), and converts the result onc
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.object cimport PyObject, PyTypeObject
-from cpython.long cimport PyLong_FromLong
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact, PyLong_FromLong
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.stdlib cimport free
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -319,3 +319,21 @@ def payload_checksum(const uint8_t[::1] data):
     with nogil:
         h = checksum(&data[0] if data.shape[0] else NULL, data.shape[0])
     return h
+
+
+def first_invalid_id(list ids, long long limit):
+    """The index of ids' first item that is not a token id in [0, limit) (an int, not a bool),
+    or -1: one pass in C where Python's type, min and max passes took some 80K instructions for
+    a 128-token prompt, 8% of what the event loop spends on a request."""
+    cdef Py_ssize_t i
+    cdef object item
+    cdef long long value
+    cdef int overflow
+    for i in range(PyList_GET_SIZE(ids)):
+        item = <object>PyList_GET_ITEM(ids, i)
+        if not PyLong_CheckExact(item):
+            return i
+        value = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow or value < 0 or value >= limit:
+            return i
+    return -1

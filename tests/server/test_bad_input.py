@@ -27,6 +27,10 @@ CASES = [
     (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, 2, 99999999]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1, -2]}, 400, "prompt"),
+    # Only ints are ids: JSON's true is not token 1, nor 2.0 token 2; a huge int is out of range.
+    (COMPLETIONS, {"prompt": [1, True]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [1, 2.0]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": [[1], [1, 2**64]]}, 400, "prompt"),
     # As many prompts as decision inputs at most: a body listing millions of one-token prompts
     # made as many rows, and the server ran out of memory.
     (COMPLETIONS, {"prompt": [[5]] * 1025, "max_tokens": 1}, 400, "prompt"),
