@@ -24,6 +24,7 @@ from prelude.server.constraints import Grammars
 from prelude.server.early_refusal import RefuseWhenFull
 from prelude.server.http_server import ShutdownTrigger
 from prelude.server.listen import Listener, bind
+from prelude.server.protocol import scope_header
 from prelude.server.completions import CompletionsAPI
 from prelude.server.routing import Route, Router
 from prelude.server.served_model import ServedModel
@@ -44,7 +45,7 @@ class BearerAuth:
         self.expected = api_key.encode()
 
     def _authorized(self, scope: Scope) -> bool:
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        given = scope_header(scope, b"authorization") or b""
         scheme, _, token = given.strip().partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
@@ -65,8 +66,7 @@ class EchoRequestId:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        given = next((v for k, v in scope.get("headers", ()) if k == b"x-request-id"), None) \
-            if scope["type"] == "http" else None
+        given = scope_header(scope, b"x-request-id") if scope["type"] == "http" else None
         if given is None:
             await self.app(scope, receive, send)
             return

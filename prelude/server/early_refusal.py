@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from prelude.engine.engine import Engine
 from prelude.engine.output import Overloaded
 from prelude.server.errors import APIError
+from prelude.server.protocol import scope_header
 
 DRAIN_BYTES = 1 << 16  # a refused request's body this small is read so its connection stays open
 
@@ -62,10 +63,8 @@ class RefuseWhenFull:
 
 def _declared_length(scope: Scope) -> int:
     """The body's Content-Length; past DRAIN_BYTES when it has none (chunked) or a bad one."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            return int(value) if value.isdigit() else DRAIN_BYTES + 1
-    return DRAIN_BYTES + 1
+    value = scope_header(scope, b"content-length")
+    return int(value) if value is not None and value.isdigit() else DRAIN_BYTES + 1
 
 
 async def _drain(receive: Receive) -> None:

@@ -54,8 +54,19 @@ def new_id(kind: str, http: HTTPRequest | None = None) -> str:
     return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
 
 
+class JSONResponse(Response):
+    """A JSON answer with the headers Starlette's Response gives it, set at once: its render and
+    init_headers steps cost some 90 bytecodes an answer to reach the same two."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int = 200):
+        self.status_code, self.body, self.background = status_code, body, None
+        self.raw_headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(dumps(obj), status_code=status, media_type="application/json")
+    return JSONResponse(dumps(obj), status)
 
 
 def check_count(name: str, count: int, limit: int | None) -> None:
