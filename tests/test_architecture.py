@@ -35,6 +35,22 @@ def test_mypy_is_clean(monkeypatch):
     assert status == 0, f"mypy reports errors (run `mypy` at the repository root):\n{stdout}{stderr}"
 
 
+def test_records_are_read_only_to_mypy(tmp_path, monkeypatch):
+    """Records (prelude.contract.record) are stored as plain dataclasses for speed; mypy is what
+    keeps a field of one from being assigned, as it does a frozen dataclass's."""
+    from mypy import api
+
+    snippet = tmp_path / "mutates.py"
+    snippet.write_text("from prelude.contract.batch import DecodeRow\n"
+                       "from prelude.engine.request import Request\n"
+                       "def change(request: Request, row: DecodeRow) -> None:\n"
+                       "    request.prompt_ids = [2]\n"
+                       "    row.token_id = 3\n")
+    monkeypatch.chdir(ROOT)
+    stdout, _, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), str(snippet)])
+    assert status == 1 and stdout.count("is read-only") == 2, stdout
+
+
 def test_ruff_is_clean():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
                             cwd=ROOT, capture_output=True, text=True)

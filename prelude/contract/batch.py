@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Sequence, Union
 
 from prelude.contract.constraint import TokenConstraint
+from prelude.contract.record import record
 from prelude.contract.sampling import SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OutputSpec:
     """What a row's forward must produce, fixed once per request at admission. Everything unset is
     skipped (no LM head for a row that only needs a pooled state, no per-position logits unless
@@ -41,7 +42,7 @@ class OutputSpec:
         return self.sample is not None or self.label_token_ids is not None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PrefillRow:
     """Prompt tokens computed this step. Positions start at `start`: the tokens before it are
     already in the KV blocks of `block_table` (a prefix-cache hit or an earlier chunk). A token's
@@ -66,7 +67,7 @@ class PrefillRow:
 SAMPLED_BY_PREVIOUS_STEP = -1
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DecodeRow:
     seq_id: int
     token_id: int
@@ -77,17 +78,17 @@ class DecodeRow:
     history: Sequence[int] = ()  # prompt + generated tokens, for penalties (else empty)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class OneShotBatch:
     rows: Sequence[PrefillRow]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DecodeBatch:
     rows: Sequence[DecodeRow]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MixedBatch:
     prefills: Sequence[PrefillRow]
     decodes: Sequence[DecodeRow]

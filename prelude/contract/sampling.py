@@ -1,12 +1,12 @@
 """Sampling parameters: fixed at admission, read by the scheduler and the executor's sampler."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from prelude.contract.record import record
 
 MIN_TEMPERATURE = 1e-5
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from prelude.contract.batch import TokenLogprob
+from prelude.contract.record import record
 
 
 class FinishReason(str, enum.Enum):
@@ -16,7 +17,7 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the request's own row made a step raise
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestMetrics:
     """How one request went through the engine, on its last output (the access log reads it)."""
 

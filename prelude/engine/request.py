@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from prelude.contract.batch import OutputSpec
 from prelude.contract.constraint import TokenConstraint
+from prelude.contract.record import record
 from prelude.contract.sampling import GREEDY, SamplingParams
 
 
@@ -25,7 +26,7 @@ class ExecutionClass(str, enum.Enum):
     DECODE = "decode"  # paged KV, continuous batching
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Request:
     request_id: str
     prompt_ids: list[int]  # read-only once admitted

@@ -1,17 +1,17 @@
 """A step's rows flattened on the host into the varlen layout every backend plans from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from prelude.contract.batch import DecodeRow, PrefillRow
+from prelude.contract.record import record
 from prelude.executor.heads import positions_read
 from prelude.model.attention import StepLayout
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class HostStep:
     """A step flattened on the host: what goes to the device, and the layout around it."""
 

@@ -4,10 +4,11 @@ flashinfer backend (prelude.executor.attention) implement it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import torch
+
+from prelude.contract.record import record
 
 # (q_norm weight, k_norm weight, eps) handed to backends that fuse the per-head norms.
 QKNorm = tuple[torch.Tensor, torch.Tensor, float]
@@ -16,7 +17,7 @@ QKNorm = tuple[torch.Tensor, torch.Tensor, float]
 GraphKind = Literal["decode", "prefill"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepLayout:
     """Where each row of a flattened step sits. Rows are ordered prefill rows first, then
     decode rows; row i owns tokens [query_starts[i], query_starts[i+1]) of the step and
@@ -43,7 +44,7 @@ class StepLayout:
         return self.query_starts[row + 1] - self.query_starts[row]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PagedStepInputs:
     """A planned step as a model that runs all its layers natively reads it
     (prelude.executor.fused_step): the whole paged cache, each row's place in the step and its
