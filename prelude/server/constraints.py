@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from prelude.contract.constraint import TokenConstraint
+from prelude.contract.record import record
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.structured.compiler import CompiledGrammar, Constraint, GrammarCompiler, GrammarError
@@ -25,7 +25,7 @@ COMPILE_TIMEOUT_S = 10.0
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class AnswerConstraint:
     """What constrains a request's answer: the tokens of a one-token choice, or a grammar (each
     choice's request gets a state of its own from `new_state`)."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable, Sequence, cast
 
 import llguidance
 import torch
 
 from prelude.contract.constraint import TokenConstraint
+from prelude.contract.record import record
 from prelude.structured.state import GrammarState
 
 mask_logits: Callable[..., None] | None
@@ -32,7 +32,7 @@ _filler: ThreadPoolExecutor | None = None
 _executor: llguidance.LLExecutor | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MaskRequest:
     """A row that samples under a grammar: its state, the index of the token it samples, and
     its last input token (the one before it)."""
@@ -43,7 +43,7 @@ class MaskRequest:
     last_token: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StepMasks:
     """The masks of a step's rows that sample under their grammar now (not those still in a
     reasoning block): `bitmask` row i is the mask of the row whose seq_id maps to i."""

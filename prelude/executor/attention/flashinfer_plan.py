@@ -18,13 +18,14 @@ order) and `last_page_len` (tokens used in the last page, 1..page_size).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Sequence
 
+from prelude.contract.record import record
 from prelude.model.attention import StepLayout
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PagedRows:
     """Paged KV of a group of rows, in flashinfer's CSR form."""
 
@@ -37,7 +38,7 @@ class PagedRows:
         return len(self.last_page_len)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FlashInferPlan:
     num_prefill_tokens: int
     ragged_indptr: list[int]  # prefill rows' token offsets: q and kv indptr of the ragged kernel
