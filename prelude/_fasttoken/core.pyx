@@ -324,7 +324,7 @@ def payload_checksum(const uint8_t[::1] data):
 def first_invalid_id(list ids, long long limit):
     """The index of ids' first item that is not a token id in [0, limit) (an int, not a bool),
     or -1: one pass in C where Python's type, min and max passes took some 80K instructions for
-    a 128-token prompt, 8% of what the event loop spends on a request."""
+    a 128-token prompt, 6% of what the event loop spends on a request."""
     cdef Py_ssize_t i
     cdef object item
     cdef long long value
