@@ -86,9 +86,34 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
     results = [RowResult(seq_id=r.seq_id) for _, _, r in wanted]
 
+    # Which heads each row needs, sorted in one pass (a step's rows usually only sample):
+    full: list[int] = []  # rows needing the full logits of their last position
+    # Label rows read at item ends, or through the compact head (just the labels' K rows), by
+    # (label ids, normalization): one head call per group for all their positions in the step.
+    groups: dict[tuple[tuple[int, ...], bool], list[tuple[int, list[int], bool]]] = {}
+    classify: list[int] = []
+    last_pooled: list[int] = []
+    spanning: list[int] = []  # rows whose heads read every position (prompt logprobs, mean/cls pooling)
+    for k, (i, spec, row) in enumerate(wanted):
+        ids = spec.label_token_ids
+        if ids is not None:
+            shares_gemm = _reads_last_with_vocab(spec, row)
+            if spec.sample is not None or shares_gemm:
+                full.append(k)
+            if spec.sample is not None or not shares_gemm:
+                items = row.item_lengths if isinstance(row, PrefillRow) else ()
+                groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append(
+                    (k, _item_ends(layout.query_starts[i + 1], items), bool(items)))
+        elif spec.sample is not None:
+            full.append(k)
+        if spec.classify:
+            classify.append(k)
+        if spec.pooling == "last":
+            last_pooled.append(k)
+        if spec.pooling not in (None, "last") or (spec.prompt_logprobs is not None and isinstance(row, PrefillRow)):
+            spanning.append(k)
+
     # One GEMM over the vocabulary for every last position that needs full logits.
-    full = [k for k, (_, spec, row) in enumerate(wanted)
-            if spec.sample is not None or (spec.label_token_ids is not None and _reads_last_with_vocab(spec, row))]
     if full:
         last = states.last([wanted[k][0] for k in full])
         # On a GPU the head's launch goes first and the masks' filling ends beside it; there one
@@ -114,17 +139,7 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
                     # for logprobs sample every token.
                     results[full[j]].forced = spec.grammar.forced_after(
                         row.sample_step, token.token_id, spec.sample.max_tokens - row.sample_step - 1)
-    # Label rows read at item ends, or through the compact head (just the labels' K rows): one
-    # head call per (label ids, normalization) for all their positions in the step. The planner
-    # budgets the step's logits rows together, so the grouped tensor is within its budget.
-    groups: dict[tuple[tuple[int, ...], bool], list[tuple[int, list[int], bool]]] = {}
-    for k, (i, spec, row) in enumerate(wanted):
-        ids = spec.label_token_ids
-        if ids is None or (spec.sample is None and _reads_last_with_vocab(spec, row)):
-            continue
-        items = row.item_lengths if isinstance(row, PrefillRow) else ()
-        groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append(
-            (k, _item_ends(layout.query_starts[i + 1], items), bool(items)))
+    # The planner budgets the step's logits rows together, so each group's tensor is within it.
     for (ids, vocab_normalized), members in groups.items():
         at_ends = states.at([e for _, ends, _ in members for e in ends])
         if vocab_normalized:
@@ -140,7 +155,6 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
             at += len(ends)
 
     # Heads over the last position run once per step for all their rows (grouped by head).
-    classify = [k for k, (_, spec, _) in enumerate(wanted) if spec.classify]
     if classify:
         rows = [wanted[k][0] for k in classify]
         pooled = (states.last(rows) if model.classifier_pooling == "last"
@@ -148,13 +162,13 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
         scores = model.compute_scores(pooled).float()
         for k, row_scores in zip(classify, scores.tolist()):
             results[k].scores = row_scores
-    last_pooled = [k for k, (_, spec, _) in enumerate(wanted) if spec.pooling == "last"]
     if last_pooled:
         lasts = states.last([wanted[k][0] for k in last_pooled]).float()
         normalized = F.normalize(lasts, dim=-1)
         for j, k in enumerate(last_pooled):
             results[k].pooled = (normalized[j] if wanted[k][1].normalize else lasts[j]).tolist()
-    for k, (i, spec, row) in enumerate(wanted):
+    for k in spanning:
+        i, spec, row = wanted[k]
         start, end = layout.query_starts[i], layout.query_starts[i + 1]
         if spec.prompt_logprobs is not None and isinstance(row, PrefillRow):
             results[k].prompt_logprobs = _prompt_logprobs(model, states.span(start, end), row.token_ids,
