@@ -6,10 +6,13 @@ Every block is in exactly one of three states:
 - cached idle: unreferenced but published in the prefix trie; reusable by a later prefix match
   until it is evicted (least recently used first) to satisfy an allocation.
 
-The prefix trie is keyed block by block: a full block's key is (parent block id, its tokens), the
-parent being the cached block before it (ROOT for the first). Keys are exact token tuples, so a
-hit never needs a collision check. Evicting a block drops its cached descendants with it, so no
-key ever refers to a reused block id.
+The prefix trie is keyed block by block: a full block's key is (its parent's publication, its
+tokens), the parent being the cached block before it (ROOT for the first) and a publication the
+number a block gets each time it is published, never reused. Keys are exact token tuples, so a
+hit never needs a collision check. Evicting a block unpublishes it alone: a cached descendant's
+key names a publication nothing matches again, so it stays unreachable until the LRU order
+evicts it too (rare: leaves usually go first). Keyed by the parent's block id, which comes back
+in a new chain, every descendant had to be unpublished with it.
 
 With a KVEventLog attached, every publish and eviction is also recorded as a KV-cache event
 (prelude.cache.kv_events), each cached block carrying a content hash of its key's chain.
@@ -45,8 +48,9 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._key: list[BlockKey | None] = [None] * num_blocks
+        self._publication = [ROOT] * num_blocks  # a published block's, as its children's keys name it
+        self._published = 0  # publications so far
         self._lookup: dict[BlockKey, int] = {}
-        self._children: dict[int, set[int]] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
         # Bumped whenever the set of cached blocks changes: cost estimates made from an older
         # version may be stale.
@@ -54,6 +58,7 @@ class BlockPool:
         # KV-cache events: None (the default) costs one test per published or evicted block.
         self.events = events
         self._hash: list[int] = [0] * num_blocks if events is not None else []
+        self._parent_hash: list[int | None] = [None] * num_blocks if events is not None else []
         self._clearing = False  # reset_prefix_cache reports one AllBlocksCleared, not each removal
         # Counters for metrics.
         self.queries_tokens = 0
@@ -89,7 +94,7 @@ class BlockPool:
         free, idle, refs = self._free, self._idle, self._refs
         if n > len(free) + len(idle):
             raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
-        while len(free) < n:  # an eviction frees the block and its idle cached descendants
+        while len(free) < n:
             self._evict(next(iter(idle)))
         out = [free.popleft() for _ in range(n)]
         for block in out:
@@ -127,15 +132,15 @@ class BlockPool:
         if not self.enable_prefix_caching or full == 0:
             return PrefixMatch([], None)
         blocks: list[int] = []
-        parent = ROOT
+        parent, lookup, publication = ROOT, self._lookup, self._publication
         for chunk in self._chunks(tokens, 0, full):
             key = (parent, chunk)
-            block = self._lookup.get(key)
+            block = lookup.get(key)
             if block is None:
                 self._touch(blocks)
                 return PrefixMatch(blocks, key)
             blocks.append(block)
-            parent = block
+            parent = publication[block]
         self._touch(blocks)
         return PrefixMatch(blocks, None)
 
@@ -145,12 +150,12 @@ class BlockPool:
         if not self.enable_prefix_caching:
             return 0
         full = min(len(tokens) // self.block_size, max_blocks)
-        parent = ROOT
+        parent, lookup, publication = ROOT, self._lookup, self._publication
         for i, chunk in enumerate(self._chunks(tokens, 0, full)):
-            block = self._lookup.get((parent, chunk))
+            block = lookup.get((parent, chunk))
             if block is None:
                 return i
-            parent = block
+            parent = publication[block]
         return full
 
     def record_query(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -162,16 +167,16 @@ class BlockPool:
         blocks[:first] must already be published (or be their cached twins)."""
         if not self.enable_prefix_caching or last <= first:
             return
-        parent = ROOT
+        parent = ROOT  # the block above, while publishing under it
         if first > 0:
             canonical = self._canonical(tokens, blocks, first - 1)
             if canonical is None:
                 return  # the chain above was evicted meanwhile: nothing below is reachable
             parent = canonical
-        lookup, keys, children, events = self._lookup, self._key, self._children, self.events
-        published = False
+        lookup, keys, publication, events = self._lookup, self._key, self._publication, self.events
+        published = self._published
         for block, chunk in zip(blocks[first:last], self._chunks(tokens, first, last)):
-            key = (parent, chunk)
+            key = (ROOT if parent == ROOT else publication[parent], chunk)
             if keys[block] is not None:  # already published under another chain
                 existing = lookup.get(key)
                 parent = block if existing is None else existing
@@ -181,19 +186,16 @@ class BlockPool:
                 parent = existing
                 continue
             keys[block] = key
-            published = True
+            published += 1
+            publication[block] = published
             if events is not None:
                 parent_hash = None if parent == ROOT else self._hash[parent]
                 self._hash[block] = chain_hash(parent_hash, chunk)
+                self._parent_hash[block] = parent_hash
                 events.stored(self._hash[block], parent_hash, chunk)
-            if parent != ROOT:
-                siblings = children.get(parent)
-                if siblings is None:
-                    children[parent] = {block}
-                else:
-                    siblings.add(block)
             parent = block
-        if published:
+        if published != self._published:
+            self._published = published
             self.version += 1
 
     def _chunks(self, tokens: Sequence[int], first: int, last: int) -> Iterator[tuple[int, ...]]:
@@ -216,31 +218,16 @@ class BlockPool:
                 self._idle.move_to_end(block)
 
     def _evict(self, block: int) -> None:
-        """Unpublishes an idle cached block and, with it, its cached descendants. A descendant can
-        still be in use (a sequence whose own copy of an ancestor lost a publish race hangs its
-        later blocks under the winner's chain): it is only unpublished, and freed on release."""
+        """Unpublishes an idle cached block and frees it."""
         self.version += 1
-        keys, children, report = self._key, self._children, self.events is not None and not self._clearing
-        stack = [block]
-        while stack:
-            b = stack.pop()
-            key = keys[b]
-            assert key is not None, f"block {b} evicted but not published"  # idle and children are
-            keys[b] = None
-            del self._lookup[key]
-            if report:
-                self.events.removed(self._hash[b])  # type: ignore[union-attr]
-            siblings = children.get(key[0])
-            if siblings is not None:
-                siblings.discard(b)
-                if not siblings:
-                    del children[key[0]]
-            below = children.pop(b, None)
-            if below:
-                stack.extend(below)
-            if self._refs[b] == 0:
-                del self._idle[b]
-                self._free.append(b)
+        key = self._key[block]
+        assert key is not None, f"block {block} evicted but not published"  # idle blocks are
+        self._key[block] = None
+        del self._lookup[key]
+        if self.events is not None and not self._clearing:
+            self.events.removed(self._hash[block])
+        del self._idle[block]
+        self._free.append(block)
 
     def reset_prefix_cache(self) -> bool:
         """Drops every idle cached block (vLLM's /reset_prefix_cache). False if some are in use."""
@@ -262,8 +249,7 @@ class BlockPool:
         event log."""
         if self.events is None:
             return {}
-        return {self._hash[block]: (None if parent == ROOT else self._hash[parent], tokens)
-                for (parent, tokens), block in self._lookup.items()}
+        return {self._hash[block]: (self._parent_hash[block], tokens) for (_, tokens), block in self._lookup.items()}
 
     # -- checks -----------------------------------------------------------------------------
     def check_integrity(self) -> None:
@@ -278,6 +264,4 @@ class BlockPool:
         assert all(self._key[b] is not None for b in idle), "an idle block is not published"
         for key, block in self._lookup.items():
             assert self._key[block] == key
-            parent = key[0]
-            assert parent == ROOT or self._key[parent] is not None, "a cached block's parent is gone"
-            assert parent == ROOT or block in self._children.get(parent, ()), "child link missing"
+            assert key[0] < self._publication[block], "a block is keyed under a later publication"

@@ -58,7 +58,7 @@ def test_match_is_exact_on_tokens_and_chained_on_parents():
     assert pool.match([1, 2, 3, 4, 5, 6, 7, 0]).miss_key is not None
 
 
-def test_lru_eviction_takes_idle_leaves_first_and_cascades():
+def test_lru_eviction_takes_idle_leaves_first():
     pool = BlockPool(4, BS)
     old = compute(pool, tokens(8, seed=1))
     pool.release(old)
@@ -73,18 +73,23 @@ def test_lru_eviction_takes_idle_leaves_first_and_cascades():
     pool.check_integrity()
 
 
-def test_evicting_a_parent_drops_its_cached_descendants():
+def test_evicting_a_parent_leaves_its_descendants_unreachable():
     pool = BlockPool(4, BS)
-    chain = compute(pool, tokens(12, seed=3))
+    prompt = tokens(12, seed=3)
+    chain = compute(pool, prompt)
     pool.release(chain)
     # Touch the leaf so that the root is the least recently used block, then force one eviction.
     pool._idle.move_to_end(chain[0], last=False)
-    taken = pool.allocate(2)  # one free block, then the evicted root (which takes its children)
-    assert chain[0] in taken
-    assert pool.num_cached_blocks == 0
-    assert pool.num_free_blocks == 2
+    taken = pool.allocate(2)  # one free block, then the evicted root alone
+    assert chain[0] in taken and chain[1] not in taken
+    assert pool.match(prompt).blocks == []  # its children hang under a publication gone for good
     pool.release(taken)
+    # The same prompt again: a fresh chain, which the unreachable blocks do not stand in for.
+    again = compute(pool, prompt)
+    assert pool.match(prompt).blocks == again
+    pool.release(again)
     pool.check_integrity()
+    assert pool.num_free_blocks == 4
 
 
 def test_publish_race_keeps_one_canonical_chain():
@@ -101,9 +106,9 @@ def test_publish_race_keeps_one_canonical_chain():
     pool.publish(longer, b, 2, 3)
     assert pool.match(longer).blocks == a + [b[2]]
     pool.release(a)
-    # Evicting a's idle chain unpublishes b's block, which b still holds: not freed yet.
+    # Evicting a's idle chain leaves b's block, which b still holds, where nothing finds it.
     everything = pool.allocate(pool.num_free_blocks)
-    assert b[2] not in everything and pool.num_cached_blocks == 0
+    assert b[2] not in everything and pool.match(longer).blocks == []
     pool.check_integrity()
     pool.release(everything)
     pool.release(b)
