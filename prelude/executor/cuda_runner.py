@@ -71,7 +71,7 @@ class CudaModelRunner(ModelRunner):
             if on_launch is not None:  # the replay is queued: the host waits for it from here
                 on_launch()
             return hidden, layout, None  # a graph computes every position's state
-        bucket = None if self.pieces is None else pick_bucket(len(step.ids), self.pieces.sizes)
+        bucket = None if self.pieces is None else pick_bucket(step.num_tokens, self.pieces.sizes)
         if bucket is None:
             return super().forward(step, None, on_launch)
         return *self._replay_pieces(bucket, step, on_launch), None
@@ -80,17 +80,17 @@ class CudaModelRunner(ModelRunner):
     def _fill(self, step: HostStep, width: int, pad_slot: int) -> int:
         """Writes the step's inputs into the pinned buffer, padded to `width` tokens; returns
         how many columns the device copy must move."""
-        n, rows = len(step.ids), len(step.starts)
+        n, rows = step.num_tokens, len(step.starts)
         if self.copied is not None:
             self.copied.synchronize()
         h = self.host_np
-        h[0, :n], h[1, :n], h[2, :n] = step.ids, step.positions, step.slots
+        h[:3, :n] = step.tokens.numpy()
         h[0, n:width], h[1, n:width], h[2, n:width] = 0, 0, pad_slot
         h[3, :rows] = step.starts
         return max(width, rows)
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
-        n = len(step.ids)
+        n = step.num_tokens
         if max(n, len(step.starts)) > self.host.shape[1]:  # an oversize row running alone
             self._starts = None
             return super().upload(step)
@@ -111,11 +111,11 @@ class CudaModelRunner(ModelRunner):
     def _graph_bucket(self, graph: GraphKind | None, step: HostStep) -> int | None:
         if self.graphs is None or graph is None:
             return None
-        return self.graphs.bucket(graph, len(step.ids), step.num_rows)
+        return self.graphs.bucket(graph, step.num_tokens, step.num_rows)
 
     def _replay(self, kind: GraphKind, bucket: int, step: HostStep) -> tuple[torch.Tensor, StepLayout]:
         assert self.graphs is not None
-        n = len(step.ids)
+        n = step.num_tokens
         # Padding decode rows write their (ignored) K/V to the pad slot. Padding prefill tokens
         # form one row of their own after the real ones (attending only among themselves) and
         # are not stored; the graph's remaining rows are empty.
@@ -124,7 +124,7 @@ class CudaModelRunner(ModelRunner):
             padded = step.layout(self.graphs.static[2, :n])
         else:
             rows = self.graphs.prefill_rows(bucket)
-            slots = step.slots + [-1] * (bucket - n)
+            slots = step.slots.tolist() + [-1] * (bucket - n)
             starts = step.starts + [bucket] * (rows + 1 - len(step.starts))
             padded = StepLayout(starts, [0] * rows, [()] * rows, step.stored + [False] * (rows - step.num_rows),
                                 rows, self.graphs.static[2, :bucket], host_slots=slots)
@@ -138,7 +138,7 @@ class CudaModelRunner(ModelRunner):
         """The step padded to `bucket` through the bucket's pieces; attention is planned as for
         the eager step, on its own tokens (the padding's ids, positions and slots are 0, 0, -1)."""
         assert self.pieces is not None
-        n = len(step.ids)
+        n = step.num_tokens
         self._fill(step, bucket, -1)
         static = self.pieces.static
         static[:, :bucket].copy_(self.host[:3, :bucket], non_blocking=True)

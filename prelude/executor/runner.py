@@ -111,10 +111,11 @@ class ModelRunner:
     def _kept(self, step: HostStep) -> torch.Tensor | None:
         """The tokens whose final states the heads read, when that is not all of them and the
         model spares the others."""
-        return None if step.read is None or not self.model.skips_unread_tokens else self._to_device(step.read)
+        if step.read is None or not self.model.skips_unread_tokens:
+            return None
+        return self._to_device(_int64(step.read) if step.read else torch.empty(0, dtype=torch.long))
 
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        host = _int64(values) if values else torch.empty(0, dtype=torch.long)
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:

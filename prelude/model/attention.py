@@ -29,9 +29,9 @@ class StepLayout:
     store_kv: Sequence[bool]
     num_prefill_rows: int
     slot_mapping: torch.Tensor  # [num_tokens] flat KV slot per token, -1 where not stored
-    # The same slots as a host list, when the executor has it: backends that plan on the host
-    # read it instead of copying slot_mapping back from the device.
-    host_slots: Sequence[int] | None = None
+    # The same slots in host memory (a list, or an int64 CPU tensor), when the executor has
+    # them: backends that plan on the host read them instead of copying slot_mapping back.
+    host_slots: Sequence[int] | torch.Tensor | None = None
     # Per row: lengths of the independent items that end it (see PrefillRow.item_lengths);
     # empty for an ordinary causal row. None when no row of the step has items.
     item_lengths: Sequence[tuple[int, ...]] | None = None

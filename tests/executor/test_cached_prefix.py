@@ -29,7 +29,7 @@ def _row(heads, kv_heads, dim, prefix, n, stores, seed):
     scatter(v_cache, table, past_v)
     covered = table.tolist() if stores else table[:-(-prefix // BLOCK)].tolist()
     step = host_step([PrefillRow(0, list(range(n)), prefix, covered, None)], (), BLOCK)
-    attention.plan(step.layout(torch.tensor(step.slots)))
+    attention.plan(step.layout(step.slots))
     q = torch.randn(n, heads, dim, generator=gen)
     k, v = (torch.randn(n, kv_heads, dim, generator=gen) for _ in range(2))
     return attention, q, k, v, past_k, past_v

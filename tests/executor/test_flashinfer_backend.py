@@ -29,11 +29,11 @@ def _step(prefills=(), decodes=(), slot_buffer=None):
     """The executor's own flattening (host_step) -> (ids, positions, layout); with `slot_buffer`,
     the slots are written into it and the layout points at the whole buffer, as for a graph."""
     step = host_step(prefills, decodes, BS)
-    slot_mapping = torch.tensor(step.slots)
+    slot_mapping = step.slots
     if slot_buffer is not None:
         slot_buffer[: len(step.slots)] = slot_mapping
         slot_mapping = slot_buffer
-    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(slot_mapping)
+    return step.ids, step.positions, step.layout(slot_mapping)
 
 
 @pytest.fixture(scope="module")

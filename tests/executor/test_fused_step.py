@@ -32,7 +32,7 @@ SPEC = OutputSpec(sample=GREEDY)
 def _step(prefills=(), decodes=()):
     step = host_step(prefills, decodes, BLOCK)
     keep = None if step.read is None else torch.tensor(step.read)
-    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(torch.tensor(step.slots)), keep
+    return step.ids, step.positions, step.layout(step.slots), keep
 
 
 def _model_and_attention(path, weight_format: str = "float32"):

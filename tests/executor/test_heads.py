@@ -101,7 +101,7 @@ def test_step_skips_unread_tokens_without_changing_results(tmp_path):
                 for i, (spec, n) in enumerate(zip(specs, lengths))]
     decodes = [DecodeRow(9, 17, 5, list(range(40, 44)), OutputSpec(sample=GREEDY))]
     step = host_step(prefills, decodes, block)
-    assert step.read is not None and len(step.read) < len(step.ids)
+    assert step.read is not None and len(step.read) < step.num_tokens
     with torch.inference_mode():
         pruned = runner.run(prefills, decodes).rows
         input_ids, positions, layout = runner.upload(step)

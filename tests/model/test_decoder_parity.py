@@ -33,7 +33,7 @@ SPEC = OutputSpec(sample=GREEDY)
 def _step(prefills=(), decodes=()):
     """The executor's own flattening (ids, positions, layout) of PrefillRow/DecodeRow rows."""
     step = host_step(prefills, decodes, BLOCK)
-    return torch.tensor(step.ids), torch.tensor(step.positions), step.layout(torch.tensor(step.slots))
+    return step.ids, step.positions, step.layout(step.slots)
 
 
 def _ours_and_reference(path, num_blocks: int):

@@ -61,9 +61,9 @@ def _states(model, attention, prompts: list[torch.Tensor], device: str = "cpu") 
     """Each prompt's final states, the prompts computed together in one flattened step."""
     step = host_step([PrefillRow(i, p.tolist(), 0, [], OutputSpec(pooling="mean")) for i, p in enumerate(prompts)],
                      (), 16)
-    layout = step.layout(torch.tensor(step.slots, device=device))
+    layout = step.layout(step.slots.to(device))
     attention.plan(layout)
-    hidden = model(torch.tensor(step.ids, device=device), torch.tensor(step.positions, device=device), attention)
+    hidden = model(step.ids.to(device), step.positions.to(device), attention)
     return [hidden[layout.query_starts[i]:layout.query_starts[i + 1]] for i in range(len(prompts))]
 
 
@@ -124,8 +124,8 @@ def test_a_forward_stepped_aside_between_layers_gives_the_same_states(tmp_path):
     path = make_checkpoint(tmp_path / "bert", "bert", head="Model", num_hidden_layers=3)
     config, model, attention = _ours(path, "bert")
     step = host_step([PrefillRow(0, list(range(4, 20)), 0, [], OutputSpec(pooling="mean"))], (), 16)
-    layout = step.layout(torch.tensor(step.slots))
-    ids, positions = torch.tensor(step.ids), torch.tensor(step.positions)
+    layout = step.layout(step.slots)
+    ids, positions = step.ids, step.positions
     attention.plan(layout)
     with torch.inference_mode():
         whole = model(ids, positions, attention)

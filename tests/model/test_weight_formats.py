@@ -64,9 +64,9 @@ def _states_of(model, weight_format: str | None, prompts: list[list[int]]) -> tu
     rows = [PrefillRow(i, p, 0, list(range(8 * i, 8 * i + 8)), OutputSpec(sample=GREEDY))
             for i, p in enumerate(prompts)]
     step = host_step(rows, (), 4)
-    attention.plan(step.layout(torch.tensor(step.slots)))
+    attention.plan(step.layout(step.slots))
     with torch.inference_mode():
-        ids, positions = torch.tensor(step.ids), torch.tensor(step.positions)
+        ids, positions = step.ids, step.positions
         hidden = model(ids, positions, attention) if native is None else native.try_forward(ids, positions, attention)
         assert hidden is not None
         logits = model.compute_logits(hidden)

@@ -1,5 +1,5 @@
-"""Turns a StepLayout into flashinfer's index arrays. Pure Python on host lists, so that every
-index can be checked on a machine without a GPU.
+"""Turns a StepLayout into flashinfer's index arrays. Pure Python on host lists (and the host's
+slot tensor), so that every index can be checked on a machine without a GPU.
 
 The step is split three ways:
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import field
 from typing import Sequence
+
+import torch
 
 from prelude.contract.record import record
 from prelude.model.attention import StepLayout
@@ -74,7 +76,8 @@ def pages_for(block_table: Sequence[int], num_tokens: int, page_size: int, out: 
     out.last_page_len.append(num_tokens - (num_pages - 1) * page_size)
 
 
-def build_plan(layout: StepLayout, page_size: int, slot_mapping: Sequence[int] | None = None) -> FlashInferPlan:
+def build_plan(layout: StepLayout, page_size: int,
+               slot_mapping: Sequence[int] | torch.Tensor | None = None) -> FlashInferPlan:
     """`slot_mapping` (host copy of layout.slot_mapping) is only needed to list stored tokens
     when some rows do not store; the layout's store_kv flags say whether that is the case."""
     num_prefill = layout.num_prefill_rows
@@ -102,7 +105,8 @@ def build_plan(layout: StepLayout, page_size: int, slot_mapping: Sequence[int] |
     if not store_all:
         if slot_mapping is None:
             raise ValueError("rows that do not store their K/V need the host slot mapping")
-        store_tokens = [t for t, slot in enumerate(slot_mapping) if slot >= 0]
+        slots = slot_mapping.tolist() if isinstance(slot_mapping, torch.Tensor) else slot_mapping
+        store_tokens = [t for t, slot in enumerate(slots) if slot >= 0]
     return FlashInferPlan(
         num_prefill_tokens=num_prefill_tokens,
         ragged_indptr=list(starts[: num_prefill + 1]),
