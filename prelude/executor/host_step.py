@@ -66,7 +66,7 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
         stored.append(len(row.block_table) * bs >= end)
         starts.append(starts[-1] + len(row.token_ids))
     starts += range(starts[-1] + 1, starts[-1] + 1 + len(decodes))
-    tokens = torch.empty((3, starts[-1]), dtype=torch.long)
+    tokens = torch.empty(3, starts[-1], dtype=torch.long)
     if flatten_tokens is not None:  # the per-token work in C: about a tenth of the Python's time
         flatten_tokens(prefills, decodes, bs, tokens.data_ptr(), starts[-1])
     else:
