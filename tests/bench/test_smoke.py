@@ -161,6 +161,22 @@ def test_cpu_cost_bench_runs_against_the_null_executor(tmp_path):
     assert all(r["server_cpu_s"] > 0 for r in runs)
 
 
+def test_paired_cpu_bench_drives_two_servers_in_turn(tmp_path):
+    """bench.serving.paired_cpu runs two `--executor null` servers at once and drives them in
+    alternating blocks with its bare keep-alive client (unstreamed and streamed answers both read
+    to their end): each side counts its requests and its server's CPU."""
+    from bench.serving import paired_cpu
+
+    out = tmp_path / "paired.json"
+    code = paired_cpu.main(["--concurrency", "2", "--blocks", "2", "--block-s", "0.3", "--prompts", "16",
+                            "--log-dir", str(tmp_path), "--json", str(out)])
+    assert code == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["workload"].split()[0], c["concurrency"]) for c in cells] == [("OneShot", 2), ("Decode", 2)]
+    assert all(c[side]["requests"] > 0 and c[side]["cpu_s"] > 0 for c in cells for side in ("a", "b"))
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
                     reason="bench.serving.instructions runs the server under callgrind (apt install valgrind)")
 def test_instructions_bench_counts_a_null_executor_server(tmp_path):
