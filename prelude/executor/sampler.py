@@ -92,10 +92,12 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
     if len(sampled) == len(params):  # the usual batch: every row samples, none needs argmax
         token_list = _sample_rows(logits, params, steps).tolist()
     else:
-        token_list = _greedy_rows(logits)
-        if sampled:
+        drawn = None
+        if sampled:  # drawn first: on a GPU the argmax's read-back below then waits for both
             rows = torch.tensor(sampled, device=logits.device)
             drawn = _sample_rows(logits[rows], [params[i] for i in sampled], [steps[i] for i in sampled])
+        token_list = _greedy_rows(logits)
+        if drawn is not None:
             for i, token in zip(sampled, drawn.tolist()):
                 token_list[i] = token
     results = [TokenLogprob(t, 0.0, []) for t in token_list]
