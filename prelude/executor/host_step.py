@@ -21,7 +21,7 @@ class HostStep:
     """A step flattened on the host: what goes to the device, and the layout around it."""
 
     # int64 [3, tokens]: each token's id, position and KV slot (-1: not stored), step order;
-    # ids, positions and slots are its rows.
+    # ids, positions and slots are its rows, taken once (indexing a tensor costs a microsecond).
     tokens: torch.Tensor
     ids: torch.Tensor
     positions: torch.Tensor
@@ -66,11 +66,12 @@ def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
         stored.append(len(row.block_table) * bs >= end)
         starts.append(starts[-1] + len(row.token_ids))
     starts += range(starts[-1] + 1, starts[-1] + 1 + len(decodes))
-    tokens = torch.empty(3, starts[-1], dtype=torch.long)
+    n = starts[-1]
     if flatten_tokens is not None:  # the per-token work in C: about a tenth of the Python's time
-        flatten_tokens(prefills, decodes, bs, tokens.data_ptr(), starts[-1])
+        tokens = torch.empty(3, n, dtype=torch.long)
+        flatten_tokens(prefills, decodes, bs, tokens.data_ptr(), n)
     else:
-        tokens.copy_(torch.tensor(_flatten_tokens(prefills, decodes, bs), dtype=torch.long).view(3, starts[-1]))
+        tokens = torch.tensor(_flatten_tokens(prefills, decodes, bs), dtype=torch.long).view(3, n)
     ids, positions, slots = tokens.unbind()
     return HostStep(
         tokens, ids, positions, slots, starts,
