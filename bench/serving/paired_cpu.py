@@ -84,10 +84,14 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
             return
 
 
-async def _block(port: int, pid: int, jobs: Sequence[Job], concurrency: int, seconds: float, offset: int) -> Side:
-    """`concurrency` connections sending jobs back to back for `seconds`; the server's CPU meanwhile."""
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _block(connections: list[Connection], pid: int, jobs: Sequence[Job], seconds: float, offset: int) -> Side:
+    """Jobs sent back to back on each of `connections` for `seconds`; the server's CPU meanwhile.
+    The connections stay open from block to block (the server keeps idle ones for 120 s), so no
+    block pays for accepting them."""
     count = [0]
-    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
     cpu0 = proc.cpu_seconds(pid)
     stop_at = time.perf_counter() + seconds
 
@@ -96,13 +100,11 @@ async def _block(port: int, pid: int, jobs: Sequence[Job], concurrency: int, sec
         i = offset + k
         while time.perf_counter() < stop_at:
             await _exchange(reader, writer, jobs[i % len(jobs)])
-            i += concurrency
+            i += len(connections)
             count[0] += 1
 
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    await asyncio.gather(*(worker(k) for k in range(len(connections))))
     cpu1 = proc.cpu_seconds(pid)
-    for _, writer in connections:
-        writer.close()
     assert cpu0 is not None and cpu1 is not None
     return Side(count[0], cpu1 - cpu0)
 
@@ -117,14 +119,19 @@ async def compare(a: ServerProcess, b: ServerProcess, args: argparse.Namespace) 
         jobs = workload.jobs(args.prompts, rng)
         for c in args.concurrency:
             cell = Cell(f"{name} ({workload.label})", c, Side(), Side())
-            servers = [(a, cell.a), (b, cell.b)]
-            for server, _ in servers:  # warm both, uncounted
-                await _block(server.port, server.pid, jobs, c, args.block_s, 0)
+            servers = []
+            for server, side in ((a, cell.a), (b, cell.b)):
+                connections = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(c)]
+                await _block(connections, server.pid, jobs, args.block_s, 0)  # warm, uncounted
+                servers.append((connections, server.pid, side))
             for k in range(args.blocks):
-                for server, side in servers if k % 2 == 0 else servers[::-1]:
-                    got = await _block(server.port, server.pid, jobs, c, args.block_s, k * c)
+                for connections, pid, side in servers if k % 2 == 0 else servers[::-1]:
+                    got = await _block(connections, pid, jobs, args.block_s, k * c)
                     side.requests += got.requests
                     side.cpu_s += got.cpu_s
+            for connections, _, _ in servers:
+                for _, writer in connections:
+                    writer.close()
             print(f"{cell.workload} c={c}: A {cell.a.us_per_request:.0f} us, B {cell.b.us_per_request:.0f} us, "
                   f"B/A {cell.ratio:.3f}", file=sys.stderr)
             cells.append(cell)
