@@ -1,6 +1,8 @@
 """Sampling parameters: fixed at admission, read by the scheduler and the executor's sampler."""
 from __future__ import annotations
 
+from dataclasses import field
+
 from prelude.contract.record import record
 
 MIN_TEMPERATURE = 1e-5
@@ -30,25 +32,27 @@ class SamplingParams:
     min_tokens_blocked: tuple[int, ...] = ()  # EOS and stop token ids, filled at admission
     include_stop_str_in_output: bool = False
 
+    # What the sampler and the planners ask of every row each step, fixed with the fields (as
+    # properties they were three calls a decode token on each thread).
+    greedy: bool = field(init=False, repr=False, compare=False)  # argmax: the limit below MIN_TEMPERATURE
+    penalizes: bool = field(init=False, repr=False, compare=False)  # rows carry the tokens before them
+    restricts_logits: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.
+        greedy = self.temperature < MIN_TEMPERATURE or self.top_k == 1
+        penalizes = self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        restricts = (bool(self.logit_bias) or self.allowed_token_ids is not None or penalizes
+                     or (self.min_tokens > 0 and bool(self.min_tokens_blocked)))
+        # Stored past the type checker's frozen view, once, as the constructor stores the fields.
+        object.__setattr__(self, "greedy", greedy)
+        object.__setattr__(self, "penalizes", penalizes)
+        object.__setattr__(self, "restricts_logits", restricts)
+
     def ends_at(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
         """Whether sampling this token ends the sequence: a stop token, or EOS unless ignored (the
         sampler never draws either before min_tokens)."""
         return token_id in self.stop_token_ids or (not self.ignore_eos and token_id in eos_token_ids)
-
-    @property
-    def greedy(self) -> bool:
-        # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.
-        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
-
-    @property
-    def penalizes(self) -> bool:
-        """Sampling depends on the tokens before it (the rows then carry their history)."""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-
-    @property
-    def restricts_logits(self) -> bool:
-        return (bool(self.logit_bias) or self.allowed_token_ids is not None or self.penalizes
-                or (self.min_tokens > 0 and bool(self.min_tokens_blocked)))
 
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -90,20 +90,17 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
-    async def _holding(self) -> None:
-        """Waits until the stream holds an item."""
-        while not self._items:
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        items = self._items
+        while not items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        await self._holding()
-        item = self._items.popleft()
+        item = items.popleft()
         if isinstance(item, Exception):
             self.finished = True
             raise item
@@ -112,13 +109,10 @@ class RequestStream:
 
     async def first(self) -> None:
         """Waits until the stream holds an output, without taking it; raises the error that
-        ended the stream instead, if that came first."""
-        await self._holding()
-        head = self._items[0]
-        if isinstance(head, Exception):
-            self._items.popleft()
-            self.finished = True
-            raise head
+        ended the stream instead, if that came first (as the next item would)."""
+        head = await self.__anext__()
+        self._items.appendleft(head)
+        self.finished = False
 
     async def collect(self) -> RequestOutput:
         """Waits for the end and merges every increment into one output."""

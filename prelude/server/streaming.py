@@ -33,7 +33,12 @@ class EventStream:
     cancelled, so its `finally` (which aborts the engine request and frees its blocks) runs
     right then, not at the next failed write. The event that ends in [DONE] is the stream's
     last and carries the response's end: one write, so a client that reads the body to its end
-    after [DONE] (as OpenAI's does, to keep the connection) has it in the same packet."""
+    after [DONE] (as OpenAI's does, to keep the connection) has it in the same packet.
+
+    The events are pumped in the response's own task, and one task watches for the client
+    going away, which cancels the pump: a pump task of its own, an asyncio.wait and a gather
+    over both cost a streamed request about a sixth of its event loop's bytecodes outside the
+    tokens."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None]):
         self.events = events
@@ -45,30 +50,41 @@ class EventStream:
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
         ]})
+        pumping = asyncio.current_task()
+        assert pumping is not None
+        ending, gone = False, False
 
-        async def pump() -> None:
-            try:
-                async for chunk in self.events:
-                    if chunk.endswith(SSE_DONE):  # the last event: the response ends in its write
-                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                        return
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-            finally:
-                await self.events.aclose()
+        async def watch() -> None:
+            nonlocal gone
+            await wait_disconnect(receive)
+            if not ending:  # past the pump, a cancel would hit whatever the task runs next
+                gone = True
+                pumping.cancel()
 
-        pump_task = asyncio.create_task(pump())
-        watch_task = asyncio.create_task(wait_disconnect(receive))
-        done, _ = await asyncio.wait({pump_task, watch_task}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (pump_task, watch_task):
-            if task not in done:
-                task.cancel()
-        await asyncio.gather(pump_task, watch_task, return_exceptions=True)
-        self.on_close()
-        if pump_task in done and not pump_task.cancelled():
-            error = pump_task.exception()
-            if error is not None:
-                raise error
+        watcher = asyncio.create_task(watch())
+        try:
+            await self._pump(send)
+        except asyncio.CancelledError:
+            if not gone:  # cancelled from outside (the server's shutdown): that goes on
+                raise
+            uncancel = getattr(pumping, "uncancel", None)  # Python 3.11+: the cancel was ours
+            if uncancel is not None:
+                uncancel()
+        finally:
+            ending = True
+            watcher.cancel()
+            self.on_close()
+
+    async def _pump(self, send: Send) -> None:
+        try:
+            async for chunk in self.events:
+                if chunk.endswith(SSE_DONE):  # the last event: the response ends in its write
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                    return
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.events.aclose()
 
 
 async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
