@@ -59,24 +59,27 @@ def advance(tracked: Tracked, result: RowResult,
     detok = tracked.detokenizer
     if token is not None and sampling.logprobs is not None:
         out.logprobs = [token]
+    # A sequence holds its answer so far; a OneShot job's answer is this output's tokens.
+    seq = work if isinstance(work, Sequence) else None
+    before = 0 if seq is None else seq.num_output_tokens
+    new_ids = out.token_ids
     # The sampled token, then those its grammar forced (a stop ends the answer at the first).
     for token_id in (token.token_id, *result.forced) if token is not None else ():
-        if isinstance(work, Sequence):
-            work.token_ids.append(token_id)
-        out.token_ids.append(token_id)
+        if seq is not None:
+            seq.token_ids.append(token_id)
+        new_ids.append(token_id)
         if sampling.ends_at(token_id, eos_token_ids):
             reason = FinishReason.STOP
             stop_reason = token_id if token_id in sampling.stop_token_ids else None
-        num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
         # A token that ended the request (stop_token_ids, EOS) is in the text only when the request
         # keeps what stopped it, as vLLM's include_stop_str_in_output does for stop tokens too.
         if detok is not None and (reason is None or sampling.include_stop_str_in_output):
-            hit = detok.add(token_id, stops_armed=num_output_tokens > sampling.min_tokens)
+            hit = detok.add(token_id, stops_armed=before + len(new_ids) > sampling.min_tokens)
             if hit is not None and reason is None:
                 reason, stop_reason = FinishReason.STOP, hit
         if reason is not None:
             break
-    out.num_output_tokens = work.num_output_tokens if isinstance(work, Sequence) else len(out.token_ids)
+    out.num_output_tokens = before + len(new_ids)
     if reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
         reason = FinishReason.LENGTH
     if detok is not None:

@@ -37,8 +37,7 @@ class EventStream:
 
     The events are pumped in the response's own task, and one task watches for the client
     going away, which cancels the pump: a pump task of its own, an asyncio.wait and a gather
-    over both cost a streamed request about a sixth of its event loop's bytecodes outside the
-    tokens."""
+    over both cost a streamed request some 800 bytecodes of its event loop."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], None]):
         self.events = events
