@@ -35,7 +35,7 @@ class StepRunner:
         self.preemptible_steps = 0  # long OneShot steps run so that they could step aside
         self.preemptions = 0  # times one did
         self.last_parked = False  # the last step run stepped aside (its wall time is not its cost)
-        self._worker = Worker("prelude-step")
+        self._worker = Worker("prelude-step", executors.thread_context)
 
     async def in_worker(self, fn: Callable[..., T], *args) -> T:
         return await self._worker.call(fn, *args)

@@ -6,9 +6,10 @@ callbacks) cost about twice the CPU of this, and a one-token request pays it onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ContextManager, TypeVar
 
 T = TypeVar("T")
 
@@ -16,7 +17,9 @@ _STOP = object()
 
 
 class Worker:
-    def __init__(self, name: str):
+    def __init__(self, name: str, context: Callable[[], ContextManager[Any]] = contextlib.nullcontext):
+        """`context`: entered by the thread around all its calls (the executors' thread state)."""
+        self._context = context
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -38,6 +41,10 @@ class Worker:
         self._thread.join()
 
     def _serve(self) -> None:
+        with self._context():
+            self._serve_calls()
+
+    def _serve_calls(self) -> None:
         while (item := self._calls.get()) is not _STOP:
             loop, future, fn, args = item
             try:

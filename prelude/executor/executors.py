@@ -10,7 +10,9 @@ runner. Each decides how its kind of step is launched; the runner does the work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
+
+import torch
 
 from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
 from prelude.contract.stop import StopFlag
@@ -104,3 +106,9 @@ class Executors:
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         return self.for_batch(batch).execute(batch, on_launch)
+
+    @staticmethod
+    def thread_context() -> ContextManager[Any]:
+        """What the thread that runs the steps holds for its life: torch's inference mode, which
+        the runner would otherwise enter and leave every step (runner.in_inference_mode)."""
+        return torch.inference_mode()

@@ -127,7 +127,7 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
                 results[k].label_logprobs = torch.log_softmax(logits[j], dim=-1)[list(ids)].tolist()
         if sample_at:
             chosen = [wanted[full[j]] for j in sample_at]
-            sampled = logits if len(sample_at) == len(logits) else logits[sample_at]  # no copy when all sample
+            sampled = logits if len(sample_at) == len(full) else logits[sample_at]  # no copy when all sample
             tokens = sample(sampled, [spec.sample for _, spec, _ in chosen if spec.sample],
                             [row.sample_step for _, _, row in chosen], [row.history for _, _, row in chosen],
                             _row_masks(masks.result(), chosen) if masks is not None else None)

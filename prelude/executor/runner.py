@@ -5,11 +5,12 @@ it is given a native step (executor.fused_step: the CPU in fp32), a step's layer
 native call when the step fits it, else through the model layer by layer."""
 from __future__ import annotations
 
+import functools
 import struct
 from array import array
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 import torch
 
@@ -22,6 +23,8 @@ from prelude.executor.runnable import RunnableModel
 from prelude.contract.stop import StopFlag
 from prelude.model.decoder import ResumableForward
 from prelude.structured.masks import MaskRequest, StepMasks, start_filling
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(slots=True)
@@ -36,6 +39,20 @@ class Progress:
     parks: int = 0  # how many times it stepped aside for another step
 
 
+def in_inference_mode(method: F) -> F:
+    """Runs the method in torch's inference mode, entering it unless the calling thread already
+    holds it, as the engine's step thread does for its life (Executors.thread_context): torch's
+    own decorator makes a context object and enters and leaves it every call, some 70 bytecodes
+    a step."""
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_inference_mode_enabled():
+            return method(*args, **kwargs)
+        with torch.inference_mode():
+            return method(*args, **kwargs)
+    return cast(F, wrapper)
+
+
 class ModelRunner:
     def __init__(self, model: RunnableModel, attention: AttentionBackend, device: torch.device, block_size: int,
                  native: FusedStep | None = None):
@@ -46,7 +63,7 @@ class ModelRunner:
         self.native = native  # the model's layers in one native call (fused_step.native_step), or None
         self._on_host = device.type == "cpu"
 
-    @torch.inference_mode()
+    @in_inference_mode
     def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
             graph: GraphKind | None = None, on_launch: Callable[[], None] | None = None) -> BatchResult:
         """One step over these rows; `graph` names the CUDA-graph shape the step has, when the
@@ -58,7 +75,7 @@ class ModelRunner:
         hidden, layout, read = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks, read))
 
-    @torch.inference_mode()
+    @in_inference_mode
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> Progress:
         """A prefill-only step that steps aside when `stop` is raised, to be run with `advance`."""
         step = host_step(prefills, (), self.block_size)
@@ -73,7 +90,7 @@ class ModelRunner:
         return Progress(prefills, layout, forward, None if keep is None else step.read,
                         start_masks(prefills, (), self.device))
 
-    @torch.inference_mode()
+    @in_inference_mode
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
         """Runs the step on until it finished (its results) or saw `stop` raised (None: the step
         is parked, and another step may run)."""
@@ -102,7 +119,8 @@ class ModelRunner:
         if self.native is not None:
             hidden = self.native.try_forward(input_ids, positions, self.attention, keep, on_launch)
         if hidden is None:
-            hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
+            # forward, not __call__: nn.Module's call checks for hooks (none are set) every step
+            hidden = self.model.forward(input_ids, positions, self.attention, keep, on_launch)
         return hidden, layout, None if keep is None else step.read
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
