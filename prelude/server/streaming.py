@@ -66,9 +66,10 @@ class EventStream:
         except asyncio.CancelledError:
             if not gone:  # cancelled from outside (the server's shutdown): that goes on
                 raise
-            uncancel = getattr(pumping, "uncancel", None)  # Python 3.11+: the cancel was ours
-            if uncancel is not None:
-                uncancel()
+            # The cancel was ours. Python 3.11+ counts cancels: one from outside as well goes on.
+            uncancel = getattr(pumping, "uncancel", None)
+            if uncancel is not None and uncancel() > 0:
+                raise
         finally:
             ending = True
             watcher.cancel()
