@@ -119,8 +119,7 @@ class ModelRunner:
         if self.native is not None:
             hidden = self.native.try_forward(input_ids, positions, self.attention, keep, on_launch)
         if hidden is None:
-            # forward, not __call__: nn.Module's call checks for hooks (none are set) every step
-            hidden = self.model.forward(input_ids, positions, self.attention, keep, on_launch)
+            hidden = self.model(input_ids, positions, self.attention, keep, on_launch)
         return hidden, layout, None if keep is None else step.read
 
     def upload(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, StepLayout]:
