@@ -138,7 +138,7 @@ async def compare(a: ServerProcess, b: ServerProcess, args: argparse.Namespace) 
     return cells
 
 
-def plot(cells: Sequence[Cell], labels: tuple[str, str], path: Path) -> None:
+def plot(cells: Sequence[Cell], labels: tuple[str, str], servers: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,7 +153,7 @@ def plot(cells: Sequence[Cell], labels: tuple[str, str], path: Path) -> None:
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
     ax.set_xticks(list(xs), names, fontsize=8)
     ax.set_ylabel("server CPU per request (us)")
-    ax.set_title("paired blocks, null executor")
+    ax.set_title(f"paired blocks, {servers}")
     ax.legend(fontsize=8)
     save_figure(fig, path)
 
@@ -191,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(labels) != 2:
         raise SystemExit("--labels takes two names")
     flags = ["--executor", "null", *server_args]
+    # What the servers ran, for the table and chart: flags after -- may name another executor.
+    servers = "server flags " + " ".join(flags) if server_args else "null executor"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     a, b = (ServerProcess(flags, parse_command(cmd), prelude_env(), args.log_dir / f"{stamp}-paired-{label}.log", label)
             for cmd, label in ((args.a_cmd, labels[0]), (args.b_cmd, labels[1])))
@@ -201,14 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [[c.workload, f"c={c.concurrency}", c.a.requests, c.a.us_per_request, c.b.requests, c.b.us_per_request,
              c.ratio] for c in cells]
     print(f"\nServer CPU per request, {labels[0]} (A) and {labels[1]} (B) in alternating {args.block_s:g} s blocks, "
-          f"{args.blocks} each (null executor; CPU from /proc/<pid>/stat)")
+          f"{args.blocks} each ({servers}; CPU from /proc/<pid>/stat)")
     print(report.table(["class", "load", "A requests", "A us/req", "B requests", "B us/req", "B / A"], rows))
     path = report.write_json(args.json or report.default_json_path("paired_cpu"), {
         "tool": "bench.serving.paired_cpu", "argv": list(sys.argv if argv is None else argv),
         "servers": {label: {"argv": s.argv, "log": str(s.log_path)} for label, s in zip(labels, (a, b))},
         "cells": [{**asdict(c), "ratio": c.ratio} for c in cells]})
     print(f"\nresults: {path}")
-    write_chart(lambda png: plot(cells, labels, png), path.with_suffix(".png"))
+    write_chart(lambda png: plot(cells, labels, servers, png), path.with_suffix(".png"))
     return 0
 
 
