@@ -2,26 +2,65 @@
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+import math
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Callable
 
 from prelude.engine.output import FinishReason
 from prelude.engine.work import Work
+
+FOLD_EVERY_STEPS = 256  # bounds a histogram's pending values: a step observes at most a value per row
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
-@dataclass(slots=True)
 class Histogram:
-    buckets: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-    total: float = 0.0
-    count: int = 0
+    """A latency histogram as Prometheus exposes it: counts per bucket, their sum and count.
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.count += 1
+    `observe` is the bound `append` of a list of pending values, a C call without a Python frame
+    (a request makes six observations, a streamed token one more); the values are counted into
+    their buckets when the histogram is read, and by `fold`, which the engine's statistics call
+    every FOLD_EVERY_STEPS steps to bound the list."""
+
+    __slots__ = ("buckets", "_counts", "_total", "_count", "_pending", "observe")
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last one: above every bound
+        self._total = 0.0
+        self._count = 0
+        self._pending: list[float] = []
+        self.observe: Callable[[float], None] = self._pending.append
+
+    def fold(self) -> None:
+        """Counts the pending values into their buckets (in C: a map of bisect into a Counter)."""
+        pending = self._pending
+        if not pending:
+            return
+        for bucket, n in Counter(map(partial(bisect.bisect_left, self.buckets), pending)).items():
+            self._counts[bucket] += n
+        self._total += math.fsum(pending)
+        self._count += len(pending)
+        pending.clear()
+
+    @property
+    def counts(self) -> list[int]:
+        """Observations per bucket (not cumulative), the last one above every bound."""
+        self.fold()
+        return self._counts
+
+    @property
+    def total(self) -> float:
+        self.fold()
+        return self._total
+
+    @property
+    def count(self) -> int:
+        self.fold()
+        return self._count
 
 
 @dataclass(slots=True)
@@ -42,12 +81,19 @@ class EngineStats:
     failed_steps: int = 0  # steps whose forward raised (their rows were then retried in halves)
     failed_requests: int = 0  # requests ended because their own row raised
     rejected: dict[str, int] = field(default_factory=dict)  # requests refused at admission, by reason
+    steps: int = 0
 
     def on_arrival(self) -> None:
         self.arrived += 1
 
     def on_step(self, seconds: float) -> None:
         self.step_time.observe(seconds)
+        self.steps += 1
+        if not self.steps % FOLD_EVERY_STEPS:
+            for f in fields(self):
+                value = getattr(self, f.name)
+                if isinstance(value, Histogram):
+                    value.fold()
 
     def on_first_token(self, work: Work, now: float) -> None:
         request = work.request
