@@ -59,7 +59,6 @@ class BlockPool:
         self.events = events
         self._hash: list[int] = [0] * num_blocks if events is not None else []
         self._parent_hash: list[int | None] = [None] * num_blocks if events is not None else []
-        self._clearing = False  # reset_prefix_cache reports one AllBlocksCleared, not each removal
         # Counters for metrics.
         self.queries_tokens = 0
         self.hit_tokens = 0
@@ -91,11 +90,11 @@ class BlockPool:
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """n fresh blocks with ref count 1, evicting idle cached blocks (LRU) when needed."""
-        free, idle, refs = self._free, self._idle, self._refs
-        if n > len(free) + len(idle):
+        free, refs = self._free, self._refs
+        if n > len(free) + len(self._idle):
             raise NoFreeBlocks(f"asked for {n} blocks, {self.num_free_blocks} available")
-        while len(free) < n:
-            self._evict(next(iter(idle)))
+        if n > len(free):
+            self._evict_lru(n - len(free))
         out = [free.popleft() for _ in range(n)]
         for block in out:
             refs[block] = 1
@@ -167,36 +166,40 @@ class BlockPool:
         blocks[:first] must already be published (or be their cached twins)."""
         if not self.enable_prefix_caching or last <= first:
             return
-        parent = ROOT  # the block above, while publishing under it
+        parent: int | None = None  # the cached block above, while publishing under it
         if first > 0:
-            canonical = self._canonical(tokens, blocks, first - 1)
-            if canonical is None:
+            parent = self._canonical(tokens, blocks, first - 1)
+            if parent is None:
                 return  # the chain above was evicted meanwhile: nothing below is reachable
-            parent = canonical
         lookup, keys, publication, events = self._lookup, self._key, self._publication, self.events
+        parent_publication = ROOT if parent is None else publication[parent]
         published = self._published
         for block, chunk in zip(blocks[first:last], self._chunks(tokens, first, last)):
-            key = (ROOT if parent == ROOT else publication[parent], chunk)
-            if keys[block] is not None:  # already published under another chain
-                existing = lookup.get(key)
-                parent = block if existing is None else existing
-                continue
-            existing = lookup.setdefault(key, block)
-            if existing != block:  # someone computed the same block first; theirs stays canonical
-                parent = existing
-                continue
-            keys[block] = key
-            published += 1
-            publication[block] = published
-            if events is not None:
-                parent_hash = None if parent == ROOT else self._hash[parent]
-                self._hash[block] = chain_hash(parent_hash, chunk)
-                self._parent_hash[block] = parent_hash
-                events.stored(self._hash[block], parent_hash, chunk)
-            parent = block
+            key = (parent_publication, chunk)
+            if keys[block] is None:
+                cached = lookup.setdefault(key, block)
+                if cached == block:
+                    keys[block] = key
+                    published += 1
+                    publication[block] = parent_publication = published
+                    if events is not None:
+                        self._record_stored(block, parent, chunk)
+                    parent = block
+                    continue
+                # Someone computed the same block first: theirs stays canonical.
+            else:  # already published under another chain
+                cached = lookup.get(key, block)
+            parent, parent_publication = cached, publication[cached]
         if published != self._published:
             self._published = published
             self.version += 1
+
+    def _record_stored(self, block: int, parent: int | None, chunk: tuple[int, ...]) -> None:
+        assert self.events is not None
+        parent_hash = None if parent is None else self._hash[parent]
+        self._hash[block] = chain_hash(parent_hash, chunk)
+        self._parent_hash[block] = parent_hash
+        self.events.stored(self._hash[block], parent_hash, chunk)
 
     def _chunks(self, tokens: Sequence[int], first: int, last: int) -> Iterator[tuple[int, ...]]:
         """tokens' full blocks first..last-1, each as one tuple (the trie's key), cut in C: zip
@@ -217,28 +220,27 @@ class BlockPool:
             if block in self._idle:
                 self._idle.move_to_end(block)
 
-    def _evict(self, block: int) -> None:
-        """Unpublishes an idle cached block and frees it."""
+    def _evict_lru(self, count: int, report: bool = True) -> None:
+        """Unpublishes the `count` least recently used idle cached blocks and frees them; each
+        is a KV event unless `report` is False (a reset reports one for all)."""
+        idle, keys, lookup, free = self._idle, self._key, self._lookup, self._free
+        events = self.events if report else None
+        for _ in range(count):
+            block, _ = idle.popitem(last=False)
+            key = keys[block]
+            assert key is not None, f"idle block {block} is not published"
+            del lookup[key]
+            keys[block] = None
+            free.append(block)
+            if events is not None:
+                events.removed(self._hash[block])
         self.version += 1
-        key = self._key[block]
-        assert key is not None, f"block {block} evicted but not published"  # idle blocks are
-        self._key[block] = None
-        del self._lookup[key]
-        if self.events is not None and not self._clearing:
-            self.events.removed(self._hash[block])
-        del self._idle[block]
-        self._free.append(block)
 
     def reset_prefix_cache(self) -> bool:
         """Drops every idle cached block (vLLM's /reset_prefix_cache). False if some are in use."""
         if any(self._refs[b] for b in self._lookup.values()):
             return False
-        self._clearing = True
-        try:
-            while self._idle:
-                self._evict(next(iter(self._idle)))
-        finally:
-            self._clearing = False
+        self._evict_lru(len(self._idle), report=False)
         if self.events is not None:
             self.events.cleared()
         return True
