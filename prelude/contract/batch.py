@@ -11,7 +11,7 @@ the execution class to the executor before it launches anything:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from prelude.contract.constraint import TokenConstraint
@@ -36,6 +36,15 @@ class OutputSpec:
     label_vocab_normalized: bool = True
     # The sampled token obeys this grammar (structured outputs): the request's own state.
     grammar: TokenConstraint | None = None
+    # Its row's one result is a token drawn from its last position's logits over the whole
+    # vocabulary: no other head, no grammar, no allowed ids (plain generation's decode rows).
+    only_samples: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        only = (self.sample is not None and self.sample.allowed_token_ids is None and self.grammar is None
+                and self.label_token_ids is None and self.prompt_logprobs is None and self.pooling is None
+                and not self.classify)
+        object.__setattr__(self, "only_samples", only)  # once, past the type checker's frozen view
 
     @property
     def needs_last_logits(self) -> bool:

@@ -84,6 +84,8 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     wanted: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]] = [
         (i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
     wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
+    if wanted and masks is None and all(spec.only_samples for _, spec, _ in wanted):
+        return _sampled_rows(model, states, wanted)
     results = [RowResult(seq_id=r.seq_id) for _, _, r in wanted]
 
     # Which heads each row needs, sorted in one pass (a step's rows usually only sample):
@@ -176,6 +178,17 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
         if spec.pooling is not None and spec.pooling != "last":
             results[k].pooled = _pool(states.span(start, end), spec).tolist()
     return results
+
+
+def _sampled_rows(model: RunnableModel, states: _States,
+                  wanted: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]]) -> list[RowResult]:
+    """The results of rows that all just sample a token (OutputSpec.only_samples): one GEMM over
+    the vocabulary and one draw, what row_results' general path does for them, without sorting
+    each row by the heads it needs (a decode step of plain generation, every step)."""
+    logits = model.compute_logits(states.last([i for i, _, _ in wanted])).float()
+    tokens = sample(logits, [spec.sample for _, spec, _ in wanted if spec.sample],
+                    [row.sample_step for _, _, row in wanted], [row.history for _, _, row in wanted])
+    return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
 
 
 def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow,
