@@ -20,8 +20,9 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.stops = [_StopString(s) for s in stop if s]
         self.include_stop = include_stop  # the text keeps the stop string (vLLM's include_stop_str_in_output)
+        # Text not yet emitted: what a stop string may still end or hold back. Emitted text is
+        # dropped (it was the whole answer so far, copied whole at every token).
         self.text = ""
-        self.sent = 0  # characters of `text` already emitted
 
     def add(self, token_id: int, stops_armed: bool = True) -> str | None:
         """Adds a token; returns the stop string when the text now contains one (the text is cut
@@ -53,11 +54,13 @@ class IncrementalDetokenizer:
     def emit(self, final: bool) -> str:
         """Text not yet emitted. Until the end, a tail that could still grow into a stop string
         is held back."""
-        upto = len(self.text)
-        if not final and self.stops:
-            upto -= max(stop.matched for stop in self.stops)
-        delta = self.text[self.sent:upto]
-        self.sent = max(self.sent, upto)
+        if final or not self.stops:
+            delta, self.text = self.text, ""
+            return delta
+        # A stop string's matched prefix is never emitted: it grows by at most a character of
+        # new text per character, so it lies within the text held back and what came since.
+        upto = len(self.text) - max(stop.matched for stop in self.stops)
+        delta, self.text = self.text[:upto], self.text[upto:]
         return delta
 
 
