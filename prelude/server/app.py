@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
@@ -49,13 +49,15 @@ class BearerAuth:
         scheme, _, token = given.strip().partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # A layer that only picks what runs returns that awaitable rather than awaiting it: no
+        # frame of its own stays on the stack for the response's life, and a streamed response
+        # resumes every frame on its stack at each token.
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
             error = APIError(401, "Invalid or missing API key (send 'Authorization: Bearer <key>').",
                              code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-            await error.response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+            return error.response()(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 class EchoRequestId:
@@ -66,6 +68,8 @@ class EchoRequestId:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The app's outermost layer: a coroutine function, from which servers (hypercorn, Ray
+        # Serve's uvicorn lifespan) guess that the app is ASGI 3.
         given = scope_header(scope, b"x-request-id") if scope["type"] == "http" else None
         if given is None:
             await self.app(scope, receive, send)

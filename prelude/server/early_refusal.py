@@ -19,7 +19,7 @@ read earlier. A larger or unsized body is refused unread (hypercorn closes its c
 uvicorn keeps it, dropping the body as it arrives)."""
 from __future__ import annotations
 
-from typing import Collection
+from typing import Awaitable, Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -50,15 +50,18 @@ class RefuseWhenFull:
         self.engine = engine
         self.routes = frozenset(routes)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # Only picks what runs: returns its awaitable (why: app.BearerAuth).
         if scope["type"] == "http" and (scope["method"], scope["path"]) in self.routes:
             refusal = self.engine.refuse_unseen()
             if refusal is not None:
-                if _declared_length(scope) <= DRAIN_BYTES:
-                    await _drain(receive)
-                await overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+                return self._refuse(refusal, scope, receive, send)
+        return self.app(scope, receive, send)
+
+    async def _refuse(self, refusal: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:
+        if _declared_length(scope) <= DRAIN_BYTES:
+            await _drain(receive)
+        await overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
 
 
 def _declared_length(scope: Scope) -> int:
