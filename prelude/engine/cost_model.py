@@ -20,20 +20,20 @@ class StepCostModel:
 
     def observe(self, tokens: int, seconds: float) -> None:
         d = DECAY
-        self._w = d * self._w + 1.0
-        self._x = d * self._x + tokens
-        self._y = d * self._y + seconds
-        self._xx = d * self._xx + tokens * tokens
-        self._xy = d * self._xy + tokens * seconds
-        var = self._w * self._xx - self._x * self._x
-        if var <= 1e-9 * max(1.0, self._xx * self._w):  # all steps the same size: only a rate
-            if self._x > 0:
-                self.per_token_s = max(self._y / self._x, 0.0)
+        w = self._w = d * self._w + 1.0
+        x = self._x = d * self._x + tokens
+        y = self._y = d * self._y + seconds
+        xx = self._xx = d * self._xx + tokens * tokens
+        xy = self._xy = d * self._xy + tokens * seconds
+        var = w * xx - x * x
+        if var <= 1e-9 * max(1.0, xx * w):  # all steps the same size: only a rate
+            if x > 0:
+                self.per_token_s = max(y / x, 0.0)
                 self.fixed_s = 0.0
             return
-        slope = (self._w * self._xy - self._x * self._y) / var
-        self.per_token_s = max(slope, 1e-9)
-        self.fixed_s = max((self._y - self.per_token_s * self._x) / self._w, 0.0)
+        slope = (w * xy - x * y) / var
+        self.per_token_s = per_token = max(slope, 1e-9)
+        self.fixed_s = max((y - per_token * x) / w, 0.0)
 
     def estimate(self, tokens: int) -> float:
         """Seconds a step computing `tokens` is expected to take."""
