@@ -80,19 +80,26 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
 
+    def on_response_complete(self) -> None:
+        self.transport.expect_head()  # type: ignore[attr-defined]  # the next response (pipelined too)
+        super().on_response_complete()
+
 
 class HeadWithBody:
-    """A connection's transport that holds a response's head until the next bytes written: uvicorn
+    """A connection's transport that holds a response's head until the bytes after it: uvicorn
     writes the head (at http.response.start) and the body (at http.response.body) in two calls,
     two system calls and two TCP segments for every whole answer, each some 5 us of the server's
     CPU on loopback. A held head goes out with the next write, or at the end of the loop's
     current pass (a stream's head, its events still to come), or before the connection closes.
-    Everything but writing and closing is the transport's own."""
+    Past the head, `write` is the transport's own (a stream's events pay no Python call) until
+    the protocol says the next response begins (`expect_head`). Everything else is the
+    transport's."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
         self._transport = transport
         self._loop = loop
         self._held: bytes | None = None
+        self.write: Callable[[bytes], None] = self._first
         self.get_extra_info = transport.get_extra_info
         self.is_closing = transport.is_closing
         self.pause_reading = transport.pause_reading
@@ -100,20 +107,32 @@ class HeadWithBody:
         self.set_protocol = transport.set_protocol
         self.get_protocol = transport.get_protocol
 
-    def write(self, data: bytes) -> None:
-        if self._held is not None:
-            data, self._held = self._held + data, None
-        elif data.startswith(b"HTTP/1.1 ") and data.endswith(b"\r\n\r\n"):  # a head (or a rare body like one)
+    def expect_head(self) -> None:
+        """The next bytes written begin a response."""
+        self.write = self._first
+
+    def _first(self, data: bytes) -> None:
+        """A response's first bytes: its head is held (anything else, say a refusal written
+        whole, goes out at once)."""
+        if data.startswith(b"HTTP/1.1 ") and data.endswith(b"\r\n\r\n"):
             self._held = data
+            self.write = self._after_head
             self._loop.call_soon(self._flush)
-            return
-        self._transport.write(data)
+        else:
+            self._transport.write(data)
+
+    def _after_head(self, data: bytes) -> None:
+        head, self._held = self._held, None
+        assert head is not None
+        self.write = self._transport.write
+        self._transport.write(head + data)
 
     def _flush(self) -> None:
         if self._held is not None:
-            data, self._held = self._held, None
+            head, self._held = self._held, None
+            self.write = self._transport.write
             if not self._transport.is_closing():
-                self._transport.write(data)
+                self._transport.write(head)
 
     def close(self) -> None:
         self._flush()

@@ -55,8 +55,23 @@ def test_a_streams_head_goes_out_within_the_pass_and_its_events_as_they_come():
         await _pass()
         assert len(sock.sent) == 1 and sock.sent[0].startswith(b"HTTP/1.1 200")
         transport.write(b"5\r\ndata:\r\n")
-        transport.write(b"0\r\n\r\n")  # not a head: written at once
-        assert sock.sent[1:] == [b"5\r\ndata:\r\n", b"0\r\n\r\n"]
+        transport.write(b"0\r\n\r\n")
+        assert sock.sent[1:] == [b"5\r\ndata:\r\n", b"0\r\n\r\n"]  # each written at once
+
+    asyncio.run(main())
+
+
+def test_each_response_on_a_kept_alive_connection_is_one_write():
+    async def main():
+        sock = _Transport()
+        transport = HeadWithBody(sock, asyncio.get_running_loop())
+        for body in (b"{}", b"[]"):
+            transport.write(HEAD)
+            transport.write(body)
+            transport.expect_head()  # what the protocol says once a response is complete
+        transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}")  # written whole
+        await _pass()
+        assert sock.sent == [HEAD + b"{}", HEAD + b"[]", b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}"]
 
     asyncio.run(main())
 
