@@ -100,12 +100,14 @@ class HeadWithBody:
         self._loop = loop
         self._held: bytes | None = None
         self.write: Callable[[bytes], None] = self._first
+        # What a request calls, bound here (no lookup through __getattr__ per call).
         self.get_extra_info = transport.get_extra_info
         self.is_closing = transport.is_closing
         self.pause_reading = transport.pause_reading
         self.resume_reading = transport.resume_reading
-        self.set_protocol = transport.set_protocol
-        self.get_protocol = transport.get_protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
     def expect_head(self) -> None:
         """The next bytes written begin a response."""
