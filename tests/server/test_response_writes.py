@@ -4,10 +4,12 @@ current pass: a stream's head still goes out before its first event is ready."""
 from __future__ import annotations
 
 import asyncio
+from typing import Awaitable, Callable
 
 from prelude.server.http_server import HeadWithBody
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 class _Transport(asyncio.Transport):
@@ -35,55 +37,56 @@ async def _pass() -> None:
     await asyncio.sleep(0)
 
 
-def test_a_whole_answer_is_one_write():
-    async def main():
-        sock = _Transport()
-        transport = HeadWithBody(sock, asyncio.get_running_loop())
-        transport.write(HEAD)
-        transport.write(b"{}")
+def _sent(scenario: Callable[[HeadWithBody, _Transport], Awaitable[None]]) -> list[bytes]:
+    """The sends made while `scenario` writes through the transport, and in the loop pass after."""
+    sock = _Transport()
+
+    async def main() -> None:
+        await scenario(HeadWithBody(sock, asyncio.get_running_loop()), sock)
         await _pass()
-        assert sock.sent == [HEAD + b"{}"]
 
     asyncio.run(main())
+    return sock.sent
+
+
+def test_a_whole_answer_is_one_write():
+    async def answer(transport: HeadWithBody, _: _Transport) -> None:
+        transport.write(HEAD)
+        transport.write(b"{}")
+
+    assert _sent(answer) == [HEAD + b"{}"]
 
 
 def test_a_streams_head_goes_out_within_the_pass_and_its_events_as_they_come():
-    async def main():
-        sock = _Transport()
-        transport = HeadWithBody(sock, asyncio.get_running_loop())
-        transport.write(HEAD.replace(b"content-length: 2", b"transfer-encoding: chunked"))
+    async def stream(transport: HeadWithBody, sock: _Transport) -> None:
+        transport.write(STREAM_HEAD)
         await _pass()
-        assert len(sock.sent) == 1 and sock.sent[0].startswith(b"HTTP/1.1 200")
+        assert sock.sent == [STREAM_HEAD]
         transport.write(b"5\r\ndata:\r\n")
-        transport.write(b"0\r\n\r\n")
-        assert sock.sent[1:] == [b"5\r\ndata:\r\n", b"0\r\n\r\n"]  # each written at once
+        assert sock.sent[1:] == [b"5\r\ndata:\r\n"]  # at once
 
-    asyncio.run(main())
+    assert _sent(stream) == [STREAM_HEAD, b"5\r\ndata:\r\n"]
 
 
 def test_each_response_on_a_kept_alive_connection_is_one_write():
-    async def main():
-        sock = _Transport()
-        transport = HeadWithBody(sock, asyncio.get_running_loop())
+    refusal = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}"
+
+    async def answers(transport: HeadWithBody, _: _Transport) -> None:
         for body in (b"{}", b"[]"):
             transport.write(HEAD)
             transport.write(body)
             transport.expect_head()  # what the protocol says once a response is complete
-        transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}")  # written whole
-        await _pass()
-        assert sock.sent == [HEAD + b"{}", HEAD + b"[]", b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}"]
+        transport.write(refusal)  # written whole
 
-    asyncio.run(main())
+    assert _sent(answers) == [HEAD + b"{}", HEAD + b"[]", refusal]
 
 
 def test_closing_sends_a_held_head_first():
-    async def main():
-        sock = _Transport()
-        transport = HeadWithBody(sock, asyncio.get_running_loop())
-        transport.write(HEAD.replace(b"200 OK", b"100 Continue"))
-        transport.close()
-        assert sock.sent == [HEAD.replace(b"200 OK", b"100 Continue")] and sock.closed
-        await _pass()  # the scheduled flush finds nothing held
-        assert len(sock.sent) == 1
+    continue_head = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-    asyncio.run(main())
+    async def close(transport: HeadWithBody, sock: _Transport) -> None:
+        transport.write(continue_head)
+        transport.close()
+        assert sock.closed
+
+    assert _sent(close) == [continue_head]  # and the pass's flush finds nothing held
