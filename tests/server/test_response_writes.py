@@ -1,6 +1,6 @@
-"""uvicorn writes a response's head and its body in two calls; the server's transport sends them
-as one write (one system call, one TCP segment), holding a head no longer than the loop's
-current pass: a stream's head still goes out before its first event is ready."""
+"""uvicorn writes a response's head and its body in two calls; the server's transport sends a
+whole answer's as one write (one system call, one TCP segment), holding its head no longer than
+the loop's current pass. A stream's head and events go out as they are written."""
 from __future__ import annotations
 
 import asyncio
@@ -57,15 +57,24 @@ def test_a_whole_answer_is_one_write():
     assert _sent(answer) == [HEAD + b"{}"]
 
 
-def test_a_streams_head_goes_out_within_the_pass_and_its_events_as_they_come():
+def test_a_streams_head_and_events_go_out_as_written():
     async def stream(transport: HeadWithBody, sock: _Transport) -> None:
         transport.write(STREAM_HEAD)
-        await _pass()
         assert sock.sent == [STREAM_HEAD]
         transport.write(b"5\r\ndata:\r\n")
-        assert sock.sent[1:] == [b"5\r\ndata:\r\n"]  # at once
+        assert sock.sent[1:] == [b"5\r\ndata:\r\n"]
 
     assert _sent(stream) == [STREAM_HEAD, b"5\r\ndata:\r\n"]
+
+
+def test_a_whole_answers_head_goes_out_within_the_pass_if_its_body_is_not_ready():
+    async def late_body(transport: HeadWithBody, sock: _Transport) -> None:
+        transport.write(HEAD)
+        await _pass()
+        assert sock.sent == [HEAD]
+        transport.write(b"{}")
+
+    assert _sent(late_body) == [HEAD, b"{}"]
 
 
 def test_each_response_on_a_kept_alive_connection_is_one_write():
@@ -82,11 +91,9 @@ def test_each_response_on_a_kept_alive_connection_is_one_write():
 
 
 def test_closing_sends_a_held_head_first():
-    continue_head = b"HTTP/1.1 100 Continue\r\n\r\n"
-
     async def close(transport: HeadWithBody, sock: _Transport) -> None:
-        transport.write(continue_head)
+        transport.write(HEAD)
         transport.close()
         assert sock.closed
 
-    assert _sent(close) == [continue_head]  # and the pass's flush finds nothing held
+    assert _sent(close) == [HEAD]  # and the pass's flush finds nothing held
