@@ -110,7 +110,9 @@ class HeadWithBody:
         return getattr(self._transport, name)
 
     def expect_head(self) -> None:
-        """The next bytes written begin a response."""
+        """The next bytes written begin a response. A head still held (a HEAD request's answer,
+        which has no body to write) goes out now, with its response."""
+        self._flush()
         self.write = self._first
 
     def _first(self, data: bytes) -> None:

@@ -90,6 +90,17 @@ def test_each_response_on_a_kept_alive_connection_is_one_write():
     assert _sent(answers) == [HEAD + b"{}", HEAD + b"[]", refusal]
 
 
+def test_a_head_requests_answer_goes_out_with_its_response_and_the_next_answer_is_one_write():
+    async def head_then_get(transport: HeadWithBody, sock: _Transport) -> None:
+        transport.write(HEAD)  # a HEAD request's answer: uvicorn writes no body for it
+        transport.expect_head()
+        assert sock.sent == [HEAD]  # at the response's end, not the loop pass's
+        transport.write(HEAD)
+        transport.write(b"{}")
+
+    assert _sent(head_then_get) == [HEAD, HEAD + b"{}"]
+
+
 def test_closing_sends_a_held_head_first():
     async def close(transport: HeadWithBody, sock: _Transport) -> None:
         transport.write(HEAD)
