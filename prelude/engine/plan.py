@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from prelude.contract.batch import DecodeBatch, ForwardBatch, OneShotBatch, RowResult, decode_rows, prefill_rows
+from prelude.contract.batch import DecodeBatch, ForwardBatch, OneShotBatch, RowResult
 from prelude.engine.cost_model import StepCostModel
 from prelude.engine.work import OneShotJob, Sequence, Work
 
@@ -83,6 +83,7 @@ class ScheduledStep(NamedTuple):
     oneshots: list[PlannedOneShot]
     prefills: list[tuple[Sequence, int]]  # (sequence, tokens computed this step)
     decodes: list[Sequence]
+    num_tokens: int  # the tokens the step computes: its prompt rows' and one per decode
 
 
 class StepEvent(NamedTuple):
@@ -108,5 +109,5 @@ class SchedulerStats:
         kind = "decode" if isinstance(batch, DecodeBatch) else "oneshot" if isinstance(batch, OneShotBatch) else "mixed"
         self.steps[kind] += 1
         self.num_oneshot_rows += len(step.oneshots)
-        self.prefill_tokens += sum(len(r.token_ids) for r in prefill_rows(batch))
-        self.decode_tokens += len(decode_rows(batch))
+        self.prefill_tokens += step.num_tokens - len(step.decodes)
+        self.decode_tokens += len(step.decodes)

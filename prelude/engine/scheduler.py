@@ -101,9 +101,7 @@ class Scheduler:
 
     def observe_step(self, step: ScheduledStep, seconds: float) -> None:
         """Calibrates the step cost model with a step the engine ran."""
-        tokens = sum(n for _, n in step.prefills) + len(step.decodes)
-        tokens += sum(len(p.job.request.prompt_ids) - p.num_cached_blocks * self.pool.block_size for p in step.oneshots)
-        self.costs.observe(tokens, seconds)
+        self.costs.observe(step.num_tokens, seconds)
 
     def _estimate(self, work: Work) -> float:
         """Seconds to compute the work: the ordering policy's estimate (from its uncached
@@ -236,7 +234,7 @@ class Scheduler:
         seqs = self.decode.ahead(in_flight.decodes)
         if seqs is None:
             return None
-        return ScheduledStep(DecodeBatch([self.decode.ahead_row(s) for s in seqs]), [], [], seqs)
+        return ScheduledStep(DecodeBatch([self.decode.ahead_row(s) for s in seqs]), [], [], seqs, len(seqs))
 
     # -- after the step -------------------------------------------------------------------
     def update(self, step: ScheduledStep, result: BatchResult) -> list[StepEvent]:

@@ -64,7 +64,7 @@ class StepRunner:
         step of short waiting work while this one is parked; whether there was any."""
         batch = step.batch
         self.last_parked = False
-        tokens = sum(len(row.token_ids) for row in batch.rows) if isinstance(batch, OneShotBatch) else 0
+        tokens = step.num_tokens if isinstance(batch, OneShotBatch) else 0
         if not (tokens and self.scheduler.preemption.preemptible(tokens)):
             return await self.in_worker(execute_isolating, self.executors.execute, batch)
         assert isinstance(batch, OneShotBatch)

@@ -67,4 +67,5 @@ class Tick:
             batch = OneShotBatch(self.rows)
         else:
             batch = MixedBatch(self.rows, decoding_rows)
-        return ScheduledStep(batch, self.oneshots, self.prefills, self.decodes)
+        num_tokens = sum(len(row.token_ids) for row in self.rows) + len(decoding_rows)
+        return ScheduledStep(batch, self.oneshots, self.prefills, self.decodes, num_tokens)

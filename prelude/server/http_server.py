@@ -78,7 +78,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a transport that sends a response's head with its body."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(HeadWithBody(transport))  # type: ignore[arg-type]
 
     def on_response_complete(self) -> None:
         self.transport.expect_head()  # type: ignore[attr-defined]  # the next response (pipelined too)
@@ -89,15 +89,15 @@ class HeadWithBody:
     """A connection's transport that holds a whole answer's head until its body: uvicorn writes
     the head (at http.response.start) and the body (at http.response.body) in two calls, two
     system calls and two TCP segments for every JSON answer, each some 5 us of the server's CPU
-    on loopback. A head with a Content-Length is held until the next bytes written, or the end
-    of the loop's current pass (a body that is not ready), or a close; any other first write (a
-    stream's head, a refusal written whole) goes out at once. Past a response's first bytes,
+    on loopback. A head with a Content-Length is held until the next bytes written (its body,
+    however late: a client can do nothing with the head alone), the response's end (a HEAD
+    request's answer has no body) or a close; any other first write (a stream's head, a refusal
+    written whole) goes out at once. Past a response's first bytes,
     `write` is the transport's own (a stream's events pay no Python call) until the protocol
     says the next response begins (`expect_head`). Everything else is the transport's."""
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+    def __init__(self, transport: asyncio.Transport):
         self._transport = transport
-        self._loop = loop
         self._held: bytes | None = None
         self.write: Callable[[bytes], None] = self._first
         # What a request calls, bound here (no lookup through __getattr__ per call).
@@ -120,7 +120,6 @@ class HeadWithBody:
         if data.endswith(b"\r\n\r\n") and b"\r\ncontent-length: " in data and data.startswith(b"HTTP/1.1 "):
             self._held = data
             self.write = self._after_head
-            self._loop.call_soon(self._flush)
         else:
             self.write = self._transport.write
             self._transport.write(data)
