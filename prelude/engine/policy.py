@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -183,11 +184,22 @@ class SJF(_Keyed):
     def current_key(self, item: Work, now: float) -> float:
         return self.estimate(item).key
 
+    def _push(self, item: Work, front: bool) -> None:
+        if self._entries:
+            super()._push(item, front)
+            return
+        # Alone, it has nothing to be ordered against: its cost is estimated (a walk of the prefix
+        # trie) only once other work waits beside it, when __iter__ keys every entry. NaN equals
+        # no key, so that pass always replaces it.
+        self._entries.append((math.nan, next(self._front if front else self._counter), item))
+
     def __iter__(self) -> Iterator[Work]:
-        now = self.clock()
-        keys = [self.current_key(e[2], now) for e in self._entries]
-        if any(e[0] != k for e, k in zip(self._entries, keys)):
-            self._entries = sorted(((k, n, w) for k, (_, n, w) in zip(keys, self._entries)), key=lambda e: e[:2])
+        if len(self._entries) > 1:
+            now = self.clock()
+            keys = [self.current_key(e[2], now) for e in self._entries]
+            if any(e[0] != k for e, k in zip(self._entries, keys)):
+                self._entries = sorted(((k, n, w) for k, (_, n, w) in zip(keys, self._entries)),
+                                       key=lambda e: e[:2])
         return super().__iter__()
 
 
