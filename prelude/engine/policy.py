@@ -78,6 +78,10 @@ class QueuePolicy(ABC):
         out: the newest, whose recompute costs least."""
         return candidates[-1]
 
+    def cost(self, item: Work) -> float | None:
+        """The seconds the policy estimates the waiting item to take, if it estimates costs."""
+        return None
+
 
 class FCFS(QueuePolicy):
     def __init__(self) -> None:
@@ -183,6 +187,9 @@ class SJF(_Keyed):
 
     def current_key(self, item: Work, now: float) -> float:
         return self.estimate(item).key
+
+    def cost(self, item: Work) -> float | None:
+        return self.estimate(item).seconds
 
     def _push(self, item: Work, front: bool) -> None:
         if self._entries:

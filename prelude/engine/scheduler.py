@@ -105,10 +105,9 @@ class Scheduler:
 
     def _estimate(self, work: Work) -> float:
         """Seconds to compute the work: the ordering policy's estimate (from its uncached
-        tokens) when it made one, else all its tokens."""
-        if work.estimate is not None:
-            return work.estimate.seconds
-        return self.costs.estimate(len(work.tokens_to_compute))
+        tokens) where it makes one, else all its tokens."""
+        seconds = self.waiting.cost(work)
+        return self.costs.estimate(len(work.tokens_to_compute)) if seconds is None else seconds
 
     def has_room(self, requests: list[Request]) -> bool:
         """Whether the waiting queue takes these requests without passing its limits."""

@@ -197,6 +197,17 @@ def test_late_requests_are_shed_only_when_asked():
         assert scheduler.late(CLOCK()) == ([late] if shed else [])
 
 
+def test_a_request_waiting_alone_is_shed_by_its_uncached_cost():
+    scheduler = make("edf", shed_late_requests=True, max_num_batched_tokens=1000)
+    executor = CountingExecutor()
+    scheduler.costs.fixed_s, scheduler.costs.per_token_s = 1e-3, 1e-3
+    scheduler.add(embed("warm", 97))  # caches the first 96 tokens
+    end_like_the_engine(scheduler, scheduler.update(step := scheduler.schedule(), executor.execute(step.batch)))
+    # ~0.1 s for its 100 tokens, ~5 ms for the 4 not cached: it can still make a 20 ms deadline.
+    scheduler.add(embed("cached", 100, deadline=CLOCK() + 0.02))
+    assert scheduler.late(CLOCK()) == []
+
+
 def test_admission_counts_waiting_requests_and_tokens():
     scheduler = make("fcfs", max_queued_requests=3, max_queued_tokens=100)
     assert scheduler.has_room([embed("huge", 1000)])  # an empty queue takes anything
