@@ -92,9 +92,9 @@ class HeadWithBody:
     on loopback. A head with a Content-Length is held until the next bytes written (its body,
     however late: a client can do nothing with the head alone), the response's end (a HEAD
     request's answer has no body) or a close; any other first write (a stream's head, a refusal
-    written whole) goes out at once. Past a response's first bytes,
-    `write` is the transport's own (a stream's events pay no Python call) until the protocol
-    says the next response begins (`expect_head`). Everything else is the transport's."""
+    written whole) goes out at once. Past a response's first bytes, `write` is the transport's
+    own (a stream's events pay no Python call) until the protocol says the next response begins
+    (`expect_head`). Everything else is the transport's."""
 
     def __init__(self, transport: asyncio.Transport):
         self._transport = transport

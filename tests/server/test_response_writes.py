@@ -94,7 +94,7 @@ def test_a_head_requests_answer_goes_out_with_its_response_and_the_next_answer_i
     async def head_then_get(transport: HeadWithBody, sock: _Transport) -> None:
         transport.write(HEAD)  # a HEAD request's answer: uvicorn writes no body for it
         transport.expect_head()
-        assert sock.sent == [HEAD]  # at the response's end, not the loop pass's
+        assert sock.sent == [HEAD]  # at the response's end
         transport.write(HEAD)
         transport.write(b"{}")
 
