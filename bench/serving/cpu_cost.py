@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         servers.append({"label": server.label, "argv": server.argv, "log": str(server.log_path)})
-    print("\nServer CPU per request (null executor; CPU from /proc/<pid>/stat, 10 ms ticks)")
+    print("\nServer CPU per request (null executor; the server process's CPU clock)")
     print(cost_table(results))
     if args.ablation:
         print("\nprelude / ablation")

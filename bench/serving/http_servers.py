@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"skipping {name}: {exc}", file=sys.stderr)
     best = best_rounds(results)
     print(f"\nServer CPU per request, bare ASGI app ({args.input_len}-id body; best of {args.rounds} "
-          "round(s); CPU from /proc/<pid>/stat, 10 ms ticks)")
+          "round(s); the server process's CPU clock)")
     print(cost_table(best))
     path = report.write_json(args.json or report.default_json_path("http_servers"), {
         "tool": "bench.serving.http_servers", "argv": list(sys.argv if argv is None else argv),

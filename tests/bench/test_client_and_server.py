@@ -1,8 +1,9 @@
-"""The load generator's I/O edges: SSE and error parsing, /proc CPU accounting, and the server
+"""The load generator's I/O edges: SSE and error parsing, CPU accounting, and the server
 launcher (against a stand-in server script, so no model is loaded)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -70,6 +71,22 @@ def test_cpu_seconds_of_this_process_grows_with_work():
         pass
     assert proc.cpu_seconds(os.getpid()) >= before + 0.03
     assert proc.cpu_seconds(2**22 + 7) is None  # no such pid
+
+
+@pytest.mark.skipif(not proc.available(), reason="needs /proc")
+def test_another_process_cpu_is_read_to_the_nanosecond_not_the_tick():
+    """A child that worked ~0.13 s reports its own CPU clock, then waits: the reading from outside
+    agrees within 2 ms (/proc's stat would truncate it to 10 ms ticks)."""
+    code = ("import sys, time\nend = time.process_time() + 0.13\nwhile time.process_time() < end: pass\n"
+            "print(time.process_time(), flush=True)\nsys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        own = float(child.stdout.readline())
+        seen = proc.cpu_seconds(child.pid)
+        assert proc.process_clock_seconds(child.pid) is not None
+        assert seen == pytest.approx(own, abs=0.002)
+    finally:
+        child.communicate("\n", timeout=10)
 
 
 def test_server_process_starts_serves_and_stops_cleanly(tmp_path):

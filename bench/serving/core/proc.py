@@ -1,8 +1,15 @@
-"""CPU time of a server process (and its descendants) from /proc: no extra dependency, and the
-kernel's own accounting, which includes every thread (tokenizer pool, step worker)."""
+"""CPU time of a server process (and its descendants) from the kernel's own accounting, which
+includes every thread (tokenizer pool, step worker): no extra dependency.
+
+A process's CPU seconds are read from its POSIX CPU clock, which Linux lets any process name by
+the pid (`clock_gettime` of `(~pid << 3) | 2`: CPUCLOCK_SCHED of the whole thread group, exited
+threads included): the scheduler's runtime in nanoseconds. `/proc/<pid>/stat`'s utime + stime is
+the same runtime truncated to 10 ms ticks, up to 5% of a 0.2 s measurement (600 one-token requests
+at c=64), and is read only where the clock is refused."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -25,6 +32,20 @@ def _read(pid: int) -> tuple[int, float] | None:
         return None  # exited meanwhile, or not Linux
 
 
+def process_clock_seconds(pid: int) -> float | None:
+    """CPU seconds of `pid`'s thread group from its process CPU clock; None where the clock is
+    refused (the pid is gone, another OS)."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)  # CPUCLOCK_PROCESS | CPUCLOCK_SCHED
+    except (OSError, AttributeError, OverflowError):
+        return None
+
+
+def _seconds(pid: int, from_stat: float) -> float:
+    exact = process_clock_seconds(pid)
+    return from_stat if exact is None else exact
+
+
 def available() -> bool:
     return _read(os.getpid()) is not None
 
@@ -36,10 +57,10 @@ def cpu_seconds(pid: int, tree: bool = True) -> float | None:
     own = _read(pid)
     if own is None:
         return None
-    total = own[1]
+    total = _seconds(pid, own[1])
     if not tree:
         return total
-    return total + sum(seconds for _, seconds in _descendants(pid))
+    return total + sum(_seconds(child, seconds) for child, seconds in _descendants(pid))
 
 
 def _descendants(pid: int) -> list[tuple[int, float]]:
