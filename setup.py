@@ -1,9 +1,14 @@
-"""Builds the Cython extensions (prelude._fasttoken, kernels.cpu); all metadata lives in pyproject.toml."""
+"""Builds the Cython extensions (prelude._fasttoken, kernels.cpu), and an editable install's
+bytecode; all metadata lives in pyproject.toml."""
+import compileall
 from glob import glob
 from pathlib import Path
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+PACKAGES = ("prelude", "kernels")
 
 
 def cython_extensions(package_dir: str) -> list[Extension]:
@@ -26,9 +31,23 @@ def cython_extensions(package_dir: str) -> list[Extension]:
     ]
 
 
+class BuildPy(build_py):
+    """An editable install also compiles the packages' modules to bytecode where they lie, as pip
+    does for a regular install: a process that may not write bytecode (PYTHONDONTWRITEBYTECODE,
+    set in many container images) otherwise compiles the hundred modules a server imports from
+    source at every start, about 0.07 s of its startup on a small VM."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            for package in PACKAGES:
+                compileall.compile_dir(package, quiet=1)
+
+
 extensions = cython_extensions("prelude/_fasttoken") + cython_extensions("kernels/cpu")
 
 setup(
+    cmdclass={"build_py": BuildPy},
     ext_modules=cythonize(
         extensions,
         language_level=3,
