@@ -41,7 +41,7 @@ class BuildPy(build_py):
         super().run()
         if self.editable_mode:
             for package in PACKAGES:
-                compileall.compile_dir(package, quiet=1)
+                compileall.compile_dir(str(Path(package).resolve()), quiet=1)
 
 
 extensions = cython_extensions("prelude/_fasttoken") + cython_extensions("kernels/cpu")
