@@ -100,6 +100,9 @@ if [ "$(cat .so/SOURCES 2>/dev/null)" = "$(bash bench/serving/native_sources.sh)
 elif $PY -c "import Cython" 2>/dev/null; then
   $PY setup.py -q build_ext --inplace -j 2 2>&1 | tail -3
 fi
+# The modules' bytecode, as an install compiles it (setup.py): the startup figures below are of
+# a server that does not compile its modules, whether or not this machine lets Python write it.
+$PY -m compileall -q -j 0 "$PWD/prelude" "$PWD/kernels" > /dev/null
 $PY - <<'PY'
 import importlib, importlib.metadata, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO GPU")
