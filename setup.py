@@ -8,8 +8,6 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-PACKAGES = ("prelude", "kernels")
-
 
 def cython_extensions(package_dir: str) -> list[Extension]:
     """One C++17 extension per .pyx of the package, rebuilt when one of its headers or included
@@ -40,8 +38,9 @@ class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         if self.editable_mode:
-            for package in PACKAGES:
-                compileall.compile_dir(str(Path(package).resolve()), quiet=1)
+            for package in self.packages:  # pyproject.toml's, subpackages included
+                if "." not in package:  # a top-level one: compile_dir takes its subpackages too
+                    compileall.compile_dir(str(Path(package).resolve()), quiet=1)
 
 
 extensions = cython_extensions("prelude/_fasttoken") + cython_extensions("kernels/cpu")
