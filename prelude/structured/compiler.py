@@ -3,7 +3,8 @@
 A compiled grammar is a fresh llguidance matcher that never consumes a token; each request gets
 a copy of it (a copy costs a tiny fraction of a compile: `python -m bench.serving.grammar_libs`).
 The tokenizer's llguidance form is built on the first compile (about a second for a 150K
-vocabulary), in the thread that compiles."""
+vocabulary), in the thread that compiles. llguidance itself is imported there too: a server that
+never sees a constraint does not load it (7 ms of every start, `python -X importtime`)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +12,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-import llguidance
-from llguidance.gbnf_to_lark import any_to_lark
+from typing import TYPE_CHECKING, Literal
 
 from prelude.structured.state import GrammarState
+
+if TYPE_CHECKING:
+    import llguidance
 
 Kind = Literal["json", "regex", "choice", "grammar"]
 # Compiled grammars kept, least recently used dropped first: a server sees a few schemas again
@@ -50,6 +51,9 @@ class Constraint:
 
     def grammar(self) -> str:
         """The llguidance grammar text, unchecked."""
+        import llguidance
+        from llguidance.gbnf_to_lark import any_to_lark
+
         if self.kind == "json":
             options: dict = {"whitespace_flexible": self.whitespace_pattern is not None, "lenient": self.lenient}
             if self.whitespace_pattern is not None:
@@ -107,6 +111,8 @@ class GrammarCompiler:
             grammar = constraint.grammar()
         except ValueError as exc:
             raise GrammarError(str(exc)) from None
+        import llguidance
+
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error().split("\n")[0])
@@ -119,6 +125,8 @@ class GrammarCompiler:
         return compiled
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        import llguidance
+
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json.read_text(), n_vocab=self.vocab_size,

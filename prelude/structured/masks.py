@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
-import llguidance
 import torch
 
 from prelude.contract.constraint import TokenConstraint
 from prelude.contract.record import record
 from prelude.structured.state import GrammarState
+
+if TYPE_CHECKING:
+    import llguidance  # imported where a grammar is first compiled (structured.compiler)
 
 mask_logits: Callable[..., None] | None
 try:
@@ -61,6 +63,8 @@ def start_filling(requests: Sequence[MaskRequest], device: torch.device) -> Futu
         done.set_result(_fill(list(requests), None))
         return done
     if _filler is None:
+        import llguidance
+
         _filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prelude-masks")
         _executor = llguidance.LLExecutor()
     return _filler.submit(_fill, list(requests), _executor)

@@ -1,7 +1,10 @@
 """One request's place in its grammar."""
 from __future__ import annotations
 
-import llguidance
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import llguidance
 
 
 class GrammarState:
