@@ -28,7 +28,7 @@ def _torch_environment() -> None:
       bench.serving.side_by_side`).
     - It does not look for out-of-tree device backends (Ascend, HPU, ...), which Prelude does not
       serve on: the look reads every installed distribution's entry points, ~5 ms of each start
-      (bench/serving/results/cpu-amd-zen4-2026-12-06-lazy-imports)."""
+      (`torch._import_device_backends()` timed in process)."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
