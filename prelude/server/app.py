@@ -28,7 +28,8 @@ from prelude.server.protocol import scope_header
 from prelude.server.completions import CompletionsAPI
 from prelude.server.routing import Route, Router
 from prelude.server.served_model import ServedModel
-from prelude.server.serving import json_response, log_ignored_fields
+from prelude.server.answers import json_response
+from prelude.server.serving import log_ignored_fields
 from prelude.structured.compiler import GrammarCompiler
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.

@@ -18,7 +18,7 @@ from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
 from prelude.server.protocol import Body
 from prelude.server.scores import required
-from prelude.server.serving import json_response, new_id
+from prelude.server.answers import json_response, new_id
 from prelude.server.streaming import EventStream, merge, sse
 
 

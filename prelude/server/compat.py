@@ -13,7 +13,8 @@ from prelude.server.decision import DecisionAPI, requested_top_n
 from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.serving import MAX_ITEMS, check_count, json_response, new_id
+from prelude.server.answers import check_count, json_response, new_id
+from prelude.server.serving import MAX_ITEMS
 
 COHERE_EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
 

@@ -14,7 +14,8 @@ from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
-from prelude.server.serving import MAX_ITEMS, json_response, new_id
+from prelude.server.answers import json_response, new_id
+from prelude.server.serving import MAX_ITEMS
 from prelude.server.streaming import EventStream, merge, sse
 
 

@@ -15,7 +15,8 @@ from prelude.server.errors import bad_request
 from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
 from prelude.server.scores import matryoshka, packed_float32, pair_relevance, required, sigmoid, softmax
-from prelude.server.serving import MAX_ITEMS, Serving, check_count, json_response, new_id, prompt_usage
+from prelude.server.answers import check_count, json_response, new_id, prompt_usage
+from prelude.server.serving import MAX_ITEMS, Serving
 
 NO_GENERATION = SamplingParams(max_tokens=0, temperature=0.0)
 

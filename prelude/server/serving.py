@@ -3,15 +3,11 @@ tokenization, one admission of many rows, and collecting results with cancellati
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
-import re
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
-from starlette.responses import Response
 
 from prelude.engine.engine import Engine
 from prelude.engine.output import (
@@ -23,19 +19,15 @@ from prelude.engine.output import (
 from prelude.engine.request import Request, Task
 from prelude.server import access_log
 from prelude.server.admission import Admission
+from prelude.server.answers import check_count
 from prelude.server.early_refusal import overloaded_error
 from prelude.server.errors import APIError, bad_request
 from prelude.server.protocol import Body, header, read_json
 from prelude.server.served_model import ServedModel
-from prelude.server.streaming import dumps, engine_error, wait_disconnect
+from prelude.server.streaming import engine_error, wait_disconnect
 
 logger = logging.getLogger(__name__)
 BODY_KEY = "prelude.body"  # the request's Body in its ASGI scope
-_ids = itertools.count()
-_ID_PREFIX = os.urandom(4).hex()
-
-
-_CLIENT_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces
 # Most inputs (prompts, items, documents) one request may carry. Each is a row with its own
 # state until the answer is sent (about 11 KB), and one 32 MiB body can list millions of
 # one-token prompts: enough rows to run the server out of memory.
@@ -43,42 +35,6 @@ MAX_ITEMS = 1024
 # A request still unanswered this long after it was submitted is watched for its client going
 # away (Serving._watching); one answered sooner has nothing left worth aborting.
 WATCH_AFTER_S = 0.05
-
-
-def new_id(kind: str, http: HTTPRequest | None = None) -> str:
-    """A response id: built on the client's X-Request-Id when it sent a usable one (as vLLM
-    does), else unique to this server."""
-    client = header(http, b"x-request-id") if http is not None else None
-    if client is not None and _CLIENT_ID.fullmatch(client):
-        return f"{kind}-{client}"
-    return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
-
-
-class JSONResponse(Response):
-    """A JSON answer with the headers Starlette's Response gives it, set at once: its render and
-    init_headers steps cost some 90 bytecodes an answer to reach the same two."""
-
-    media_type = "application/json"
-
-    def __init__(self, body: bytes, status_code: int = 200):
-        self.status_code, self.body, self.background = status_code, body, None
-        self.raw_headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return JSONResponse(dumps(obj), status)
-
-
-def check_count(name: str, count: int, limit: int | None) -> None:
-    """Refuses a list input longer than the per-request limit."""
-    if limit is not None and count > limit:
-        raise bad_request(f"'{name}' has {count} entries; at most {limit} are allowed", name)
-
-
-def prompt_usage(prompts: list[list[int]]) -> dict:
-    """Usage of requests that generate nothing: every token is a prompt token."""
-    tokens = sum(map(len, prompts))
-    return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
 def _is_ids(value: Any) -> bool:
