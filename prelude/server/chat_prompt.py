@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from prelude.server.admission import Admission
-from prelude.server.errors import APIError, bad_request
+from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError, TemplateCompileError
+from prelude.tokenizer.chat import ChatTemplate, ChatTemplateError
 
 # Up to this many messages and content parts a render costs well under a millisecond and runs on
 # the event loop. Past it, it runs in the tokenizer pool: a template is interpreted Python, and
@@ -142,8 +142,6 @@ class ChatPrompt:
                 text = template.render(checked, **options)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None
-        except TemplateCompileError as exc:
-            raise APIError(500, str(exc)) from None
         except TypeError as exc:
             raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
         last = checked[-1]

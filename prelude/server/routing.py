@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from prelude.server import access_log
 from prelude.server.errors import APIError
+from prelude.tokenizer.chat import TemplateCompileError
 
 logger = logging.getLogger(__name__)
 
@@ -97,5 +98,8 @@ def _error_response(http: HTTPRequest, exc: Exception) -> Response:
         else:
             logger.info("client went away: %s %s", http.method, http.url.path)
         return Response(status_code=499)
+    if isinstance(exc, TemplateCompileError):  # the served checkpoint's fault, whichever endpoint rendered it
+        logger.error("%s %s: %s", http.method, http.url.path, exc)
+        return APIError(500, str(exc)).response()
     logger.error("unhandled error", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}").response()
