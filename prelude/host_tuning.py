@@ -1,4 +1,5 @@
-"""Process-wide settings the server makes once at startup, before the model loads.
+"""Process-wide settings the server makes once at startup, before the model loads, and the
+memory the KV pools live in.
 
 glibc malloc returns freed memory to the kernel (trimming the heap top, unmapping large chunks)
 and takes it back on the next allocation through page faults. A server that allocates and frees
@@ -15,9 +16,10 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import mmap
+import os
 import sys
-
-import torch
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,32 @@ def set_compute_threads(threads: int | None) -> int:
     """Sets torch's intra-op threads (None: its default, one per core) and returns the count.
     The event loop and the tokenizer pool share the cores with them; docs/design/cpu.md
     ("Threads") has the measurements behind the default."""
+    import torch
+
     if threads is not None:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def default_compute_threads() -> int:
+    """torch's default intra-op threads, found without torch: OMP_NUM_THREADS where set, else
+    one per physical core this process may run on."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        cores.add(siblings.read_text().strip() if siblings.is_file() else str(cpu))
+    return max(1, len(cores))
+
+
+def zeroed_pages(nbytes: int) -> mmap.mmap:
+    """Zeros without a startup memset: an anonymous mapping, whose pages the OS hands out already
+    zeroed on first touch. In small pages: with 2 MB huge pages (numpy's zeros), each first touch
+    zeroes a whole one inside a step, a P99 spike until the whole pool has been used once (issue
+    #20)."""
+    raw = mmap.mmap(-1, max(1, nbytes))
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux: even where transparent huge pages are "always"
+        raw.madvise(mmap.MADV_NOHUGEPAGE)
+    return raw

@@ -8,7 +8,7 @@ Every other step runs whole, with failures isolated row by row (engine.isolation
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, TypeVar
 
 from prelude.contract.batch import BatchResult, DecodeBatch, OneShotBatch
 from prelude.engine.clock import Clock
@@ -20,7 +20,9 @@ from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
 from prelude.engine.worker import Worker
 from prelude.executor.executors import Executors
-from prelude.executor.runner import Progress
+
+if TYPE_CHECKING:
+    from prelude.executor.runner import Progress
 
 T = TypeVar("T")
 

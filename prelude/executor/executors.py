@@ -9,15 +9,34 @@ runner. Each decides how its kind of step is launched; the runner does the work.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
-import torch
-
-from prelude.contract.batch import BatchResult, DecodeBatch, ForwardBatch, MixedBatch, OneShotBatch, PrefillRow
+from prelude.contract.batch import (BatchResult, DecodeBatch, DecodeRow, ForwardBatch, MixedBatch, OneShotBatch,
+                                    PrefillRow)
 from prelude.contract.stop import StopFlag
-from prelude.executor.runner import ModelRunner, Progress
-from prelude.model.attention import GraphKind
+
+if TYPE_CHECKING:
+    from prelude.model.attention import GraphKind
+
+
+class Runner(Protocol):
+    """What the executors call on a model runner: executor.runner's ModelRunner (torch, CPU or
+    CUDA) or executor.host_runner's HostRunner (the CPU's native kernels without torch)."""
+
+    def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], graph: GraphKind | None = None,
+            on_launch: Callable[[], None] | None = None) -> BatchResult: ...
+
+    def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> Any: ...
+
+    def advance(self, progress: Any, stop: StopFlag) -> BatchResult | None: ...
+
+    def has_graph(self, kind: GraphKind, tokens: int, rows: int) -> bool: ...
+
+    def thread_context(self) -> ContextManager[Any]: ...
+
+    def warmup(self) -> None: ...
 
 
 class Executor(Protocol):
@@ -28,14 +47,14 @@ class Executor(Protocol):
 
 
 class OneShotExecutor:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: Runner):
         self.runner = runner
 
-    def start(self, batch: OneShotBatch, stop: StopFlag) -> Progress:
-        """A long step that steps aside when `stop` is raised (see ModelRunner.advance)."""
+    def start(self, batch: OneShotBatch, stop: StopFlag) -> Any:
+        """A long step that steps aside when `stop` is raised (see Runner.advance)."""
         return self.runner.start(batch.rows, stop)
 
-    def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
+    def advance(self, progress: Any, stop: StopFlag) -> BatchResult | None:
         return self.runner.advance(progress, stop)
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
@@ -50,14 +69,14 @@ def _fresh(row: PrefillRow) -> bool:
     return row.start == 0 and not row.item_lengths
 
 
-def _replayable(runner: ModelRunner, rows: Sequence[PrefillRow]) -> bool:
+def _replayable(runner: Runner, rows: Sequence[PrefillRow]) -> bool:
     """Whether these rows run as one prefill graph replay."""
     return (len(rows) > 0 and all(_fresh(r) for r in rows)
             and runner.has_graph("prefill", sum(len(r.token_ids) for r in rows), len(rows)))
 
 
 class DecodeExecutor:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: Runner):
         self.runner = runner
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
@@ -71,7 +90,7 @@ class MixedExecutor:
     eager step is bound by the host launching its kernels, and every running stream would wait
     for it (`python -m bench.serving.gpu_profile`)."""
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: Runner):
         self.runner = runner
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
@@ -92,10 +111,12 @@ class Executors:
     oneshot: OneShotExecutor
     decode: Executor
     mixed: Executor
+    # What the thread that runs the steps holds for its life (Runner.thread_context).
+    thread_context: Callable[[], ContextManager[Any]] = contextlib.nullcontext
 
     @classmethod
-    def over(cls, runner: ModelRunner) -> Executors:
-        return cls(OneShotExecutor(runner), DecodeExecutor(runner), MixedExecutor(runner))
+    def over(cls, runner: Runner) -> Executors:
+        return cls(OneShotExecutor(runner), DecodeExecutor(runner), MixedExecutor(runner), runner.thread_context)
 
     def for_batch(self, batch: ForwardBatch) -> Executor:
         if isinstance(batch, OneShotBatch):
@@ -106,9 +127,3 @@ class Executors:
 
     def execute(self, batch: ForwardBatch, on_launch: Callable[[], None] | None = None) -> BatchResult:
         return self.for_batch(batch).execute(batch, on_launch)
-
-    @staticmethod
-    def thread_context() -> ContextManager[Any]:
-        """What the thread that runs the steps holds for its life: torch's inference mode, which
-        the runner would otherwise enter and leave every step (runner.in_inference_mode)."""
-        return torch.inference_mode()

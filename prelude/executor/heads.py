@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
-from prelude.executor.runnable import RunnableModel
+from prelude.executor.flat_step import item_ends
+from prelude.executor.runnable import ModelHeads
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
 from prelude.structured.masks import StepMasks, unpack_bitmask
@@ -72,7 +73,7 @@ class _States:
         return i
 
 
-def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
+def row_results(model: ModelHeads, hidden: torch.Tensor, prefills: Sequence[PrefillRow],
                 decodes: Sequence[DecodeRow], layout: StepLayout, last_hidden: LastHidden,
                 masks: Future[StepMasks] | None = None, read: list[int] | None = None) -> list[RowResult]:
     """Results of every row that produces something: prefill rows first, then decode rows.
@@ -105,7 +106,7 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
             if spec.sample is not None or not shares_gemm:
                 items = row.item_lengths if isinstance(row, PrefillRow) else ()
                 groups.setdefault((tuple(ids), spec.label_vocab_normalized), []).append(
-                    (k, _item_ends(layout.query_starts[i + 1], items), bool(items)))
+                    (k, item_ends(layout.query_starts[i + 1], items), bool(items)))
         elif spec.sample is not None:
             full.append(k)
         if spec.classify:
@@ -180,7 +181,7 @@ def row_results(model: RunnableModel, hidden: torch.Tensor, prefills: Sequence[P
     return results
 
 
-def _sampled_rows(model: RunnableModel, states: _States,
+def _sampled_rows(model: ModelHeads, states: _States,
                   wanted: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]]) -> list[RowResult]:
     """The results of rows that all just sample a token (OutputSpec.only_samples): one GEMM over
     the vocabulary and one draw, what row_results' general path does for them, without sorting
@@ -214,7 +215,7 @@ def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow,
     return ids if len(ids) <= NARROW_HEAD_TOKENS else None
 
 
-def _vocab_logits(model: RunnableModel, states: torch.Tensor,
+def _vocab_logits(model: ModelHeads, states: torch.Tensor,
                   narrow: list[Sequence[int] | None]) -> torch.Tensor:
     """[rows, vocab] fp32 logits of `states`: a whole row of the LM head, or, for a row with
     allowed ids in `narrow`, their logits and -inf elsewhere (what its mask leaves of a row)."""
@@ -243,41 +244,13 @@ def _row_masks(masks: StepMasks, chosen: list[tuple[int, OutputSpec, PrefillRow 
     return RowMasks(bitmask, list(sampled_rows))
 
 
-def positions_read(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-                   starts: Sequence[int]) -> list[int] | None:
-    """The step's token positions whose final hidden states `row_results` reads, ascending, given
-    the rows' query starts; None when it reads every position. The model may skip the rest."""
-    read: list[int] = []
-    for i, row in enumerate(prefills):
-        spec, start, end = row.output, starts[i], starts[i + 1]
-        if spec is None:
-            continue
-        if spec.prompt_logprobs is not None or spec.pooling not in (None, "last"):
-            read.extend(range(start, end))
-        elif row.item_lengths and spec.label_token_ids is not None:
-            read.extend(_item_ends(end, row.item_lengths))
-        else:
-            read.append(end - 1)
-    if len(read) + len(decodes) == starts[-1]:
-        return None
-    return read + list(range(starts[len(prefills)], starts[-1]))  # a decode row's one token
-
-
-def _item_ends(end: int, items: Sequence[int]) -> list[int]:
-    """Positions whose states a row's label heads read: each item's last token, or the row's
-    last token when it has no items. `end` is the row's end in the step."""
-    if not items:
-        return [end - 1]
-    return [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))]
-
-
 def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> bool:
     """A label row read at its last position over the whole vocabulary: it shares the step's
     full-logits GEMM with the sampled rows."""
     return spec.label_vocab_normalized and not (isinstance(row, PrefillRow) and row.item_lengths)
 
 
-def _prompt_logprobs(model: RunnableModel, hidden: torch.Tensor, token_ids: Sequence[int],
+def _prompt_logprobs(model: ModelHeads, hidden: torch.Tensor, token_ids: Sequence[int],
                      top: int) -> list[TokenLogprob]:
     """Logprob (and rank) of prompt token j+1 given tokens 0..j, for every j, with `top`
     alternatives; computed PROMPT_LOGPROB_CHUNK positions at a time."""

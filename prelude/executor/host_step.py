@@ -7,13 +7,8 @@ import torch
 
 from prelude.contract.batch import DecodeRow, PrefillRow
 from prelude.contract.record import record
-from prelude.executor.heads import positions_read
+from prelude.executor.flat_step import flatten_in_python, flatten_tokens, row_fields, row_starts
 from prelude.model.attention import StepLayout
-
-try:
-    from kernels.cpu._native import flatten_tokens
-except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    flatten_tokens = None  # type: ignore[assignment]
 
 
 @record
@@ -59,57 +54,12 @@ class HostStep:
 def host_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: int) -> HostStep:
     """Rows flattened into the varlen layout: prefill rows first, then decode rows. A prefill
     token's slot is -1 where the row's block table does not cover its position."""
-    starts = [0]
-    stored: list[bool] = []
-    for row in prefills:
-        end = row.start + len(row.token_ids)
-        stored.append(len(row.block_table) * bs >= end)
-        starts.append(starts[-1] + len(row.token_ids))
-    starts += range(starts[-1] + 1, starts[-1] + 1 + len(decodes))
+    starts, stored = row_starts(prefills, decodes, bs)
     n = starts[-1]
     if flatten_tokens is not None:  # the per-token work in C: about a tenth of the Python's time
         tokens = torch.empty(3, n, dtype=torch.long)
         flatten_tokens(prefills, decodes, bs, tokens.data_ptr(), n)
     else:
-        tokens = torch.tensor(_flatten_tokens(prefills, decodes, bs), dtype=torch.long).view(3, n)
+        tokens = torch.tensor(flatten_in_python(prefills, decodes, bs), dtype=torch.long).view(3, n)
     ids, positions, slots = tokens.unbind()
-    return HostStep(
-        tokens, ids, positions, slots, starts,
-        context_lens=[r.start for r in prefills] + [r.position for r in decodes],
-        block_tables=[r.block_table for r in prefills] + [r.block_table for r in decodes],
-        stored=stored + [True] * len(decodes),
-        num_prefill_rows=len(prefills),
-        item_lengths=[r.item_lengths for r in prefills] + [()] * len(decodes)
-        if any(r.item_lengths for r in prefills) else None,
-        read=positions_read(prefills, decodes, starts),
-    )
-
-
-def _flatten_tokens(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: int) -> list[int]:
-    """The token columns, ids then positions then slots, as one list: what the native
-    flatten_tokens writes."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    for row in prefills:
-        start, end, table = row.start, row.start + len(row.token_ids), row.block_table
-        ids.extend(row.token_ids)
-        if row.item_lengths:  # each item's positions restart where the shared part ends
-            shared_end = end - sum(row.item_lengths)
-            positions.extend(range(start, shared_end))
-            for length in row.item_lengths:
-                positions.extend(range(shared_end, shared_end + length))
-        else:
-            positions.extend(range(start, end))
-        covered = min(end, len(table) * bs)
-        # Slots of the stored tokens, one contiguous range per block.
-        for block in range(start // bs, -(-covered // bs)):
-            lo, hi = max(start, block * bs), min(covered, (block + 1) * bs)
-            base = table[block] * bs - block * bs
-            slots.extend(range(base + lo, base + hi))
-        slots.extend([-1] * (end - max(covered, start)))
-    for decode in decodes:
-        ids.append(decode.token_id)
-        positions.append(decode.position)
-        slots.append(decode.block_table[decode.position // bs] * bs + decode.position % bs)
-    return ids + positions + slots
+    return HostStep(tokens, ids, positions, slots, starts, *row_fields(prefills, decodes, starts, stored))

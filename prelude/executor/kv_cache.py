@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import math
-import mmap
 
 import torch
 
+from prelude.host_tuning import zeroed_pages
 from prelude.model.config import ModelConfig
 
 
@@ -51,16 +51,9 @@ class KVCache:
 
 
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros without a startup memset on the CPU: an anonymous mapping, whose pages the OS hands
-    out already zeroed on first touch. In small pages: with 2 MB huge pages (numpy's zeros), each
-    first touch zeroes a whole one inside a step, a P99 spike until the whole pool has been used
-    once (issue #20).
-    (On CUDA the memset is cheap.)"""
+    """Zeros without a startup memset on the CPU (host_tuning.zeroed_pages); on CUDA the memset
+    is cheap."""
     if device.type != "cpu":
         return torch.zeros(dims, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = mmap.mmap(-1, max(1, math.prod(dims) * itemsize))
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux: even where transparent huge pages are "always"
-        raw.madvise(mmap.MADV_NOHUGEPAGE)
-    flat = torch.frombuffer(raw, dtype=dtype, count=math.prod(dims))
-    return flat.view(dims)
+    return torch.frombuffer(zeroed_pages(math.prod(dims) * itemsize), dtype=dtype, count=math.prod(dims)).view(dims)

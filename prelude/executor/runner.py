@@ -10,7 +10,7 @@ import struct
 from array import array
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar, cast
+from typing import Any, Callable, ContextManager, Sequence, TypeVar, cast
 
 import torch
 
@@ -41,7 +41,7 @@ class Progress:
 
 def in_inference_mode(method: F) -> F:
     """Runs the method in torch's inference mode, entering it unless the calling thread already
-    holds it, as the engine's step thread does for its life (Executors.thread_context): torch's
+    holds it, as the engine's step thread does for its life (thread_context): torch's
     own decorator makes a context object and enters and leaves it every call, some 70 bytecodes
     a step."""
     @functools.wraps(method)
@@ -136,17 +136,26 @@ class ModelRunner:
         return host if self._on_host else host.to(self.device, non_blocking=True)
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
-        """Final hidden state of the last position of each of `rows` (step row indices,
-        ascending)."""
-        ends = layout.query_starts
-        first, last = ends[rows[0] + 1] - 1, ends[rows[-1] + 1] - 1
-        if last - first == len(rows) - 1:  # consecutive: one request, or a step's decode rows
-            return hidden[first:last + 1]  # a view: no index tensor to build, no copy
-        return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
+        return last_positions(hidden, layout, rows)
 
     def warmup(self) -> None:
         """One-time costs before serving: none on the CPU, whose weights are stored for its
         kernels as they load (DecoderLM.store_weights)."""
+
+    @staticmethod
+    def thread_context() -> ContextManager[Any]:
+        """What the thread that runs the steps holds for its life: torch's inference mode, which
+        the runner would otherwise enter and leave every step (in_inference_mode)."""
+        return torch.inference_mode()
+
+
+def last_positions(hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
+    """Final hidden state of the last position of each of `rows` (step row indices, ascending)."""
+    ends = layout.query_starts
+    first, last = ends[rows[0] + 1] - 1, ends[rows[-1] + 1] - 1
+    if last - first == len(rows) - 1:  # consecutive: one request, or a step's decode rows
+        return hidden[first:last + 1]  # a view: no index tensor to build, no copy
+    return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
 
 
 def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],

@@ -38,10 +38,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from prelude.model.weight_formats import (BY_ROWS, CODES, GROUPS, HEAD_LAYOUTS, PANELS, SPLIT_K, SPLIT_PRODUCTS,
+                                          storable_shape)
+
 try:
     from kernels.cpu import _native
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
     _native = None  # type: ignore[assignment]
+
+__all__ = ["BY_ROWS", "HEAD_LAYOUTS", "PANELS", "SPLIT_K", "SPLIT_PRODUCTS", "FORMATS", "SOURCES", "StoredWeight",
+           "bf16_exact", "dequantized", "linear", "readable", "storable", "store"]
 
 built = _native is not None
 # A weight by rows in fp32 (an LM head): past this many rows the product goes to torch's GEMM,
@@ -50,27 +56,14 @@ built = _native is not None
 MAX_SKINNY_ROWS = 64 if _native is not None and _native.wide_vectors() else 32
 
 # Weight formats: name -> (the kernels' code, the storage dtype, elements per interleaved group,
-# which a by-rows weight's rows must hold whole).
-FORMATS = {"float32": (0, torch.float32, 1), "bfloat16": (1, torch.bfloat16, 16), "int8": (2, torch.int8, 32),
-           "bf16x3": (3, torch.bfloat16, 16),  # two bf16 packings: see above
-           "bf16x2": (4, torch.bfloat16, 16)}  # bf16x3 of a weight bf16 holds exactly: one packing
+# which a by-rows weight's rows must hold whole); model.weight_formats decides which a weight gets.
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8, "bf16x3": torch.bfloat16,
+           "bf16x2": torch.bfloat16}  # bf16x3: two bf16 packings; bf16x2: bf16x3 of a weight bf16 holds exactly
+FORMATS = {name: (CODES[name], _DTYPES[name], GROUPS[name]) for name in CODES}
 # The dtypes a weight is stored from (the kernels' source code): fp32, and a bf16 checkpoint's own
 # tensors, which the loader reads as they are (model.loader) rather than widened to fp32 first.
 SOURCES = {torch.float32: 0, torch.bfloat16: 1}
-# bf16x3 products run where whole tiles of rows do, on AMX; its tiles take k 32 at a time.
-SPLIT_PRODUCTS = _native is not None and _native.amx_products()
-SPLIT_K = 32
-BY_ROWS, PANELS = 0, 1
 EXACT_BLOCK = 2048  # rows bf16_exact looks at a time
-# An LM head's (and a tied embedding's) layout per format: by rows, except int8, which goes
-# through the panel kernels (int8 products where the CPU has VNNI: B's head at one row ~2x
-# faster than widened by rows), and every format on a CPU of eight-lane vectors (AVX2), whose
-# panel tiles keep a decode step's rows near the weight's read where the by-rows stream is bound
-# by its sums from four or five rows (B's bf16 head at 5 rows 4.6 against 6.1 ms, 10 rows 9.0
-# against 12.2; fp32 at 12 rows 12.8 against 19.0, 64 rows 55 against MKL's 76; one to four fp32
-# rows 1.02-1.09x the by-rows time); lookups gather from either.
-HEAD_LAYOUTS = ({"int8": PANELS} if _native is None or _native.wide_vectors()
-                else {"int8": PANELS, "bfloat16": PANELS, "float32": PANELS})
 # What the kernels can apply to a product before they store it (kernels/cpu/packed_gemm.hpp's
 # Activation): an encoder's dense layers.
 EPILOGUE_ACTIVATIONS = {None: 0, "gelu": 1}
@@ -142,14 +135,12 @@ def _pointer(tensor: torch.Tensor | None) -> int:
 
 def storable(weight: torch.Tensor, format: str, layout: int) -> bool:
     """Whether the kernels take this weight (fp32, or a bf16 checkpoint's) in this format and layout."""
-    if _native is None or weight.device.type != "cpu" or weight.dtype not in SOURCES or weight.dim() != 2:
-        return False
-    if format == "bf16x3":
-        return SPLIT_PRODUCTS and layout == PANELS and weight.shape[1] % SPLIT_K == 0
-    if format == "bf16x2":  # on the tiles where they take its k whole, else widened (linear.hpp)
-        return layout == PANELS and weight.shape[1] % 8 == 0
-    group = FORMATS[format][2] if layout == BY_ROWS else 1
-    return weight.shape[1] % max(8, group) == 0
+    return readable(weight) and storable_shape(format, layout, weight.shape[1])
+
+
+def readable(weight: torch.Tensor) -> bool:
+    """Whether the kernels store from this tensor: a 2-D fp32 or bf16 one in host memory."""
+    return _native is not None and weight.device.type == "cpu" and weight.dtype in SOURCES and weight.dim() == 2
 
 
 def store(weight: torch.Tensor, format: str, layout: int) -> StoredWeight:

@@ -6,7 +6,6 @@ plans per step (prelude.model.attention), so model code never sees block tables 
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +14,9 @@ from torch import nn
 from prelude.model.attention import AttentionBackend
 from prelude.model.config import ModelConfig, RopeConfig
 from prelude.model.ops import TORCH_OPS, Ops
-from prelude.model.cpu_linear import (BY_ROWS, HEAD_LAYOUTS, PANELS, SPLIT_PRODUCTS, StoredWeight, bf16_exact, linear,
-                                      storable, store)
+from prelude.model.cpu_linear import BY_ROWS, HEAD_LAYOUTS, PANELS, StoredWeight, bf16_exact, linear, readable, store
+from prelude.model.rotary import rotary_table
+from prelude.model.weight_formats import placement
 
 class UsesOps:
     """Mixin of the modules whose math goes through the Ops indirection; DecoderLM.set_ops
@@ -26,24 +26,12 @@ class UsesOps:
 
 
 def _stored(weight: torch.Tensor, format: str, layout: int) -> StoredWeight | None:
-    """The weight kept for the CPU kernels in `format` and `layout`, or None where it stays as it
-    is: the kernels do not take it, or an fp32 weight by rows is already what they read. An fp32
-    weight that bf16 holds exactly (a bf16 checkpoint's) keeps half the bytes and fp32's products:
-    in panels as bf16x2; an LM head and its embedding (by rows otherwise) as bf16 by rows where
-    the CPU has AMX, whose tiles take a head's many rows, elsewhere as bf16x2 panels too, whose
-    register tiles keep up with torch's fp32 sgemm there (B's head at 256 rows: 1.01-1.05x its time
-    on AVX-512, 1.06-1.11x on AVX2) and read half its bytes for a decode step's few rows (one to
-    four: 0.3-0.45x the fp32 head's time)."""
-    if format in ("bf16x3", "float32") and bf16_exact(weight):
-        if layout == PANELS or not SPLIT_PRODUCTS:
-            format, layout = "bf16x2", PANELS
-        else:
-            format = "bfloat16"
-    if format in ("bf16x3", "bf16x2") and not storable(weight, format, layout):  # k the tiles do not take whole
-        format = "float32"
-    if (format == "float32" and layout == BY_ROWS) or not storable(weight, format, layout):
+    """The weight kept for the CPU kernels where model.weight_formats.placement puts it, or None
+    where it stays as it is."""
+    if not readable(weight):
         return None
-    return store(weight, format, layout)
+    placed = placement(format, layout, bf16_exact(weight), weight.shape[1])
+    return None if placed is None else store(weight, *placed)
 
 
 def fill(param: nn.Parameter, tensor: torch.Tensor) -> None:
@@ -119,25 +107,6 @@ class RMSNorm(UsesOps, nn.Module):
         return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
-def _inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim
-    inv_freq = 1.0 / (rope.theta ** exponents)
-    if rope.kind == "linear":
-        return inv_freq / rope.factor
-    if rope.kind == "llama3":
-        low_wavelen = rope.original_max_position / rope.low_freq_factor
-        high_wavelen = rope.original_max_position / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (rope.original_max_position / wavelen - rope.low_freq_factor) / (
-            rope.high_freq_factor - rope.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    return inv_freq
-
-
 class RotaryEmbedding:
     """Neox-style rotary embedding (rotate halves). The cos/sin table is built once per device,
     and looked up once per forward: every layer reuses the same (cos, sin) pair."""
@@ -149,11 +118,7 @@ class RotaryEmbedding:
         self.cos_sin: torch.Tensor | None = None
 
     def materialize(self, device: torch.device) -> None:
-        # Built on the CPU in float64 (explicitly: models are constructed under a meta device).
-        inv_freq = _inverse_frequencies(self.rope, self.head_dim).float()
-        positions = torch.arange(self.max_positions, dtype=torch.float32, device="cpu")
-        freqs = torch.outer(positions, inv_freq)
-        self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+        self.cos_sin = torch.from_numpy(rotary_table(self.rope, self.head_dim, self.max_positions)).to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.cos_sin is not None, "materialize() builds the table before any forward"

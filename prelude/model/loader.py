@@ -8,7 +8,6 @@ the kernels from there, and whatever the kernels did not take is then copied out
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -18,12 +17,13 @@ import torch
 from safetensors import safe_open
 
 from prelude.model.config import ModelConfig, UnsupportedModel
-from prelude.model.cpu_linear import SPLIT_PRODUCTS
 from prelude.model.bert import BertLM
 from prelude.model.decoder import DecoderLM
 from prelude.model.encoder import EncoderLM
 from prelude.model.layers import stored_formats
 from prelude.model.modernbert import ModernBertLM
+from prelude.model.checkpoint_arrays import checkpoint_files
+from prelude.model.weight_formats import stored_format
 from prelude.model.ops import TORCH_OPS, Ops
 from prelude.model.quantized_checkpoint import dequantized_tensors
 
@@ -44,35 +44,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def cpu_weight_format(dtype: torch.dtype, quantization: str, config: ModelConfig) -> tuple[torch.dtype, str | None]:
     """(the dtype a model computes in on the CPU, the format its stored weights take, None: not
-    stored). A decoder's activations are fp32 on the native kernels whatever its weights are
-    stored in (model.cpu_linear: bf16 widened as read, or with AVX-512 BF16 multiplied in bf16
-    after each row is rounded; int8 widened, or with VNNI multiplied in int8 after each row is
-    quantized); an encoder's dense layers likewise. fp32 weights are kept as bf16x3 where the CPU
-    has AMX (model.cpu_linear), a decoder's layers and an encoder's dense layers; those that bf16
-    holds exactly (a bf16 checkpoint's) as bf16x2 on any CPU (layers._stored).
-    fp16 runs on torch's ops in fp16. A checkpoint of int8 weights stays int8."""
-    if quantization == "int8" or config.int8_weights:
-        if config.encoder is not None:
-            raise UnsupportedModel("--quantization int8 serves decoder models; "
-                                   f"{config.architecture} is an encoder")
-        return torch.float32, "int8"
-    if dtype == torch.float16:
-        return dtype, None
-    if dtype == torch.bfloat16:
-        return torch.float32, "bfloat16"
-    return torch.float32, "bf16x3" if SPLIT_PRODUCTS else "float32"
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / shard for shard in shards]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise UnsupportedModel(f"no *.safetensors weights in {model_dir}; save the checkpoint as safetensors "
-                              "(save_pretrained(..., safe_serialization=True))")
-    return files
+    stored): native_decoder.stored_format's, an encoder refused int8. An fp32 weight that bf16
+    holds exactly (a bf16 checkpoint's) is kept as bf16x2 on any CPU (layers._stored)."""
+    if (quantization == "int8" or config.int8_weights) and config.encoder is not None:
+        raise UnsupportedModel("--quantization int8 serves decoder models; "
+                               f"{config.architecture} is an encoder")
+    format = stored_format(str(dtype).removeprefix("torch."), quantization, config)
+    return (dtype if format is None else torch.float32), format
 
 
 def _floats_all_bf16(files: list[Path]) -> bool:

@@ -18,7 +18,7 @@ native = pytest.mark.skipif(module.flatten_tokens is None, reason="the native CP
 
 
 def _python(prefills, decodes, bs=BS) -> torch.Tensor:
-    return torch.tensor(module._flatten_tokens(prefills, decodes, bs)).view(3, -1)
+    return torch.tensor(module.flatten_in_python(prefills, decodes, bs)).view(3, -1)
 
 
 @pytest.mark.parametrize("flattening", ["native", "python"])
