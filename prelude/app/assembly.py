@@ -25,10 +25,10 @@ from prelude.engine.engine import Engine
 from prelude.engine.scheduler import Scheduler
 from prelude.engine.scheduler_config import SchedulerConfig
 from prelude.executor.executors import Executors
-from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, release_startup_memory, set_compute_threads
+from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, release_startup_memory
 from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
 from prelude.app.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
-from prelude.app.runner_setup import model_runner_setup, null_runner_setup
+from prelude.app.runner_setup import host_runner_setup, model_runner_setup, null_runner_setup
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind
 from prelude.server.served_model import ServedModel
@@ -99,7 +99,6 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     StartupError."""
     start = time.perf_counter()
     keep_freed_memory()
-    compute_threads = set_compute_threads(config.cpu_threads)
     model_dir = resolve_model_dir(config)
     try:
         model_config = ModelConfig.from_dir(model_dir)
@@ -112,7 +111,8 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
         if config.executor == "null":
             setup = null_runner_setup(config, model_config, eos_ids)
         else:
-            setup = model_runner_setup(config, model_dir, model_config, max_model_len)
+            setup = (host_runner_setup(config, model_dir, model_config, max_model_len)
+                     or model_runner_setup(config, model_dir, model_config, max_model_len))
     except UnsupportedModel as exc:
         raise StartupError(str(exc)) from exc
     model_done = time.perf_counter()
@@ -131,7 +131,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
                          config.pooling or default_pooling(model_dir),
-                         multi_item_scoring=config.multi_item_scoring and setup.runner.attention.supports_items
+                         multi_item_scoring=config.multi_item_scoring and setup.supports_items
                          and not config.disable_oneshot,
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
                          eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir),
@@ -142,7 +142,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     # The runner's own phases where it timed them (weights, KV cache, on CUDA its init), else one.
     model_phases = setup.phases or (("model", model_done - tokenizer_done),)
     phases = (("config and tokenizer", tokenizer_done - start), *model_phases, ("engine", done - model_done))
-    return Built(engine, served, setup.device, setup.dtype, num_blocks, compute_threads, config, phases)
+    return Built(engine, served, setup.device, setup.dtype, num_blocks, setup.compute_threads, config, phases)
 
 
 def _sampling_defaults(config: Config, model_dir: Path) -> dict[str, float]:

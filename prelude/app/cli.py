@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--tokenizer-workers", type=int, default=d.tokenizer_workers, metavar="N",
                        help="threads tokenizing long prompts off the event loop")
     model.add_argument("--cpu-threads", type=int, metavar="N",
-                       help="torch compute threads of the CPU executor (default: one per core)")
+                       help="compute threads of the CPU executor (default: one per core)")
     model.add_argument("--pooling", choices=_choices("pooling"),
                        help="embedding pooling (default: the checkpoint's modules.json, else last)")
     model.add_argument("--executor", default=d.executor, choices=_choices("executor"),

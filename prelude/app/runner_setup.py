@@ -3,15 +3,21 @@ blocks the pool gets, and what a step's activations may take (the scheduler's te
 model_runner_setup covers CPU and CUDA; null_runner_setup the benchmarks' null executor."""
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prelude.contract.config import Config
-from prelude.executor.runner import ModelRunner
+from prelude.executor.executors import Runner
+from prelude.host_tuning import default_compute_threads, set_compute_threads
 from prelude.model.config import ModelConfig
 from prelude.app.preflight import StartupError
+
+if TYPE_CHECKING:
+    from prelude.executor.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -26,20 +32,71 @@ CUDA_FIXED_RESERVE = 2 << 30
 class RunnerSetup:
     """A model runner and what sizing it decided."""
 
-    runner: ModelRunner
+    runner: Runner
     num_blocks: int  # KV blocks the pool may hand out
     temp_bytes_per_token: int
     temp_budget: int
     device: str
     dtype: str
     phases: tuple[tuple[str, float], ...] = ()  # where the setup's time went: (phase, seconds)
+    supports_items: bool = True  # the runner masks multi-item rows (StepLayout.item_lengths)
+    compute_threads: int = 1  # the native kernels' and torch's intra-op threads (--cpu-threads)
 
 
 def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
     from prelude.executor.null_model import null_runner
 
+    threads = set_compute_threads(config.cpu_threads)
     runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
-    return RunnerSetup(runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none")
+    return RunnerSetup(runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none",
+                       supports_items=runner.attention.supports_items, compute_threads=threads)
+
+
+def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig,
+                      max_model_len: int) -> RunnerSetup | None:
+    """A decoder on the CPU's native kernels without torch (executor.host_runner), where the
+    config and checkpoint are ones it runs; else None (model_runner_setup serves them)."""
+    from prelude.model.native_decoder import NativeDecoder, NotNative
+    from prelude.model.weight_formats import stored_format
+
+    if config.device == "cuda" or (config.device == "auto" and cuda_possible()):
+        return None
+    from prelude.model.checkpoint_arrays import checkpoint_files
+
+    start = time.perf_counter()
+    threads = config.cpu_threads or default_compute_threads()
+    try:
+        format = stored_format(config.dtype, config.quantization, model_config)
+        model = NativeDecoder.load(checkpoint_files(model_dir), model_config, format, max_model_len, threads)
+    except NotNative as exc:
+        logger.debug("the torch runner serves this model: %s", exc)
+        return None
+    from prelude.executor.host_runner import HostKVCache, HostRunner
+
+    cache_start = time.perf_counter()
+    logger.info("loaded %s (%s, float32 activations) without torch, weights stored %s in %.2fs", model_dir,
+                model_config.architecture, "/".join(model.formats), cache_start - start)
+    c = model_config
+    temp_per_token = 4 * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+                          + 3 * c.intermediate_size)
+    per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * 4
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    kv = HostKVCache(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim)
+    formats = model.formats
+    dtype_name = "float32" + (f", weights {'/'.join(formats)}" if formats != ["float32"] else "")
+    phases = (("weights read and stored", cache_start - start), ("KV cache", time.perf_counter() - cache_start))
+    return RunnerSetup(HostRunner(model, kv, threads, config.seed), num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES,
+                       "cpu", dtype_name, phases, HostRunner.supports_items, threads)
+
+
+def cuda_possible() -> bool:
+    """Whether `--device auto` could find a CUDA device, asked without importing torch: the
+    installed torch is a CUDA build and the machine has an NVIDIA device node."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return "+cpu" not in version and any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig, max_model_len: int) -> RunnerSetup:
@@ -47,11 +104,13 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
 
     from prelude.executor.attention import get_backend
     from prelude.executor.fused_step import native_step
+    from prelude.executor.runner import ModelRunner
     from prelude.executor.kv_cache import KVCache, KVCacheShape
     from prelude.model.layers import stored_formats
     from prelude.model.loader import cpu_weight_format, load_model, resolve_dtype
     from prelude.model.ops import select_ops
 
+    threads = set_compute_threads(config.cpu_threads)
     start = time.perf_counter()
     if config.device == "cuda" and not torch.cuda.is_available():
         raise StartupError(f"--device cuda, but torch {torch.__version__} sees no CUDA device; use --device cpu "
@@ -91,12 +150,14 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
                                                        per_block)
         phases.append(("KV cache and attention backend", time.perf_counter() - cache_start))
         return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
-                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name, tuple(phases))
+                           f"cuda ({torch.cuda.get_device_name(device)})", dtype_name, tuple(phases),
+                           runner.attention.supports_items, threads)
     num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
     runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size, native_step(model, ops))
     phases.append(("KV cache", time.perf_counter() - cache_start))
-    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name, tuple(phases))
+    return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name, tuple(phases),
+                       runner.attention.supports_items, threads)
 
 
 def cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,

@@ -9,6 +9,7 @@ import pytest
 
 from prelude.app.assembly import serve
 from prelude.contract.config import Config
+from prelude.executor.host_runner import HostRunner
 from prelude.executor.runner import ModelRunner
 from prelude.app.preflight import StartupError
 from tests.server.harness import ServerThread
@@ -33,7 +34,8 @@ def test_a_warm_up_failure_ends_the_server_with_a_startup_error(demo_model, monk
     def broken_warmup(self):
         raise RuntimeError("injected warm-up failure")
 
-    monkeypatch.setattr(ModelRunner, "warmup", broken_warmup)
+    for runner in (ModelRunner, HostRunner):  # the torch runner's, and the native one's (the demo model's)
+        monkeypatch.setattr(runner, "warmup", broken_warmup)
     config = Config(model=str(demo_model), num_kv_blocks=256, uds=str(tmp_path / "prelude.sock"), device="cpu")
     with pytest.raises(StartupError, match="warming up"):
         asyncio.run(asyncio.wait_for(serve(config), timeout=60))

@@ -1,0 +1,280 @@
+"""The model runner of a decoder on the CPU's native kernels, without torch (model.native_decoder):
+a step's rows flattened (flat_step), its layers in one native call (the kernel
+executor.fused_step calls), then the heads.
+
+The heads that plain traffic asks for run on the native kernels too: a token drawn greedily or at
+a temperature, its logprobs and alternatives, a pooled last state. A step with a row that asks
+for anything else (top-k, top-p or min-p cuts, penalties, logit bias, a seed, a grammar, label
+logprobs, prompt logprobs, mean or cls pooling) goes through the torch heads (executor.heads) on
+the same hidden states and the same weights, importing torch the first time one does: a server
+whose requests never ask for those never loads it."""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import math
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
+
+import numpy as np
+
+from kernels.cpu import _native
+from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
+from prelude.contract.sampling import SamplingParams
+from prelude.contract.stop import StopFlag
+from prelude.executor.flat_step import FlatStep, flat_step
+from prelude.host_tuning import zeroed_pages
+from prelude.model.native_decoder import NativeDecoder
+
+if TYPE_CHECKING:
+    import torch
+
+    from prelude.model.attention import GraphKind
+
+logger = logging.getLogger(__name__)
+
+Wanted = tuple[int, OutputSpec, "PrefillRow | DecodeRow"]
+
+
+class HostKVCache:
+    """The paged KV pool, per layer K and V as [blocks, block_size, kv_heads, head_dim] fp32
+    (executor.kv_cache's layout, in host_tuning.zeroed_pages)."""
+
+    def __init__(self, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int):
+        dims = (layers, blocks, block_size, kv_heads, head_dim)
+        self.block_size = block_size
+        self.k, self.v = (np.frombuffer(zeroed_pages(math.prod(dims) * 4), np.float32).reshape(dims)
+                          for _ in range(2))
+
+
+@dataclass(slots=True)
+class HostProgress:
+    """A prefill step that may be parked (ModelRunner's Progress, natively)."""
+
+    prefills: Sequence[PrefillRow]
+    flat: FlatStep
+    steps: Any  # kernels/cpu/_native.pyi: ResumableStep
+    x: np.ndarray
+    outputs: int
+    held: tuple
+    parks: int = 0
+
+
+class HostRunner:
+    """executor.executors' Runner for a NativeDecoder."""
+
+    supports_items = True  # multi-item rows: the kernel masks each item from the others
+
+    def __init__(self, model: NativeDecoder, kv: HostKVCache, threads: int, seed: int = 0):
+        self.model = model
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.threads = threads
+        self._rng = np.random.default_rng(seed)  # unseeded draws: the server's --seed makes a run repeat
+        self._torch_heads: TorchHeads | None = None
+
+    @staticmethod
+    def thread_context() -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def has_graph(self, kind: GraphKind, tokens: int, rows: int) -> bool:
+        return False
+
+    def warmup(self) -> None:
+        """Nothing to warm: the weights were stored for the kernels as they loaded."""
+
+    def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], graph: GraphKind | None = None,
+            on_launch: Callable[[], None] | None = None) -> BatchResult:
+        flat = flat_step(prefills, decodes, self.block_size)
+        arguments, x, outputs, _ = self._arguments(flat)
+        if on_launch is not None:
+            on_launch()
+        _native.forward_step(*arguments)
+        return BatchResult(self._heads(x[:outputs], prefills, decodes, flat))
+
+    def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> HostProgress:
+        flat = flat_step(prefills, (), self.block_size)
+        arguments, x, outputs, held = self._arguments(flat)
+        resumable: Callable[..., Any] = _native.ResumableStep
+        return HostProgress(prefills, flat, resumable(*arguments, stop.check_every_macs), x, outputs, held)
+
+    def advance(self, progress: HostProgress, stop: StopFlag) -> BatchResult | None:
+        if not progress.steps.advance(stop.address):
+            progress.parks += 1
+            return None
+        return BatchResult(self._heads(progress.x[:progress.outputs], progress.prefills, (), progress.flat))
+
+    def _arguments(self, flat: FlatStep) -> tuple[tuple, np.ndarray, int, tuple]:
+        """forward_step's arguments (kernels/cpu/_native.pyi), the embeddings it computes over in
+        place, how many of its rows hold the read states, and the arrays the pointers name."""
+        m, c, kv = self.model, self.model.config, self.kv
+        ids, positions, slots = flat.tokens
+        x = m.embedding.rows(ids)
+        keep = None if flat.read is None else np.array(flat.read, np.int64)
+        rows = len(flat.context_lens)
+        decode_from = rows  # the trailing rows of one stored token each
+        while decode_from and flat.starts[decode_from] - flat.starts[decode_from - 1] == 1 and flat.stored[
+                decode_from - 1]:
+            decode_from -= 1
+        # Each row's blocks of its context and stored tokens: a row that stores nothing (a OneShot
+        # prompt) has none.
+        blocks = [table[:-(-(ctx + flat.starts[i + 1] - flat.starts[i]) // self.block_size)]
+                  for i, (table, ctx) in enumerate(zip(flat.block_tables, flat.context_lens))]
+        width = max([1, *map(len, blocks)])
+        tables = np.zeros((rows, width), np.int64)
+        for i, row_blocks in enumerate(blocks):
+            tables[i, :len(row_blocks)] = row_blocks
+        starts = np.array(flat.starts, np.int64)
+        lens = np.array(flat.context_lens, np.int64)
+        item_starts = item_lengths = None
+        if flat.item_lengths is not None:
+            item_starts = np.array([0, *np.cumsum([len(items) for items in flat.item_lengths])], np.int64)
+            item_lengths = np.array([n for items in flat.item_lengths for n in items] or [0], np.int64)
+        threads = 1 if decode_from == 0 and m.single_threaded_decode else self.threads
+        table = m.layer_table(kv.k, kv.v)
+        arguments = (table.ctypes.data, c.num_layers, m.final_norm.ctypes.data, c.hidden_size, c.num_heads,
+                     c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size, c.rms_norm_eps, rows,
+                     len(ids), decode_from, starts.ctypes.data, lens.ctypes.data, tables.ctypes.data, width,
+                     m.rotary.ctypes.data, positions.ctypes.data, slots.ctypes.data, _ptr(keep),
+                     0 if keep is None else len(keep), _ptr(item_starts), _ptr(item_lengths), x.ctypes.data, threads)
+        held = (flat, x, keep, tables, starts, lens, item_starts, item_lengths)
+        return arguments, x, len(x) if keep is None else len(keep), held
+
+    def _heads(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
+               flat: FlatStep) -> list[RowResult]:
+        wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
+        wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
+        if not all(_native_head(spec) for _, spec, _ in wanted):
+            return self._torch(hidden, prefills, decodes, flat)
+        results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
+        last = [_index(flat, flat.starts[i + 1] - 1) for i, _, _ in wanted]
+        sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
+        if sampled:
+            states = np.ascontiguousarray(hidden[[last[k] for k in sampled]])
+            head = self.model.head if self.model.head is not None else self.model.embedding
+            tokens = _sample(head.matmul(states, self.threads), [wanted[k][1].sample for k in sampled], self._rng,
+                             self.threads)
+            for k, token in zip(sampled, tokens):
+                results[k].token = token
+        for k, (_, spec, _) in enumerate(wanted):
+            if spec.pooling == "last":
+                state = hidden[last[k]].astype(np.float32)
+                if spec.normalize:
+                    state = state / max(float(np.linalg.norm(state)), 1e-12)
+                results[k].pooled = state.tolist()
+        return results
+
+    def _torch(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
+               flat: FlatStep) -> list[RowResult]:
+        """The torch heads (executor.heads) over the same states and weights."""
+        import torch
+
+        from prelude.executor.heads import row_results
+        from prelude.executor.runner import last_positions, start_masks
+        from prelude.model.attention import StepLayout
+
+        if self._torch_heads is None:
+            logger.info("torch loaded for the heads of a request the native ones do not take "
+                        "(a top-k, top-p or min-p cut, penalties, a seed, a grammar, label or prompt logprobs, "
+                        "mean or cls pooling)")
+            torch.set_num_threads(self.threads)
+            self._torch_heads = TorchHeads(self.model, self.threads)
+        slots = torch.from_numpy(flat.tokens[2])
+        layout = StepLayout(flat.starts, flat.context_lens, flat.block_tables, flat.stored, flat.num_prefill_rows,
+                            slots, slots, flat.item_lengths)
+        with torch.inference_mode():
+            masks = start_masks(prefills, decodes, torch.device("cpu"))
+            return row_results(self._torch_heads, torch.from_numpy(hidden), prefills, decodes, layout,
+                               last_positions, masks, flat.read)
+
+
+class TorchHeads:
+    """What executor.heads calls on a model (executor.runnable.RunnableModel's heads), over a
+    NativeDecoder's weights."""
+
+    classifier_pooling = "last"
+
+    def __init__(self, model: NativeDecoder, threads: int):
+        self.model = model
+        self.config = model.config
+        self.threads = threads
+        self.head = model.head if model.head is not None else model.embedding
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.from_numpy(self.head.matmul(np.ascontiguousarray(hidden.float().numpy()), self.threads))
+
+    def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+        import torch
+
+        return hidden @ torch.from_numpy(self.head.rows(np.array(token_ids, np.int64))).t()
+
+    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("classify requests reach only *ForSequenceClassification models")
+
+
+def _native_head(spec: OutputSpec) -> bool:
+    """Whether the native heads give this row's results: a token drawn plainly, or the last
+    state pooled."""
+    if spec.only_samples:
+        return _plain(spec.sample)
+    return (spec.pooling == "last" and spec.sample is None and spec.label_token_ids is None
+            and spec.prompt_logprobs is None and not spec.classify and spec.grammar is None)
+
+
+def _plain(params: SamplingParams | None) -> bool:
+    """A draw the native kernels make alone: argmax, or the whole tempered distribution, unseeded."""
+    if params is None or params.restricts_logits:
+        return False
+    return params.greedy or (params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
+                             and params.seed is None)
+
+
+def _index(flat: FlatStep, position: int) -> int:
+    """Where the state of step position `position` lies in the forward's output."""
+    if flat.read is None:
+        return position
+    return bisect.bisect_left(flat.read, position)
+
+
+def _sample(logits: np.ndarray, params: Sequence[SamplingParams | None], rng: np.random.Generator,
+            threads: int) -> list[TokenLogprob]:
+    """Each row's token (executor.sampler.sample's, for plain rows) and, where asked, its logprobs."""
+    rows, vocab = logits.shape
+    drawn = [k for k, p in enumerate(params) if p is not None and not p.greedy]
+    tokens = array("q", bytes(8 * rows))
+    if len(drawn) < rows:
+        _native.greedy_tokens(logits.ctypes.data, rows, vocab, vocab, tokens.buffer_info()[0], threads)
+    if drawn:
+        subset = logits if len(drawn) == rows else np.ascontiguousarray(logits[drawn])
+        inverse = array("f", [1.0 / p.temperature for k, p in enumerate(params) if k in drawn and p is not None])
+        uniforms = rng.random(len(drawn))
+        out = array("q", bytes(8 * len(drawn)))
+        _native.sample_tokens(subset.ctypes.data, len(drawn), vocab, vocab, inverse.buffer_info()[0],
+                              uniforms.ctypes.data, out.buffer_info()[0], threads)
+        for k, token in zip(drawn, out):
+            tokens[k] = token
+    results = [TokenLogprob(t, 0.0, []) for t in tokens]
+    reported = [k for k, p in enumerate(params) if p is not None and p.logprobs is not None]
+    if reported:
+        top = max(params[k].logprobs or 0 for k in reported)  # type: ignore[union-attr]
+        subset = logits if len(reported) == rows else np.ascontiguousarray(logits[reported])
+        n = len(reported)
+        targets, ranks = array("q", [tokens[k] for k in reported]), array("q", bytes(8 * n))
+        logprobs, top_ids, top_values = array("f", bytes(4 * n)), array("q", bytes(8 * n * top)), \
+            array("f", bytes(4 * n * top))
+        _native.token_logprobs(subset.ctypes.data, n, vocab, vocab, targets.buffer_info()[0], top,
+                               logprobs.buffer_info()[0], ranks.buffer_info()[0], top_ids.buffer_info()[0],
+                               top_values.buffer_info()[0], threads)
+        for r, k in enumerate(reported):
+            wanted = params[k].logprobs or 0  # type: ignore[union-attr]
+            alternatives = [(top_ids[j], top_values[j]) for j in range(r * top, r * top + top) if top_ids[j] >= 0]
+            results[k] = TokenLogprob(tokens[k], logprobs[r], alternatives[:wanted], ranks[r])
+    return results
+
+
+def _ptr(values: np.ndarray | None) -> int:
+    return 0 if values is None else values.ctypes.data

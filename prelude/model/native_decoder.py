@@ -1,0 +1,224 @@
+"""A decoder's weights as the CPU's native kernels keep them, and its step's layers in one native
+call, without torch: the checkpoint is read from its memory map into numpy arrays the kernels
+point to (kernels/cpu/_native), and nothing here imports torch.
+
+It holds what executor.fused_step binds from a loaded DecoderLM, in the same formats and layouts
+(model.cpu_linear's), so the two run the same kernels on the same bytes: the layers' projections
+packed into panels (q/k/v and gate/up fused, as DecoderLM fuses them), the embedding (which a
+tied head multiplies by) in the head's layout, the norms in fp32, the rotary table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prelude.model.checkpoint_arrays import BF16_SOURCE, Checkpoint, NotNative, Source, fp32
+from prelude.model.config import ModelConfig
+from prelude.model.rotary import rotary_table
+from prelude.model.weight_formats import BY_ROWS, CODES, HEAD_LAYOUTS, PANELS, placement, storable_shape
+
+try:
+    from kernels.cpu import _native
+except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
+    _native = None  # type: ignore[assignment]
+
+# The kernels' weight format codes (weight_formats.CODES).
+FLOAT32, BFLOAT16, INT8, BF16X3, BF16X2 = (CODES[name] for name in ("float32", "bfloat16", "int8", "bf16x3",
+                                                                      "bf16x2"))
+_BYTES = {FLOAT32: 4, BFLOAT16: 2, INT8: 1, BF16X3: 4, BF16X2: 2}
+_ONE_THREAD_LAYER_WEIGHTS = 1 << 21  # executor.fused_step's: a small model decodes on one thread
+
+
+@dataclass(frozen=True, slots=True)
+class NativeWeight:
+    """An [outputs, inputs] weight as the kernels read it (kernels/cpu/weights.hpp)."""
+
+    data: np.ndarray
+    scales: np.ndarray | None
+    format: int
+    layout: int
+    outputs: int
+    inputs: int
+
+    @property
+    def scales_ptr(self) -> int:
+        return 0 if self.scales is None else self.scales.ctypes.data
+
+    def matmul(self, x: np.ndarray, threads: int) -> np.ndarray:
+        """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs] fp32."""
+        out = np.empty((x.shape[0], self.outputs), np.float32)
+        _native.matmul(x.ctypes.data, x.shape[0], self.data.ctypes.data, self.scales_ptr, self.format, self.layout,
+                       self.inputs, out.ctypes.data, self.outputs, threads)
+        return out
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` (int64) widened to fp32: an embedding lookup."""
+        out = np.empty((len(ids), self.inputs), np.float32)
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
+            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
+        format = BFLOAT16 if self.format == BF16X2 else self.format  # its one packing is bf16's
+        _native.rows_of(self.data.ctypes.data, self.scales_ptr, format, self.inputs, ids.ctypes.data, len(ids),
+                        out.ctypes.data, self.layout)
+        return out
+
+
+def store(source: Source, format: int, layout: int, threads: int) -> NativeWeight:
+    """A checkpoint tensor (fp32 or bf16) in `format` and `layout`, as model.cpu_linear.store."""
+    outputs, inputs = source.shape
+    array = np.ascontiguousarray(source.array)
+    pack_format = BFLOAT16 if format in (BF16X2, BF16X3) else format
+    scales = None
+    if format == BF16X3:
+        size = _native.packed_size(outputs, inputs) * 2
+        data = np.empty(2 * size, np.uint8)
+        rest = array - bf16_rounded(array)  # what bf16 leaves of each weight, packed in bf16 again
+        for half, part in enumerate((array, rest)):
+            _native.pack_linear(part.ctypes.data, outputs, inputs, BFLOAT16, data[half * size:].ctypes.data, 0,
+                                threads, 0)
+        return NativeWeight(data, None, format, layout, outputs, inputs)
+    if layout == PANELS:
+        data = np.empty(_native.packed_size(outputs, inputs) * _BYTES[format], np.uint8)
+        if format == INT8:
+            scales = np.empty(_native.scales_size(outputs), np.float32)
+        _native.pack_linear(array.ctypes.data, outputs, inputs, pack_format, data.ctypes.data,
+                            0 if scales is None else scales.ctypes.data, threads, source.code)
+    else:
+        data = np.empty(outputs * inputs * _BYTES[format], np.uint8)
+        if format == INT8:
+            scales = np.empty(outputs, np.float32)
+        _native.convert_weight(array.ctypes.data, outputs, inputs, pack_format, data.ctypes.data,
+                               0 if scales is None else scales.ctypes.data, threads, source.code)
+    return NativeWeight(data, scales, format, layout, outputs, inputs)
+
+
+def _stored(source: Source, format: str, head: bool, threads: int) -> NativeWeight:
+    """A weight kept where weight_formats.placement puts it (model.layers' choice): a layer's in
+    panels, a head in its format's layout; fp32 by rows where it would stay as loaded."""
+    layout = HEAD_LAYOUTS.get(format, BY_ROWS) if head else PANELS
+    placed = placement(format, layout, source.code == BF16_SOURCE, source.shape[1])
+    if placed is None and head and storable_shape("float32", BY_ROWS, source.shape[1]):
+        placed = ("float32", BY_ROWS)
+    if placed is None:  # the torch model keeps it as loaded, and runs its layers op by op
+        raise NotNative(f"a weight of {source.shape[1]} columns the kernels do not take in {format}")
+    return store(source, CODES[placed[0]], placed[1], threads)
+
+
+def bf16_rounded(weight: np.ndarray) -> np.ndarray:
+    """fp32 values rounded to bf16's (to nearest, ties to even, as torch converts), in fp32."""
+    bits = weight.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeLayer:
+    input_norm: np.ndarray
+    qkv_bias: np.ndarray | None
+    q_norm: np.ndarray | None
+    k_norm: np.ndarray | None
+    post_norm: np.ndarray
+    projections: tuple[NativeWeight, NativeWeight, NativeWeight, NativeWeight]  # qkv, o, gate/up, down
+
+
+class NativeDecoder:
+    """A *ForCausalLM or *Model decoder (Qwen3, Qwen2, Llama) on the native kernels."""
+
+    def __init__(self, config: ModelConfig, layers: list[NativeLayer], embedding: NativeWeight,
+                 head: NativeWeight | None, final_norm: np.ndarray, rotary: np.ndarray):
+        self.config = config
+        self.layers = layers
+        self.embedding = embedding
+        self.head = head
+        self.final_norm = final_norm
+        self.rotary = rotary
+        layer_weights = sum(w.outputs * w.inputs for w in layers[0].projections) if layers else 0
+        self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
+        self._table: tuple[int, np.ndarray] | None = None
+
+    @staticmethod
+    def check(config: ModelConfig, format: str | None) -> None:
+        """Raises NotNative unless this runs the config in `format` (loader.cpu_weight_format's)."""
+        if config.encoder is not None or config.head not in ("ForCausalLM", "Model"):
+            raise NotNative(f"{config.architecture}: only causal-LM and embedding decoders")
+        if _native is None:
+            raise NotNative("the native kernels are not built")
+        if config.int8_weights or format not in CODES or format == "bf16x2":
+            raise NotNative(f"weights stored {format}")
+        c = config
+        if not (c.hidden_size % 8 == 0 and c.intermediate_size % 8 == 0 and c.head_dim % 16 == 0
+                and (c.num_heads * c.head_dim) % 8 == 0 and c.num_heads % c.num_kv_heads == 0):
+            raise NotNative("sizes the native step does not take")  # executor.fused_step's
+
+    @classmethod
+    def load(cls, files: list[Path], config: ModelConfig, format: str | None, max_positions: int,
+             threads: int) -> NativeDecoder:
+        cls.check(config, format)
+        assert format is not None
+        checkpoint = Checkpoint(files)
+        try:
+            layers = [cls._layer(checkpoint, config, i, format, threads) for i in range(config.num_layers)]
+            embedding = _stored(checkpoint["model.embed_tokens.weight"], format, True, threads)
+            head = None  # the embedding's (tied, or an embedding checkpoint's)
+            if config.head == "ForCausalLM" and not config.tie_word_embeddings:
+                head = _stored(checkpoint["lm_head.weight"], format, True, threads)
+            final_norm = fp32(checkpoint["model.norm.weight"])
+        finally:
+            checkpoint.close()
+        return cls(config, layers, embedding, head, final_norm, rotary_table(config.rope, config.head_dim,
+                                                                                 max_positions))
+
+    @staticmethod
+    def _layer(checkpoint: Checkpoint, config: ModelConfig, i: int, format: str, threads: int) -> NativeLayer:
+        p = f"model.layers.{i}."
+        a, m = p + "self_attn.", p + "mlp."
+
+        def packed(source: Source) -> NativeWeight:
+            return _stored(source, format, False, threads)
+
+        bias = None
+        if config.attention_bias:
+            bias = fp32(checkpoint.fused(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"))
+        return NativeLayer(
+            fp32(checkpoint[p + "input_layernorm.weight"]), bias,
+            fp32(checkpoint[a + "q_norm.weight"]) if config.qk_norm else None,
+            fp32(checkpoint[a + "k_norm.weight"]) if config.qk_norm else None,
+            fp32(checkpoint[p + "post_attention_layernorm.weight"]),
+            (packed(checkpoint.fused(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")),
+             packed(checkpoint[a + "o_proj.weight"]),
+             packed(checkpoint.fused(m + "gate_proj.weight", m + "up_proj.weight")),
+             packed(checkpoint[m + "down_proj.weight"])))
+
+    def layer_table(self, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
+        """[layers, 23] int64 (kernels/cpu/step_layers.hpp's LayerWeights), built once per cache."""
+        k = k_cache.ctypes.data
+        if self._table is not None and self._table[0] == k:
+            return self._table[1]
+        layer_bytes = k_cache.strides[0]
+        rows = []
+        for i, layer in enumerate(self.layers):
+            row = [layer.input_norm.ctypes.data, _ptr(layer.qkv_bias), _ptr(layer.q_norm), _ptr(layer.k_norm),
+                   layer.post_norm.ctypes.data, k + i * layer_bytes, v_cache.ctypes.data + i * layer_bytes]
+            for w in layer.projections:
+                row += [w.data.ctypes.data, w.scales_ptr, w.format, w.layout]
+            rows.append(row)
+        table = np.array(rows, np.int64)
+        self._table = (k, table)
+        return table
+
+    @property
+    def formats(self) -> list[str]:
+        """The formats the weights are kept in (model.layers.stored_formats' names)."""
+        names = {FLOAT32: "float32", BFLOAT16: "bfloat16", INT8: "int8", BF16X3: "bf16x3", BF16X2: "bf16x2"}
+        weights = [w for layer in self.layers for w in layer.projections] + [self.embedding]
+        return sorted({names[w.format] for w in weights})
+
+    @property
+    def nbytes(self) -> int:
+        weights = [w for layer in self.layers for w in layer.projections] + [self.embedding]
+        if self.head is not None and self.head is not self.embedding:
+            weights.append(self.head)
+        return sum(w.data.nbytes + (0 if w.scales is None else w.scales.nbytes) for w in weights)
+
+
+def _ptr(array: np.ndarray | None) -> int:
+    return 0 if array is None else array.ctypes.data

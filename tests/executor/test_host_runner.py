@@ -1,0 +1,131 @@
+"""The runner without torch (executor.host_runner over model.native_decoder) gives the torch
+runner's results (executor.runner over model.loader's DecoderLM and executor.fused_step) on the
+same checkpoint and the same steps: for Qwen3 (q/k norms), Qwen2 (q/k/v bias) and Llama, from fp32
+and bf16 checkpoints, in fp32, bf16 and int8; prompt rows beside decode rows over the paged cache,
+tokens drawn greedily with their logprobs, last-state pooling on the native heads, and the rows the
+native heads leave to torch's (a seeded top-p draw, label logprobs, prompt logprobs, mean pooling).
+A long step run resumably parks while its flag is up and then ends with the same results."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import ops as cpu_ops
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow
+from prelude.contract.sampling import GREEDY, SamplingParams
+from prelude.contract.stop import StopFlag
+from prelude.executor.attention.torch_ref import TorchAttention
+from prelude.executor.fused_step import native_step
+from prelude.executor.host_runner import HostKVCache, HostRunner
+from prelude.executor.kv_cache import KVCache, KVCacheShape
+from prelude.executor.runner import ModelRunner
+from prelude.model.config import ModelConfig
+from prelude.model.loader import cpu_weight_format, load_model
+from prelude.model.checkpoint_arrays import checkpoint_files
+from prelude.model.native_decoder import NativeDecoder, NotNative
+from prelude.model.weight_formats import stored_format
+from prelude.model.ops import select_ops
+from tests.checkpoints import make_checkpoint
+
+pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
+
+BLOCK = 4
+BLOCKS = 64
+
+
+def _runners(path, dtype: str = "auto", quantization: str = "none") -> tuple[ModelRunner, HostRunner]:
+    """Both runners over the checkpoint, as runner_setup builds them, each with its own cache."""
+    config = ModelConfig.from_dir(path)
+    dtype_t = {"auto": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    compute, format = cpu_weight_format(dtype_t, quantization, config)
+    ops = select_ops(torch.device("cpu"))
+    model = load_model(path, config, compute, torch.device("cpu"), max_positions=256, ops=ops, weight_format=format)
+    cache = KVCache(KVCacheShape.for_model(config, BLOCKS, BLOCK, torch.float32), torch.device("cpu"))
+    torch_runner = ModelRunner(model, TorchAttention(cache), torch.device("cpu"), BLOCK, native_step(model, ops))
+    assert torch_runner.native is not None
+    native = NativeDecoder.load(checkpoint_files(path), config, stored_format(dtype, quantization, config), 256,
+                                torch.get_num_threads())
+    kv = HostKVCache(config.num_layers, BLOCKS, BLOCK, config.num_kv_heads, config.head_dim)
+    return torch_runner, HostRunner(native, kv, torch.get_num_threads())
+
+
+def _assert_same(torch_results, host_results, logprob_tolerance: float = 2e-4):
+    assert len(torch_results.rows) == len(host_results.rows)
+    for expected, got in zip(torch_results.rows, host_results.rows):
+        assert got.seq_id == expected.seq_id
+        if expected.token is not None:
+            assert got.token.token_id == expected.token.token_id
+            assert got.token.logprob == pytest.approx(expected.token.logprob, abs=logprob_tolerance)
+            assert [t for t, _ in got.token.top] == [t for t, _ in expected.token.top]
+            assert got.token.rank == expected.token.rank
+        for field in ("pooled", "label_logprobs", "scores"):
+            want, have = getattr(expected, field), getattr(got, field)
+            assert (want is None) == (have is None), field
+            if want is not None:
+                assert have == pytest.approx(want, abs=logprob_tolerance), field
+        if expected.prompt_logprobs is not None:
+            assert [e.token_id for e in got.prompt_logprobs] == [e.token_id for e in expected.prompt_logprobs]
+            assert [e.logprob for e in got.prompt_logprobs] == pytest.approx(
+                [e.logprob for e in expected.prompt_logprobs], abs=logprob_tolerance)
+
+
+def _prompt(seed: int, n: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+CASES = [("qwen3", None, "auto", "none"), ("qwen2", None, "auto", "none"), ("llama", None, "auto", "none"),
+         ("qwen3", torch.bfloat16, "auto", "none"), ("qwen3", None, "bfloat16", "none"),
+         ("qwen3", torch.bfloat16, "auto", "int8"), ("llama", None, "auto", "int8")]
+
+
+@pytest.mark.parametrize("family,saved,dtype,quantization", CASES)
+def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dtype, quantization):
+    path = make_checkpoint(tmp_path / family, family, dtype=saved, hidden_size=128, intermediate_size=256)
+    try:
+        torch_runner, host = _runners(path, dtype, quantization)
+    except NotNative as exc:  # fp32 weights on AMX are bf16x3, which only the torch runner keeps
+        pytest.skip(str(exc))
+    vocab = torch_runner.model.config.vocab_size
+    reported = OutputSpec(sample=SamplingParams(temperature=0.0, logprobs=3))
+    # A step of prompts stored in the cache (their first chunks and a whole one).
+    first = [PrefillRow(1, _prompt(1, 9, vocab), 0, [0, 1, 2], reported),
+             PrefillRow(2, _prompt(2, 6, vocab), 0, [5, 3], OutputSpec(sample=GREEDY)),
+             PrefillRow(3, _prompt(3, 4, vocab), 0, [9], None)]
+    _assert_same(torch_runner.run(first, ()), host.run(first, ()))
+    # Then decode rows over that cache beside a chunk over a cached context and a OneShot prompt.
+    second_prefills = [PrefillRow(3, _prompt(4, 5, vocab), 4, [9, 10, 11], OutputSpec(sample=GREEDY)),
+                       PrefillRow(4, _prompt(5, 7, vocab), 0, [], OutputSpec(pooling="last"))]
+    decodes = [DecodeRow(1, 17, 9, [0, 1, 2], reported), DecodeRow(2, 23, 6, [5, 3], OutputSpec(sample=GREEDY))]
+    _assert_same(torch_runner.run(second_prefills, decodes), host.run(second_prefills, decodes))
+    # Rows the native heads leave to torch's, in one step beside a plain one.
+    torch_heads = [PrefillRow(5, _prompt(6, 8, vocab), 0, [], OutputSpec(sample=SamplingParams(top_p=0.5, seed=3))),
+                   PrefillRow(6, _prompt(7, 8, vocab), 0, [], OutputSpec(label_token_ids=(3, 7, 11))),
+                   PrefillRow(7, _prompt(8, 8, vocab), 0, [], OutputSpec(sample=GREEDY, prompt_logprobs=2)),
+                   PrefillRow(8, _prompt(9, 8, vocab), 0, [], OutputSpec(pooling="mean")),
+                   PrefillRow(9, _prompt(10, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
+    _assert_same(torch_runner.run(torch_heads, ()), host.run(torch_heads, ()))
+
+
+def test_a_resumable_step_parks_while_its_flag_is_up_and_ends_with_the_same_results(tmp_path):
+    path = make_checkpoint(tmp_path / "qwen3", "qwen3", hidden_size=128, intermediate_size=256)
+    torch_runner, host = _runners(path)
+    vocab = host.model.config.vocab_size
+    rows = [PrefillRow(i, _prompt(i, 40, vocab), 0, [], OutputSpec(sample=SamplingParams(temperature=0.0,
+                                                                                           logprobs=2)))
+            for i in range(3)]
+    stop = StopFlag(check_every_macs=1)
+    progress = host.start(rows, stop)
+    stop.set()
+    assert host.advance(progress, stop) is None
+    stop.clear()
+    _assert_same(torch_runner.run(rows, ()), host.advance(progress, stop))
+
+
+def test_what_the_native_runner_does_not_take_is_left_to_the_torch_runner(tmp_path):
+    classifier = make_checkpoint(tmp_path / "cls", "qwen3", head="ForSequenceClassification", num_labels=2)
+    config = ModelConfig.from_dir(classifier)
+    with pytest.raises(NotNative):
+        NativeDecoder.load(checkpoint_files(classifier), config, "float32", 64, 1)
+    plain = ModelConfig.from_dir(make_checkpoint(tmp_path / "plain", "qwen3"))
+    with pytest.raises(NotNative):
+        NativeDecoder.check(plain, stored_format("float16", "none", plain))
