@@ -153,9 +153,8 @@ class HostRunner:
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
             states = np.ascontiguousarray(hidden[[last[k] for k in sampled]])
-            head = self.model.head if self.model.head is not None else self.model.embedding
-            tokens = _sample(head.matmul(states, self.threads), [wanted[k][1].sample for k in sampled], self._rng,
-                             self.threads)
+            tokens = _sample(self.model.lm_head.matmul(states, self.threads), [wanted[k][1].sample for k in sampled],
+                             self._rng, self.threads)
             for k, token in zip(sampled, tokens):
                 results[k].token = token
         for k, (_, spec, _) in enumerate(wanted):
@@ -200,7 +199,7 @@ class TorchHeads:
         self.model = model
         self.config = model.config
         self.threads = threads
-        self.head = model.head if model.head is not None else model.embedding
+        self.head = model.lm_head
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         import torch

@@ -188,6 +188,12 @@ class NativeDecoder:
              packed(checkpoint.fused(m + "gate_proj.weight", m + "up_proj.weight")),
              packed(checkpoint[m + "down_proj.weight"])))
 
+    @property
+    def lm_head(self) -> NativeWeight:
+        """The weight the LM head multiplies by: its own, else the embedding (tied, or an
+        embedding checkpoint's, as DecoderLM.compute_logits)."""
+        return self.embedding if self.head is None else self.head
+
     def layer_table(self, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
         """[layers, 23] int64 (kernels/cpu/step_layers.hpp's LayerWeights), built once per cache."""
         k = k_cache.ctypes.data
