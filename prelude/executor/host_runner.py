@@ -24,6 +24,7 @@ from kernels.cpu import _native
 from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.contract.sampling import SamplingParams
 from prelude.contract.stop import StopFlag
+from prelude.executor import native_heads
 from prelude.executor.flat_step import FlatStep, flat_step
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder
@@ -244,34 +245,25 @@ def _sample(logits: np.ndarray, params: Sequence[SamplingParams | None], rng: np
     """Each row's token (executor.sampler.sample's, for plain rows) and, where asked, its logprobs."""
     rows, vocab = logits.shape
     drawn = [k for k, p in enumerate(params) if p is not None and not p.greedy]
-    tokens = array("q", bytes(8 * rows))
-    if len(drawn) < rows:
-        _native.greedy_tokens(logits.ctypes.data, rows, vocab, vocab, tokens.buffer_info()[0], threads)
+    tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
+        array("q", bytes(8 * rows))
     if drawn:
         subset = logits if len(drawn) == rows else np.ascontiguousarray(logits[drawn])
-        inverse = array("f", [1.0 / p.temperature for k, p in enumerate(params) if k in drawn and p is not None])
+        inverse = [1.0 / params[k].temperature for k in drawn]  # type: ignore[union-attr]
         uniforms = rng.random(len(drawn))
-        out = array("q", bytes(8 * len(drawn)))
-        _native.sample_tokens(subset.ctypes.data, len(drawn), vocab, vocab, inverse.buffer_info()[0],
-                              uniforms.ctypes.data, out.buffer_info()[0], threads)
-        for k, token in zip(drawn, out):
+        for k, token in zip(drawn, native_heads.draw(subset.ctypes.data, len(drawn), vocab, vocab, inverse,
+                                                     uniforms.ctypes.data, threads)):
             tokens[k] = token
     results = [TokenLogprob(t, 0.0, []) for t in tokens]
     reported = [k for k, p in enumerate(params) if p is not None and p.logprobs is not None]
     if reported:
-        top = max(params[k].logprobs or 0 for k in reported)  # type: ignore[union-attr]
         subset = logits if len(reported) == rows else np.ascontiguousarray(logits[reported])
-        n = len(reported)
-        targets, ranks = array("q", [tokens[k] for k in reported]), array("q", bytes(8 * n))
-        logprobs, top_ids, top_values = array("f", bytes(4 * n)), array("q", bytes(8 * n * top)), \
-            array("f", bytes(4 * n * top))
-        _native.token_logprobs(subset.ctypes.data, n, vocab, vocab, targets.buffer_info()[0], top,
-                               logprobs.buffer_info()[0], ranks.buffer_info()[0], top_ids.buffer_info()[0],
-                               top_values.buffer_info()[0], threads)
-        for r, k in enumerate(reported):
-            wanted = params[k].logprobs or 0  # type: ignore[union-attr]
-            alternatives = [(top_ids[j], top_values[j]) for j in range(r * top, r * top + top) if top_ids[j] >= 0]
-            results[k] = TokenLogprob(tokens[k], logprobs[r], alternatives[:wanted], ranks[r])
+        asked = [params[k].logprobs or 0 for k in reported]  # type: ignore[union-attr]
+        entries = native_heads.logprobs(subset.ctypes.data, len(reported), vocab, vocab,
+                                        [tokens[k] for k in reported], max(asked), threads)
+        for k, entry, wanted in zip(reported, entries, asked):
+            del entry.top[wanted:]  # the rows share one count, the most any of them asked for
+            results[k] = entry
     return results
 
 

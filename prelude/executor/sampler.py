@@ -2,23 +2,15 @@
 and the logprobs a request asked for."""
 from __future__ import annotations
 
-from array import array
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
 from prelude.contract.batch import TokenLogprob
 from prelude.contract.sampling import SamplingParams
+from prelude.executor import native_heads
+from prelude.executor.native_heads import greedy_tokens, native_logprobs, sample_tokens
 from prelude.structured.masks import apply_token_bitmask
-
-sample_tokens: Callable[..., None] | None
-greedy_tokens: Callable[..., None] | None
-native_logprobs: Callable[..., None] | None
-try:
-    from kernels.cpu._native import greedy_tokens, sample_tokens
-    from kernels.cpu._native import token_logprobs as native_logprobs
-except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    sample_tokens = greedy_tokens = native_logprobs = None
 
 
 class RowMasks(NamedTuple):
@@ -133,9 +125,7 @@ def _greedy_rows(logits: torch.Tensor) -> list[int]:
     if greedy_tokens is None or not _native_rows(logits):
         return logits.argmax(dim=-1).tolist()
     rows, vocab = logits.shape
-    tokens = array("q", bytes(8 * rows))
-    greedy_tokens(logits.data_ptr(), rows, vocab, logits.stride(0), tokens.buffer_info()[0], torch.get_num_threads())
-    return tokens.tolist()
+    return native_heads.greedy(logits.data_ptr(), rows, vocab, logits.stride(0), torch.get_num_threads()).tolist()
 
 
 def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> torch.Tensor:
@@ -148,12 +138,9 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     if (sample_tokens is not None and _native_rows(logits)
             and all(k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for k, p in zip(top_ks, params))):
         # The kernel reads plain buffers: an array costs a fraction of a tensor built from a list.
-        inverse_temperatures = array("f", [1.0 / p.temperature for p in params])
         uniforms = _uniforms(params, steps, logits.device)
-        drawn = array("q", bytes(8 * len(params)))
-        sample_tokens(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
-                      inverse_temperatures.buffer_info()[0], uniforms.data_ptr(), drawn.buffer_info()[0],
-                      torch.get_num_threads())
+        drawn = native_heads.draw(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
+                                  [1.0 / p.temperature for p in params], uniforms.data_ptr(), torch.get_num_threads())
         return torch.frombuffer(drawn, dtype=torch.long)
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
@@ -193,17 +180,9 @@ def token_logprobs(logits: torch.Tensor, targets: Sequence[int], top: int) -> li
     the row's `top` most likely tokens (none at -inf). fp32 rows on the CPU go to the native
     kernel (kernels/cpu/logprobs.hpp), which reads each row two or three times where torch's
     log_softmax, rank and topk make four passes and two tensors the size of the logits."""
-    rows = len(targets)
     if native_logprobs is not None and _native_rows(logits):
-        ids, ranks = array("q", targets), array("q", bytes(8 * rows))
-        logprobs, top_ids, top_values = array("f", bytes(4 * rows)), array("q", bytes(8 * rows * top)), \
-            array("f", bytes(4 * rows * top))
-        native_logprobs(logits.data_ptr(), rows, logits.shape[1], logits.stride(0), ids.buffer_info()[0], top,
-                        logprobs.buffer_info()[0], ranks.buffer_info()[0], top_ids.buffer_info()[0],
-                        top_values.buffer_info()[0], torch.get_num_threads())
-        return [TokenLogprob(t, lp, [(top_ids[k], top_values[k]) for k in range(r * top, r * top + top)
-                                     if top_ids[k] >= 0], rank)
-                for r, (t, lp, rank) in enumerate(zip(targets, logprobs, ranks))]
+        return native_heads.logprobs(logits.data_ptr(), len(targets), logits.shape[1], logits.stride(0), targets,
+                                     top, torch.get_num_threads())
     all_logprobs = torch.log_softmax(logits, dim=-1)
     chosen = all_logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])
     counted = (all_logprobs >= chosen).sum(dim=1).tolist()

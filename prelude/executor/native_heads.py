@@ -1,0 +1,52 @@
+"""The native kernels of the output heads (kernels/cpu/sample.hpp, logprobs.hpp), called on rows
+of fp32 logits by address: executor.sampler calls them on a tensor's, executor.host_runner on
+an array's, neither needing the other's library."""
+from __future__ import annotations
+
+from array import array
+from typing import Callable, Sequence
+
+from prelude.contract.batch import TokenLogprob
+
+sample_tokens: Callable[..., None] | None
+greedy_tokens: Callable[..., None] | None
+native_logprobs: Callable[..., None] | None
+try:
+    from kernels.cpu._native import greedy_tokens, sample_tokens
+    from kernels.cpu._native import token_logprobs as native_logprobs
+except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
+    sample_tokens = greedy_tokens = native_logprobs = None
+
+
+def greedy(logits: int, rows: int, vocab: int, stride: int, threads: int) -> array:
+    """Each row's argmax (the first of equal values), int64."""
+    assert greedy_tokens is not None
+    tokens = array("q", bytes(8 * rows))
+    greedy_tokens(logits, rows, vocab, stride, tokens.buffer_info()[0], threads)
+    return tokens
+
+
+def draw(logits: int, rows: int, vocab: int, stride: int, inverse_temperatures: Sequence[float], uniforms: int,
+         threads: int) -> array:
+    """Each row's token (int64) drawn from its tempered distribution by inverse CDF at its
+    uniform (`uniforms`: the address of one float64 per row)."""
+    assert sample_tokens is not None
+    inverse = array("f", inverse_temperatures)
+    drawn = array("q", bytes(8 * rows))
+    sample_tokens(logits, rows, vocab, stride, inverse.buffer_info()[0], uniforms, drawn.buffer_info()[0], threads)
+    return drawn
+
+
+def logprobs(logits: int, rows: int, vocab: int, stride: int, targets: Sequence[int], top: int,
+             threads: int) -> list[TokenLogprob]:
+    """For each row its target token's logprob under the row's log-softmax, its rank (the tokens
+    at least as likely, itself included) and the row's `top` most likely tokens."""
+    assert native_logprobs is not None
+    ids, ranks = array("q", targets), array("q", bytes(8 * rows))
+    values, top_ids, top_values = array("f", bytes(4 * rows)), array("q", bytes(8 * rows * top)), \
+        array("f", bytes(4 * rows * top))
+    native_logprobs(logits, rows, vocab, stride, ids.buffer_info()[0], top, values.buffer_info()[0],
+                    ranks.buffer_info()[0], top_ids.buffer_info()[0], top_values.buffer_info()[0], threads)
+    return [TokenLogprob(t, lp, [(top_ids[k], top_values[k]) for k in range(r * top, r * top + top)
+                                 if top_ids[k] >= 0], rank)
+            for r, (t, lp, rank) in enumerate(zip(targets, values, ranks))]
