@@ -77,16 +77,12 @@ def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig
     logger.info("loaded %s (%s, float32 activations) without torch, weights stored %s in %.2fs", model_dir,
                 model_config.architecture, "/".join(model.formats), cache_start - start)
     c = model_config
-    temp_per_token = 4 * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-                          + 3 * c.intermediate_size)
-    per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * 4
-    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    num_blocks = _cpu_blocks(config, c.kv_bytes_per_block(config.block_size, 4))
     kv = HostKVCache(c.num_layers, num_blocks, config.block_size, c.num_kv_heads, c.head_dim)
-    formats = model.formats
-    dtype_name = "float32" + (f", weights {'/'.join(formats)}" if formats != ["float32"] else "")
     phases = (("weights read and stored", cache_start - start), ("KV cache", time.perf_counter() - cache_start))
-    return RunnerSetup(HostRunner(model, kv, threads, config.seed), num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES,
-                       "cpu", dtype_name, phases, HostRunner.supports_items, threads)
+    return RunnerSetup(HostRunner(model, kv, threads, config.seed), num_blocks, _temp_bytes_per_token(c, 4),
+                       CPU_TEMP_MEMORY_BYTES, "cpu", _dtype_name("float32", model.formats), phases,
+                       HostRunner.supports_items, threads)
 
 
 def cuda_possible() -> bool:
@@ -137,14 +133,9 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     cache_start = time.perf_counter()
     phases.append(("weights read and stored", cache_start - weights_start))
     itemsize = torch.empty((), dtype=dtype).element_size()
-    c = model_config
-    temp_per_token = itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-                                 + 3 * c.intermediate_size)
-    per_block = KVCacheShape.bytes_per_block(model_config, config.block_size, dtype)
-    dtype_name = str(dtype).removeprefix("torch.")
-    formats = stored_formats(model) if weight_format is not None else []
-    if formats not in ([], ["float32"]):
-        dtype_name += f", weights {'/'.join(formats)}"
+    temp_per_token = _temp_bytes_per_token(model_config, itemsize)
+    per_block = model_config.kv_bytes_per_block(config.block_size, itemsize)
+    dtype_name = _dtype_name(str(dtype).removeprefix("torch."), stored_formats(model) if weight_format else [])
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)
@@ -152,12 +143,27 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
         return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
                            f"cuda ({torch.cuda.get_device_name(device)})", dtype_name, tuple(phases),
                            runner.attention.supports_items, threads)
-    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    num_blocks = _cpu_blocks(config, per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
     runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size, native_step(model, ops))
     phases.append(("KV cache", time.perf_counter() - cache_start))
     return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name, tuple(phases),
                        runner.attention.supports_items, threads)
+
+
+def _temp_bytes_per_token(c: ModelConfig, itemsize: int) -> int:
+    """What a step's activations take per token (the scheduler's temp budget counts them)."""
+    return itemsize * (4 * c.hidden_size + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + 3 * c.intermediate_size)
+
+
+def _cpu_blocks(config: Config, per_block: int) -> int:
+    """The KV blocks of a CPU pool: --num-kv-blocks, else what --kv-cache-memory-bytes holds."""
+    return config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+
+
+def _dtype_name(compute: str, formats: list[str]) -> str:
+    """The banner's dtype: the compute dtype, and the stored weights' formats where not its own."""
+    return compute if formats in ([], ["float32"]) else f"{compute}, weights {'/'.join(formats)}"
 
 
 def cuda_runner(config: Config, model, device, dtype, max_model_len: int, temp_per_token: int,

@@ -2,6 +2,7 @@
 torch: what executor.host_step puts in tensors and executor.host_runner runs from."""
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -122,3 +123,36 @@ def item_ends(end: int, items: Sequence[int]) -> list[int]:
     if not items:
         return [end - 1]
     return [end - sum(items[j:]) + items[j] - 1 for j in range(len(items))]
+
+
+@record
+class PagedRows:
+    """A step's rows as the native step reads them over the paged cache (the lists of
+    model.attention.PagedStepInputs): rows before `decode_from` are prompt rows, the rest decode
+    rows of one stored token each; `tables` is [rows, width] flattened, each row's blocks of its
+    context and stored tokens (none for a row that stores nothing), zero-padded; multi-item rows'
+    item lengths as PagedStepInputs has them (None: no row has items)."""
+
+    decode_from: int
+    tables: list[int]
+    width: int
+    item_starts: list[int] | None
+    item_lengths: list[int] | None
+
+
+def paged_rows(query_starts: Sequence[int], context_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
+               store_kv: Sequence[bool], item_lengths: Sequence[tuple[int, ...]] | None,
+               block_size: int) -> PagedRows:
+    rows = len(context_lens)
+    decode_from = rows  # the trailing rows of one stored token each
+    while decode_from and query_starts[decode_from] - query_starts[decode_from - 1] == 1 and store_kv[
+            decode_from - 1]:
+        decode_from -= 1
+    tables = [block_tables[row][:-(-(context_lens[row] + query_starts[row + 1] - query_starts[row]) // block_size)]
+              for row in range(rows)]
+    width = max([1, *map(len, tables)])
+    flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
+    if item_lengths is None or not any(item_lengths):
+        return PagedRows(decode_from, flat, width, None, None)
+    return PagedRows(decode_from, flat, width, [0, *itertools.accumulate(map(len, item_lengths))],
+                     [n for items in item_lengths for n in items] or [0])

@@ -23,6 +23,7 @@ from prelude.model.attention import AttentionBackend, PagedStepInputs
 from prelude.model.encoder import EncoderLM
 from prelude.model.decoder import DecoderLayer, DecoderLM
 from prelude.model.cpu_linear import FORMATS, PANELS, StoredWeight
+from prelude.model.native_decoder import ONE_THREAD_LAYER_WEIGHTS
 from prelude.model.ops import Ops
 
 StepKernel = Callable[..., None]  # kernels/cpu/_native.pyi: forward_step
@@ -30,12 +31,6 @@ ResumableKernel = Callable[..., "NativeSteps"]  # kernels/cpu/_native.pyi: Resum
 
 # LayerWeights' fields (kernels/cpu/step_layers.hpp): seven pointers, then four weights of four.
 _WEIGHT_FIELDS = 23
-# A model whose layers hold fewer weights than this decodes on one thread: a second one buys
-# little on so few weights (the demo model's) and takes the core the event loop streams tokens
-# from, while larger layers need both for their bandwidth (TPOT and CPU per request:
-# `python -m bench.serving.side_by_side`). Steps with prompt rows are compute-bound and always
-# use every thread.
-_ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 
 
 def native_step(model: DecoderLM | EncoderLM, ops: Ops) -> FusedStep | None:
@@ -58,7 +53,7 @@ class FusedStep:
         layers = model.model.layers
         layer_weights = sum(w.outputs * w.inputs for w in _projections(cast(DecoderLayer, layers[0]))) if len(
             layers) else 0
-        self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
+        self.single_threaded_decode = layer_weights < ONE_THREAD_LAYER_WEIGHTS
 
     @staticmethod
     def fits(model: DecoderLM) -> bool:

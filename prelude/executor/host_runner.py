@@ -25,7 +25,7 @@ from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRo
 from prelude.contract.sampling import SamplingParams
 from prelude.contract.stop import StopFlag
 from prelude.executor import native_heads
-from prelude.executor.flat_step import FlatStep, flat_step
+from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder
 
@@ -115,29 +115,19 @@ class HostRunner:
         x = m.embedding.rows(ids)
         keep = None if flat.read is None else np.array(flat.read, np.int64)
         rows = len(flat.context_lens)
-        decode_from = rows  # the trailing rows of one stored token each
-        while decode_from and flat.starts[decode_from] - flat.starts[decode_from - 1] == 1 and flat.stored[
-                decode_from - 1]:
-            decode_from -= 1
-        # Each row's blocks of its context and stored tokens: a row that stores nothing (a OneShot
-        # prompt) has none.
-        blocks = [table[:-(-(ctx + flat.starts[i + 1] - flat.starts[i]) // self.block_size)]
-                  for i, (table, ctx) in enumerate(zip(flat.block_tables, flat.context_lens))]
-        width = max([1, *map(len, blocks)])
-        tables = np.zeros((rows, width), np.int64)
-        for i, row_blocks in enumerate(blocks):
-            tables[i, :len(row_blocks)] = row_blocks
+        paged = paged_rows(flat.starts, flat.context_lens, flat.block_tables, flat.stored, flat.item_lengths,
+                           self.block_size)
+        decode_from = paged.decode_from
+        tables = np.array(paged.tables, np.int64)
         starts = np.array(flat.starts, np.int64)
         lens = np.array(flat.context_lens, np.int64)
-        item_starts = item_lengths = None
-        if flat.item_lengths is not None:
-            item_starts = np.array([0, *np.cumsum([len(items) for items in flat.item_lengths])], np.int64)
-            item_lengths = np.array([n for items in flat.item_lengths for n in items] or [0], np.int64)
+        item_starts = None if paged.item_starts is None else np.array(paged.item_starts, np.int64)
+        item_lengths = None if paged.item_lengths is None else np.array(paged.item_lengths, np.int64)
         threads = 1 if decode_from == 0 and m.single_threaded_decode else self.threads
         table = m.layer_table(kv.k, kv.v)
         arguments = (table.ctypes.data, c.num_layers, m.final_norm.ctypes.data, c.hidden_size, c.num_heads,
                      c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size, c.rms_norm_eps, rows,
-                     len(ids), decode_from, starts.ctypes.data, lens.ctypes.data, tables.ctypes.data, width,
+                     len(ids), decode_from, starts.ctypes.data, lens.ctypes.data, tables.ctypes.data, paged.width,
                      m.rotary.ctypes.data, positions.ctypes.data, slots.ctypes.data, _ptr(keep),
                      0 if keep is None else len(keep), _ptr(item_starts), _ptr(item_lengths), x.ctypes.data, threads)
         held = (flat, x, keep, tables, starts, lens, item_starts, item_lengths)

@@ -25,8 +25,7 @@ class KVCacheShape:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
+        return config.kv_bytes_per_block(block_size, torch.empty((), dtype=dtype).element_size())
 
     @classmethod
     def for_model(cls, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype):

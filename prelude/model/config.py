@@ -67,6 +67,10 @@ class ModelConfig:
     def num_labels(self) -> int:
         return len(self.id2label)
 
+    def kv_bytes_per_block(self, block_size: int, itemsize: int) -> int:
+        """A paged KV block's bytes over every layer, K and V, at `itemsize` bytes an element."""
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any], sep_id: int | None = None) -> ModelConfig:
         """`sep_id`: the tokenizer's separator, which a BERT pair's token types need."""

@@ -27,7 +27,12 @@ except ImportError:  # the extension is not built (a source checkout before `pip
 FLOAT32, BFLOAT16, INT8, BF16X3, BF16X2 = (CODES[name] for name in ("float32", "bfloat16", "int8", "bf16x3",
                                                                       "bf16x2"))
 _BYTES = {FLOAT32: 4, BFLOAT16: 2, INT8: 1, BF16X3: 4, BF16X2: 2}
-_ONE_THREAD_LAYER_WEIGHTS = 1 << 21  # executor.fused_step's: a small model decodes on one thread
+# A model whose layers hold fewer weights than this decodes on one thread: a second one buys
+# little on so few weights (the demo model's) and takes the core the event loop streams tokens
+# from, while larger layers need both for their bandwidth (TPOT and CPU per request:
+# `python -m bench.serving.side_by_side`). Steps with prompt rows are compute-bound and always
+# use every thread.
+ONE_THREAD_LAYER_WEIGHTS = 1 << 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,7 @@ class NativeDecoder:
         self.final_norm = final_norm
         self.rotary = rotary
         layer_weights = sum(w.outputs * w.inputs for w in layers[0].projections) if layers else 0
-        self.single_threaded_decode = layer_weights < _ONE_THREAD_LAYER_WEIGHTS
+        self.single_threaded_decode = layer_weights < ONE_THREAD_LAYER_WEIGHTS
         self._table: tuple[int, np.ndarray] | None = None
 
     @staticmethod

@@ -1,13 +1,13 @@
 """Reference attention in plain torch: runs anywhere, and is the oracle for the CUDA backends."""
 from __future__ import annotations
 
-import itertools
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from kernels.cpu.ops import CachedContext, prefill_wins
+from prelude.executor.flat_step import paged_rows
 from prelude.executor.kv_cache import KVCache
 from prelude.executor.attention.encoder_attention import bidirectional_attention
 from prelude.executor.attention.row_attention import causal_attention, chunk_attention, items_attention
@@ -78,25 +78,18 @@ class TorchAttention(AttentionBackend):
         layout, cache = self.layout, self.kv_cache
         if not self._native_cache(cache.k):
             return None
-        rows, block_size, dim = layout.num_rows, cache.block_size, cache.shape.head_dim
-        decode_from = rows  # the trailing rows of one stored token each
-        while decode_from and layout.query_len(decode_from - 1) == 1 and layout.store_kv[decode_from - 1]:
-            decode_from -= 1
-        tables = []
-        for row in range(rows):
-            n, ctx = layout.query_len(row), layout.context_lens[row]
-            if row < decode_from and not prefill_wins(n, ctx + n, dim):
+        paged = paged_rows(layout.query_starts, layout.context_lens, layout.block_tables, layout.store_kv,
+                           layout.item_lengths, cache.block_size)
+        dim = cache.shape.head_dim
+        for row in range(paged.decode_from):
+            n = layout.query_len(row)
+            if not prefill_wins(n, layout.context_lens[row] + n, dim):
                 return None
-            tables.append(layout.block_tables[row][:-(-(ctx + n) // block_size)])
-        width = max([1, *map(len, tables)])
-        flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
-        item_starts = item_lengths = None
-        if layout.item_lengths is not None and any(layout.item_lengths):
-            item_starts = torch.tensor([0, *itertools.accumulate(map(len, layout.item_lengths))])
-            item_lengths = torch.tensor([n for items in layout.item_lengths for n in items] or [0])
+        item_starts = None if paged.item_starts is None else torch.tensor(paged.item_starts)
+        item_lengths = None if paged.item_lengths is None else torch.tensor(paged.item_lengths)
         return PagedStepInputs(cache.k, cache.v, torch.tensor(layout.query_starts), torch.tensor(layout.context_lens),
-                               torch.tensor(flat, dtype=torch.long).view(rows, width),
-                               layout.slot_mapping.contiguous(), decode_from, item_starts, item_lengths)
+                               torch.tensor(paged.tables, dtype=torch.long).view(layout.num_rows, paged.width),
+                               layout.slot_mapping.contiguous(), paged.decode_from, item_starts, item_lengths)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None,
