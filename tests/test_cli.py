@@ -215,13 +215,15 @@ def test_bad_flag_value_is_named_as_typed(args, expected):
     assert "parse_bytes" not in err
 
 
-def test_startup_loads_no_library_that_only_some_requests_need(demo_model):
+@pytest.mark.parametrize("executor", ["model", "null"])
+def test_startup_loads_no_library_that_only_some_requests_need(demo_model, executor):
     """The chat template's compiler (jinja2) and the grammar library (llguidance) load when a
     request first needs them: 25 ms of every start, which a server of decisions never spends. A
     decoder the native kernels run whole is served without torch (executor.host_runner), which
-    loads with the first request whose heads need it: ~1 s and ~190 MiB of every start."""
+    loads with the first request whose heads need it: ~1 s and ~190 MiB of every start. The
+    benchmarks' null executor runs on the same runner, so it measures the same server."""
     script = ("import sys; from prelude.app.assembly import build; from prelude.contract.config import Config; "
-              f"build(Config(model={str(demo_model)!r}));"
+              f"build(Config(model={str(demo_model)!r}, executor={executor!r}));"
               "print(sorted(m for m in ('jinja2', 'llguidance', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", script], env=prelude_env(), capture_output=True, text=True,
                           timeout=60, check=False)

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         prelude_args = prelude_args[1:]
     if "--executor" not in prelude_args:
         prelude_args = ["--executor", "null", *prelude_args]
+    if "--device" not in prelude_args:  # the null executor on the runner a CUDA server runs (the torch one)
+        prelude_args = [*prelude_args, "--device", "cuda"]
 
     from prelude.executor.null_model import NullModel
 

@@ -1,5 +1,11 @@
 # A step's rows flattened into its token columns on the host (included by _native.pyx).
+from cpython cimport array
 from libc.stdint cimport int64_t
+from libcpp.vector cimport vector
+
+import array
+
+cdef array.array _INT64_ARRAY = array.array("q")
 
 
 def flatten_tokens(prefills, decodes, long block_size, size_t out_ptr, long n) -> None:
@@ -64,3 +70,29 @@ def flatten_tokens(prefills, decodes, long block_size, size_t out_ptr, long n) -
         k += 1
     if k != n:
         raise ValueError(f"the rows hold {k} tokens, the columns {n}")
+
+
+def paged_tables(query_starts, context_lens, block_tables, store_kv, long block_size):
+    """A step's rows over the paged cache as prelude/executor/flat_step.py's paged_rows lays them
+    out: (decode_from, tables, width). Rows from decode_from on are its trailing rows of one
+    stored token each; tables (int64, rows x width) holds each row's block table cut to the
+    blocks its context and new tokens fill, zero-padded to the widest (width at least 1)."""
+    cdef long rows = len(context_lens), row, need, width = 1, j, decode_from = rows
+    cdef vector[long] needs
+    while decode_from and <long>query_starts[decode_from] - <long>query_starts[decode_from - 1] == 1 \
+            and store_kv[decode_from - 1]:
+        decode_from -= 1
+    needs.resize(rows)
+    for row in range(rows):
+        need = (<long>context_lens[row] + <long>query_starts[row + 1] - <long>query_starts[row] + block_size - 1) \
+            // block_size  # a ceiling (the module divides as C does)
+        need = min(need, <long>len(block_tables[row]))
+        needs[row] = need
+        width = max(width, need)
+    cdef array.array tables = array.clone(_INT64_ARRAY, rows * width, zero=True)
+    cdef int64_t* out = <int64_t*>tables.data.as_longlongs
+    for row in range(rows):
+        table = block_tables[row]
+        for j in range(needs[row]):
+            out[row * width + j] = table[j]
+    return decode_from, tables, width

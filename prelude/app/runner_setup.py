@@ -4,6 +4,7 @@ model_runner_setup covers CPU and CUDA; null_runner_setup the benchmarks' null e
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import time
 from dataclasses import dataclass
@@ -44,12 +45,20 @@ class RunnerSetup:
 
 
 def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
+    """The null executor on the runner a decoder would be served on: the one without torch on
+    the CPU, else the torch runner (a CUDA server's host side, run on CPU tensors)."""
+    blocks = config.num_kv_blocks or 65536
+    if on_cpu(config) and native_built():
+        from prelude.executor.null_native import null_host_runner
+
+        runner: Runner = null_host_runner(model_config, config.block_size, frozenset(eos_ids))
+        return RunnerSetup(runner, blocks, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none")
     from prelude.executor.null_model import null_runner
 
     threads = set_compute_threads(config.cpu_threads)
-    runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
-    return RunnerSetup(runner, config.num_kv_blocks or 65536, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor)", "none",
-                       supports_items=runner.attention.supports_items, compute_threads=threads)
+    torch_runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
+    return RunnerSetup(torch_runner, blocks, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor, torch runner)", "none",
+                       supports_items=torch_runner.attention.supports_items, compute_threads=threads)
 
 
 def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig,
@@ -59,7 +68,7 @@ def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig
     from prelude.model.native_decoder import NativeDecoder, NotNative
     from prelude.model.weight_formats import stored_format
 
-    if config.device == "cuda" or (config.device == "auto" and cuda_possible()):
+    if not on_cpu(config):
         return None
     from prelude.model.checkpoint_arrays import checkpoint_files
 
@@ -83,6 +92,18 @@ def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig
     return RunnerSetup(HostRunner(model, kv, threads, config.seed), num_blocks, _temp_bytes_per_token(c, 4),
                        CPU_TEMP_MEMORY_BYTES, "cpu", _dtype_name("float32", model.formats), phases,
                        HostRunner.supports_items, threads)
+
+
+def on_cpu(config: Config) -> bool:
+    """Whether the server computes on the CPU: `--device cpu`, or `auto` with no CUDA device to
+    find."""
+    return config.device == "cpu" or (config.device == "auto" and not cuda_possible())
+
+
+def native_built() -> bool:
+    """Whether the CPU's native kernels are built (a source checkout has none before `pip install
+    -e .`)."""
+    return importlib.util.find_spec("kernels.cpu._native") is not None
 
 
 def cuda_possible() -> bool:

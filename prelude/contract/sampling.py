@@ -37,6 +37,9 @@ class SamplingParams:
     greedy: bool = field(init=False, repr=False, compare=False)  # argmax: the limit below MIN_TEMPERATURE
     penalizes: bool = field(init=False, repr=False, compare=False)  # rows carry the tokens before them
     restricts_logits: bool = field(init=False, repr=False, compare=False)
+    # An argmax, or a draw from the whole tempered distribution, unseeded: nothing cut, restricted
+    # or reseeded (what the CPU runner without torch draws on its own kernels).
+    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.
@@ -48,6 +51,8 @@ class SamplingParams:
         object.__setattr__(self, "greedy", greedy)
         object.__setattr__(self, "penalizes", penalizes)
         object.__setattr__(self, "restricts_logits", restricts)
+        object.__setattr__(self, "plain", not restricts and (greedy or (
+            self.top_k <= 0 and self.top_p >= 1.0 and self.min_p <= 0.0 and self.seed is None)))
 
     def ends_at(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
         """Whether sampling this token ends the sequence: a stop token, or EOS unless ignored (the

@@ -3,6 +3,7 @@ torch: what executor.host_step puts in tensors and executor.host_runner runs fro
 from __future__ import annotations
 
 import itertools
+from array import array
 from typing import Sequence
 
 import numpy as np
@@ -11,17 +12,18 @@ from prelude.contract.batch import DecodeRow, PrefillRow
 from prelude.contract.record import record
 
 try:
-    from kernels.cpu._native import flatten_tokens
+    from kernels.cpu._native import flatten_tokens, paged_tables
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    flatten_tokens = None  # type: ignore[assignment]
+    flatten_tokens = paged_tables = None  # type: ignore[assignment]
 
 
 @record
 class FlatStep:
     """HostStep without torch (executor.host_runner's): `tokens` int64 [3, tokens], each token's
-    id, position and KV slot, in step order."""
+    id, position and KV slot, in step order, from `address`."""
 
     tokens: np.ndarray
+    address: int
     starts: list[int]
     context_lens: list[int]
     block_tables: list[Sequence[int]]
@@ -37,10 +39,12 @@ def flat_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
     n = starts[-1]
     if flatten_tokens is not None:
         tokens = np.empty((3, n), np.int64)
-        flatten_tokens(prefills, decodes, bs, tokens.ctypes.data, n)
+        address = tokens.ctypes.data
+        flatten_tokens(prefills, decodes, bs, address, n)
     else:
         tokens = np.array(flatten_in_python(prefills, decodes, bs), np.int64).reshape(3, n)
-    return FlatStep(tokens, starts, *row_fields(prefills, decodes, starts, stored))
+        address = tokens.ctypes.data
+    return FlatStep(tokens, address, starts, *row_fields(prefills, decodes, starts, stored))
 
 
 def row_starts(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: int) -> tuple[list[int], list[bool]]:
@@ -134,7 +138,7 @@ class PagedRows:
     item lengths as PagedStepInputs has them (None: no row has items)."""
 
     decode_from: int
-    tables: list[int]
+    tables: array  # int64
     width: int
     item_starts: list[int] | None
     item_lengths: list[int] | None
@@ -143,6 +147,21 @@ class PagedRows:
 def paged_rows(query_starts: Sequence[int], context_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
                store_kv: Sequence[bool], item_lengths: Sequence[tuple[int, ...]] | None,
                block_size: int) -> PagedRows:
+    if paged_tables is not None:
+        decode_from, tables, width = paged_tables(query_starts, context_lens, block_tables, store_kv, block_size)
+    else:
+        decode_from, tables, width = paged_tables_in_python(query_starts, context_lens, block_tables, store_kv,
+                                                            block_size)
+    if item_lengths is None or not any(item_lengths):
+        return PagedRows(decode_from, tables, width, None, None)
+    return PagedRows(decode_from, tables, width, [0, *itertools.accumulate(map(len, item_lengths))],
+                     [n for items in item_lengths for n in items] or [0])
+
+
+def paged_tables_in_python(query_starts: Sequence[int], context_lens: Sequence[int],
+                           block_tables: Sequence[Sequence[int]], store_kv: Sequence[bool],
+                           block_size: int) -> tuple[int, array, int]:
+    """The native paged_tables' (decode_from, tables, width), in Python."""
     rows = len(context_lens)
     decode_from = rows  # the trailing rows of one stored token each
     while decode_from and query_starts[decode_from] - query_starts[decode_from - 1] == 1 and store_kv[
@@ -151,8 +170,8 @@ def paged_rows(query_starts: Sequence[int], context_lens: Sequence[int], block_t
     tables = [block_tables[row][:-(-(context_lens[row] + query_starts[row + 1] - query_starts[row]) // block_size)]
               for row in range(rows)]
     width = max([1, *map(len, tables)])
-    flat = [block for table in tables for block in (*table, *[0] * (width - len(table)))]
-    if item_lengths is None or not any(item_lengths):
-        return PagedRows(decode_from, flat, width, None, None)
-    return PagedRows(decode_from, flat, width, [0, *itertools.accumulate(map(len, item_lengths))],
-                     [n for items in item_lengths for n in items] or [0])
+    flat = array("q")
+    for table in tables:
+        flat.extend(table)
+        flat.extend([0] * (width - len(table)))
+    return decode_from, flat, width

@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from kernels.cpu import _native
 from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.contract.sampling import SamplingParams
 from prelude.contract.stop import StopFlag
 from prelude.executor import native_heads
 from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
-from prelude.model.native_decoder import NativeDecoder
+from prelude.model.native_decoder import NativeDecoder, ResumableForward
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +55,7 @@ class HostProgress:
 
     prefills: Sequence[PrefillRow]
     flat: FlatStep
-    steps: Any  # kernels/cpu/_native.pyi: ResumableStep
+    steps: ResumableForward
     x: np.ndarray
     outputs: int
     held: tuple
@@ -74,6 +73,11 @@ class HostRunner:
         self.block_size = kv.block_size
         self.threads = threads
         self._rng = np.random.default_rng(seed)  # unseeded draws: the server's --seed makes a run repeat
+        self._table = model.layer_table(kv.k, kv.v)
+        c = model.config
+        self._model_arguments = (self._table.ctypes.data, c.num_layers, model.final_norm_address, c.hidden_size,
+                                 c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size,
+                                 c.rms_norm_eps)  # forward_step's first ten: the same every step
         self._torch_heads: TorchHeads | None = None
 
     @staticmethod
@@ -92,14 +96,13 @@ class HostRunner:
         arguments, x, outputs, _ = self._arguments(flat)
         if on_launch is not None:
             on_launch()
-        _native.forward_step(*arguments)
+        self.model.forward(arguments)
         return BatchResult(self._heads(x[:outputs], prefills, decodes, flat))
 
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> HostProgress:
         flat = flat_step(prefills, (), self.block_size)
         arguments, x, outputs, held = self._arguments(flat)
-        resumable: Callable[..., Any] = _native.ResumableStep
-        return HostProgress(prefills, flat, resumable(*arguments, stop.check_every_macs), x, outputs, held)
+        return HostProgress(prefills, flat, self.model.begin(arguments, stop.check_every_macs), x, outputs, held)
 
     def advance(self, progress: HostProgress, stop: StopFlag) -> BatchResult | None:
         if not progress.steps.advance(stop.address):
@@ -109,52 +112,59 @@ class HostRunner:
 
     def _arguments(self, flat: FlatStep) -> tuple[tuple, np.ndarray, int, tuple]:
         """forward_step's arguments (kernels/cpu/_native.pyi), the embeddings it computes over in
-        place, how many of its rows hold the read states, and the arrays the pointers name."""
-        m, c, kv = self.model, self.model.config, self.kv
-        ids, positions, slots = flat.tokens
-        x = m.embedding.rows(ids)
-        keep = None if flat.read is None else np.array(flat.read, np.int64)
-        rows = len(flat.context_lens)
+        place, how many of its rows hold the read states, and the buffers the pointers name."""
+        m = self.model
+        n = flat.tokens.shape[1]
+        x = m.embedding.rows(flat.tokens[0])
+        keep = None if flat.read is None else array("q", flat.read)
         paged = paged_rows(flat.starts, flat.context_lens, flat.block_tables, flat.stored, flat.item_lengths,
                            self.block_size)
-        decode_from = paged.decode_from
-        tables = np.array(paged.tables, np.int64)
-        starts = np.array(flat.starts, np.int64)
-        lens = np.array(flat.context_lens, np.int64)
-        item_starts = None if paged.item_starts is None else np.array(paged.item_starts, np.int64)
-        item_lengths = None if paged.item_lengths is None else np.array(paged.item_lengths, np.int64)
-        threads = 1 if decode_from == 0 and m.single_threaded_decode else self.threads
-        table = m.layer_table(kv.k, kv.v)
-        arguments = (table.ctypes.data, c.num_layers, m.final_norm.ctypes.data, c.hidden_size, c.num_heads,
-                     c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size, c.rms_norm_eps, rows,
-                     len(ids), decode_from, starts.ctypes.data, lens.ctypes.data, tables.ctypes.data, paged.width,
-                     m.rotary.ctypes.data, positions.ctypes.data, slots.ctypes.data, _ptr(keep),
-                     0 if keep is None else len(keep), _ptr(item_starts), _ptr(item_lengths), x.ctypes.data, threads)
+        tables, starts, lens = paged.tables, array("q", flat.starts), array("q", flat.context_lens)
+        item_starts = None if paged.item_starts is None else array("q", paged.item_starts)
+        item_lengths = None if paged.item_lengths is None else array("q", paged.item_lengths)
+        threads = 1 if paged.decode_from == 0 and m.single_threaded_decode else self.threads
+        arguments = (*self._model_arguments, len(flat.context_lens), n, paged.decode_from, _at(starts), _at(lens),
+                     _at(tables), paged.width, m.rotary_address, flat.address + 8 * n, flat.address + 16 * n, _at(keep),
+                     0 if keep is None else len(keep), _at(item_starts), _at(item_lengths), x.ctypes.data, threads)
         held = (flat, x, keep, tables, starts, lens, item_starts, item_lengths)
-        return arguments, x, len(x) if keep is None else len(keep), held
+        return arguments, x, n if keep is None else len(keep), held
 
     def _heads(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
                flat: FlatStep) -> list[RowResult]:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
+        if all(spec.only_samples for _, spec, _ in wanted):  # the usual step: every row just draws a token
+            params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # all: only_samples
+            if all(p.plain for p in params):
+                tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params, self._rng,
+                                 self.threads)
+                return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
         if not all(_native_head(spec) for _, spec, _ in wanted):
             return self._torch(hidden, prefills, decodes, flat)
         results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
-        last = [_index(flat, flat.starts[i + 1] - 1) for i, _, _ in wanted]
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
-            states = np.ascontiguousarray(hidden[[last[k] for k in sampled]])
-            tokens = _sample(self.model.lm_head.matmul(states, self.threads), [wanted[k][1].sample for k in sampled],
-                             self._rng, self.threads)
-            for k, token in zip(sampled, tokens):
+            logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled])
+            params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]
+            for k, token in zip(sampled, _sample(logits, params, self._rng, self.threads)):
                 results[k].token = token
-        for k, (_, spec, _) in enumerate(wanted):
+        for k, (i, spec, _) in enumerate(wanted):
             if spec.pooling == "last":
-                state = hidden[last[k]].astype(np.float32)
+                state = hidden[_index(flat, flat.starts[i + 1] - 1)].astype(np.float32)
                 if spec.normalize:
                     state = state / max(float(np.linalg.norm(state)), 1e-12)
                 results[k].pooled = state.tolist()
         return results
+
+    def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int]) -> np.ndarray:
+        """The LM head's logits at these step rows' last positions."""
+        starts, read = flat.starts, flat.read
+        at = [starts[i + 1] - 1 for i in rows]  # the rows' last positions in the step
+        if read is not None:  # the forward kept the read positions' states only, in order
+            at = list(range(len(at))) if read == at else [bisect.bisect_left(read, p) for p in at]
+        # Usually these are the states' leading rows, in order: a contiguous slice.
+        states = hidden[:len(at)] if at == list(range(len(at))) else np.ascontiguousarray(hidden[at])
+        return self.model.lm_head.matmul(states, self.threads)
 
     def _torch(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
                flat: FlatStep) -> list[RowResult]:
@@ -207,20 +217,12 @@ class TorchHeads:
 
 
 def _native_head(spec: OutputSpec) -> bool:
-    """Whether the native heads give this row's results: a token drawn plainly, or the last
-    state pooled."""
+    """Whether the native heads give this row's results: a token drawn plainly
+    (SamplingParams.plain), or the last state pooled."""
     if spec.only_samples:
-        return _plain(spec.sample)
+        return spec.sample is not None and spec.sample.plain
     return (spec.pooling == "last" and spec.sample is None and spec.label_token_ids is None
             and spec.prompt_logprobs is None and not spec.classify and spec.grammar is None)
-
-
-def _plain(params: SamplingParams | None) -> bool:
-    """A draw the native kernels make alone: argmax, or the whole tempered distribution, unseeded."""
-    if params is None or params.restricts_logits:
-        return False
-    return params.greedy or (params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0
-                             and params.seed is None)
 
 
 def _index(flat: FlatStep, position: int) -> int:
@@ -230,25 +232,25 @@ def _index(flat: FlatStep, position: int) -> int:
     return bisect.bisect_left(flat.read, position)
 
 
-def _sample(logits: np.ndarray, params: Sequence[SamplingParams | None], rng: np.random.Generator,
+def _sample(logits: np.ndarray, params: Sequence[SamplingParams], rng: np.random.Generator,
             threads: int) -> list[TokenLogprob]:
     """Each row's token (executor.sampler.sample's, for plain rows) and, where asked, its logprobs."""
     rows, vocab = logits.shape
-    drawn = [k for k, p in enumerate(params) if p is not None and not p.greedy]
+    drawn = [k for k, p in enumerate(params) if not p.greedy]
     tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
         array("q", bytes(8 * rows))
     if drawn:
         subset = logits if len(drawn) == rows else np.ascontiguousarray(logits[drawn])
-        inverse = [1.0 / params[k].temperature for k in drawn]  # type: ignore[union-attr]
+        inverse = [1.0 / params[k].temperature for k in drawn]
         uniforms = rng.random(len(drawn))
         for k, token in zip(drawn, native_heads.draw(subset.ctypes.data, len(drawn), vocab, vocab, inverse,
                                                      uniforms.ctypes.data, threads)):
             tokens[k] = token
     results = [TokenLogprob(t, 0.0, []) for t in tokens]
-    reported = [k for k, p in enumerate(params) if p is not None and p.logprobs is not None]
+    reported = [k for k, p in enumerate(params) if p.logprobs is not None]
     if reported:
         subset = logits if len(reported) == rows else np.ascontiguousarray(logits[reported])
-        asked = [params[k].logprobs or 0 for k in reported]  # type: ignore[union-attr]
+        asked = [params[k].logprobs or 0 for k in reported]
         entries = native_heads.logprobs(subset.ctypes.data, len(reported), vocab, vocab,
                                         [tokens[k] for k in reported], max(asked), threads)
         for k, entry, wanted in zip(reported, entries, asked):
@@ -257,5 +259,6 @@ def _sample(logits: np.ndarray, params: Sequence[SamplingParams | None], rng: np
     return results
 
 
-def _ptr(values: np.ndarray | None) -> int:
-    return 0 if values is None else values.ctypes.data
+def _at(values: array | None) -> int:
+    """An array's address for the kernels (0: none)."""
+    return 0 if values is None else values.buffer_info()[0]

@@ -8,8 +8,9 @@ packed into panels (q/k/v and gate/up fused, as DecoderLM fuses them), the embed
 tied head multiplies by) in the head's layout, the norms in fp32, the rotary table."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -45,25 +46,29 @@ class NativeWeight:
     layout: int
     outputs: int
     inputs: int
+    # The arrays' addresses, taken once: numpy's `.ctypes.data` costs a microsecond a call, and a
+    # step reads them several times.
+    address: int = field(init=False)
+    scales_address: int = field(init=False)
 
-    @property
-    def scales_ptr(self) -> int:
-        return 0 if self.scales is None else self.scales.ctypes.data
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", self.data.ctypes.data)
+        object.__setattr__(self, "scales_address", address_of(self.scales))
 
     def matmul(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs] fp32."""
         out = np.empty((x.shape[0], self.outputs), np.float32)
-        _native.matmul(x.ctypes.data, x.shape[0], self.data.ctypes.data, self.scales_ptr, self.format, self.layout,
+        _native.matmul(x.ctypes.data, x.shape[0], self.address, self.scales_address, self.format, self.layout,
                        self.inputs, out.ctypes.data, self.outputs, threads)
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` (int64) widened to fp32: an embedding lookup."""
-        out = np.empty((len(ids), self.inputs), np.float32)
-        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
+        """Rows `ids` (int64, contiguous) widened to fp32: an embedding lookup."""
+        if len(ids) and int(ids.view(np.uint64).max()) >= self.outputs:  # a negative id wraps above too
             raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
+        out = np.empty((len(ids), self.inputs), np.float32)
         format = BFLOAT16 if self.format == BF16X2 else self.format  # its one packing is bf16's
-        _native.rows_of(self.data.ctypes.data, self.scales_ptr, format, self.inputs, ids.ctypes.data, len(ids),
+        _native.rows_of(self.address, self.scales_address, format, self.inputs, ids.ctypes.data, len(ids),
                         out.ctypes.data, self.layout)
         return out
 
@@ -115,6 +120,12 @@ def bf16_rounded(weight: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
+class ResumableForward(Protocol):
+    """kernels/cpu/_native.pyi's ResumableStep."""
+
+    def advance(self, stop_ptr: int) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class NativeLayer:
     input_norm: np.ndarray
@@ -136,9 +147,9 @@ class NativeDecoder:
         self.head = head
         self.final_norm = final_norm
         self.rotary = rotary
+        self.final_norm_address, self.rotary_address = final_norm.ctypes.data, rotary.ctypes.data
         layer_weights = sum(w.outputs * w.inputs for w in layers[0].projections) if layers else 0
         self.single_threaded_decode = layer_weights < ONE_THREAD_LAYER_WEIGHTS
-        self._table: tuple[int, np.ndarray] | None = None
 
     @staticmethod
     def check(config: ModelConfig, format: str | None) -> None:
@@ -193,6 +204,16 @@ class NativeDecoder:
              packed(checkpoint.fused(m + "gate_proj.weight", m + "up_proj.weight")),
              packed(checkpoint[m + "down_proj.weight"])))
 
+    def forward(self, arguments: tuple) -> None:
+        """The step's layers and final norm over its embeddings, in place (arguments:
+        kernels/cpu/_native.pyi's forward_step)."""
+        _native.forward_step(*arguments)
+
+    def begin(self, arguments: tuple, check_every_macs: int) -> ResumableForward:
+        """forward() run resumably, in calls that stop when a flag is up."""
+        resumable: Callable[..., ResumableForward] = _native.ResumableStep
+        return resumable(*arguments, check_every_macs)
+
     @property
     def lm_head(self) -> NativeWeight:
         """The weight the LM head multiplies by: its own, else the embedding (tied, or an
@@ -200,21 +221,16 @@ class NativeDecoder:
         return self.embedding if self.head is None else self.head
 
     def layer_table(self, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
-        """[layers, 23] int64 (kernels/cpu/step_layers.hpp's LayerWeights), built once per cache."""
-        k = k_cache.ctypes.data
-        if self._table is not None and self._table[0] == k:
-            return self._table[1]
-        layer_bytes = k_cache.strides[0]
+        """[layers, 23] int64 (kernels/cpu/step_layers.hpp's LayerWeights) over this KV cache."""
+        k, v, layer_bytes = k_cache.ctypes.data, v_cache.ctypes.data, k_cache.strides[0]
         rows = []
         for i, layer in enumerate(self.layers):
-            row = [layer.input_norm.ctypes.data, _ptr(layer.qkv_bias), _ptr(layer.q_norm), _ptr(layer.k_norm),
-                   layer.post_norm.ctypes.data, k + i * layer_bytes, v_cache.ctypes.data + i * layer_bytes]
+            row = [layer.input_norm.ctypes.data, address_of(layer.qkv_bias), address_of(layer.q_norm),
+                   address_of(layer.k_norm), layer.post_norm.ctypes.data, k + i * layer_bytes, v + i * layer_bytes]
             for w in layer.projections:
-                row += [w.data.ctypes.data, w.scales_ptr, w.format, w.layout]
+                row += [w.address, w.scales_address, w.format, w.layout]
             rows.append(row)
-        table = np.array(rows, np.int64)
-        self._table = (k, table)
-        return table
+        return np.array(rows, np.int64).reshape(len(rows), 23)
 
     @property
     def formats(self) -> list[str]:
@@ -231,5 +247,6 @@ class NativeDecoder:
         return sum(w.data.nbytes + (0 if w.scales is None else w.scales.nbytes) for w in weights)
 
 
-def _ptr(array: np.ndarray | None) -> int:
+def address_of(array: np.ndarray | None) -> int:
+    """Where an array's data starts (0: none), for the kernels' pointer arguments."""
     return 0 if array is None else array.ctypes.data

@@ -173,14 +173,18 @@ def test_response_serialization(benchmark):
 
 
 def _executors(model_dir, max_model_len: int, *flags: str):
-    """A model's executors as the server builds them on the CPU (its native step), with `flags`."""
+    """A model's executors as the server builds them on the CPU (the runner without torch where it
+    takes the model, else the torch runner's native step), with `flags`."""
     from prelude.app.cli import parse_args
-    from prelude.app.runner_setup import model_runner_setup
+    from prelude.app.runner_setup import host_runner_setup, model_runner_setup
     from prelude.executor.executors import Executors
     from prelude.model.config import ModelConfig
 
     config = parse_args(["--model", str(model_dir), *flags])
-    return Executors.over(model_runner_setup(config, model_dir, ModelConfig.from_dir(model_dir), max_model_len).runner)
+    model_config = ModelConfig.from_dir(model_dir)
+    setup = (host_runner_setup(config, model_dir, model_config, max_model_len)
+             or model_runner_setup(config, model_dir, model_config, max_model_len))
+    return Executors.over(setup.runner)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +233,26 @@ def test_decode_step_of_16_rows(benchmark, demo_executors):
             for i in range(16)]
     result = benchmark(demo_executors.execute, DecodeBatch(rows))
     assert [row.seq_id for row in result.rows] == list(range(16))
+
+
+def test_null_decode_step_of_64_rows(benchmark):
+    """The CPU runner's own Python around the kernels (flattening, the paged rows, the kernel's
+    arguments, the heads and their results) on the null model, whose kernels do next to nothing:
+    64 decode rows, each over 10 cache blocks."""
+    from prelude.app.runner_setup import native_built
+    from prelude.demo import MODEL_CONFIG
+    from prelude.executor.executors import Executors
+    from prelude.model.config import ModelConfig
+
+    if not native_built():
+        pytest.skip("kernels.cpu is not built")
+    from prelude.executor.null_native import null_host_runner
+
+    executors = Executors.over(null_host_runner(ModelConfig.from_dict(MODEL_CONFIG), 16, frozenset({0})))
+    rows = [DecodeRow(i, 100 + i, 150, tuple(range(10 * i, 10 * i + 10)), OutputSpec(sample=GREEDY))
+            for i in range(64)]
+    result = benchmark(executors.execute, DecodeBatch(rows))
+    assert [row.seq_id for row in result.rows] == list(range(64))
 
 
 def test_prefill_attention_of_eight_lane_heads(benchmark):

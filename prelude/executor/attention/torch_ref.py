@@ -88,7 +88,7 @@ class TorchAttention(AttentionBackend):
         item_starts = None if paged.item_starts is None else torch.tensor(paged.item_starts)
         item_lengths = None if paged.item_lengths is None else torch.tensor(paged.item_lengths)
         return PagedStepInputs(cache.k, cache.v, torch.tensor(layout.query_starts), torch.tensor(layout.context_lens),
-                               torch.tensor(paged.tables, dtype=torch.long).view(layout.num_rows, paged.width),
+                               torch.frombuffer(paged.tables, dtype=torch.long).view(layout.num_rows, paged.width),
                                layout.slot_mapping.contiguous(), paged.decode_from, item_starts, item_lengths)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
