@@ -133,7 +133,7 @@ class HostRunner:
                flat: FlatStep) -> list[RowResult]:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
-        if all(spec.only_samples for _, spec, _ in wanted):  # the usual step: every row just draws a token
+        if wanted and all(spec.only_samples for _, spec, _ in wanted):  # the usual step: every row just draws
             params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # all: only_samples
             if all(p.plain for p in params):
                 tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params, self._rng,

@@ -45,6 +45,8 @@ class _FixedHead(NativeWeight):
 
 
 class NullDecoder(NativeDecoder):
+    """A NativeDecoder whose step runs nothing: the states stay the embeddings."""
+
     def forward(self, arguments: tuple) -> None:
         pass
 
