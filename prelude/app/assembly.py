@@ -28,7 +28,7 @@ from prelude.executor.executors import Executors
 from prelude.host_tuning import freeze_startup_objects, keep_freed_memory, release_startup_memory
 from prelude.model.config import ModelConfig, UnsupportedModel, sampling_defaults
 from prelude.app.preflight import StartupError, check_model_dir, checked_max_model_len, listen_error
-from prelude.app.runner_setup import host_runner_setup, model_runner_setup, null_runner_setup
+from prelude.app.runner_setup import null_runner_setup, served_runner_setup
 from prelude.server.app import create_app, serve_app
 from prelude.server.listen import bind
 from prelude.server.served_model import ServedModel
@@ -111,8 +111,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
         if config.executor == "null":
             setup = null_runner_setup(config, model_config, eos_ids)
         else:
-            setup = (host_runner_setup(config, model_dir, model_config, max_model_len)
-                     or model_runner_setup(config, model_dir, model_config, max_model_len))
+            setup = served_runner_setup(config, model_dir, model_config, max_model_len)
     except UnsupportedModel as exc:
         raise StartupError(str(exc)) from exc
     model_done = time.perf_counter()

@@ -1,6 +1,7 @@
 """The model runner the Config asks for, and the memory sizing that goes with it: how many KV
 blocks the pool gets, and what a step's activations may take (the scheduler's temp budget).
-model_runner_setup covers CPU and CUDA; null_runner_setup the benchmarks' null executor."""
+served_runner_setup picks host_runner_setup's runner without torch, else model_runner_setup's (CPU and
+CUDA); null_runner_setup the benchmarks' null executor."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -59,6 +60,14 @@ def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> Run
     torch_runner = null_runner(model_config, config.block_size, frozenset(eos_ids))
     return RunnerSetup(torch_runner, blocks, 0, CPU_TEMP_MEMORY_BYTES, "cpu (null executor, torch runner)", "none",
                        supports_items=torch_runner.attention.supports_items, compute_threads=threads)
+
+
+def served_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig,
+                        max_model_len: int) -> RunnerSetup:
+    """The runner a model is served on: the one without torch where it takes the model, else the
+    torch runner."""
+    return (host_runner_setup(config, model_dir, model_config, max_model_len)
+            or model_runner_setup(config, model_dir, model_config, max_model_len))
 
 
 def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig,

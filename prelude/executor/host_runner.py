@@ -133,19 +133,17 @@ class HostRunner:
                flat: FlatStep) -> list[RowResult]:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
-        if wanted and all(spec.only_samples for _, spec, _ in wanted):  # the usual step: every row just draws
-            params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # all: only_samples
-            if all(p.plain for p in params):
-                tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params, self._rng,
-                                 self.threads)
-                return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
+        params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # the sampled rows', in order
+        # The usual step: every row just draws a token, plainly.
+        if wanted and all(spec.only_samples for _, spec, _ in wanted) and all(p.plain for p in params):
+            tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params, self._rng, self.threads)
+            return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
         if not all(_native_head(spec) for _, spec, _ in wanted):
             return self._torch(hidden, prefills, decodes, flat)
         results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
             logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled])
-            params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]
             for k, token in zip(sampled, _sample(logits, params, self._rng, self.threads)):
                 results[k].token = token
         for k, (i, spec, _) in enumerate(wanted):
@@ -158,10 +156,9 @@ class HostRunner:
 
     def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int]) -> np.ndarray:
         """The LM head's logits at these step rows' last positions."""
-        starts, read = flat.starts, flat.read
-        at = [starts[i + 1] - 1 for i in rows]  # the rows' last positions in the step
-        if read is not None:  # the forward kept the read positions' states only, in order
-            at = list(range(len(at))) if read == at else [bisect.bisect_left(read, p) for p in at]
+        at = [flat.starts[i + 1] - 1 for i in rows]  # the rows' last positions in the step
+        if flat.read is not None:  # the forward kept the read positions' states only, in order
+            at = list(range(len(at))) if flat.read == at else [_index(flat, p) for p in at]
         # Usually these are the states' leading rows, in order: a contiguous slice.
         states = hidden[:len(at)] if at == list(range(len(at))) else np.ascontiguousarray(hidden[at])
         return self.model.lm_head.matmul(states, self.threads)

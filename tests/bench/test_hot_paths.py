@@ -176,15 +176,12 @@ def _executors(model_dir, max_model_len: int, *flags: str):
     """A model's executors as the server builds them on the CPU (the runner without torch where it
     takes the model, else the torch runner's native step), with `flags`."""
     from prelude.app.cli import parse_args
-    from prelude.app.runner_setup import host_runner_setup, model_runner_setup
+    from prelude.app.runner_setup import served_runner_setup
     from prelude.executor.executors import Executors
     from prelude.model.config import ModelConfig
 
     config = parse_args(["--model", str(model_dir), *flags])
-    model_config = ModelConfig.from_dir(model_dir)
-    setup = (host_runner_setup(config, model_dir, model_config, max_model_len)
-             or model_runner_setup(config, model_dir, model_config, max_model_len))
-    return Executors.over(setup.runner)
+    return Executors.over(served_runner_setup(config, model_dir, ModelConfig.from_dir(model_dir), max_model_len).runner)
 
 
 @pytest.fixture(scope="module")
