@@ -9,6 +9,9 @@ cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:
         const float* inv_temperature
         const double* uniforms
         long* out
+        const float* min_p
+        const long* top_k
+        const float* top_p
     void sample_rows(const SampleRows& s, int threads)
     cdef struct GreedyRows:
         const float* logits
@@ -25,12 +28,15 @@ cdef extern from "sample.hpp" namespace "prelude_cpu" nogil:
 
 
 def sample_tokens(size_t logits_ptr, long rows, long vocab, long row_stride, size_t inv_temperature_ptr,
-                  size_t uniforms_ptr, size_t out_ptr, int threads) -> None:
+                  size_t uniforms_ptr, size_t out_ptr, int threads, size_t min_p_ptr=0, size_t top_k_ptr=0,
+                  size_t top_p_ptr=0) -> None:
     """out[r] = the token drawn from softmax(logits[r] * inv_temperature[r]) by inverse CDF at
-    uniforms[r] (float64 in [0, 1)); logits fp32 rows of `row_stride`, out int64."""
+    uniforms[r] (float64 in [0, 1)); logits fp32 rows of `row_stride`, out int64. The optional
+    per-row cuts (0: no row makes that cut): min_p fp32, top_k int64, top_p fp32."""
     cdef SampleRows s
     s.logits, s.rows, s.vocab, s.row_stride = <const float*>logits_ptr, rows, vocab, row_stride
     s.inv_temperature, s.uniforms, s.out = <const float*>inv_temperature_ptr, <const double*>uniforms_ptr, <long*>out_ptr
+    s.min_p, s.top_k, s.top_p = <const float*>min_p_ptr, <const long*>top_k_ptr, <const float*>top_p_ptr
     with nogil:
         sample_rows(s, threads)
 

@@ -4,6 +4,9 @@
 // searchsorted) on torch's OpenMP threads, whose spinning after each op holds the core the next
 // native kernel wants (`python -m bench.kernels.decode_step`).
 //
+// A row may cut first (min-p, top-k, top-p: sample_cuts.hpp); the draw then runs over the masses
+// the cuts keep, as torch's over its masked logits.
+//
 // Exactness: the cumulative mass runs in float64 over blocks of kBlock entries (each block summed
 // in float), and the search skips whole blocks by their sums, then walks one entry by entry in
 // float64; an entry of zero mass (a -inf logit) can never be the one drawn.
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "sample_cuts.hpp"
 #include "simd.hpp"
 #include "team.hpp"
 
@@ -24,11 +28,18 @@ struct SampleRows {
     const float* inv_temperature;  // [rows]
     const double* uniforms;        // [rows], in [0, 1)
     long* out;                     // [rows]
+    // Each row's cuts, or null where no row makes that cut: min_p (0: none), top_k (<= 0: none),
+    // top_p (>= 1: none).
+    const float* min_p;
+    const long* top_k;
+    const float* top_p;
 };
 
 __attribute__((always_inline)) static inline void sample_row_body(const float* logits, long vocab, float inv_t,
-                                                                   double u, long* out, std::vector<float>& mass,
-                                                                   std::vector<double>& block_sums) {
+                                                                   double u, float min_p, long top_k, float top_p,
+                                                                   long* out, std::vector<float>& mass,
+                                                                   std::vector<double>& block_sums,
+                                                                   std::vector<float>& scratch) {
     const float top = max_of(logits, vocab);
     long j;
     mass.resize(vocab);
@@ -56,6 +67,22 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
         block_sums[b] = (double)hsum(sum8) + sum;
         total += block_sums[b];
     }
+    const float cut = min_p > 0.0f || (top_k > 0 && top_k < vocab) || top_p < 1.0f
+                            ? cut_floor(mass.data(), vocab, min_p, top_k, top_p, scratch)
+                            : 0.0f;
+    if (cut > 0.0f) {  // the cut tokens' mass zeroed, the blocks summed again
+        total = 0.0;
+        for (long b = 0; b < blocks; ++b) {
+            const long begin = b * kBlock, end = begin + kBlock < vocab ? begin + kBlock : vocab;
+            double sum = 0.0;
+            for (j = begin; j < end; ++j) {
+                mass[j] = mass[j] >= cut ? mass[j] : 0.0f;
+                sum += mass[j];
+            }
+            block_sums[b] = sum;
+            total += sum;
+        }
+    }
     const double target = u * total;
     double seen = 0.0;
     long b = 0;
@@ -74,11 +101,12 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
 }
 
 __attribute__((always_inline)) static inline void sample_range_body(const SampleRows& s, long first, long last) {
-    std::vector<float> mass;
+    std::vector<float> mass, scratch;
     std::vector<double> block_sums;
     for (long r = first; r < last; ++r)
-        sample_row_body(s.logits + r * s.row_stride, s.vocab, s.inv_temperature[r], s.uniforms[r], s.out + r, mass,
-                        block_sums);
+        sample_row_body(s.logits + r * s.row_stride, s.vocab, s.inv_temperature[r], s.uniforms[r],
+                        s.min_p ? s.min_p[r] : 0.0f, s.top_k ? s.top_k[r] : 0, s.top_p ? s.top_p[r] : 1.0f,
+                        s.out + r, mass, block_sums, scratch);
 }
 
 PRELUDE_CPU_VARIANTS(sample_range, (const SampleRows& s, long first, long last), (s, first, last))

@@ -6,6 +6,8 @@ from dataclasses import field
 from prelude.contract.record import record
 
 MIN_TEMPERATURE = 1e-5
+_MASK64 = (1 << 64) - 1
+_PRIME64 = (1 << 64) - 59  # the largest prime below 2^64: any integer seed folds into 64 bits by it
 
 
 @record
@@ -37,9 +39,6 @@ class SamplingParams:
     greedy: bool = field(init=False, repr=False, compare=False)  # argmax: the limit below MIN_TEMPERATURE
     penalizes: bool = field(init=False, repr=False, compare=False)  # rows carry the tokens before them
     restricts_logits: bool = field(init=False, repr=False, compare=False)
-    # An argmax, or a draw from the whole tempered distribution, unseeded: nothing cut, restricted
-    # or reseeded (what the CPU runner without torch draws on its own kernels).
-    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Below MIN_TEMPERATURE, logits / temperature overflow float32: the limit is argmax.
@@ -51,8 +50,6 @@ class SamplingParams:
         object.__setattr__(self, "greedy", greedy)
         object.__setattr__(self, "penalizes", penalizes)
         object.__setattr__(self, "restricts_logits", restricts)
-        object.__setattr__(self, "plain", not restricts and (greedy or (
-            self.top_k <= 0 and self.top_p >= 1.0 and self.min_p <= 0.0 and self.seed is None)))
 
     def ends_at(self, token_id: int, eos_token_ids: frozenset[int]) -> bool:
         """Whether sampling this token ends the sequence: a stop token, or EOS unless ignored (the
@@ -61,3 +58,13 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
+def seeded_uniform(seed: int, step: int) -> float:
+    """The U[0, 1) a seeded request draws its `step`-th token at: a function of (seed, step)
+    alone, so the request samples the same tokens whatever it is batched with and on either
+    runner (splitmix64's mixing of the pair; 53 bits, a float64's mantissa)."""
+    x = ((seed % _PRIME64) * 0x9E3779B97F4A7C15 + step + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((x ^ (x >> 31)) >> 11) * 2.0 ** -53

@@ -7,6 +7,7 @@ from array import array
 from typing import Callable, Sequence
 
 from prelude.contract.batch import TokenLogprob
+from prelude.contract.sampling import SamplingParams
 
 sample_tokens: Callable[..., None] | None
 greedy_tokens: Callable[..., None] | None
@@ -26,14 +27,18 @@ def greedy(logits: int, rows: int, vocab: int, stride: int, threads: int) -> arr
     return tokens
 
 
-def draw(logits: int, rows: int, vocab: int, stride: int, inverse_temperatures: Sequence[float], uniforms: int,
+def draw(logits: int, rows: int, vocab: int, stride: int, params: Sequence[SamplingParams], uniforms: int,
          threads: int) -> array:
-    """Each row's token (int64) drawn from its tempered distribution by inverse CDF at its
-    uniform (`uniforms`: the address of one float64 per row)."""
+    """Each row's token (int64) drawn from its tempered distribution, cut by its min-p, top-k and
+    top-p, by inverse CDF at its uniform (`uniforms`: the address of one float64 per row)."""
     assert sample_tokens is not None
-    inverse = array("f", inverse_temperatures)
+    inverse = array("f", [1.0 / p.temperature for p in params])
     drawn = array("q", bytes(8 * rows))
-    sample_tokens(logits, rows, vocab, stride, inverse.buffer_info()[0], uniforms, drawn.buffer_info()[0], threads)
+    cuts = (array("f", [p.min_p for p in params]) if any(p.min_p > 0.0 for p in params) else None,
+            array("q", [p.top_k for p in params]) if any(p.top_k > 0 for p in params) else None,
+            array("f", [p.top_p for p in params]) if any(p.top_p < 1.0 for p in params) else None)
+    sample_tokens(logits, rows, vocab, stride, inverse.buffer_info()[0], uniforms, drawn.buffer_info()[0], threads,
+                  *(0 if cut is None else cut.buffer_info()[0] for cut in cuts))
     return drawn
 
 

@@ -7,7 +7,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from prelude.contract.batch import TokenLogprob
-from prelude.contract.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams, seeded_uniform
 from prelude.executor import native_heads
 from prelude.executor.native_heads import greedy_tokens, native_logprobs, sample_tokens
 from prelude.structured.masks import apply_token_bitmask
@@ -56,9 +56,7 @@ def _uniforms(params: Sequence[SamplingParams], steps: Sequence[int], device: to
     u = torch.rand(len(params), dtype=torch.float64, device=device)
     for i, (p, step) in enumerate(zip(params, steps)):
         if p.seed is not None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(hash((p.seed, step)) & 0x7FFF_FFFF_FFFF_FFFF)
-            u[i] = torch.rand(1, dtype=torch.float64, generator=gen, device=device)[0]
+            u[i] = seeded_uniform(p.seed, step)
     return u
 
 
@@ -132,16 +130,14 @@ def _sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], steps: 
     """Exact sampling from each row's tempered, min-p / top-k / top-p filtered distribution (in
     vLLM's order) by inverse CDF: one uniform per row and one cumulative sum, instead of one
     random draw per vocabulary entry. The sum runs in float64 so that tail tokens keep their
-    exact share. Without a cut, fp32 rows on the CPU are drawn by the native kernel
-    (kernels/cpu/sample.hpp)."""
-    top_ks = [p.top_k for p in params]
-    if (sample_tokens is not None and _native_rows(logits)
-            and all(k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0 for k, p in zip(top_ks, params))):
-        # The kernel reads plain buffers: an array costs a fraction of a tensor built from a list.
+    exact share. fp32 rows on the CPU are drawn, cuts and all, by the native kernel
+    (kernels/cpu/sample.hpp), which sorts no vocabulary."""
+    if sample_tokens is not None and _native_rows(logits):
         uniforms = _uniforms(params, steps, logits.device)
-        drawn = native_heads.draw(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0),
-                                  [1.0 / p.temperature for p in params], uniforms.data_ptr(), torch.get_num_threads())
+        drawn = native_heads.draw(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), params,
+                                  uniforms.data_ptr(), torch.get_num_threads())
         return torch.frombuffer(drawn, dtype=torch.long)
+    top_ks = [p.top_k for p in params]
     if any(p.temperature != 1.0 for p in params):
         temps = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temps[:, None]

@@ -2,8 +2,9 @@
 runner's results (executor.runner over model.loader's DecoderLM and executor.fused_step) on the
 same checkpoint and the same steps: for Qwen3 (q/k norms), Qwen2 (q/k/v bias) and Llama, from fp32
 and bf16 checkpoints, in fp32, bf16 and int8; prompt rows beside decode rows over the paged cache,
-tokens drawn greedily with their logprobs, last-state pooling on the native heads, and the rows the
-native heads leave to torch's (a seeded top-p draw, label logprobs, prompt logprobs, mean pooling).
+tokens drawn greedily with their logprobs, a seeded top-p draw and last-state pooling on the native
+heads, and beside them the rows the native heads leave to torch's (label logprobs, prompt
+logprobs, mean pooling).
 A long step run resumably parks while its flag is up and then ends with the same results."""
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                        PrefillRow(4, _prompt(5, 7, vocab), 0, [], OutputSpec(pooling="last"))]
     decodes = [DecodeRow(1, 17, 9, [0, 1, 2], reported), DecodeRow(2, 23, 6, [5, 3], OutputSpec(sample=GREEDY))]
     _assert_same(torch_runner.run(second_prefills, decodes), host.run(second_prefills, decodes))
-    # Rows the native heads leave to torch's, in one step beside a plain one.
+    # Rows the native heads leave to torch's, in one step beside a seeded top-p draw and a greedy one.
     torch_heads = [PrefillRow(5, _prompt(6, 8, vocab), 0, [], OutputSpec(sample=SamplingParams(top_p=0.5, seed=3))),
                    PrefillRow(6, _prompt(7, 8, vocab), 0, [], OutputSpec(label_token_ids=(3, 7, 11))),
                    PrefillRow(7, _prompt(8, 8, vocab), 0, [], OutputSpec(sample=GREEDY, prompt_logprobs=2)),

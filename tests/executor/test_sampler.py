@@ -4,11 +4,12 @@ rows are untouched."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from prelude.contract.sampling import SamplingParams
+from prelude.contract.sampling import SamplingParams, seeded_uniform
 from prelude.executor import sampler
 from prelude.executor.sampler import sample
 
@@ -55,7 +56,7 @@ def expected(params: SamplingParams) -> torch.Tensor:
 ], ids=["t1", "t0.5", "t2-k3", "p0.8", "t0.7-k5-p0.9", "bias-allowed", "t1.5-minp0.1", "minp0.05-p0.9"])
 @pytest.mark.parametrize("kernel", ["native", "torch"])
 def test_draws_follow_the_distribution(params, kernel, monkeypatch):
-    """Both the native draw (fp32 on the CPU without top-k/top-p) and the torch one."""
+    """Both the native draw (fp32 on the CPU, its cuts included) and the torch one (CUDA's)."""
     if kernel == "torch":
         monkeypatch.setattr(sampler, "sample_tokens", None)
     elif sampler.sample_tokens is None:
@@ -127,6 +128,52 @@ def test_tail_tokens_keep_their_share_on_a_real_vocabulary():
         hits += sum(t >= vocab - 10 for t in tokens)
     share = hits / (batch * batches)
     assert 0.07 < share < 0.13, share  # 0.10 expected; +-3 binomial standard deviations
+
+
+CUTS = [SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=1),  # Qwen3's generation_config.json
+        SamplingParams(temperature=1.0, top_p=0.8, seed=2),
+        SamplingParams(temperature=1.3, top_k=50, seed=3),
+        SamplingParams(temperature=0.9, min_p=0.05, seed=4),
+        SamplingParams(temperature=1.1, min_p=0.02, top_k=200, top_p=0.7, seed=5),
+        SamplingParams(temperature=2.0, top_k=5000, seed=6),
+        SamplingParams(temperature=0.05, top_p=0.01, seed=7)]  # keeps the best token alone
+
+
+def test_native_cuts_draw_the_tokens_torchs_draw(monkeypatch):
+    """The native kernel's min-p, top-k and top-p (fp32, no sort of the vocabulary) against the
+    torch path (which CUDA runs) on the same rows and the same seeded uniforms: the same tokens,
+    over a real vocabulary's width and rows with ties, masked tokens and a single finite logit.
+    Where tied tokens straddle top-p's boundary torch's sort keeps an arbitrary few of them and
+    the kernel keeps them all (as both do at top-k's), so those rows are compared without top-p."""
+    if sampler.sample_tokens is None:
+        pytest.skip("kernels.cpu is not built")
+    gen = torch.Generator().manual_seed(11)
+    rows = torch.randn(8, 151_936, generator=gen) * 4
+    rows[1, :5000] = float("-inf")  # masked tokens, as a grammar or allowed ids leave them
+    best = int(rows[2].argmax())
+    rows[2, 100:130] = float(rows[2, best])  # thirty-one ties at the top: top_k 20 keeps all of them
+    rows[3] = float("-inf")
+    rows[3, 77] = 0.0  # one finite logit: every cut keeps it
+    rows[4] = 1.0  # all equal: one band holds every token
+    for params in CUTS:
+        for step in range(6):
+            batch = [replace(params, seed=params.seed + 10 * r) for r in range(len(rows))]
+            native = [t.token_id for t in sample(rows.clone(), batch, [step] * len(rows))]
+            monkeypatch.setattr(sampler, "sample_tokens", None)
+            reference = [t.token_id for t in sample(rows.clone(), batch, [step] * len(rows))]
+            monkeypatch.undo()
+            compared = range(len(rows)) if params.top_p >= 1.0 else [0, 1, 3, 5, 6, 7]
+            assert [native[r] for r in compared] == [reference[r] for r in compared], (params, step)
+            assert native[3] == 77
+    tied = [sample(rows[2:3].clone(), [SamplingParams(top_k=20, seed=seed)], [0])[0].token_id for seed in range(300)]
+    assert set(tied) == {best, *range(100, 130)}  # every one of those tied at the top, none else
+
+
+def test_the_seeded_draw_depends_on_the_seed_and_the_step_alone():
+    """Any integer seed (negative and past 64 bits too) gives a uniform in [0, 1) of its own."""
+    seen = {seeded_uniform(seed, step) for seed in (0, 1, -1, 2**70, 12345) for step in range(50)}
+    assert len(seen) == 250 and all(0.0 <= u < 1.0 for u in seen)
+    assert seeded_uniform(42, 3) == seeded_uniform(42, 3)
 
 
 def test_a_tokens_rank_counts_the_tokens_tied_with_it_as_vllm_does():

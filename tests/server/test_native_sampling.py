@@ -1,0 +1,53 @@
+"""A CPU server of a model whose generation_config.json asks for Qwen3's cuts (temperature 0.6,
+top_p 0.95, top_k 20), which every request that leaves them out gets, draws those tokens on the
+native kernels: requests with cuts, min-p and seeds never load torch (the log says when a request
+does, as one with a logit bias still must), and a seeded request gives the same text twice."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from bench.serving.core.server import prelude_env
+from kernels.cpu import ops as cpu_ops
+from tests.checkpoints import edited_copy
+from tests.server.test_sidecar import wait_ready
+
+pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
+
+QWEN3_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+TORCH_LOADED = "torch loaded for the heads"
+
+
+def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
+    model = edited_copy(demo_model, tmp_path, "generation_config.json", lambda c: c.update(QWEN3_SAMPLING))
+    path = str(tmp_path / "prelude.sock")
+    proc = subprocess.Popen([sys.executable, "-m", "prelude", "--model", str(model), "--uds", path],
+                            env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://prelude", timeout=60) as http:
+            wait_ready(http, path, proc)
+
+            def texts(request_id: str = "cut", **fields) -> list[str]:
+                response = http.post("/v1/completions", headers={"X-Request-Id": request_id},
+                                     json={"prompt": "Once upon a time", "max_tokens": 6, "ignore_eos": True, **fields})
+                assert response.status_code == 200, response.text
+                return [choice["text"] for choice in response.json()["choices"]]
+
+            texts(n=4)  # the model's defaults: temperature 0.6, top_p 0.95, top_k 20
+            texts(temperature=1.2, min_p=0.05, top_k=50, logprobs=2)
+            seeded = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
+            assert texts(**seeded) == texts(**seeded)
+            texts("bias", logit_bias={"5": 2.0})  # a restriction the native heads leave to torch's
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = err.splitlines()
+    cut_requests = [i for i, line in enumerate(lines) if "cut POST /v1/completions 200" in line]
+    loaded = [i for i, line in enumerate(lines) if TORCH_LOADED in line]
+    assert len(cut_requests) == 4 and loaded, err
+    assert loaded[0] > cut_requests[-1], "torch loaded before the first request that needs it"
