@@ -138,7 +138,7 @@ class HostRunner:
         # The usual step: every row just draws a token from the model's logits, unrestricted.
         if wanted and all(spec.only_samples for _, spec, _ in wanted) and not any(p.restricts_logits for p in params):
             tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params,
-                             [row.sample_step for _, _, row in wanted], self._rng, self.threads)
+                             lambda k: wanted[k][2].sample_step, self._rng, self.threads)
             return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
         if not all(_native_head(spec) for _, spec, _ in wanted):
             return self._torch(hidden, prefills, decodes, flat)
@@ -146,8 +146,8 @@ class HostRunner:
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
             logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled])
-            steps = [wanted[k][2].sample_step for k in sampled]
-            for k, token in zip(sampled, _sample(logits, params, steps, self._rng, self.threads)):
+            step_of = lambda j: wanted[sampled[j]][2].sample_step  # noqa: E731
+            for k, token in zip(sampled, _sample(logits, params, step_of, self._rng, self.threads)):
                 results[k].token = token
         for k, (i, spec, _) in enumerate(wanted):
             if spec.pooling == "last":
@@ -233,10 +233,10 @@ def _index(flat: FlatStep, position: int) -> int:
     return bisect.bisect_left(flat.read, position)
 
 
-def _sample(logits: np.ndarray, params: Sequence[SamplingParams], steps: Sequence[int], rng: np.random.Generator,
-            threads: int) -> list[TokenLogprob]:
+def _sample(logits: np.ndarray, params: Sequence[SamplingParams], step_of: Callable[[int], int],
+            rng: np.random.Generator, threads: int) -> list[TokenLogprob]:
     """Each row's token (executor.sampler.sample's, for unrestricted rows) and, where asked, its
-    logprobs; `steps`: the index of the token each row samples (a seeded row's draw is its)."""
+    logprobs; `step_of(row)`: the index of the token the row samples (a seeded row's draw is its)."""
     rows, vocab = logits.shape
     drawn = [k for k, p in enumerate(params) if not p.greedy]
     tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
@@ -246,7 +246,7 @@ def _sample(logits: np.ndarray, params: Sequence[SamplingParams], steps: Sequenc
         uniforms = rng.random(len(drawn))
         for i, k in enumerate(drawn):
             if (seed := params[k].seed) is not None:
-                uniforms[i] = seeded_uniform(seed, steps[k])
+                uniforms[i] = seeded_uniform(seed, step_of(k))
         for k, token in zip(drawn, native_heads.draw(subset.ctypes.data, len(drawn), vocab, vocab,
                                                      [params[k] for k in drawn], uniforms.ctypes.data, threads)):
             tokens[k] = token
