@@ -70,17 +70,20 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
     const float cut = min_p > 0.0f || (top_k > 0 && top_k < vocab) || top_p < 1.0f
                             ? cut_floor(mass.data(), vocab, min_p, top_k, top_p, scratch)
                             : 0.0f;
-    if (cut > 0.0f) {  // the cut tokens' mass zeroed, the blocks summed again
+    if (cut > 0.0f) {  // the blocks summed again over the masses the cuts keep
+        const v8f cut8 = splat(cut), zero8 = {};
         total = 0.0;
         for (long b = 0; b < blocks; ++b) {
             const long begin = b * kBlock, end = begin + kBlock < vocab ? begin + kBlock : vocab;
-            double sum = 0.0;
-            for (j = begin; j < end; ++j) {
-                mass[j] = mass[j] >= cut ? mass[j] : 0.0f;
-                sum += mass[j];
+            v8f sum8 = {};
+            float sum = 0.0f;
+            for (j = begin; j + 8 <= end; j += 8) {
+                const v8f m = load8(mass.data() + j);
+                sum8 += m >= cut8 ? m : zero8;
             }
-            block_sums[b] = sum;
-            total += sum;
+            for (; j < end; ++j) sum += mass[j] >= cut ? mass[j] : 0.0f;
+            block_sums[b] = (double)hsum(sum8) + sum;
+            total += block_sums[b];
         }
     }
     const double target = u * total;
@@ -90,7 +93,7 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
     const long begin = b * kBlock, end = begin + kBlock < vocab ? begin + kBlock : vocab;
     long chosen = -1;
     for (long j = begin; j < end; ++j) {
-        if (mass[j] == 0.0f) continue;
+        if (mass[j] == 0.0f || mass[j] < cut) continue;  // no mass, or cut
         chosen = j;  // the last entry with mass, if rounding leaves the target past the block
         seen += mass[j];
         if (seen > target) break;

@@ -77,8 +77,13 @@ __attribute__((always_inline)) static inline float top_p_floor(const float* mass
     while (crossing < kBands && before + sums[crossing] < target) before += sums[crossing++];
     if (crossing == kBands) return floor;  // rounding left the target past everything: keep all
     band.clear();
-    for (j = 0; j < n; ++j)
+    for (j = 0; j < n; ++j) {
+        if ((j & 7) == 0 && j + 8 <= n && !any_lane(load8(mass + j) >= floor8)) {
+            j += 7;  // eight below the floor
+            continue;
+        }
         if (mass[j] >= floor && band_of(mass[j]) == crossing) band.push_back(mass[j]);
+    }
     std::sort(band.begin(), band.end(), std::greater<float>());
     float least = band.empty() ? floor : band.front();
     for (const float x : band) {
