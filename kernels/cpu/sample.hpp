@@ -39,9 +39,17 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
                                                                    double u, float min_p, long top_k, float top_p,
                                                                    long* out, std::vector<float>& mass,
                                                                    std::vector<double>& block_sums,
-                                                                   std::vector<float>& scratch) {
+                                                                   std::vector<float>& scratch,
+                                                                   std::vector<long>& kept) {
     const float top = max_of(logits, vocab);
     long j;
+    if (top_k > 0 && top_k < vocab) {  // the masses of the few tokens kept, not of the vocabulary
+        const long chosen = top_k_draw(logits, vocab, top, inv_t, u, min_p, top_k, top_p, scratch, mass, kept);
+        if (chosen >= 0) {
+            *out = chosen;
+            return;
+        }
+    }
     mass.resize(vocab);
     const long blocks = (vocab + kBlock - 1) / kBlock;
     block_sums.resize(blocks);
@@ -67,9 +75,7 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
         block_sums[b] = (double)hsum(sum8) + sum;
         total += block_sums[b];
     }
-    const float cut = min_p > 0.0f || (top_k > 0 && top_k < vocab) || top_p < 1.0f
-                            ? cut_floor(mass.data(), vocab, min_p, top_k, top_p, scratch)
-                            : 0.0f;
+    const float cut = min_p > 0.0f || top_p < 1.0f ? cut_floor(mass.data(), vocab, min_p, top_p, scratch) : 0.0f;
     if (cut > 0.0f) {  // the blocks summed again over the masses the cuts keep
         const v8f cut8 = splat(cut), zero8 = {};
         total = 0.0;
@@ -106,10 +112,11 @@ __attribute__((always_inline)) static inline void sample_row_body(const float* l
 __attribute__((always_inline)) static inline void sample_range_body(const SampleRows& s, long first, long last) {
     std::vector<float> mass, scratch;
     std::vector<double> block_sums;
+    std::vector<long> kept;
     for (long r = first; r < last; ++r)
         sample_row_body(s.logits + r * s.row_stride, s.vocab, s.inv_temperature[r], s.uniforms[r],
                         s.min_p ? s.min_p[r] : 0.0f, s.top_k ? s.top_k[r] : 0, s.top_p ? s.top_p[r] : 1.0f,
-                        s.out + r, mass, block_sums, scratch);
+                        s.out + r, mass, block_sums, scratch, kept);
 }
 
 PRELUDE_CPU_VARIANTS(sample_range, (const SampleRows& s, long first, long last), (s, first, last))
