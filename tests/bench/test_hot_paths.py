@@ -1,7 +1,7 @@
 """pytest-benchmark timings of the CPU paths every request crosses: normalization, a scheduling
 step, streaming detokenization, prefix matching, block allocation, JSON encoding, and the native
-kernels' (the demo model's prompt step in fp32, bf16 and int8 and a batch of its decodes, the
-eight-lane attention, all-MiniLM's forward). CI runs them
+kernels' (the demo model's prompt step in fp32, bf16 and int8 and a batch of its decodes, a
+draw at Qwen3's sampling cuts, the eight-lane attention, all-MiniLM's forward). CI runs them
 once as plain tests (pyproject passes --benchmark-disable). As guards they are compared with the
 committed baseline in tests/bench/baseline/ and fail when a median is 25% slower (README,
 "Hot-path guards"). Each also asserts what it computed, so a broken path fails rather than
@@ -250,6 +250,25 @@ def test_null_decode_step_of_64_rows(benchmark):
             for i in range(64)]
     result = benchmark(executors.execute, DecodeBatch(rows))
     assert [row.seq_id for row in result.rows] == list(range(64))
+
+
+def test_draw_of_16_rows_at_qwen3_sampling_defaults(benchmark):
+    """The draw a request without sampling fields gets from Qwen3's generation_config.json
+    (T 0.6, top-p 0.95, top-k 20) on 16 rows of its 151,936-entry vocabulary: the native cuts,
+    which took torch's whole-vocabulary sort before."""
+    import numpy as np
+
+    from prelude.executor import native_heads
+
+    if native_heads.sample_tokens is None:
+        pytest.skip("kernels.cpu is not built")
+    rows, vocab = 16, 151_936
+    logits = (np.random.default_rng(0).standard_normal((rows, vocab)) * 3).astype(np.float32)
+    uniforms = np.linspace(0.05, 0.95, rows)
+    params = [SamplingParams(temperature=0.6, top_p=0.95, top_k=20)] * rows
+    drawn = benchmark(native_heads.draw, logits.ctypes.data, rows, vocab, vocab, params, uniforms.ctypes.data, 1)
+    best = np.argsort(-logits, axis=1)[:, :20]
+    assert all(token in best[r] for r, token in enumerate(drawn))  # top-k kept no other token
 
 
 def test_prefill_attention_of_eight_lane_heads(benchmark):
