@@ -2,13 +2,14 @@
 a step's rows flattened (flat_step), its layers in one native call (the kernel
 executor.fused_step calls), then the heads.
 
-The heads that generation and decision traffic ask for run on the native kernels too: a token
-drawn greedily or at a temperature (with min-p, top-k and top-p cuts, seeded or not, as a
-model's generation_config.json asks of every request), its logprobs and alternatives, a pooled
-last state. A step with a row that asks for anything else (allowed ids, a logit bias, min_tokens,
-penalties, a grammar, label logprobs, prompt logprobs, mean or cls pooling) goes through the
-torch heads (executor.heads) on the same hidden states and the same weights, importing torch the
-first time one does: a server whose requests never ask for those never loads it."""
+The heads that generation and decision traffic ask for run without torch too: a token drawn
+greedily or at a temperature, with min-p, top-k and top-p cuts, a seed, allowed ids, a logit
+bias, min_tokens and penalties (all a model's generation_config.json sets for requests that
+leave them out), its logprobs and alternatives (executor.host_sampling), a pooled last state. A
+step with a row that asks for anything else (a grammar, label logprobs, prompt logprobs, mean or
+cls pooling, allowed ids with reported logprobs) goes through the torch heads (executor.heads)
+on the same hidden states and the same weights, importing torch the first time one does: a
+server whose requests never ask for those never loads it."""
 from __future__ import annotations
 
 import bisect
@@ -21,10 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
-from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
-from prelude.contract.sampling import SamplingParams, seeded_uniform
+from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult
 from prelude.contract.stop import StopFlag
-from prelude.executor import native_heads
+from prelude.executor import host_sampling
 from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder, ResumableForward
@@ -135,10 +135,10 @@ class HostRunner:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
         params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # the sampled rows', in order
-        # The usual step: every row just draws a token from the model's logits, unrestricted.
-        if wanted and all(spec.only_samples for _, spec, _ in wanted) and not any(p.restricts_logits for p in params):
-            tokens = _sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params,
-                             lambda k: wanted[k][2].sample_step, self._rng, self.threads)
+        # The usual step: every row just draws a token.
+        if wanted and all(spec.only_samples for _, spec, _ in wanted) and all(map(host_sampling.takes, params)):
+            tokens = host_sampling.sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params,
+                                          lambda k: wanted[k][2], self._rng, self.threads)
             return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
         if not all(_native_head(spec) for _, spec, _ in wanted):
             return self._torch(hidden, prefills, decodes, flat)
@@ -146,8 +146,8 @@ class HostRunner:
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
             logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled])
-            step_of = lambda j: wanted[sampled[j]][2].sample_step  # noqa: E731
-            for k, token in zip(sampled, _sample(logits, params, step_of, self._rng, self.threads)):
+            row_of = lambda j: wanted[sampled[j]][2]  # noqa: E731
+            for k, token in zip(sampled, host_sampling.sample(logits, params, row_of, self._rng, self.threads)):
                 results[k].token = token
         for k, (i, spec, _) in enumerate(wanted):
             if spec.pooling == "last":
@@ -177,8 +177,7 @@ class HostRunner:
 
         if self._torch_heads is None:
             logger.info("torch loaded for the heads of a request the native ones do not take "
-                        "(allowed ids, a logit bias, min_tokens, penalties, a grammar, label or prompt logprobs, "
-                        "mean or cls pooling)")
+                        "(a grammar, label or prompt logprobs, mean or cls pooling, allowed ids with logprobs)")
             torch.set_num_threads(self.threads)
             self._torch_heads = TorchHeads(self.model, self.threads)
         slots = torch.from_numpy(flat.tokens[2])
@@ -217,13 +216,14 @@ class TorchHeads:
 
 
 def _native_head(spec: OutputSpec) -> bool:
-    """Whether the native heads give this row's results: a token drawn from the model's own
-    logits (cut or seeded as asked, not restricted: SamplingParams.restricts_logits), or the last
-    state pooled."""
-    if spec.only_samples:
-        return spec.sample is not None and not spec.sample.restricts_logits
-    return (spec.pooling == "last" and spec.sample is None and spec.label_token_ids is None
-            and spec.prompt_logprobs is None and not spec.classify and spec.grammar is None)
+    """Whether the heads without torch give this row's results: a token drawn
+    (host_sampling.takes), or the last state pooled."""
+    if spec.grammar is not None or spec.label_token_ids is not None or spec.prompt_logprobs is not None \
+            or spec.classify:
+        return False
+    if spec.sample is not None:
+        return spec.pooling is None and host_sampling.takes(spec.sample)
+    return spec.pooling == "last"
 
 
 def _index(flat: FlatStep, position: int) -> int:
@@ -231,36 +231,6 @@ def _index(flat: FlatStep, position: int) -> int:
     if flat.read is None:
         return position
     return bisect.bisect_left(flat.read, position)
-
-
-def _sample(logits: np.ndarray, params: Sequence[SamplingParams], step_of: Callable[[int], int],
-            rng: np.random.Generator, threads: int) -> list[TokenLogprob]:
-    """Each row's token (executor.sampler.sample's, for unrestricted rows) and, where asked, its
-    logprobs; `step_of(row)`: the index of the token the row samples (a seeded row's draw is its)."""
-    rows, vocab = logits.shape
-    drawn = [k for k, p in enumerate(params) if not p.greedy]
-    tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
-        array("q", bytes(8 * rows))
-    if drawn:
-        subset = logits if len(drawn) == rows else np.ascontiguousarray(logits[drawn])
-        uniforms = rng.random(len(drawn))
-        for i, k in enumerate(drawn):
-            if (seed := params[k].seed) is not None:
-                uniforms[i] = seeded_uniform(seed, step_of(k))
-        for k, token in zip(drawn, native_heads.draw(subset.ctypes.data, len(drawn), vocab, vocab,
-                                                     [params[k] for k in drawn], uniforms.ctypes.data, threads)):
-            tokens[k] = token
-    results = [TokenLogprob(t, 0.0, []) for t in tokens]
-    reported = [k for k, p in enumerate(params) if p.logprobs is not None]
-    if reported:
-        subset = logits if len(reported) == rows else np.ascontiguousarray(logits[reported])
-        asked = [params[k].logprobs or 0 for k in reported]
-        entries = native_heads.logprobs(subset.ctypes.data, len(reported), vocab, vocab,
-                                        [tokens[k] for k in reported], max(asked), threads)
-        for k, entry, wanted in zip(reported, entries, asked):
-            del entry.top[wanted:]  # the rows share one count, the most any of them asked for
-            results[k] = entry
-    return results
 
 
 def _at(values: array | None) -> int:

@@ -2,9 +2,9 @@
 runner's results (executor.runner over model.loader's DecoderLM and executor.fused_step) on the
 same checkpoint and the same steps: for Qwen3 (q/k norms), Qwen2 (q/k/v bias) and Llama, from fp32
 and bf16 checkpoints, in fp32, bf16 and int8; prompt rows beside decode rows over the paged cache,
-tokens drawn greedily with their logprobs, a seeded top-p draw and last-state pooling on the native
-heads, and beside them the rows the native heads leave to torch's (label logprobs, prompt
-logprobs, mean pooling).
+tokens drawn greedily with their logprobs, a seeded top-p draw, restricted draws (allowed ids,
+logit bias, min_tokens, penalties) and last-state pooling on the heads without torch, and beside
+them the rows those leave to torch's (label logprobs, prompt logprobs, mean pooling).
 A long step run resumably parks while its flag is up and then ends with the same results."""
 from __future__ import annotations
 
@@ -105,6 +105,17 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                    PrefillRow(8, _prompt(9, 8, vocab), 0, [], OutputSpec(pooling="mean")),
                    PrefillRow(9, _prompt(10, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
     _assert_same(torch_runner.run(torch_heads, ()), host.run(torch_heads, ()))
+    # Restricted draws (allowed ids, a logit bias, min_tokens, penalties over a history), seeded
+    # and greedy, with logprobs of the model's own distribution.
+    history = _prompt(11, 12, vocab)
+    restricted = [SamplingParams(temperature=1.0, seed=5, allowed_token_ids=(3, 7, 11, 40)),
+                  SamplingParams(temperature=0.0, logit_bias=((9, 30.0),), logprobs=2),
+                  SamplingParams(temperature=0.9, seed=6, min_tokens=3, min_tokens_blocked=(2, 5)),
+                  SamplingParams(temperature=0.8, seed=7, repetition_penalty=1.3, frequency_penalty=0.5,
+                                 presence_penalty=0.4, top_k=10, logprobs=1)]
+    rows = [DecodeRow(20 + k, history[-1], len(history) - 1, [40 + 4 * k, 41 + 4 * k, 42 + 4 * k, 43 + 4 * k],
+                      OutputSpec(sample=p), sample_step=2, history=history) for k, p in enumerate(restricted)]
+    _assert_same(torch_runner.run((), rows), host.run((), rows))
 
 
 def test_a_resumable_step_parks_while_its_flag_is_up_and_ends_with_the_same_results(tmp_path):

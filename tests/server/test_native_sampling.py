@@ -1,7 +1,8 @@
-"""A CPU server of a model whose generation_config.json asks for Qwen3's cuts (temperature 0.6,
-top_p 0.95, top_k 20), which every request that leaves them out gets, draws those tokens on the
-native kernels: requests with cuts, min-p and seeds never load torch (the log says when a request
-does, as one with a logit bias still must), and a seeded request gives the same text twice."""
+"""A CPU server of a model whose generation_config.json asks for sampling cuts and a penalty
+(Qwen2.5's: temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05), which every request
+that leaves them out gets, draws those tokens without torch: requests with cuts, min-p, seeds,
+penalties, a logit bias or allowed ids never load it (the log says when a request does, as one
+asking for prompt logprobs still must), and a seeded request gives the same text twice."""
 from __future__ import annotations
 
 import signal
@@ -18,12 +19,12 @@ from tests.server.test_sidecar import wait_ready
 
 pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
 
-QWEN3_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+QWEN25_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
 TORCH_LOADED = "torch loaded for the heads"
 
 
 def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
-    model = edited_copy(demo_model, tmp_path, "generation_config.json", lambda c: c.update(QWEN3_SAMPLING))
+    model = edited_copy(demo_model, tmp_path, "generation_config.json", lambda c: c.update(QWEN25_SAMPLING))
     path = str(tmp_path / "prelude.sock")
     proc = subprocess.Popen([sys.executable, "-m", "prelude", "--model", str(model), "--uds", path],
                             env=prelude_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -37,11 +38,12 @@ def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
                 assert response.status_code == 200, response.text
                 return [choice["text"] for choice in response.json()["choices"]]
 
-            texts(n=4)  # the model's defaults: temperature 0.6, top_p 0.95, top_k 20
+            texts(n=4)  # the model's defaults
             texts(temperature=1.2, min_p=0.05, top_k=50, logprobs=2)
-            seeded = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
+            seeded = {"temperature": 1.0, "top_p": 0.9, "seed": 1234, "frequency_penalty": 0.5}
             assert texts(**seeded) == texts(**seeded)
-            texts("bias", logit_bias={"5": 2.0})  # a restriction the native heads leave to torch's
+            texts(logit_bias={"5": 2.0}, presence_penalty=0.3, allowed_token_ids=[5, 6, 7, 8])
+            texts("prompt-logprobs", prompt_logprobs=1)  # a head only torch's heads compute
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
@@ -49,5 +51,5 @@ def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
     lines = err.splitlines()
     cut_requests = [i for i, line in enumerate(lines) if "cut POST /v1/completions 200" in line]
     loaded = [i for i, line in enumerate(lines) if TORCH_LOADED in line]
-    assert len(cut_requests) == 4 and loaded, err
-    assert loaded[0] > cut_requests[-1], "torch loaded before the first request that needs it"
+    assert len(cut_requests) == 5 and loaded, err
+    assert loaded[0] > cut_requests[-1], err
