@@ -135,8 +135,9 @@ class HostRunner:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
         params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # the sampled rows', in order
-        # The usual step: every row just draws a token.
-        if wanted and all(spec.only_samples for _, spec, _ in wanted) and all(map(host_sampling.takes, params)):
+        # The usual step: every row just draws a token (only_samples: no allowed ids, so no row
+        # the draws here would not take).
+        if wanted and all(spec.only_samples for _, spec, _ in wanted):
             tokens = host_sampling.sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params,
                                           lambda k: wanted[k][2], self._rng, self.threads)
             return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
