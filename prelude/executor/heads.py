@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.flat_step import item_ends
+from prelude.executor.host_sampling import NARROW_HEAD_TOKENS, narrow_ids
 from prelude.executor.runnable import ModelHeads
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
@@ -19,14 +20,6 @@ from prelude.structured.masks import StepMasks, unpack_bitmask
 # Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
 # long prompt never materializes a [prompt_len, vocab] tensor.
 PROMPT_LOGPROB_CHUNK = 256
-
-# A sampled row that can only take a few tokens gets the logits of just those: their rows of the
-# LM head, as label rows do, and -inf elsewhere, as its restriction would leave them. A grammar
-# allowing at most this many tokens now (a choice's or an enum's first tokens: its distribution,
-# sampled or reported, is over those), or as many allowed_token_ids (a choice of single tokens)
-# on a row that reports no logprobs (those are over the whole vocabulary). On the CPU one row of
-# the head reads all of its weight (Qwen3's: 5 ms in bf16, 11 ms in fp32 on the dev machine).
-NARROW_HEAD_TOKENS = 1024
 
 # (hidden, layout, step row indices, ascending) -> the final hidden state of each row's last position.
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
@@ -194,14 +187,13 @@ def _sampled_rows(model: ModelHeads, states: _States,
 
 def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow,
                 masks: Future[StepMasks] | None) -> Sequence[int] | None:
-    """The few token ids a sampled row can take (NARROW_HEAD_TOKENS); None when it needs the
-    whole vocabulary's logits."""
+    """The few token ids a sampled row can take (NARROW_HEAD_TOKENS: its allowed ids, or what its
+    grammar allows now); None when it needs the whole vocabulary's logits."""
     params = spec.sample
     if params is None or spec.label_token_ids is not None:
         return None
     if params.allowed_token_ids is not None:
-        few = params.logprobs is None and len(params.allowed_token_ids) <= NARROW_HEAD_TOKENS
-        return params.allowed_token_ids if few else None
+        return narrow_ids(params)
     step_masks = None if masks is None else masks.result()
     at = None if step_masks is None else step_masks.rows.get(row.seq_id)
     if step_masks is None or at is None:  # no grammar, or not under it now (a reasoning block)

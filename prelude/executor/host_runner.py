@@ -146,7 +146,8 @@ class HostRunner:
         results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
-            logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled])
+            narrow = [host_sampling.narrow_ids(p) for p in params]  # rows that need a few tokens' logits
+            logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled], narrow)
             row_of = lambda j: wanted[sampled[j]][2]  # noqa: E731
             for k, token in zip(sampled, host_sampling.sample(logits, params, row_of, self._rng, self.threads)):
                 results[k].token = token
@@ -158,14 +159,27 @@ class HostRunner:
                 results[k].pooled = state.tolist()
         return results
 
-    def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int]) -> np.ndarray:
-        """The LM head's logits at these step rows' last positions."""
+    def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int],
+                narrow: Sequence[Sequence[int] | None] = ()) -> np.ndarray:
+        """The LM head's logits at these step rows' last positions; a row with ids in `narrow`
+        gets their logits alone and -inf elsewhere (host_sampling.narrow_ids)."""
         at = [flat.starts[i + 1] - 1 for i in rows]  # the rows' last positions in the step
         if flat.read is not None:  # the forward kept the read positions' states only, in order
             at = list(range(len(at))) if flat.read == at else [_index(flat, p) for p in at]
         # Usually these are the states' leading rows, in order: a contiguous slice.
         states = hidden[:len(at)] if at == list(range(len(at))) else np.ascontiguousarray(hidden[at])
-        return self.model.lm_head.matmul(states, self.threads)
+        head = self.model.lm_head
+        if not any(ids is not None for ids in narrow):
+            return head.matmul(states, self.threads)
+        logits = np.full((len(states), head.outputs), -np.inf, np.float32)
+        wide = [j for j, ids in enumerate(narrow) if ids is None]
+        if wide:
+            logits[wide] = head.matmul(np.ascontiguousarray(states[wide]), self.threads)
+        for j, ids in enumerate(narrow):
+            kept = np.asarray([t for t in ids or () if t < head.outputs], np.int64)  # a tokenizer may be wider
+            if len(kept):
+                logits[j, kept] = head.rows(kept) @ states[j]
+        return logits
 
     def _torch(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
                flat: FlatStep) -> list[RowResult]:
