@@ -11,15 +11,12 @@ import torch.nn.functional as F
 
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.flat_step import item_ends
+from prelude.executor.host_heads import PROMPT_LOGPROB_CHUNK
 from prelude.executor.host_sampling import NARROW_HEAD_TOKENS, narrow_ids
 from prelude.executor.runnable import ModelHeads
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
 from prelude.structured.masks import StepMasks, unpack_bitmask
-
-# Prompt-logprob rows compute logits over the vocabulary this many positions at a time, so a
-# long prompt never materializes a [prompt_len, vocab] tensor.
-PROMPT_LOGPROB_CHUNK = 256
 
 # (hidden, layout, step row indices, ascending) -> the final hidden state of each row's last position.
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]

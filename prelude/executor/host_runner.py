@@ -5,11 +5,12 @@ executor.fused_step calls), then the heads.
 The heads that generation and decision traffic ask for run without torch too: a token drawn
 greedily or at a temperature, with min-p, top-k and top-p cuts, a seed, allowed ids, a logit
 bias, min_tokens and penalties (all a model's generation_config.json sets for requests that
-leave them out), its logprobs and alternatives (executor.host_sampling), a pooled last state. A
-step with a row that asks for anything else (a grammar, label logprobs, prompt logprobs, mean or
-cls pooling, allowed ids with reported logprobs) goes through the torch heads (executor.heads)
-on the same hidden states and the same weights, importing torch the first time one does: a
-server whose requests never ask for those never loads it."""
+leave them out), its logprobs and alternatives (executor.host_sampling); label and prompt
+logprobs (executor.host_heads); a pooled last state. A step with a row that asks for anything
+else (a grammar, mean or cls pooling, allowed ids with reported logprobs, labels beside a drawn
+token) goes through the torch heads (executor.heads) on the same hidden states and the same
+weights, importing torch the first time one does: a server whose requests never ask for those
+never loads it."""
 from __future__ import annotations
 
 import bisect
@@ -24,7 +25,7 @@ import numpy as np
 
 from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult
 from prelude.contract.stop import StopFlag
-from prelude.executor import host_sampling
+from prelude.executor import host_heads, host_sampling
 from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder, ResumableForward
@@ -157,6 +158,8 @@ class HostRunner:
                 if spec.normalize:
                     state = state / max(float(np.linalg.norm(state)), 1e-12)
                 results[k].pooled = state.tolist()
+        host_heads.decision_heads(results, wanted, self.model.lm_head, lambda at: _states_at(hidden, flat, at),
+                                  flat.starts, self.threads)
         return results
 
     def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int],
@@ -192,7 +195,7 @@ class HostRunner:
 
         if self._torch_heads is None:
             logger.info("torch loaded for the heads of a request the native ones do not take "
-                        "(a grammar, label or prompt logprobs, mean or cls pooling, allowed ids with logprobs)")
+                        "(a grammar, mean or cls pooling, allowed ids with logprobs, labels beside a drawn token)")
             torch.set_num_threads(self.threads)
             self._torch_heads = TorchHeads(self.model, self.threads)
         slots = torch.from_numpy(flat.tokens[2])
@@ -232,13 +235,14 @@ class TorchHeads:
 
 def _native_head(spec: OutputSpec) -> bool:
     """Whether the heads without torch give this row's results: a token drawn
-    (host_sampling.takes), or the last state pooled."""
-    if spec.grammar is not None or spec.label_token_ids is not None or spec.prompt_logprobs is not None \
-            or spec.classify:
+    (host_sampling.takes), label logprobs alone, prompt logprobs, the last state pooled."""
+    if spec.grammar is not None or spec.classify or spec.pooling not in (None, "last"):
         return False
+    if spec.label_token_ids is not None:  # beside a drawn token, the torch heads share one product
+        return spec.sample is None and spec.pooling is None
     if spec.sample is not None:
         return spec.pooling is None and host_sampling.takes(spec.sample)
-    return spec.pooling == "last"
+    return True
 
 
 def _index(flat: FlatStep, position: int) -> int:
@@ -246,6 +250,14 @@ def _index(flat: FlatStep, position: int) -> int:
     if flat.read is None:
         return position
     return bisect.bisect_left(flat.read, position)
+
+
+def _states_at(hidden: np.ndarray, flat: FlatStep, positions: list[int]) -> np.ndarray:
+    """The states of these step positions (all read), a slice where they lie in a run."""
+    at = [_index(flat, p) for p in positions]
+    if at == list(range(at[0], at[0] + len(at))):
+        return hidden[at[0]:at[0] + len(at)]
+    return hidden[at]
 
 
 def _at(values: array | None) -> int:

@@ -3,8 +3,9 @@ runner's results (executor.runner over model.loader's DecoderLM and executor.fus
 same checkpoint and the same steps: for Qwen3 (q/k norms), Qwen2 (q/k/v bias) and Llama, from fp32
 and bf16 checkpoints, in fp32, bf16 and int8; prompt rows beside decode rows over the paged cache,
 tokens drawn greedily with their logprobs, a seeded top-p draw, restricted draws (allowed ids,
-logit bias, min_tokens, penalties) and last-state pooling on the heads without torch, and beside
-them the rows those leave to torch's (label logprobs, prompt logprobs, mean pooling).
+logit bias, min_tokens, penalties), label logprobs (over the vocabulary or the labels, per item
+or not), prompt logprobs and last-state pooling on the heads without torch, and a row those leave
+to torch's (mean pooling) beside them.
 A long step run resumably parks while its flag is up and then ends with the same results."""
 from __future__ import annotations
 
@@ -59,10 +60,13 @@ def _assert_same(torch_results, host_results, logprob_tolerance: float = 2e-4):
             assert got.token.logprob == pytest.approx(expected.token.logprob, abs=logprob_tolerance)
             assert [t for t, _ in got.token.top] == [t for t, _ in expected.token.top]
             assert got.token.rank == expected.token.rank
-        for field in ("pooled", "label_logprobs", "scores"):
+        for field in ("pooled", "label_logprobs", "item_label_logprobs", "scores"):
             want, have = getattr(expected, field), getattr(got, field)
             assert (want is None) == (have is None), field
-            if want is not None:
+            if want is not None and field == "item_label_logprobs":
+                assert [v for item in have for v in item] == pytest.approx(
+                    [v for item in want for v in item], abs=logprob_tolerance), field
+            elif want is not None:
                 assert have == pytest.approx(want, abs=logprob_tolerance), field
         if expected.prompt_logprobs is not None:
             assert [e.token_id for e in got.prompt_logprobs] == [e.token_id for e in expected.prompt_logprobs]
@@ -98,12 +102,22 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                        PrefillRow(4, _prompt(5, 7, vocab), 0, [], OutputSpec(pooling="last"))]
     decodes = [DecodeRow(1, 17, 9, [0, 1, 2], reported), DecodeRow(2, 23, 6, [5, 3], OutputSpec(sample=GREEDY))]
     _assert_same(torch_runner.run(second_prefills, decodes), host.run(second_prefills, decodes))
-    # Rows the native heads leave to torch's, in one step beside a seeded top-p draw and a greedy one.
-    torch_heads = [PrefillRow(5, _prompt(6, 8, vocab), 0, [], OutputSpec(sample=SamplingParams(top_p=0.5, seed=3))),
-                   PrefillRow(6, _prompt(7, 8, vocab), 0, [], OutputSpec(label_token_ids=(3, 7, 11))),
-                   PrefillRow(7, _prompt(8, 8, vocab), 0, [], OutputSpec(sample=GREEDY, prompt_logprobs=2)),
-                   PrefillRow(8, _prompt(9, 8, vocab), 0, [], OutputSpec(pooling="mean")),
-                   PrefillRow(9, _prompt(10, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
+    # Decision heads: labels over the vocabulary and over themselves, at the last position and at
+    # each item's end, and prompt logprobs, beside a seeded top-p draw and a greedy one.
+    decisions = [PrefillRow(5, _prompt(6, 8, vocab), 0, [], OutputSpec(sample=SamplingParams(top_p=0.5, seed=3))),
+                 PrefillRow(6, _prompt(7, 8, vocab), 0, [], OutputSpec(label_token_ids=(3, 7, 11))),
+                 PrefillRow(7, _prompt(8, 8, vocab), 0, [], OutputSpec(sample=GREEDY, prompt_logprobs=2)),
+                 PrefillRow(8, _prompt(9, 9, vocab), 0, [], OutputSpec(label_token_ids=(4, 9)),
+                            item_lengths=(2, 3)),
+                 PrefillRow(9, _prompt(10, 8, vocab), 0, [], OutputSpec(label_token_ids=(4, 9, 20),
+                                                                        label_vocab_normalized=False)),
+                 PrefillRow(10, _prompt(12, 10, vocab), 0, [], OutputSpec(label_token_ids=(5, 6),
+                                                                          label_vocab_normalized=False),
+                            item_lengths=(3, 3)),
+                 PrefillRow(11, _prompt(13, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
+    _assert_same(torch_runner.run(decisions, ()), host.run(decisions, ()))
+    # A row the heads without torch leave to torch's (mean pooling), beside labels and a draw.
+    torch_heads = [PrefillRow(12, _prompt(14, 8, vocab), 0, [], OutputSpec(pooling="mean")), *decisions[:3]]
     _assert_same(torch_runner.run(torch_heads, ()), host.run(torch_heads, ()))
     # Restricted draws (allowed ids, a logit bias, min_tokens, penalties over a history), seeded
     # and greedy, with logprobs of the model's own distribution.

@@ -1,8 +1,9 @@
 """A CPU server of a model whose generation_config.json asks for sampling cuts and a penalty
 (Qwen2.5's: temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05), which every request
-that leaves them out gets, draws those tokens without torch: requests with cuts, min-p, seeds,
-penalties, a logit bias or allowed ids never load it (the log says when a request does, as one
-asking for prompt logprobs still must), and a seeded request gives the same text twice."""
+that leaves them out gets, answers without torch: requests with cuts, min-p, seeds, penalties, a
+logit bias, allowed ids, prompt logprobs or /v1/score's labels never load it (the log says when
+a request does, as one reporting logprobs among allowed ids still must), and a seeded request
+gives the same text twice."""
 from __future__ import annotations
 
 import signal
@@ -23,7 +24,7 @@ QWEN25_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_pe
 TORCH_LOADED = "torch loaded for the heads"
 
 
-def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
+def test_sampling_and_decision_heads_run_without_torch(demo_model, tmp_path):
     model = edited_copy(demo_model, tmp_path, "generation_config.json", lambda c: c.update(QWEN25_SAMPLING))
     path = str(tmp_path / "prelude.sock")
     proc = subprocess.Popen([sys.executable, "-m", "prelude", "--model", str(model), "--uds", path],
@@ -43,13 +44,19 @@ def test_cuts_and_seeds_are_drawn_without_torch(demo_model, tmp_path):
             seeded = {"temperature": 1.0, "top_p": 0.9, "seed": 1234, "frequency_penalty": 0.5}
             assert texts(**seeded) == texts(**seeded)
             texts(logit_bias={"5": 2.0}, presence_penalty=0.3, allowed_token_ids=[5, 6, 7, 8])
-            texts("prompt-logprobs", prompt_logprobs=1)  # a head only torch's heads compute
+            texts(prompt_logprobs=2, max_tokens=1)
+            for softmax in (True, False):  # labels over themselves, then over the vocabulary
+                response = http.post("/v1/score", headers={"X-Request-Id": "cut"},
+                                     json={"query": "Is it good?", "items": ["yes it is", "no"],
+                                           "label_token_ids": [5, 6], "apply_softmax": softmax})
+                assert response.status_code == 200, response.text
+            texts("allowed-logprobs", allowed_token_ids=[5, 6], logprobs=1)  # left to torch's heads
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     lines = err.splitlines()
-    cut_requests = [i for i, line in enumerate(lines) if "cut POST /v1/completions 200" in line]
+    cut_requests = [i for i, line in enumerate(lines) if "cut POST /v1/" in line and " 200 " in line]
     loaded = [i for i, line in enumerate(lines) if TORCH_LOADED in line]
-    assert len(cut_requests) == 5 and loaded, err
+    assert len(cut_requests) == 8 and loaded, err
     assert loaded[0] > cut_requests[-1], err
