@@ -1,8 +1,10 @@
-"""A server's first requests and memory at a model's sampling defaults: starts `python -m prelude
---model DIR` from a tree, waits for /ready, sends five completions without sampling fields (so
-the model's generation_config.json applies), and reports each one's time and the server's RSS.
+"""A server's first requests and memory: starts `python -m prelude --model DIR` from a tree,
+waits for /ready, sends five requests of one kind, and reports each one's time and the server's
+RSS. Kinds: `completion` (8 tokens, no sampling fields, so the model's generation_config.json
+applies), `score` (/v1/score, two items, two labels), `prompt-logprobs` (a completion of one
+token with prompt_logprobs 1).
 
-    python bench/serving/results/cpu-amd-zen4-2026-12-07-native-cuts/first_request.py TREE DIR
+    python bench/serving/results/cpu-amd-zen4-2026-12-07-native-cuts/first_request.py TREE DIR [KIND]
 """
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ import httpx
 
 def main() -> None:
     tree, model, port = sys.argv[1], sys.argv[2], 8931
+    kind = sys.argv[3] if len(sys.argv) > 3 else "completion"
+    path, body = {"completion": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8}),
+                  "score": ("/v1/score", {"query": "Is this answer right?", "items": ["yes it is", "no"],
+                                          "label_token_ids": [5, 6], "apply_softmax": True}),
+                  "prompt-logprobs": ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 1,
+                                                          "prompt_logprobs": 1})}[kind]
     env = {**os.environ, "PYTHONPATH": tree}
     proc = subprocess.Popen([sys.executable, "-m", "prelude", "--model", model, "--port", str(port)], env=env, cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -31,8 +39,7 @@ def main() -> None:
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            response = httpx.post(url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 8},
-                                  timeout=60)
+            response = httpx.post(url + path, json=body, timeout=60)
             assert response.status_code == 200, response.text
             times.append((time.perf_counter() - start) * 1000)
         with open(f"/proc/{proc.pid}/status") as status:
