@@ -48,6 +48,18 @@ __attribute__((always_inline)) static inline float kth_largest(const float* valu
     return (long)heap.size() < k ? floor : heap.front();
 }
 
+// The least of `sorted` (descending) that top-p keeps when `before` of the mass precedes them:
+// a token stays while the mass before it is below `target`; `least` when none does.
+__attribute__((always_inline)) static inline float least_kept(const std::vector<float>& sorted, double before,
+                                                              double target, float least) {
+    for (const float x : sorted) {
+        if (before >= target) break;
+        least = x;
+        before += x;
+    }
+    return least;
+}
+
 // A mass's band: b holds [2^-b, 2^(1-b)) (the best token, mass 1, is in band 0); 127 holds zero
 // and the subnormals.
 constexpr int kBands = 128;
@@ -107,12 +119,7 @@ __attribute__((always_inline)) static inline float top_p_floor(const float* mass
     for (; j < n; ++j)
         if (mass[j] >= floor && band_of(mass[j]) == crossing) band.push_back(mass[j]);
     std::sort(band.begin(), band.end(), std::greater<float>());
-    float least = band.empty() ? floor : band.front();
-    for (const float x : band) {
-        if (before >= target) break;
-        least = x;
-        before += x;
-    }
+    const float least = least_kept(band, before, target, band.empty() ? floor : band.front());
     return least > floor ? least : floor;
 }
 
@@ -148,18 +155,13 @@ __attribute__((always_inline)) static inline long top_k_draw(const float* logits
         for (long i = j; i < j + 8; ++i) keep(i);
     }
     for (; j < n; ++j) keep(j);
-    float least = 0.0f;  // top-p's: in descending order a token stays while the mass before it is below top_p's share
+    float least = 0.0f;  // the least mass top-p keeps
     if (top_p < 1.0f && !masses.empty()) {
         scratch.assign(masses.begin(), masses.end());
         std::sort(scratch.begin(), scratch.end(), std::greater<float>());
-        double all = 0.0, before = 0.0;
+        double all = 0.0;
         for (const float m : scratch) all += m;
-        const double target = (double)top_p * all;
-        for (const float m : scratch) {
-            if (before >= target) break;
-            least = m;
-            before += m;
-        }
+        least = least_kept(scratch, 0.0, (double)top_p * all, 0.0f);
     }
     double total = 0.0;
     for (const float m : masses) total += m >= least ? m : 0.0f;
