@@ -166,11 +166,7 @@ class HostRunner:
                 narrow: Sequence[Sequence[int] | None] = ()) -> np.ndarray:
         """The LM head's logits at these step rows' last positions; a row with ids in `narrow`
         gets their logits alone and -inf elsewhere (host_sampling.narrow_ids)."""
-        at = [flat.starts[i + 1] - 1 for i in rows]  # the rows' last positions in the step
-        if flat.read is not None:  # the forward kept the read positions' states only, in order
-            at = list(range(len(at))) if flat.read == at else [_index(flat, p) for p in at]
-        # Usually these are the states' leading rows, in order: a contiguous slice.
-        states = hidden[:len(at)] if at == list(range(len(at))) else np.ascontiguousarray(hidden[at])
+        states = _states_at(hidden, flat, [flat.starts[i + 1] - 1 for i in rows])  # the rows' last positions
         head = self.model.lm_head
         if not any(ids is not None for ids in narrow):
             return head.matmul(states, self.threads)
@@ -253,11 +249,14 @@ def _index(flat: FlatStep, position: int) -> int:
 
 
 def _states_at(hidden: np.ndarray, flat: FlatStep, positions: list[int]) -> np.ndarray:
-    """The states of these step positions (all read), a slice where they lie in a run."""
-    at = [_index(flat, p) for p in positions]
-    if at == list(range(at[0], at[0] + len(at))):
+    """The states of these step positions (all read), contiguous: a slice where they lie in a run
+    (a OneShot step's last positions are the forward's read states themselves), else a copy."""
+    if flat.read is not None and flat.read == positions:  # the forward kept just these, in order
+        return hidden[:len(positions)]
+    at = positions if flat.read is None else [_index(flat, p) for p in positions]
+    if at and at == list(range(at[0], at[0] + len(at))):
         return hidden[at[0]:at[0] + len(at)]
-    return hidden[at]
+    return np.ascontiguousarray(hidden[at])
 
 
 def _at(values: array | None) -> int:
