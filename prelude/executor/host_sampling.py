@@ -41,15 +41,17 @@ def takes(params: SamplingParams) -> bool:
 def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callable[[int], PrefillRow | DecodeRow],
            rng: np.random.Generator, threads: int) -> list[TokenLogprob]:
     """Each row's token and, where asked, its logprobs; `row_of(k)`: the step's row that logits
-    row k is (its sample step for a seed, its history for penalties)."""
+    row k is (its sample step for a seed, its history for penalties). Restricted rows are
+    restricted in place; the reported rows are copied first, when any row is restricted."""
     rows, vocab = logits.shape
-    raw = logits
     restricted = [k for k, p in enumerate(params) if p.restricts_logits]
-    if restricted:
-        logits = logits.copy()
-        for k in restricted:
-            row = row_of(k)
-            restrict(logits[k], params[k], row.sample_step, row.history)
+    reported = [k for k, p in enumerate(params) if p.logprobs is not None]
+    raw = None
+    if reported:
+        raw = logits if len(reported) == rows and not restricted else logits[reported]  # a copy, if indexed
+    for k in restricted:
+        row = row_of(k)
+        restrict(logits[k], params[k], row.sample_step, row.history)
     drawn = [k for k, p in enumerate(params) if not p.greedy]
     tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
         array("q", bytes(8 * rows))
@@ -63,11 +65,9 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callabl
                                                      [params[k] for k in drawn], uniforms.ctypes.data, threads)):
             tokens[k] = token
     results = [TokenLogprob(t, 0.0, []) for t in tokens]
-    reported = [k for k, p in enumerate(params) if p.logprobs is not None]
-    if reported:
-        subset = raw if len(reported) == rows else np.ascontiguousarray(raw[reported])
+    if raw is not None:
         asked = [params[k].logprobs or 0 for k in reported]
-        entries = native_heads.logprobs(subset.ctypes.data, len(reported), vocab, vocab,
+        entries = native_heads.logprobs(raw.ctypes.data, len(reported), vocab, vocab,
                                         [tokens[k] for k in reported], max(asked), threads)
         for k, entry, wanted in zip(reported, entries, asked):
             del entry.top[wanted:]  # the rows share one count, the most any of them asked for
