@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.flat_step import item_ends
 from prelude.executor.host_heads import PROMPT_LOGPROB_CHUNK
-from prelude.executor.host_sampling import NARROW_HEAD_TOKENS, narrow_ids
+from prelude.executor.host_sampling import narrow_ids
 from prelude.executor.runnable import ModelHeads
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
-from prelude.structured.masks import StepMasks, unpack_bitmask
+from prelude.structured.masks import StepMasks
 
 # (hidden, layout, step row indices, ascending) -> the final hidden state of each row's last position.
 LastHidden = Callable[[torch.Tensor, StepLayout, list[int]], torch.Tensor]
@@ -111,7 +111,8 @@ def row_results(model: ModelHeads, hidden: torch.Tensor, prefills: Sequence[Pref
         last = states.last([wanted[k][0] for k in full])
         # On a GPU the head's launch goes first and the masks' filling ends beside it; there one
         # row of the head takes microseconds, so no row is narrowed.
-        narrow = [_few_tokens(*wanted[k][1:], masks) for k in full] if last.is_cpu else []
+        step_masks = masks.result() if masks is not None and last.is_cpu else None
+        narrow = [narrow_ids(wanted[k][1], wanted[k][2].seq_id, step_masks) for k in full] if last.is_cpu else []
         logits = _vocab_logits(model, last, narrow)
         sample_at = [j for j, k in enumerate(full) if wanted[k][1].sample is not None]
         for j, k in enumerate(full):
@@ -182,28 +183,6 @@ def _sampled_rows(model: ModelHeads, states: _States,
     return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
 
 
-def _few_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow,
-                masks: Future[StepMasks] | None) -> Sequence[int] | None:
-    """The few token ids a sampled row can take (NARROW_HEAD_TOKENS: its allowed ids, or what its
-    grammar allows now); None when it needs the whole vocabulary's logits."""
-    params = spec.sample
-    if params is None or spec.label_token_ids is not None:
-        return None
-    if params.allowed_token_ids is not None:
-        return narrow_ids(params)
-    step_masks = None if masks is None else masks.result()
-    at = None if step_masks is None else step_masks.rows.get(row.seq_id)
-    if step_masks is None or at is None:  # no grammar, or not under it now (a reasoning block)
-        return None
-    words = step_masks.bitmask[at]
-    nonzero = torch.nonzero(words).flatten()
-    if not 0 < len(nonzero) <= NARROW_HEAD_TOKENS:  # each nonzero word allows 1 to 32 tokens
-        return None
-    allowed = unpack_bitmask(words[nonzero].unsqueeze(0), 32 * len(nonzero))[0]
-    ids = (nonzero.unsqueeze(1) * 32 + torch.arange(32)).flatten()[allowed].tolist()
-    return ids if len(ids) <= NARROW_HEAD_TOKENS else None
-
-
 def _vocab_logits(model: ModelHeads, states: torch.Tensor,
                   narrow: list[Sequence[int] | None]) -> torch.Tensor:
     """[rows, vocab] fp32 logits of `states`: a whole row of the LM head, or, for a row with
@@ -230,7 +209,7 @@ def _row_masks(masks: StepMasks, chosen: list[tuple[int, OutputSpec, PrefillRow 
     bitmask_rows, sampled_rows = zip(*at)
     all_rows = list(bitmask_rows) == list(range(len(masks.bitmask)))
     bitmask = masks.bitmask if all_rows else masks.bitmask[list(bitmask_rows)]
-    return RowMasks(bitmask, list(sampled_rows))
+    return RowMasks(torch.from_numpy(bitmask), list(sampled_rows))
 
 
 def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> bool:

@@ -1,23 +1,17 @@
 """The model runner of a decoder on the CPU's native kernels, without torch (model.native_decoder):
 a step's rows flattened (flat_step), its layers in one native call (the kernel
-executor.fused_step calls), then the heads.
-
-The heads that generation and decision traffic ask for run without torch too: a token drawn
-greedily or at a temperature, with min-p, top-k and top-p cuts, a seed, allowed ids, a logit
-bias, min_tokens and penalties (all a model's generation_config.json sets for requests that
-leave them out), its logprobs and alternatives (executor.host_sampling); label and prompt
-logprobs (executor.host_heads); a pooled last state. A step with a row that asks for anything
-else (a grammar, mean or cls pooling, allowed ids with reported logprobs, labels beside a drawn
-token) goes through the torch heads (executor.heads) on the same hidden states and the same
-weights, importing torch the first time one does: a server whose requests never ask for those
-never loads it."""
+executor.fused_step calls), then the heads, without torch too: a token drawn greedily or at a
+temperature, with min-p, top-k and top-p cuts, a seed, allowed ids, a logit bias, min_tokens,
+penalties and a grammar, its logprobs and alternatives (executor.host_sampling); label and prompt
+logprobs (executor.host_heads); a pooled state. A server on this runner never loads torch."""
 from __future__ import annotations
 
 import bisect
 import contextlib
-import logging
 import math
+import os
 from array import array
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
@@ -29,13 +23,10 @@ from prelude.executor import host_heads, host_sampling
 from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder, ResumableForward
+from prelude.structured.masks import StepMasks, start_step_masks
 
 if TYPE_CHECKING:
-    import torch
-
     from prelude.model.attention import GraphKind
-
-logger = logging.getLogger(__name__)
 
 Wanted = tuple[int, OutputSpec, "PrefillRow | DecodeRow"]
 
@@ -61,6 +52,7 @@ class HostProgress:
     x: np.ndarray
     outputs: int
     held: tuple
+    masks: Future[StepMasks] | None
     parks: int = 0
 
 
@@ -80,7 +72,7 @@ class HostRunner:
         self._model_arguments = (self._table.ctypes.data, c.num_layers, model.final_norm_address, c.hidden_size,
                                  c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size,
                                  c.rms_norm_eps)  # forward_step's first ten: the same every step
-        self._torch_heads: TorchHeads | None = None
+        self._masks_beside_forward = (os.cpu_count() or 1) > threads  # a core the forward leaves free
 
     @staticmethod
     def thread_context() -> ContextManager[Any]:
@@ -96,21 +88,24 @@ class HostRunner:
             on_launch: Callable[[], None] | None = None) -> BatchResult:
         flat = flat_step(prefills, decodes, self.block_size)
         arguments, x, outputs, _ = self._arguments(flat)
+        masks = start_step_masks(prefills, decodes, self._masks_beside_forward)
         if on_launch is not None:
             on_launch()
         self.model.forward(arguments)
-        return BatchResult(self._heads(x[:outputs], prefills, decodes, flat))
+        return BatchResult(self._heads(x[:outputs], prefills, decodes, flat, masks))
 
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> HostProgress:
         flat = flat_step(prefills, (), self.block_size)
         arguments, x, outputs, held = self._arguments(flat)
-        return HostProgress(prefills, flat, self.model.begin(arguments, stop.check_every_macs), x, outputs, held)
+        return HostProgress(prefills, flat, self.model.begin(arguments, stop.check_every_macs), x, outputs, held,
+                            start_step_masks(prefills, (), self._masks_beside_forward))
 
     def advance(self, progress: HostProgress, stop: StopFlag) -> BatchResult | None:
         if not progress.steps.advance(stop.address):
             progress.parks += 1
             return None
-        return BatchResult(self._heads(progress.x[:progress.outputs], progress.prefills, (), progress.flat))
+        return BatchResult(self._heads(progress.x[:progress.outputs], progress.prefills, (), progress.flat,
+                                       progress.masks))
 
     def _arguments(self, flat: FlatStep) -> tuple[tuple, np.ndarray, int, tuple]:
         """forward_step's arguments (kernels/cpu/_native.pyi), the embeddings it computes over in
@@ -132,35 +127,46 @@ class HostRunner:
         return arguments, x, n if keep is None else len(keep), held
 
     def _heads(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-               flat: FlatStep) -> list[RowResult]:
+               flat: FlatStep, masks: Future[StepMasks] | None) -> list[RowResult]:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
         params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # the sampled rows', in order
-        # The usual step: every row just draws a token (only_samples: no allowed ids, so no row
-        # the draws here would not take).
+        # The usual step: every row just draws a token (only_samples: no allowed ids, no grammar).
         if wanted and all(spec.only_samples for _, spec, _ in wanted):
             tokens = host_sampling.sample(self._logits(hidden, flat, [i for i, _, _ in wanted]), params,
                                           lambda k: wanted[k][2], self._rng, self.threads)
             return [RowResult(row.seq_id, token) for (_, _, row), token in zip(wanted, tokens)]
-        if not all(_native_head(spec) for _, spec, _ in wanted):
-            return self._torch(hidden, prefills, decodes, flat)
         results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
-            narrow = [host_sampling.narrow_ids(p) for p in params]  # rows that need a few tokens' logits
+            step_masks = None if masks is None else masks.result()
+            narrow = [host_sampling.narrow_ids(wanted[k][1], wanted[k][2].seq_id, step_masks) for k in sampled]
             logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled], narrow)
             row_of = lambda j: wanted[sampled[j]][2]  # noqa: E731
-            for k, token in zip(sampled, host_sampling.sample(logits, params, row_of, self._rng, self.threads)):
+            tokens = host_sampling.sample(logits, params, row_of, self._rng, self.threads, step_masks)
+            for k, token in zip(sampled, tokens):
                 results[k].token = token
+                _, spec, row = wanted[k]
+                if spec.grammar is not None and spec.sample is not None and spec.sample.logprobs is None:
+                    # Forced tokens have no sampled distribution to report: requests that ask
+                    # for logprobs sample every token.
+                    results[k].forced = spec.grammar.forced_after(
+                        row.sample_step, token.token_id, spec.sample.max_tokens - row.sample_step - 1)
         for k, (i, spec, _) in enumerate(wanted):
-            if spec.pooling == "last":
-                state = hidden[_index(flat, flat.starts[i + 1] - 1)].astype(np.float32)
-                if spec.normalize:
-                    state = state / max(float(np.linalg.norm(state)), 1e-12)
-                results[k].pooled = state.tolist()
+            if spec.pooling is not None:
+                results[k].pooled = self._pooled(hidden, flat, i, spec).tolist()
         host_heads.decision_heads(results, wanted, self.model.lm_head, lambda at: _states_at(hidden, flat, at),
                                   flat.starts, self.threads)
         return results
+
+    def _pooled(self, hidden: np.ndarray, flat: FlatStep, i: int, spec: OutputSpec) -> np.ndarray:
+        """Step row i's state pooled as `spec` asks: its last, its first (cls) or their mean."""
+        start, end = flat.starts[i], flat.starts[i + 1]
+        if spec.pooling == "mean":
+            state = _states_at(hidden, flat, list(range(start, end))).astype(np.float32).mean(axis=0)
+        else:
+            state = hidden[_index(flat, start if spec.pooling == "cls" else end - 1)].astype(np.float32)
+        return state / max(float(np.linalg.norm(state)), 1e-12) if spec.normalize else state
 
     def _logits(self, hidden: np.ndarray, flat: FlatStep, rows: list[int],
                 narrow: Sequence[Sequence[int] | None] = ()) -> np.ndarray:
@@ -179,66 +185,6 @@ class HostRunner:
             if len(kept):
                 logits[j, kept] = head.rows(kept) @ states[j]
         return logits
-
-    def _torch(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-               flat: FlatStep) -> list[RowResult]:
-        """The torch heads (executor.heads) over the same states and weights."""
-        import torch
-
-        from prelude.executor.heads import row_results
-        from prelude.executor.runner import last_positions, start_masks
-        from prelude.model.attention import StepLayout
-
-        if self._torch_heads is None:
-            logger.info("torch loaded for the heads of a request the native ones do not take "
-                        "(a grammar, mean or cls pooling, allowed ids with logprobs, labels beside a drawn token)")
-            torch.set_num_threads(self.threads)
-            self._torch_heads = TorchHeads(self.model, self.threads)
-        slots = torch.from_numpy(flat.tokens[2])
-        layout = StepLayout(flat.starts, flat.context_lens, flat.block_tables, flat.stored, flat.num_prefill_rows,
-                            slots, slots, flat.item_lengths)
-        with torch.inference_mode():
-            masks = start_masks(prefills, decodes, torch.device("cpu"))
-            return row_results(self._torch_heads, torch.from_numpy(hidden), prefills, decodes, layout,
-                               last_positions, masks, flat.read)
-
-
-class TorchHeads:
-    """What executor.heads calls on a model (executor.runnable.RunnableModel's heads), over a
-    NativeDecoder's weights."""
-
-    classifier_pooling = "last"
-
-    def __init__(self, model: NativeDecoder, threads: int):
-        self.model = model
-        self.config = model.config
-        self.threads = threads
-        self.head = model.lm_head
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        return torch.from_numpy(self.head.matmul(np.ascontiguousarray(hidden.float().numpy()), self.threads))
-
-    def compute_label_logits(self, hidden: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
-        import torch
-
-        return hidden @ torch.from_numpy(self.head.rows(np.array(token_ids, np.int64))).t()
-
-    def compute_scores(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("classify requests reach only *ForSequenceClassification models")
-
-
-def _native_head(spec: OutputSpec) -> bool:
-    """Whether the heads without torch give this row's results: a token drawn
-    (host_sampling.takes), label logprobs alone, prompt logprobs, the last state pooled."""
-    if spec.grammar is not None or spec.classify or spec.pooling not in (None, "last"):
-        return False
-    if spec.label_token_ids is not None:  # beside a drawn token, the torch heads share one product
-        return spec.sample is None and spec.pooling is None
-    if spec.sample is not None:
-        return spec.pooling is None and host_sampling.takes(spec.sample)
-    return True
 
 
 def _index(flat: FlatStep, position: int) -> int:

@@ -1,8 +1,9 @@
 """The CPU runner's draws without torch (executor.host_runner): fp32 logits rows as numpy arrays
-in, tokens and their logprobs out, as executor.sampler.sample gives them. The restrictions
-(allowed ids, logit bias, min_tokens, penalties) change a copy of the rows in numpy, in float32 as
-torch does; argmax, the draw with its cuts and seed, and the logprobs run on the native kernels.
-Reported logprobs are the model's own distribution, before any restriction (vLLM's default)."""
+in, tokens and their logprobs out, as executor.sampler.sample gives them. A grammar's mask, argmax,
+the draw with its cuts and seed, and the logprobs run on the native kernels; the restrictions
+(allowed ids, logit bias, min_tokens, penalties) change the rows in numpy, in float32 as torch
+does. Reported logprobs are the model's own distribution, before any restriction (vLLM's default),
+except a grammar's: the distribution over the tokens it allows, as in vLLM."""
 from __future__ import annotations
 
 from array import array
@@ -10,9 +11,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from prelude.contract.batch import DecodeRow, PrefillRow, TokenLogprob
+from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, TokenLogprob
 from prelude.contract.sampling import SamplingParams, seeded_uniform
 from prelude.executor import native_heads
+from prelude.structured.masks import StepMasks, few_allowed
 
 
 # A sampled row that can only take a few tokens gets the logits of just those: their rows of the
@@ -25,25 +27,29 @@ from prelude.executor import native_heads
 NARROW_HEAD_TOKENS = 1024
 
 
-def narrow_ids(params: SamplingParams) -> tuple[int, ...] | None:
-    """The allowed ids whose logits alone a row needs (NARROW_HEAD_TOKENS); None: the whole
-    vocabulary's."""
-    ids = params.allowed_token_ids
-    return ids if ids is not None and params.logprobs is None and len(ids) <= NARROW_HEAD_TOKENS else None
-
-
-def takes(params: SamplingParams) -> bool:
-    """Whether these draws take the row: all but allowed ids with reported logprobs, whose
-    alternatives are the best allowed tokens (executor.sampler.token_logprob's)."""
-    return params.allowed_token_ids is None or params.logprobs is None
+def narrow_ids(spec: OutputSpec, seq_id: int, masks: StepMasks | None) -> Sequence[int] | None:
+    """The few token ids a sampled row can take (NARROW_HEAD_TOKENS): its allowed ids on a row that
+    reports no logprobs, or what its grammar allows now (`masks`: the step's); None when it needs
+    the whole vocabulary's logits."""
+    params = spec.sample
+    if params is None or spec.label_token_ids is not None:
+        return None
+    if params.allowed_token_ids is not None:
+        ids = params.allowed_token_ids
+        return ids if params.logprobs is None and len(ids) <= NARROW_HEAD_TOKENS else None
+    at = None if masks is None else masks.rows.get(seq_id)
+    return None if masks is None or at is None else few_allowed(masks.bitmask[at], NARROW_HEAD_TOKENS)
 
 
 def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callable[[int], PrefillRow | DecodeRow],
-           rng: np.random.Generator, threads: int) -> list[TokenLogprob]:
+           rng: np.random.Generator, threads: int, masks: StepMasks | None = None) -> list[TokenLogprob]:
     """Each row's token and, where asked, its logprobs; `row_of(k)`: the step's row that logits
-    row k is (its sample step for a seed, its history for penalties). Restricted rows are
-    restricted in place; the reported rows are copied first, when any row is restricted."""
+    row k is (its seq_id for its grammar's mask in `masks`, its sample step for a seed, its
+    history for penalties). Masked and restricted rows change in place; the reported rows are
+    copied first, when any row is restricted."""
     rows, vocab = logits.shape
+    if masks is not None:
+        _mask(logits, masks, row_of, threads)
     restricted = [k for k, p in enumerate(params) if p.restricts_logits]
     reported = [k for k, p in enumerate(params) if p.logprobs is not None]
     raw = None
@@ -69,10 +75,35 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callabl
         asked = [params[k].logprobs or 0 for k in reported]
         entries = native_heads.logprobs(raw.ctypes.data, len(reported), vocab, vocab,
                                         [tokens[k] for k in reported], max(asked), threads)
-        for k, entry, wanted in zip(reported, entries, asked):
+        for r, (k, entry, wanted) in enumerate(zip(reported, entries, asked)):
+            if (allowed := params[k].allowed_token_ids) is not None:
+                _allowed_alternatives(entry, raw[r], allowed, wanted)
             del entry.top[wanted:]  # the rows share one count, the most any of them asked for
             results[k] = entry
     return results
+
+
+def _mask(logits: np.ndarray, masks: StepMasks, row_of: Callable[[int], PrefillRow | DecodeRow],
+          threads: int) -> None:
+    """Applies each row's grammar mask (the rows under a grammar now), in place."""
+    at = [(masks.rows[seq], k) for k in range(len(logits)) if (seq := row_of(k).seq_id) in masks.rows]
+    if not at:
+        return
+    bitmask_rows, logits_rows = (list(side) for side in zip(*at))
+    bitmask = masks.bitmask if bitmask_rows == list(range(len(masks.bitmask))) else \
+        np.ascontiguousarray(masks.bitmask[bitmask_rows])
+    vocab = logits.shape[1]
+    native_heads.mask(logits.ctypes.data, vocab, vocab, bitmask.ctypes.data, bitmask.shape[1], logits_rows, threads)
+
+
+def _allowed_alternatives(entry: TokenLogprob, raw: np.ndarray, allowed: Sequence[int], top: int) -> None:
+    """A row restricted to allowed_token_ids lists the best of those as its alternatives (a token
+    it may not answer is no alternative), with their logprobs under the whole row's log-softmax,
+    whose normalizer the chosen token's logprob gives."""
+    ids = np.asarray(allowed, np.int64)
+    values = raw[ids] - np.float32(raw[entry.token_id] - np.float32(entry.logprob))
+    best = np.argsort(-values, kind="stable")[:top]
+    entry.top[:] = list(zip(ids[best].tolist(), values[best].tolist()))
 
 
 def restrict(logits: np.ndarray, p: SamplingParams, step: int, history: Sequence[int]) -> None:

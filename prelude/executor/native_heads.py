@@ -12,11 +12,20 @@ from prelude.contract.sampling import SamplingParams
 sample_tokens: Callable[..., None] | None
 greedy_tokens: Callable[..., None] | None
 native_logprobs: Callable[..., None] | None
+mask_logits: Callable[..., None] | None
 try:
-    from kernels.cpu._native import greedy_tokens, sample_tokens
+    from kernels.cpu._native import greedy_tokens, mask_logits, sample_tokens
     from kernels.cpu._native import token_logprobs as native_logprobs
 except ImportError:  # the extension is not built (a source checkout before `pip install -e .`)
-    sample_tokens = greedy_tokens = native_logprobs = None
+    sample_tokens = greedy_tokens = native_logprobs = mask_logits = None
+
+
+def mask(logits: int, vocab: int, stride: int, bitmask: int, words: int, rows: Sequence[int], threads: int) -> None:
+    """Sets to -inf, in place, the logits of `rows` whose bit in the matching row of the grammar
+    bitmask (int32 words, structured.masks) is 0."""
+    assert mask_logits is not None
+    logits_rows = array("q", rows)
+    mask_logits(logits, len(rows), vocab, stride, bitmask, words, logits_rows.buffer_info()[0], threads)
 
 
 def greedy(logits: int, rows: int, vocab: int, stride: int, threads: int) -> array:

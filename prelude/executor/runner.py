@@ -6,6 +6,7 @@ native call when the step fits it, else through the model layer by layer."""
 from __future__ import annotations
 
 import functools
+import os
 import struct
 from array import array
 from concurrent.futures import Future
@@ -22,7 +23,7 @@ from prelude.model.attention import AttentionBackend, GraphKind, StepLayout
 from prelude.executor.runnable import RunnableModel
 from prelude.contract.stop import StopFlag
 from prelude.model.decoder import ResumableForward
-from prelude.structured.masks import MaskRequest, StepMasks, start_filling
+from prelude.structured.masks import StepMasks, start_step_masks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,7 +72,7 @@ class ModelRunner:
         `on_launch` is called as the forward's kernels start, which run without the GIL (see
         engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
-        masks = start_masks(prefills, decodes, self.device)
+        masks = start_step_masks(prefills, decodes, self._core_beside_forward())
         hidden, layout, read = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks, read))
 
@@ -88,7 +89,7 @@ class ModelRunner:
         if forward is None:
             forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
         return Progress(prefills, layout, forward, None if keep is None else step.read,
-                        start_masks(prefills, (), self.device))
+                        start_step_masks(prefills, (), self._core_beside_forward()))
 
     @in_inference_mode
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
@@ -135,6 +136,11 @@ class ModelRunner:
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._on_host else host.to(self.device, non_blocking=True)
 
+    def _core_beside_forward(self) -> bool:
+        """Whether a core is free while the forward runs, for the grammar masks' thread: always
+        beside a GPU's, on the CPU only when torch's threads leave one."""
+        return not self._on_host or (os.cpu_count() or 1) > torch.get_num_threads()
+
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
         return last_positions(hidden, layout, rows)
 
@@ -156,17 +162,6 @@ def last_positions(hidden: torch.Tensor, layout: StepLayout, rows: list[int]) ->
     if last - first == len(rows) - 1:  # consecutive: one request, or a step's decode rows
         return hidden[first:last + 1]  # a view: no index tensor to build, no copy
     return hidden[torch.tensor([ends[i + 1] - 1 for i in rows], device=hidden.device)]
-
-
-def start_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-                device: torch.device) -> Future[StepMasks] | None:
-    """Starts filling the token masks of the rows that sample under a grammar, to run beside
-    the forward; None when no row does."""
-    requests = [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_ids[-1])
-                for r in prefills if r.output is not None and r.output.grammar is not None]
-    requests += [MaskRequest(r.seq_id, r.output.grammar, r.sample_step, r.token_id)
-                 for r in decodes if r.output.grammar is not None]
-    return start_filling(requests, device) if requests else None
 
 
 def _int64(values: list[int]) -> torch.Tensor:

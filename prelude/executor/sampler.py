@@ -9,8 +9,7 @@ import torch
 from prelude.contract.batch import TokenLogprob
 from prelude.contract.sampling import SamplingParams, seeded_uniform
 from prelude.executor import native_heads
-from prelude.executor.native_heads import greedy_tokens, native_logprobs, sample_tokens
-from prelude.structured.masks import apply_token_bitmask
+from prelude.executor.native_heads import greedy_tokens, mask_logits, native_logprobs, sample_tokens
 
 
 class RowMasks(NamedTuple):
@@ -18,6 +17,28 @@ class RowMasks(NamedTuple):
 
     bitmask: torch.Tensor  # [len(rows), words] int32, on the host
     rows: list[int]
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Sets to -inf, in place, the logits of `rows` whose bit in the matching bitmask row is 0."""
+    if mask_logits is not None and _native_rows(logits):
+        bitmask = bitmask.contiguous()
+        native_heads.mask(logits.data_ptr(), logits.shape[-1], logits.stride(0), bitmask.data_ptr(), bitmask.shape[1],
+                          rows, torch.get_num_threads())
+        return
+    forbidden = ~unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab] bool, with tensor ops on the bitmask's device (the
+    CUDA path; the CPU's fp32 logits are masked by the native kernel, kernels/cpu/sample.hpp)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
 
 
 def restrict_logits(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int],

@@ -17,7 +17,7 @@ from prelude.contract.config import Config
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import Request
 from prelude.structured.compiler import Constraint, GrammarCompiler
-from prelude.structured.masks import unpack_bitmask
+from prelude.executor.sampler import unpack_bitmask
 from tests.checkpoints import load_reference
 
 SCHEMA = {"type": "object", "properties": {

@@ -149,7 +149,7 @@ def test_rows_that_can_take_few_tokens_sample_and_report_as_over_the_whole_vocab
     rows = [PrefillRow(i, [9] * n, 0, (), OutputSpec(sample=p)) for i, (p, n) in enumerate(zip(params, lengths))]
     bitmask = torch.stack([_bitmask(masked[i], vocab) for i in sorted(masked)])
     ready: Future = Future()
-    ready.set_result(StepMasks(bitmask, {i: k for k, i in enumerate(sorted(masked))}))
+    ready.set_result(StepMasks(bitmask.numpy(), {i: k for k, i in enumerate(sorted(masked))}))
     hidden = torch.randn(sum(lengths), config.hidden_size, generator=torch.Generator().manual_seed(5))
     layout = _layout(lengths)
     with torch.inference_mode():

@@ -3,11 +3,13 @@ runner's results (executor.runner over model.loader's DecoderLM and executor.fus
 same checkpoint and the same steps: for Qwen3 (q/k norms), Qwen2 (q/k/v bias) and Llama, from fp32
 and bf16 checkpoints, in fp32, bf16 and int8; prompt rows beside decode rows over the paged cache,
 tokens drawn greedily with their logprobs, a seeded top-p draw, restricted draws (allowed ids,
-logit bias, min_tokens, penalties), label logprobs (over the vocabulary or the labels, per item
-or not), prompt logprobs and last-state pooling on the heads without torch, and a row those leave
-to torch's (mean pooling) beside them.
+logit bias, min_tokens, penalties; allowed ids reporting logprobs), label logprobs (over the
+vocabulary or the labels, per item or not), prompt logprobs, last, first and mean pooling, and
+rows under a grammar (masked, narrowed to the few tokens it allows, their forced tokens).
 A long step run resumably parks while its flag is up and then ends with the same results."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -27,12 +29,16 @@ from prelude.model.checkpoint_arrays import checkpoint_files
 from prelude.model.native_decoder import NativeDecoder, NotNative
 from prelude.model.weight_formats import stored_format
 from prelude.model.ops import select_ops
+from prelude.structured.compiler import Constraint, GrammarCompiler
 from tests.checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
 
 BLOCK = 4
 BLOCKS = 64
+SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["accepted", "rejected"]},
+                                           "confidence": {"type": "integer", "minimum": 1, "maximum": 5}},
+          "required": ["verdict", "confidence"], "additionalProperties": False}
 
 
 def _runners(path, dtype: str = "auto", quantization: str = "none") -> tuple[ModelRunner, HostRunner]:
@@ -116,9 +122,10 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                             item_lengths=(3, 3)),
                  PrefillRow(11, _prompt(13, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
     _assert_same(torch_runner.run(decisions, ()), host.run(decisions, ()))
-    # A row the heads without torch leave to torch's (mean pooling), beside labels and a draw.
-    torch_heads = [PrefillRow(12, _prompt(14, 8, vocab), 0, [], OutputSpec(pooling="mean")), *decisions[:3]]
-    _assert_same(torch_runner.run(torch_heads, ()), host.run(torch_heads, ()))
+    # Mean and first-state pooling beside labels and a draw.
+    pooled = [PrefillRow(12, _prompt(14, 8, vocab), 0, [], OutputSpec(pooling="mean")),
+              PrefillRow(13, _prompt(15, 6, vocab), 0, [], OutputSpec(pooling="cls", normalize=True)), *decisions[:3]]
+    _assert_same(torch_runner.run(pooled, ()), host.run(pooled, ()))
     # Restricted draws (allowed ids, a logit bias, min_tokens, penalties over a history), seeded
     # and greedy, with logprobs of the model's own distribution.
     history = _prompt(11, 12, vocab)
@@ -126,10 +133,41 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                   SamplingParams(temperature=0.0, logit_bias=((9, 30.0),), logprobs=2),
                   SamplingParams(temperature=0.9, seed=6, min_tokens=3, min_tokens_blocked=(2, 5)),
                   SamplingParams(temperature=0.8, seed=7, repetition_penalty=1.3, frequency_penalty=0.5,
-                                 presence_penalty=0.4, top_k=10, logprobs=1)]
+                                 presence_penalty=0.4, top_k=10, logprobs=1),
+                  SamplingParams(temperature=0.0, allowed_token_ids=(3, 7, 11, 40, 41), logprobs=3)]
     rows = [DecodeRow(20 + k, history[-1], len(history) - 1, [40 + 4 * k, 41 + 4 * k, 42 + 4 * k, 43 + 4 * k],
                       OutputSpec(sample=p), sample_step=2, history=history) for k, p in enumerate(restricted)]
     _assert_same(torch_runner.run((), rows), host.run((), rows))
+
+
+@pytest.mark.parametrize("threads", [None, 1], ids=["inline-masks", "mask-thread"])
+def test_rows_under_a_grammar_give_the_torch_runners_results(demo_model, threads):
+    """Masked rows, sampled and greedy, with logprobs over what the grammar allows or forced
+    tokens after their draw, narrowed (a choice's few first tokens) or not (free text), beside a
+    row without a grammar; their masks filled in the step's thread or, with a core left free,
+    in the mask thread."""
+    torch_runner, host = _runners(demo_model)
+    if threads is not None:
+        host = HostRunner(host.model, host.kv, threads)
+    config = host.model.config
+    compiler = GrammarCompiler(demo_model / "tokenizer.json", config.vocab_size, (config.vocab_size - 1,))
+    grammars = [compiler.compile(Constraint.json_schema(SCHEMA, "structured_outputs")),
+                compiler.compile(Constraint("choice", json.dumps(["accepted", "rejected", "unsure"]))),
+                compiler.compile(Constraint("regex", "[a-z ]{1,40}"))]
+    params = [SamplingParams(temperature=0.0, logprobs=2, max_tokens=30), SamplingParams(seed=3, max_tokens=8),
+              SamplingParams(temperature=0.8, seed=4, logprobs=1, max_tokens=8), SamplingParams(max_tokens=30, seed=5),
+              SamplingParams(temperature=0.0, max_tokens=8)]
+    kinds = [0, 1, 2, 0, None]
+
+    def rows():  # each runner's rows with grammar states of their own: a draw moves them on
+        return [PrefillRow(30 + k, _prompt(30 + k, 6 + k, config.vocab_size), 0, [],
+                           OutputSpec(sample=p, grammar=None if g is None else grammars[g].new_state()))
+                for k, (p, g) in enumerate(zip(params, kinds))]
+
+    want, got = torch_runner.run(rows(), ()), host.run(rows(), ())
+    _assert_same(want, got)
+    assert [r.forced for r in got.rows] == [r.forced for r in want.rows]
+    assert got.rows[3].forced  # a JSON object's first key follows its brace unsampled
 
 
 def test_a_resumable_step_parks_while_its_flag_is_up_and_ends_with_the_same_results(tmp_path):

@@ -1,11 +1,12 @@
 """A CPU server of a model whose generation_config.json asks for sampling cuts and a penalty
 (Qwen2.5's: temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05), which every request
 that leaves them out gets, answers without torch: requests with cuts, min-p, seeds, penalties, a
-logit bias, allowed ids, prompt logprobs or /v1/score's labels never load it (the log says when
-a request does, as one reporting logprobs among allowed ids still must), and a seeded request
-gives the same text twice."""
+logit bias, allowed ids (logprobs reported or not), a JSON schema or a choice, prompt logprobs or
+/v1/score's labels never load it (the process never maps libtorch), and a seeded request gives
+the same text twice."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -21,7 +22,13 @@ from tests.server.test_sidecar import wait_ready
 pytestmark = pytest.mark.skipif(not cpu_ops.built, reason="kernels.cpu is not built")
 
 QWEN25_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
-TORCH_LOADED = "torch loaded for the heads"
+SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}}, "required": ["verdict"],
+          "additionalProperties": False}
+
+
+def _maps_torch(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libtorch" in maps.read()
 
 
 def test_sampling_and_decision_heads_run_without_torch(demo_model, tmp_path):
@@ -50,13 +57,13 @@ def test_sampling_and_decision_heads_run_without_torch(demo_model, tmp_path):
                                      json={"query": "Is it good?", "items": ["yes it is", "no"],
                                            "label_token_ids": [5, 6], "apply_softmax": softmax})
                 assert response.status_code == 200, response.text
-            texts("allowed-logprobs", allowed_token_ids=[5, 6], logprobs=1)  # left to torch's heads
+            texts(allowed_token_ids=[5, 6], logprobs=1)
+            answers = texts(structured_outputs={"json": SCHEMA}, max_tokens=12, ignore_eos=False, n=2)
+            assert all(json.loads(a)["verdict"] in ("yes", "no") for a in answers)
+            assert texts(structured_outputs={"choice": ["alpha", "beta"]}, ignore_eos=False)[0] in ("alpha", "beta")
+            assert not _maps_torch(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    lines = err.splitlines()
-    cut_requests = [i for i, line in enumerate(lines) if "cut POST /v1/" in line and " 200 " in line]
-    loaded = [i for i, line in enumerate(lines) if TORCH_LOADED in line]
-    assert len(cut_requests) == 8 and loaded, err
-    assert loaded[0] > cut_requests[-1], err
+    assert sum("cut POST /v1/" in line and " 200 " in line for line in err.splitlines()) == 11, err

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from prelude.executor.sampler import apply_token_bitmask, unpack_bitmask
 from prelude.structured.compiler import Constraint, GrammarCompiler, GrammarError
-from prelude.structured.masks import MaskRequest, apply_token_bitmask, start_filling, unpack_bitmask
+from prelude.structured.masks import MaskRequest, few_allowed, start_filling
 
 EOS = 2
 
@@ -26,10 +28,11 @@ def tokenizer(demo_model):
 
 
 def allowed(state, step: int, last_token: int) -> set[int]:
-    masks = start_filling([MaskRequest(7, state, step, last_token)], torch.device("cpu")).result()
+    masks = start_filling([MaskRequest(7, state, step, last_token)], beside_forward=False).result()
     if 7 not in masks.rows:
         return set(range(2048))
-    return set(unpack_bitmask(masks.bitmask, 2048)[masks.rows[7]].nonzero().flatten().tolist())
+    bits = np.unpackbits(masks.bitmask[masks.rows[7]].view(np.uint8), bitorder="little")  # bit t of word w: 32w+t
+    return set(np.flatnonzero(bits[:2048]).tolist())
 
 
 def test_repeated_constraint_compiles_once(compiler):
@@ -82,7 +85,8 @@ def test_reasoning_block_is_unconstrained_until_its_end(compiler):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["native-fp32", "tensor-ops"])
 def test_bitmask_paths_agree(dtype):
     """The CPU's native masking (fp32 logits) and the device path's tensor ops (any other, and
-    CUDA) forbid exactly the tokens whose bit is 0, in whole words of 0 and of 1 bits too."""
+    CUDA) forbid exactly the tokens whose bit is 0, in whole words of 0 and of 1 bits too; a row
+    that allows few tokens lists them (structured.masks.few_allowed, the narrowed head's)."""
     gen = torch.Generator().manual_seed(0)
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32, generator=gen)
     bitmask[0, 1], bitmask[1, 2] = 0, -1
@@ -90,6 +94,10 @@ def test_bitmask_paths_agree(dtype):
     bits = [[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)]
     expected = torch.tensor(bits).bool()
     assert torch.equal(unpack_bitmask(bitmask, vocab), expected)
+    few = torch.zeros(5, dtype=torch.int32)
+    few[0], few[3] = -2**31, 0b101  # bit 31 of word 0, bits 0 and 2 of word 3
+    assert few_allowed(few.numpy(), 3) == [31, 96, 98] and few_allowed(few.numpy(), 2) is None
+    assert few_allowed(bitmask[0].numpy(), 32) is None and few_allowed(np.zeros(5, np.int32), 3) is None
     logits = torch.zeros(4, vocab, dtype=dtype)
     apply_token_bitmask(logits, bitmask[:2], [1, 3])
     assert torch.equal(logits[1] == 0, expected[0]) and torch.equal(logits[3] == 0, expected[1])
@@ -105,7 +113,7 @@ def test_batched_masks_beside_a_gpu_forward_equal_the_inline_ones(compiler):
     # thread; on a CPU whose cores torch's threads take, one row at a time inline. Same masks.
     grammar = compiler.compile(Constraint("regex", "[a-c]{2}x", param="p"))
     requests = [MaskRequest(i, grammar.new_state(), 0, EOS) for i in range(6)]
-    inline = start_filling(requests, torch.device("cpu")).result()
-    batched = start_filling(requests, torch.device("meta")).result()
+    inline = start_filling(requests, beside_forward=False).result()
+    batched = start_filling(requests, beside_forward=True).result()
     assert inline.rows == batched.rows
-    assert torch.equal(inline.bitmask, batched.bitmask)
+    assert np.array_equal(inline.bitmask, batched.bitmask)
