@@ -9,9 +9,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-import os
 from array import array
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
@@ -23,7 +21,7 @@ from prelude.executor import host_heads, host_sampling
 from prelude.executor.flat_step import FlatStep, flat_step, paged_rows
 from prelude.host_tuning import zeroed_pages
 from prelude.model.native_decoder import NativeDecoder, ResumableForward
-from prelude.structured.masks import StepMasks, start_step_masks
+from prelude.structured.masks import start_step_masks
 
 if TYPE_CHECKING:
     from prelude.model.attention import GraphKind
@@ -52,7 +50,6 @@ class HostProgress:
     x: np.ndarray
     outputs: int
     held: tuple
-    masks: Future[StepMasks] | None
     parks: int = 0
 
 
@@ -72,7 +69,6 @@ class HostRunner:
         self._model_arguments = (self._table.ctypes.data, c.num_layers, model.final_norm_address, c.hidden_size,
                                  c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size,
                                  c.rms_norm_eps)  # forward_step's first ten: the same every step
-        self._masks_beside_forward = (os.cpu_count() or 1) > threads  # a core the forward leaves free
 
     @staticmethod
     def thread_context() -> ContextManager[Any]:
@@ -88,24 +84,21 @@ class HostRunner:
             on_launch: Callable[[], None] | None = None) -> BatchResult:
         flat = flat_step(prefills, decodes, self.block_size)
         arguments, x, outputs, _ = self._arguments(flat)
-        masks = start_step_masks(prefills, decodes, self._masks_beside_forward)
         if on_launch is not None:
             on_launch()
         self.model.forward(arguments)
-        return BatchResult(self._heads(x[:outputs], prefills, decodes, flat, masks))
+        return BatchResult(self._heads(x[:outputs], prefills, decodes, flat))
 
     def start(self, prefills: Sequence[PrefillRow], stop: StopFlag) -> HostProgress:
         flat = flat_step(prefills, (), self.block_size)
         arguments, x, outputs, held = self._arguments(flat)
-        return HostProgress(prefills, flat, self.model.begin(arguments, stop.check_every_macs), x, outputs, held,
-                            start_step_masks(prefills, (), self._masks_beside_forward))
+        return HostProgress(prefills, flat, self.model.begin(arguments, stop.check_every_macs), x, outputs, held)
 
     def advance(self, progress: HostProgress, stop: StopFlag) -> BatchResult | None:
         if not progress.steps.advance(stop.address):
             progress.parks += 1
             return None
-        return BatchResult(self._heads(progress.x[:progress.outputs], progress.prefills, (), progress.flat,
-                                       progress.masks))
+        return BatchResult(self._heads(progress.x[:progress.outputs], progress.prefills, (), progress.flat))
 
     def _arguments(self, flat: FlatStep) -> tuple[tuple, np.ndarray, int, tuple]:
         """forward_step's arguments (kernels/cpu/_native.pyi), the embeddings it computes over in
@@ -127,7 +120,7 @@ class HostRunner:
         return arguments, x, n if keep is None else len(keep), held
 
     def _heads(self, hidden: np.ndarray, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
-               flat: FlatStep, masks: Future[StepMasks] | None) -> list[RowResult]:
+               flat: FlatStep) -> list[RowResult]:
         wanted: list[Wanted] = [(i, r.output, r) for i, r in enumerate(prefills) if r.output is not None]
         wanted += [(len(prefills) + i, r.output, r) for i, r in enumerate(decodes)]
         params = [spec.sample for _, spec, _ in wanted if spec.sample is not None]  # the sampled rows', in order
@@ -139,6 +132,10 @@ class HostRunner:
         results = [RowResult(seq_id=row.seq_id) for _, _, row in wanted]
         sampled = [k for k, (_, spec, _) in enumerate(wanted) if spec.sample is not None]
         if sampled:
+            # Grammar masks are filled here, after the forward, inline: its threads usually take
+            # every core, so a mask thread would not overlap it, and a step whose rows only draw
+            # (never here) does not even look for grammars.
+            masks = start_step_masks(prefills, decodes, beside_forward=False)
             step_masks = None if masks is None else masks.result()
             narrow = [host_sampling.narrow_ids(wanted[k][1], wanted[k][2].seq_id, step_masks) for k in sampled]
             logits = self._logits(hidden, flat, [wanted[k][0] for k in sampled], narrow)

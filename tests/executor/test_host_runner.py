@@ -140,15 +140,11 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
     _assert_same(torch_runner.run((), rows), host.run((), rows))
 
 
-@pytest.mark.parametrize("threads", [None, 1], ids=["inline-masks", "mask-thread"])
-def test_rows_under_a_grammar_give_the_torch_runners_results(demo_model, threads):
+def test_rows_under_a_grammar_give_the_torch_runners_results(demo_model):
     """Masked rows, sampled and greedy, with logprobs over what the grammar allows or forced
     tokens after their draw, narrowed (a choice's few first tokens) or not (free text), beside a
-    row without a grammar; their masks filled in the step's thread or, with a core left free,
-    in the mask thread."""
+    row without a grammar."""
     torch_runner, host = _runners(demo_model)
-    if threads is not None:
-        host = HostRunner(host.model, host.kv, threads)
     config = host.model.config
     compiler = GrammarCompiler(demo_model / "tokenizer.json", config.vocab_size, (config.vocab_size - 1,))
     grammars = [compiler.compile(Constraint.json_schema(SCHEMA, "structured_outputs")),
