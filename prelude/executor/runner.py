@@ -63,6 +63,9 @@ class ModelRunner:
         self.block_size = block_size
         self.native = native  # the model's layers in one native call (fused_step.native_step), or None
         self._on_host = device.type == "cpu"
+        # Whether a core is free while the forward runs, for the grammar masks' thread: always
+        # beside a GPU's, on the CPU only when torch's threads (set before the runner) leave one.
+        self._masks_beside_forward = not self._on_host or (os.cpu_count() or 1) > torch.get_num_threads()
 
     @in_inference_mode
     def run(self, prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
@@ -72,7 +75,7 @@ class ModelRunner:
         `on_launch` is called as the forward's kernels start, which run without the GIL (see
         engine.decode_chain.DecodeChain)."""
         step = host_step(prefills, decodes, self.block_size)
-        masks = start_step_masks(prefills, decodes, self._core_beside_forward())
+        masks = start_step_masks(prefills, decodes, self._masks_beside_forward)
         hidden, layout, read = self.forward(step, graph, on_launch)
         return BatchResult(row_results(self.model, hidden, prefills, decodes, layout, self.last_hidden, masks, read))
 
@@ -89,7 +92,7 @@ class ModelRunner:
         if forward is None:
             forward = self.model.begin(input_ids, positions, self.attention, keep, stop)
         return Progress(prefills, layout, forward, None if keep is None else step.read,
-                        start_step_masks(prefills, (), self._core_beside_forward()))
+                        start_step_masks(prefills, (), self._masks_beside_forward))
 
     @in_inference_mode
     def advance(self, progress: Progress, stop: StopFlag) -> BatchResult | None:
@@ -135,11 +138,6 @@ class ModelRunner:
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._on_host else host.to(self.device, non_blocking=True)
-
-    def _core_beside_forward(self) -> bool:
-        """Whether a core is free while the forward runs, for the grammar masks' thread: always
-        beside a GPU's, on the CPU only when torch's threads leave one."""
-        return not self._on_host or (os.cpu_count() or 1) > torch.get_num_threads()
 
     def last_hidden(self, hidden: torch.Tensor, layout: StepLayout, rows: list[int]) -> torch.Tensor:
         return last_positions(hidden, layout, rows)
