@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor.flat_step import item_ends
 from prelude.executor.host_heads import PROMPT_LOGPROB_CHUNK
-from prelude.executor.host_sampling import narrow_ids
+from prelude.executor.host_sampling import forced_tokens, narrow_ids
 from prelude.executor.runnable import ModelHeads
 from prelude.executor.sampler import RowMasks, sample, token_logprobs
 from prelude.model.attention import StepLayout
@@ -127,12 +127,7 @@ def row_results(model: ModelHeads, hidden: torch.Tensor, prefills: Sequence[Pref
                             _row_masks(masks.result(), chosen) if masks is not None else None)
             for j, token in zip(sample_at, tokens):
                 results[full[j]].token = token
-                _, spec, row = wanted[full[j]]
-                if spec.grammar is not None and spec.sample is not None and spec.sample.logprobs is None:
-                    # Forced tokens have no sampled distribution to report: requests that ask
-                    # for logprobs sample every token.
-                    results[full[j]].forced = spec.grammar.forced_after(
-                        row.sample_step, token.token_id, spec.sample.max_tokens - row.sample_step - 1)
+                results[full[j]].forced = forced_tokens(*wanted[full[j]][1:], token.token_id)
     # The planner budgets the step's logits rows together, so each group's tensor is within it.
     for (ids, vocab_normalized), members in groups.items():
         at_ends = states.at([e for _, ends, _ in members for e in ends])

@@ -143,12 +143,7 @@ class HostRunner:
             tokens = host_sampling.sample(logits, params, row_of, self._rng, self.threads, step_masks)
             for k, token in zip(sampled, tokens):
                 results[k].token = token
-                _, spec, row = wanted[k]
-                if spec.grammar is not None and spec.sample is not None and spec.sample.logprobs is None:
-                    # Forced tokens have no sampled distribution to report: requests that ask
-                    # for logprobs sample every token.
-                    results[k].forced = spec.grammar.forced_after(
-                        row.sample_step, token.token_id, spec.sample.max_tokens - row.sample_step - 1)
+                results[k].forced = host_sampling.forced_tokens(wanted[k][1], wanted[k][2], token.token_id)
         for k, (i, spec, _) in enumerate(wanted):
             if spec.pooling is not None:
                 results[k].pooled = self._pooled(hidden, flat, i, spec).tolist()

@@ -41,6 +41,16 @@ def narrow_ids(spec: OutputSpec, seq_id: int, masks: StepMasks | None) -> Sequen
     return None if masks is None or at is None else few_allowed(masks.bitmask[at], NARROW_HEAD_TOKENS)
 
 
+def forced_tokens(spec: OutputSpec, row: PrefillRow | DecodeRow, token: int) -> tuple[int, ...]:
+    """The tokens a row's grammar forces after its drawn `token` (consumed by its state; the
+    answer takes them unsampled); none on a row without a grammar, nor on one that reports
+    logprobs: forced tokens have no sampled distribution to report, so it samples every token."""
+    params = spec.sample
+    if spec.grammar is None or params is None or params.logprobs is not None:
+        return ()
+    return spec.grammar.forced_after(row.sample_step, token, params.max_tokens - row.sample_step - 1)
+
+
 def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callable[[int], PrefillRow | DecodeRow],
            rng: np.random.Generator, threads: int, masks: StepMasks | None = None) -> list[TokenLogprob]:
     """Each row's token and, where asked, its logprobs; `row_of(k)`: the step's row that logits
