@@ -155,7 +155,9 @@ class HostRunner:
         """Step row i's state pooled as `spec` asks: its last, its first (cls) or their mean."""
         start, end = flat.starts[i], flat.starts[i + 1]
         if spec.pooling == "mean":
-            state = _states_at(hidden, flat, list(range(start, end))).astype(np.float32).mean(axis=0)
+            # Summed in float64: numpy adds float32 rows one after another, which drifts over a
+            # long input where torch's mean sums in blocks.
+            state = _states_at(hidden, flat, list(range(start, end))).mean(axis=0, dtype=np.float64).astype(np.float32)
         else:
             state = hidden[_index(flat, start if spec.pooling == "cls" else end - 1)].astype(np.float32)
         return state / max(float(np.linalg.norm(state)), 1e-12) if spec.normalize else state

@@ -6,6 +6,7 @@ does. Reported logprobs are the model's own distribution, before any restriction
 except a grammar's: the distribution over the tokens it allows, as in vLLM."""
 from __future__ import annotations
 
+import math
 from array import array
 from typing import Callable, Sequence
 
@@ -108,10 +109,18 @@ def _mask(logits: np.ndarray, masks: StepMasks, row_of: Callable[[int], PrefillR
 
 def _allowed_alternatives(entry: TokenLogprob, raw: np.ndarray, allowed: Sequence[int], top: int) -> None:
     """A row restricted to allowed_token_ids lists the best of those as its alternatives (a token
-    it may not answer is no alternative), with their logprobs under the whole row's log-softmax,
-    whose normalizer the chosen token's logprob gives."""
+    it may not answer is no alternative), with their logprobs under the whole row's log-softmax:
+    its normalizer is the chosen token's logit less its logprob (in float64, so the chosen token
+    lists its own logprob exactly), or, where a grammar forbade that token, the row's logsumexp."""
     ids = np.asarray(allowed, np.int64)
-    values = raw[ids] - np.float32(raw[entry.token_id] - np.float32(entry.logprob))
+    chosen = float(raw[entry.token_id])
+    with np.errstate(invalid="ignore"):  # a row with no token left: NaN, as torch's log_softmax gives
+        if math.isfinite(chosen):
+            normalizer = chosen - entry.logprob
+        else:
+            top_logit = float(raw.max())
+            normalizer = top_logit + math.log(float(np.exp(raw.astype(np.float64) - top_logit).sum()))
+        values = raw[ids].astype(np.float64) - normalizer
     best = np.argsort(-values, kind="stable")[:top]
     entry.top[:] = list(zip(ids[best].tolist(), values[best].tolist()))
 

@@ -65,6 +65,8 @@ def _assert_same(torch_results, host_results, logprob_tolerance: float = 2e-4):
             assert got.token.token_id == expected.token.token_id
             assert got.token.logprob == pytest.approx(expected.token.logprob, abs=logprob_tolerance)
             assert [t for t, _ in got.token.top] == [t for t, _ in expected.token.top]
+            assert [v for _, v in got.token.top] == pytest.approx([v for _, v in expected.token.top],
+                                                                  abs=logprob_tolerance)
             assert got.token.rank == expected.token.rank
         for field in ("pooled", "label_logprobs", "item_label_logprobs", "scores"):
             want, have = getattr(expected, field), getattr(got, field)
@@ -123,7 +125,7 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
                  PrefillRow(11, _prompt(13, 8, vocab), 0, [], OutputSpec(sample=GREEDY))]
     _assert_same(torch_runner.run(decisions, ()), host.run(decisions, ()))
     # Mean and first-state pooling beside labels and a draw.
-    pooled = [PrefillRow(12, _prompt(14, 8, vocab), 0, [], OutputSpec(pooling="mean")),
+    pooled = [PrefillRow(12, _prompt(14, 40, vocab), 0, [], OutputSpec(pooling="mean")),
               PrefillRow(13, _prompt(15, 6, vocab), 0, [], OutputSpec(pooling="cls", normalize=True)), *decisions[:3]]
     _assert_same(torch_runner.run(pooled, ()), host.run(pooled, ()))
     # Restricted draws (allowed ids, a logit bias, min_tokens, penalties over a history), seeded
@@ -143,7 +145,8 @@ def test_host_runner_gives_the_torch_runners_results(tmp_path, family, saved, dt
 def test_rows_under_a_grammar_give_the_torch_runners_results(demo_model):
     """Masked rows, sampled and greedy, with logprobs over what the grammar allows or forced
     tokens after their draw, narrowed (a choice's few first tokens) or not (free text), beside a
-    row without a grammar."""
+    row without a grammar and one still in its reasoning block (unconstrained); then the rows
+    that forced nothing decode their next token under the same states."""
     torch_runner, host = _runners(demo_model)
     config = host.model.config
     compiler = GrammarCompiler(demo_model / "tokenizer.json", config.vocab_size, (config.vocab_size - 1,))
@@ -152,18 +155,29 @@ def test_rows_under_a_grammar_give_the_torch_runners_results(demo_model):
                 compiler.compile(Constraint("regex", "[a-z ]{1,40}"))]
     params = [SamplingParams(temperature=0.0, logprobs=2, max_tokens=30), SamplingParams(seed=3, max_tokens=8),
               SamplingParams(temperature=0.8, seed=4, logprobs=1, max_tokens=8), SamplingParams(max_tokens=30, seed=5),
-              SamplingParams(temperature=0.0, max_tokens=8)]
-    kinds = [0, 1, 2, 0, None]
+              SamplingParams(temperature=0.0, max_tokens=8), SamplingParams(seed=6, max_tokens=8)]
+    kinds = [0, 1, 2, 0, None, 0]
+    prompts = [_prompt(30 + k, 6 + k, config.vocab_size) for k in range(len(params))]
+    tables = [[3 * k, 3 * k + 1, 3 * k + 2] for k in range(len(params))]
 
-    def rows():  # each runner's rows with grammar states of their own: a draw moves them on
-        return [PrefillRow(30 + k, _prompt(30 + k, 6 + k, config.vocab_size), 0, [],
-                           OutputSpec(sample=p, grammar=None if g is None else grammars[g].new_state()))
-                for k, (p, g) in enumerate(zip(params, kinds))]
+    def prefills():  # each runner's rows with grammar states of their own: a draw moves them on
+        states = [None if g is None else grammars[g].new_state(reasoning_end=7 if k == 5 else None)
+                  for k, g in enumerate(kinds)]
+        return [PrefillRow(30 + k, prompts[k], 0, tables[k], OutputSpec(sample=p, grammar=state))
+                for k, (p, state) in enumerate(zip(params, states))]
 
-    want, got = torch_runner.run(rows(), ()), host.run(rows(), ())
+    def decodes(rows, results):  # the next token of each row whose draw forced nothing
+        return [DecodeRow(row.seq_id, result.token.token_id, len(row.token_ids), row.block_table, row.output,
+                          sample_step=1) for row, result in zip(rows, results.rows) if not result.forced]
+
+    torch_rows, host_rows = prefills(), prefills()
+    want, got = torch_runner.run(torch_rows, ()), host.run(host_rows, ())
     _assert_same(want, got)
     assert [r.forced for r in got.rows] == [r.forced for r in want.rows]
     assert got.rows[3].forced  # a JSON object's first key follows its brace unsampled
+    next_want, next_got = decodes(torch_rows, want), decodes(host_rows, got)
+    assert len(next_got) >= 3
+    _assert_same(torch_runner.run((), next_want), host.run((), next_got))
 
 
 def test_a_resumable_step_parks_while_its_flag_is_up_and_ends_with_the_same_results(tmp_path):

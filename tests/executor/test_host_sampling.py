@@ -1,6 +1,7 @@
 """The CPU runner's draws without torch (executor.host_sampling) restrict a row exactly as the
 torch sampler does (the same float32 values after allowed ids, a logit bias, min_tokens and
-each penalty), and draw the same tokens with the same logprobs on the same rows and seeds."""
+each penalty), and draw the same tokens with the same logprobs on the same rows and seeds, under
+a grammar's mask too."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,8 @@ import torch
 
 from prelude.contract.sampling import SamplingParams
 from prelude.executor import host_sampling, native_heads
-from prelude.executor.sampler import restrict_logits, sample
+from prelude.executor.sampler import RowMasks, restrict_logits, sample
+from prelude.structured.masks import StepMasks
 
 VOCAB = 1000
 HISTORY = [5, 17, 17, 900, 3, 17, 42, 5, 640]  # the prompt's first six, then three generated
@@ -63,3 +65,39 @@ def test_draws_are_the_torch_samplers_on_the_same_rows_and_seeds():
         for g, e in zip(got, expected):
             assert g.logprob == pytest.approx(e.logprob, abs=1e-5) and g.rank == e.rank
             assert [t for t, _ in g.top] == [t for t, _ in e.top]
+
+
+def test_a_grammar_and_allowed_ids_report_as_the_torch_sampler_does():
+    """Rows under a grammar's mask, one also restricted to allowed ids that report logprobs: the
+    same tokens and logprobs as the torch sampler, the allowed alternatives' values too, and a
+    row whose grammar forbids every allowed id lists them at -inf (not NaN)."""
+    if native_heads.mask_logits is None:
+        pytest.skip("kernels.cpu is not built")
+
+    class Row:
+        sample_step, history = 0, ()
+
+        def __init__(self, seq_id: int):
+            self.seq_id = seq_id
+
+    allowed_by_grammar = [list(range(0, VOCAB, 7)), list(range(1, 40))]  # the second: not token 0, argmax of -infs
+    bitmask = np.zeros((2, (VOCAB + 31) // 32), np.int32)
+    for r, ids in enumerate(allowed_by_grammar):
+        bits = np.zeros(bitmask.shape[1] * 32, np.uint8)
+        bits[ids] = 1
+        bitmask[r] = np.packbits(bits, bitorder="little").view(np.int32)
+    masks = StepMasks(bitmask, {10: 0, 11: 1})  # seq 12 has no grammar
+    params = [SamplingParams(temperature=0.0, logprobs=3, allowed_token_ids=(7, 14, 21, 22)),
+              SamplingParams(temperature=0.0, logprobs=2, allowed_token_ids=(50, 60)),  # the grammar forbids both
+              SamplingParams(temperature=1.0, seed=9, logprobs=2)]
+    logits = _rows(3, 7)
+    got = host_sampling.sample(logits.copy(), params, lambda k: Row(10 + k), np.random.default_rng(0), 1, masks)
+    expected = sample(torch.from_numpy(logits.copy()), params, [0] * 3,
+                      masks=RowMasks(torch.from_numpy(bitmask), [0, 1]))
+    for g, e in zip(got, expected):
+        assert g.token_id == e.token_id and g.rank == e.rank
+        assert g.logprob == pytest.approx(e.logprob, abs=1e-5)
+        assert [t for t, _ in g.top] == [t for t, _ in e.top]
+        assert [v for _, v in g.top] == pytest.approx([v for _, v in e.top], abs=1e-5)
+    assert got[0].token_id in (7, 14, 21) and got[0].top[0] == (got[0].token_id, got[0].logprob)
+    assert [v for _, v in got[1].top] == [-np.inf, -np.inf]
