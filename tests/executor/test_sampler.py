@@ -253,3 +253,43 @@ def test_native_logprobs_agree_with_torchs_log_softmax_rank_and_topk(monkeypatch
             assert [t for t, _ in got.top] == [t for t, _ in in_order]
             assert [v for _, v in got.top] == pytest.approx([float(row[t]) for t, _ in got.top], abs=1e-5)
     assert native[1].top and len(sampler.token_logprobs(edge, [3, 3, 3], 5)[1].top) == 2
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def test_the_device_path_draws_the_native_kernels_tokens(device, monkeypatch):
+    """The path CUDA runs (torch's cuts, the grammar bitmask unpacked by tensor ops; on "cpu"
+    the same ops with the native kernels switched off) against the CPU's native kernels on the
+    same rows, seeds and masks (numpy bitmasks, as structured.masks fills them): the same tokens
+    and logprobs, the masked rows' among the tokens their masks allow."""
+    import numpy as np
+
+    from prelude.executor.sampler import RowMasks
+
+    if sampler.sample_tokens is None:
+        pytest.skip("kernels.cpu is not built")
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(6, 151_936, generator=gen) * 4
+    allowed = [list(range(0, 151_936, 5)), list(range(1000, 1040))]
+    bitmask = np.zeros((2, 151_936 // 32), np.int32)
+    for r, ids in enumerate(allowed):
+        bits = np.zeros(151_936, np.uint8)
+        bits[ids] = 1
+        bitmask[r] = np.packbits(bits, bitorder="little").view(np.int32)
+    masks = RowMasks(torch.from_numpy(bitmask), [1, 4])
+    params = [SamplingParams(temperature=0.0, logprobs=2),
+              SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=1),
+              SamplingParams(temperature=1.0, min_p=0.05, seed=2), SamplingParams(temperature=0.6, top_p=0.9, seed=3),
+              SamplingParams(temperature=0.0, logprobs=1), SamplingParams(temperature=1.0, seed=4)]
+    for step in range(4):
+        native = sample(rows.clone(), params, [step] * 6, masks=masks)
+        with monkeypatch.context() as switched:
+            if device == "cpu":
+                for kernel in ("sample_tokens", "greedy_tokens", "native_logprobs", "mask_logits"):
+                    switched.setattr(sampler, kernel, None)
+            other = sample(rows.clone().to(device), params, [step] * 6, masks=masks)
+        assert [t.token_id for t in other] == [t.token_id for t in native], step
+        for o, n in zip(other, native):
+            assert o.logprob == pytest.approx(n.logprob, abs=1e-4)
+            assert [t for t, _ in o.top] == [t for t, _ in n.top]
+        assert native[1].token_id in allowed[0] and native[4].token_id in allowed[1]
