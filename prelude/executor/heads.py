@@ -198,13 +198,8 @@ def _vocab_logits(model: ModelHeads, states: torch.Tensor,
 
 def _row_masks(masks: StepMasks, chosen: list[tuple[int, OutputSpec, PrefillRow | DecodeRow]]) -> RowMasks | None:
     """The step's masks lined up with the sampled rows: (bitmask rows, sampled row indices)."""
-    at = [(masks.rows[row.seq_id], j) for j, (_, _, row) in enumerate(chosen) if row.seq_id in masks.rows]
-    if not at:
-        return None
-    bitmask_rows, sampled_rows = zip(*at)
-    all_rows = list(bitmask_rows) == list(range(len(masks.bitmask)))
-    bitmask = masks.bitmask if all_rows else masks.bitmask[list(bitmask_rows)]
-    return RowMasks(torch.from_numpy(bitmask), list(sampled_rows))
+    lined = masks.lined_up([row.seq_id for _, _, row in chosen])
+    return None if lined is None else RowMasks(torch.from_numpy(lined[0]), lined[1])
 
 
 def _reads_last_with_vocab(spec: OutputSpec, row: PrefillRow | DecodeRow) -> bool:

@@ -97,14 +97,12 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callabl
 def _mask(logits: np.ndarray, masks: StepMasks, row_of: Callable[[int], PrefillRow | DecodeRow],
           threads: int) -> None:
     """Applies each row's grammar mask (the rows under a grammar now), in place."""
-    at = [(masks.rows[seq], k) for k in range(len(logits)) if (seq := row_of(k).seq_id) in masks.rows]
-    if not at:
-        return
-    bitmask_rows, logits_rows = (list(side) for side in zip(*at))
-    bitmask = masks.bitmask if bitmask_rows == list(range(len(masks.bitmask))) else \
-        np.ascontiguousarray(masks.bitmask[bitmask_rows])
-    vocab = logits.shape[1]
-    native_heads.mask(logits.ctypes.data, vocab, vocab, bitmask.ctypes.data, bitmask.shape[1], logits_rows, threads)
+    lined = masks.lined_up([row_of(k).seq_id for k in range(len(logits))])
+    if lined is not None:
+        bitmask, logits_rows = lined
+        vocab = logits.shape[1]
+        native_heads.mask(logits.ctypes.data, vocab, vocab, bitmask.ctypes.data, bitmask.shape[1], logits_rows,
+                          threads)
 
 
 def _allowed_alternatives(entry: TokenLogprob, raw: np.ndarray, allowed: Sequence[int], top: int) -> None:

@@ -48,6 +48,18 @@ class StepMasks:
     bitmask: np.ndarray  # [rows, words] int32
     rows: dict[int, int]  # seq_id -> bitmask row
 
+    def lined_up(self, seq_ids: Sequence[int]) -> tuple[np.ndarray, list[int]] | None:
+        """The masks of the rows `seq_ids` names that sample under their grammar now, lined up
+        with them: (their bitmask rows, contiguous and in order; their indices in `seq_ids`), for
+        a sampler's logits rows; None when none does."""
+        at = [(self.rows[seq], k) for k, seq in enumerate(seq_ids) if seq in self.rows]
+        if not at:
+            return None
+        bitmask_rows, indices = (list(side) for side in zip(*at))
+        if bitmask_rows == list(range(len(self.bitmask))):
+            return self.bitmask, indices
+        return np.ascontiguousarray(self.bitmask[bitmask_rows]), indices
+
 
 def start_step_masks(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow],
                      beside_forward: bool) -> Future[StepMasks] | None:
