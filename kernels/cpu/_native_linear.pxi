@@ -52,15 +52,22 @@ def convert_weight(size_t w_ptr, long outputs, long inputs, long format, size_t 
                      threads)
 
 
-def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, size_t ids_ptr, long n, size_t out_ptr,
-            long layout=0) -> None:
-    """out[n, inputs] (fp32) = rows ids[n] (int64) of a weight in `format` (fp32, bf16 or int8), by
-    rows (layout 0, convert_weight's) or in panels (1, pack_weight's), widened (int8: times each
-    row's scale)."""
+def rows_of(size_t w_ptr, size_t scales_ptr, long format, long inputs, long rows, size_t ids_ptr, long n,
+            size_t out_ptr, long layout=0) -> None:
+    """out[n, inputs] (fp32) = rows ids[n] (int64) of a weight of `rows` rows in `format` (fp32,
+    bf16 or int8), by rows (layout 0, convert_weight's) or in panels (1, pack_weight's), widened
+    (int8: times each row's scale). An id outside 0..rows-1 raises IndexError before anything is
+    read: the kernel reads unchecked, and the panels' index arithmetic would take a negative id, or
+    one in the last panel's padding, for a row."""
+    cdef const int64_t* ids = <const int64_t*>ids_ptr
+    cdef long i
+    for i in range(n):
+        if ids[i] < 0 or ids[i] >= rows:
+            raise IndexError(f"row index {ids[i]} out of range for a weight of {rows} rows")
     cdef Weight w
     w.data, w.scales, w.format, w.layout = <const void*>w_ptr, <const float*>scales_ptr, format, layout
     with nogil:
-        weight_rows(w, inputs, <const int64_t*>ids_ptr, n, <float*>out_ptr)
+        weight_rows(w, inputs, ids, n, <float*>out_ptr)
 
 
 def matmul(size_t x_ptr, long n, size_t w_ptr, size_t scales_ptr, long format, long layout, long inputs,

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.contract.batch import DecodeRow, PrefillRow
 from prelude.contract.record import record
 
@@ -39,11 +40,11 @@ def flat_step(prefills: Sequence[PrefillRow], decodes: Sequence[DecodeRow], bs: 
     n = starts[-1]
     if flatten_tokens is not None:
         tokens = np.empty((3, n), np.int64)
-        address = tokens.ctypes.data
+        address = address_of(tokens)
         flatten_tokens(prefills, decodes, bs, address, n)
     else:
         tokens = np.array(flatten_in_python(prefills, decodes, bs), np.int64).reshape(3, n)
-        address = tokens.ctypes.data
+        address = address_of(tokens)
     return FlatStep(tokens, address, starts, *row_fields(prefills, decodes, starts, stored))
 
 

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, RowResult, TokenLogprob
 from prelude.executor import native_heads
 from prelude.executor.flat_step import item_ends
@@ -57,7 +58,7 @@ def prompt_logprobs(head: NativeWeight, states: np.ndarray, token_ids: Sequence[
     for lo in range(0, len(targets), PROMPT_LOGPROB_CHUNK):
         chunk = targets[lo:lo + PROMPT_LOGPROB_CHUNK]
         logits = head.matmul(np.ascontiguousarray(states[lo:lo + len(chunk)]), threads)
-        out.extend(native_heads.logprobs(logits.ctypes.data, len(chunk), head.outputs, head.outputs, chunk, top,
+        out.extend(native_heads.logprobs(address_of(logits), len(chunk), head.outputs, head.outputs, chunk, top,
                                          threads))
     return out
 

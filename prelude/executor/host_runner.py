@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.contract.batch import BatchResult, DecodeRow, OutputSpec, PrefillRow, RowResult
 from prelude.contract.stop import StopFlag
 from prelude.executor import host_heads, host_sampling
@@ -66,7 +67,7 @@ class HostRunner:
         self._rng = np.random.default_rng(seed)  # unseeded draws: the server's --seed makes a run repeat
         self._table = model.layer_table(kv.k, kv.v)
         c = model.config
-        self._model_arguments = (self._table.ctypes.data, c.num_layers, model.final_norm_address, c.hidden_size,
+        self._model_arguments = (address_of(self._table), c.num_layers, model.final_norm_address, c.hidden_size,
                                  c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.block_size,
                                  c.rms_norm_eps)  # forward_step's first ten: the same every step
 
@@ -115,7 +116,7 @@ class HostRunner:
         threads = 1 if paged.decode_from == 0 and m.single_threaded_decode else self.threads
         arguments = (*self._model_arguments, len(flat.context_lens), n, paged.decode_from, _at(starts), _at(lens),
                      _at(tables), paged.width, m.rotary_address, flat.address + 8 * n, flat.address + 16 * n, _at(keep),
-                     0 if keep is None else len(keep), _at(item_starts), _at(item_lengths), x.ctypes.data, threads)
+                     0 if keep is None else len(keep), _at(item_starts), _at(item_lengths), address_of(x), threads)
         held = (flat, x, keep, tables, starts, lens, item_starts, item_lengths)
         return arguments, x, n if keep is None else len(keep), held
 

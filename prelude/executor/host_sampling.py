@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.contract.batch import DecodeRow, OutputSpec, PrefillRow, TokenLogprob
 from prelude.contract.sampling import SamplingParams, seeded_uniform
 from prelude.executor import native_heads
@@ -70,7 +71,7 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callabl
         row = row_of(k)
         restrict(logits[k], params[k], row.sample_step, row.history)
     drawn = [k for k, p in enumerate(params) if not p.greedy]
-    tokens = native_heads.greedy(logits.ctypes.data, rows, vocab, vocab, threads) if len(drawn) < rows else \
+    tokens = native_heads.greedy(address_of(logits), rows, vocab, vocab, threads) if len(drawn) < rows else \
         array("q", bytes(8 * rows))
     if drawn:
         subset = logits if len(drawn) == rows else np.ascontiguousarray(logits[drawn])
@@ -78,13 +79,13 @@ def sample(logits: np.ndarray, params: Sequence[SamplingParams], row_of: Callabl
         for i, k in enumerate(drawn):
             if (seed := params[k].seed) is not None:
                 uniforms[i] = seeded_uniform(seed, row_of(k).sample_step)
-        for k, token in zip(drawn, native_heads.draw(subset.ctypes.data, len(drawn), vocab, vocab,
-                                                     [params[k] for k in drawn], uniforms.ctypes.data, threads)):
+        for k, token in zip(drawn, native_heads.draw(address_of(subset), len(drawn), vocab, vocab,
+                                                     [params[k] for k in drawn], address_of(uniforms), threads)):
             tokens[k] = token
     results = [TokenLogprob(t, 0.0, []) for t in tokens]
     if raw is not None:
         asked = [params[k].logprobs or 0 for k in reported]
-        entries = native_heads.logprobs(raw.ctypes.data, len(reported), vocab, vocab,
+        entries = native_heads.logprobs(address_of(raw), len(reported), vocab, vocab,
                                         [tokens[k] for k in reported], max(asked), threads)
         for r, (k, entry, wanted) in enumerate(zip(reported, entries, asked)):
             if (allowed := params[k].allowed_token_ids) is not None:
@@ -101,7 +102,7 @@ def _mask(logits: np.ndarray, masks: StepMasks, row_of: Callable[[int], PrefillR
     if lined is not None:
         bitmask, logits_rows = lined
         vocab = logits.shape[1]
-        native_heads.mask(logits.ctypes.data, vocab, vocab, bitmask.ctypes.data, bitmask.shape[1], logits_rows,
+        native_heads.mask(address_of(logits), vocab, vocab, address_of(bitmask), bitmask.shape[1], logits_rows,
                           threads)
 
 

@@ -101,17 +101,13 @@ class StoredWeight:
         assert _native is not None
         index = torch.as_tensor(index, dtype=torch.long)
         ids = index.reshape(-1).contiguous()
-        # Neither layout's read checks it: the kernels read unchecked, and the panels' index
-        # arithmetic would take a negative id, or one in the last panel's padding, for a row.
-        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < self.outputs):
-            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
         format = self.format
         if self.layout == PANELS:
             assert format != "bf16x3", "rows are not gathered from bf16x3's two packings"
             format = "bfloat16" if format == "bf16x2" else format  # its one packing is bf16's
         out = torch.empty(*index.shape, self.inputs)
-        _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[format][0], self.inputs,
-                        ids.data_ptr(), len(ids), out.data_ptr(), self.layout)
+        _native.rows_of(self.data.data_ptr(), _pointer(self.scales), FORMATS[format][0], self.inputs, self.outputs,
+                        ids.data_ptr(), len(ids), out.data_ptr(), self.layout)  # IndexError for an id out of range
         return out
 
 

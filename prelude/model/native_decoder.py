@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.model.checkpoint_arrays import BF16_SOURCE, Checkpoint, NotNative, Source, fp32
 from prelude.model.config import ModelConfig
 from prelude.model.rotary import rotary_table
@@ -46,30 +47,28 @@ class NativeWeight:
     layout: int
     outputs: int
     inputs: int
-    # The arrays' addresses, taken once: numpy's `.ctypes.data` costs a microsecond a call, and a
-    # step reads them several times.
+    # The arrays' addresses, taken once: a step reads them several times.
     address: int = field(init=False)
     scales_address: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "address", self.data.ctypes.data)
+        object.__setattr__(self, "address", address_of(self.data))
         object.__setattr__(self, "scales_address", address_of(self.scales))
 
     def matmul(self, x: np.ndarray, threads: int) -> np.ndarray:
         """x [rows, inputs] fp32 contiguous times the weight transposed: [rows, outputs] fp32."""
         out = np.empty((x.shape[0], self.outputs), np.float32)
-        _native.matmul(x.ctypes.data, x.shape[0], self.address, self.scales_address, self.format, self.layout,
-                       self.inputs, out.ctypes.data, self.outputs, threads)
+        _native.matmul(address_of(x), x.shape[0], self.address, self.scales_address, self.format, self.layout,
+                       self.inputs, address_of(out), self.outputs, threads)
         return out
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` (int64, contiguous) widened to fp32: an embedding lookup."""
-        if len(ids) and int(ids.view(np.uint64).max()) >= self.outputs:  # a negative id wraps above too
-            raise IndexError(f"row index out of range for a weight of {self.outputs} rows")
+        """Rows `ids` (int64, contiguous) widened to fp32: an embedding lookup (IndexError for an id
+        outside the weight's rows)."""
         out = np.empty((len(ids), self.inputs), np.float32)
         format = BFLOAT16 if self.format == BF16X2 else self.format  # its one packing is bf16's
-        _native.rows_of(self.address, self.scales_address, format, self.inputs, ids.ctypes.data, len(ids),
-                        out.ctypes.data, self.layout)
+        _native.rows_of(self.address, self.scales_address, format, self.inputs, self.outputs, address_of(ids), len(ids),
+                        address_of(out), self.layout)
         return out
 
 
@@ -84,21 +83,21 @@ def store(source: Source, format: int, layout: int, threads: int) -> NativeWeigh
         data = np.empty(2 * size, np.uint8)
         rest = array - bf16_rounded(array)  # what bf16 leaves of each weight, packed in bf16 again
         for half, part in enumerate((array, rest)):
-            _native.pack_linear(part.ctypes.data, outputs, inputs, BFLOAT16, data[half * size:].ctypes.data, 0,
+            _native.pack_linear(address_of(part), outputs, inputs, BFLOAT16, address_of(data[half * size:]), 0,
                                 threads, 0)
         return NativeWeight(data, None, format, layout, outputs, inputs)
     if layout == PANELS:
         data = np.empty(_native.packed_size(outputs, inputs) * _BYTES[format], np.uint8)
         if format == INT8:
             scales = np.empty(_native.scales_size(outputs), np.float32)
-        _native.pack_linear(array.ctypes.data, outputs, inputs, pack_format, data.ctypes.data,
-                            0 if scales is None else scales.ctypes.data, threads, source.code)
+        _native.pack_linear(address_of(array), outputs, inputs, pack_format, address_of(data),
+                            address_of(scales), threads, source.code)
     else:
         data = np.empty(outputs * inputs * _BYTES[format], np.uint8)
         if format == INT8:
             scales = np.empty(outputs, np.float32)
-        _native.convert_weight(array.ctypes.data, outputs, inputs, pack_format, data.ctypes.data,
-                               0 if scales is None else scales.ctypes.data, threads, source.code)
+        _native.convert_weight(address_of(array), outputs, inputs, pack_format, address_of(data),
+                               address_of(scales), threads, source.code)
     return NativeWeight(data, scales, format, layout, outputs, inputs)
 
 
@@ -147,7 +146,7 @@ class NativeDecoder:
         self.head = head
         self.final_norm = final_norm
         self.rotary = rotary
-        self.final_norm_address, self.rotary_address = final_norm.ctypes.data, rotary.ctypes.data
+        self.final_norm_address, self.rotary_address = address_of(final_norm), address_of(rotary)
         layer_weights = sum(w.outputs * w.inputs for w in layers[0].projections) if layers else 0
         self.single_threaded_decode = layer_weights < ONE_THREAD_LAYER_WEIGHTS
 
@@ -222,11 +221,11 @@ class NativeDecoder:
 
     def layer_table(self, k_cache: np.ndarray, v_cache: np.ndarray) -> np.ndarray:
         """[layers, 23] int64 (kernels/cpu/step_layers.hpp's LayerWeights) over this KV cache."""
-        k, v, layer_bytes = k_cache.ctypes.data, v_cache.ctypes.data, k_cache.strides[0]
+        k, v, layer_bytes = address_of(k_cache), address_of(v_cache), k_cache.strides[0]
         rows = []
         for i, layer in enumerate(self.layers):
-            row = [layer.input_norm.ctypes.data, address_of(layer.qkv_bias), address_of(layer.q_norm),
-                   address_of(layer.k_norm), layer.post_norm.ctypes.data, k + i * layer_bytes, v + i * layer_bytes]
+            row = [address_of(layer.input_norm), address_of(layer.qkv_bias), address_of(layer.q_norm),
+                   address_of(layer.k_norm), address_of(layer.post_norm), k + i * layer_bytes, v + i * layer_bytes]
             for w in layer.projections:
                 row += [w.address, w.scales_address, w.format, w.layout]
             rows.append(row)
@@ -246,7 +245,3 @@ class NativeDecoder:
             weights.append(self.head)
         return sum(w.data.nbytes + (0 if w.scales is None else w.scales.nbytes) for w in weights)
 
-
-def address_of(array: np.ndarray | None) -> int:
-    """Where an array's data starts (0: none), for the kernels' pointer arguments."""
-    return 0 if array is None else array.ctypes.data

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
+from kernels.cpu.addresses import address_of
 from prelude.contract.batch import DecodeRow, PrefillRow
 from prelude.contract.constraint import TokenConstraint
 from prelude.contract.record import record
@@ -103,10 +104,10 @@ def _fill(requests: list[MaskRequest], executor: llguidance.LLExecutor | None) -
             matchers.append((state.matcher, len(matchers)))
     bitmask = np.empty((len(matchers), words), np.int32)
     if executor is not None and len(matchers) >= THREADED_ROWS:
-        executor.unsafe_compute_mask_ptr(matchers, bitmask.ctypes.data, words * 4, len(matchers))
+        executor.unsafe_compute_mask_ptr(matchers, address_of(bitmask), words * 4, len(matchers))
     else:
         for matcher, row in matchers:
-            matcher.unsafe_compute_mask_ptr(bitmask[row].ctypes.data, words * 4)
+            matcher.unsafe_compute_mask_ptr(address_of(bitmask[row]), words * 4)
     return StepMasks(bitmask, rows)
 
 

@@ -82,7 +82,7 @@ def test_each_format_multiplies_by_the_weight_it_holds(format: str, layout: int,
     ids = torch.tensor([0, 5, 1002, 5])  # an embedding's lookups, from either layout (a head's)
     torch.testing.assert_close(stored.rows(ids), _rounded(weight, format)[ids], rtol=1e-5, atol=1e-5)
     assert stored.rows(ids.view(2, 2)).shape == (2, 2, weight.shape[1])
-    with pytest.raises(IndexError):  # gathered natively, unchecked there: checked before
+    with pytest.raises(IndexError):  # checked by the native lookup before it reads
         stored.rows(torch.tensor([0, 1003]))
 
 
@@ -386,3 +386,17 @@ def test_a_layer_whose_k_the_tiles_do_not_take_whole_stays_fp32():
     assert not storable(torch.zeros(64, 48), "bf16x3", PANELS)
     assert layer.stored is not None and layer.stored.format == "float32"
     torch.testing.assert_close(layer(hidden), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_arrays_address_is_where_numpy_says_its_data_starts():
+    # The kernels take arrays by address (kernels.cpu.addresses); a view's is its first element's.
+    import numpy as np
+
+    from kernels.cpu.addresses import address_of
+
+    whole = np.arange(24, dtype=np.float32).reshape(4, 6)
+    read_only = whole.copy()
+    read_only.flags.writeable = False
+    for array in (whole, whole[1], whole[:, 2:], whole[::2, ::-1], read_only, np.empty((0, 6), np.int64)):
+        assert address_of(array) == array.ctypes.data
+    assert address_of(None) == 0
