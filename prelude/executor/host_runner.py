@@ -114,9 +114,10 @@ class HostRunner:
         item_starts = None if paged.item_starts is None else array("q", paged.item_starts)
         item_lengths = None if paged.item_lengths is None else array("q", paged.item_lengths)
         threads = 1 if paged.decode_from == 0 and m.single_threaded_decode else self.threads
-        arguments = (*self._model_arguments, len(flat.context_lens), n, paged.decode_from, _at(starts), _at(lens),
-                     _at(tables), paged.width, m.rotary_address, flat.address + 8 * n, flat.address + 16 * n, _at(keep),
-                     0 if keep is None else len(keep), _at(item_starts), _at(item_lengths), address_of(x), threads)
+        arguments = (*self._model_arguments, len(flat.context_lens), n, paged.decode_from, address_of(starts),
+                     address_of(lens), address_of(tables), paged.width, m.rotary_address, flat.address + 8 * n,
+                     flat.address + 16 * n, address_of(keep), 0 if keep is None else len(keep),
+                     address_of(item_starts), address_of(item_lengths), address_of(x), threads)
         held = (flat, x, keep, tables, starts, lens, item_starts, item_lengths)
         return arguments, x, n if keep is None else len(keep), held
 
@@ -199,7 +200,3 @@ def _states_at(hidden: np.ndarray, flat: FlatStep, positions: list[int]) -> np.n
         return hidden[at[0]:at[0] + len(at)]
     return np.ascontiguousarray(hidden[at])
 
-
-def _at(values: array | None) -> int:
-    """An array's address for the kernels (0: none)."""
-    return 0 if values is None else values.buffer_info()[0]
