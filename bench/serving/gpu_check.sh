@@ -14,12 +14,12 @@
 #     --platform manylinux_2_12_x86_64 --platform manylinux_2_31_x86_64 -d .whl flashinfer-python==0.6.6 \
 #     "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0" starlette hypercorn h2 hpack hyperframe \
 #     priority wsproto orjson cython nvidia-ml-py ninja tokenizers py-spy uvicorn httptools \
-#     "llguidance>=1.7"
+#     "llguidance>=1.7" aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna
 #   mkdir -p .tok && cp ../shared/tokenizers/qwen3/tokenizer*.json .tok/
 #   bash bench/serving/gpu_prebuild.sh python3.12   # optional: the native extensions, into .so/
 # then run this with carry [".whl", ".tok", ".so"] (and ".fi-cache", below). flashinfer-python 0.6.6 (7.8 MB) rather than 0.7.x
 # (62 MB): the device call carries at most 64 MiB. uvicorn and httptools are the default HTTP
-# server's; llguidance's newer wheels are manylinux_2_31 (without that tag pip picks 1.6, which
+# server's, aiohttp and the rest of that line the benchmarks' client's; llguidance's newer wheels are manylinux_2_31 (without that tag pip picks 1.6, which
 # the structured-output tests refuse). py-spy samples the table's servers (which thread
 # holds the GIL, doing what). nvidia-ml-py and ninja are carried and installed
 # where the image lacks them; its other requirements are in the GPU image (einops, numpy,
@@ -50,8 +50,8 @@ limit() {
 }
 
 stage "wheels"
-# flashinfer's own imports (pynvml from nvidia-ml-py; ninja for its JIT) and HF tokenizers (the
-# table's checkpoint builder) are installed only where the image lacks them: replacing the
+# flashinfer's own imports (pynvml from nvidia-ml-py; ninja for its JIT), HF tokenizers (the
+# table's checkpoint builder) and aiohttp's attrs and idna are installed only where the image lacks them: replacing the
 # image's copies could break what it pinned them for (transformers pins tokenizers).
 wheels=()
 for whl in .whl/*.whl; do
@@ -60,6 +60,8 @@ for whl in .whl/*.whl; do
     nvidia_ml_py-*) $PY -c "import pynvml" 2>/dev/null && continue ;;
     ninja-*) $PY -c "import ninja" 2>/dev/null && continue ;;
     tokenizers-*) $PY -c "import tokenizers" 2>/dev/null && continue ;;
+    attrs-*) $PY -c "import attrs" 2>/dev/null && continue ;;
+    idna-*) $PY -c "import idna" 2>/dev/null && continue ;;
   esac
   wheels+=("$whl")
 done
@@ -106,7 +108,7 @@ $PY -m compileall -q -j 0 "$PWD/prelude" "$PWD/kernels" > /dev/null
 $PY - <<'PY'
 import importlib, importlib.metadata, torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO GPU")
-for name in ("triton", "flashinfer", "starlette", "hypercorn"):
+for name in ("triton", "flashinfer", "starlette", "hypercorn", "aiohttp"):
     try:
         module = importlib.import_module(name)  # hypercorn has no __version__
         print(name, getattr(module, "__version__", None) or importlib.metadata.version(name))

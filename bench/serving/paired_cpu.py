@@ -8,8 +8,8 @@ each block pair sees the same slow or fast period of the host; each server's CPU
 
 The client is a bare HTTP/1.1 keep-alive client (one connection per request in flight, the body
 written and the answer read as bytes, nothing parsed but the framing) on uvloop, so it leaves
-the server a core: cpu_cost's httpx client fills one of the dev machine's two cores at c=64,
-and what a server costs then includes the competition for the other.
+the server most of a core: cpu_cost's aiohttp client takes about 60% of one of the dev
+machine's two cores at c=64, and what a server costs then includes the competition for it.
 
 Typical use, a change against the commit before it (each tree with its native build):
 

@@ -39,7 +39,7 @@ from typing import Iterator, Sequence
 from bench.charts import write_chart
 from bench.serving.core import proc, report
 from bench.serving import host_noise, sbs_report
-from bench.serving.core.client import make_client, send
+from bench.serving.core.client import ClientPool, make_client
 from bench.serving.core.loadgen import model_name
 from bench.serving.core.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.core.runner import Level, Limits, run_level
@@ -151,8 +151,8 @@ class Session:
             if spec not in todo:
                 continue
             work = workload(spec, factory, options)
-            async with make_client(url, 1, self.args.timeout) as client:  # one probe, unmeasured
-                probe = await send(client, work.jobs(1, random.Random(-1))[0])
+            async with ClientPool(url, 1, self.args.timeout) as pool:  # one probe, unmeasured
+                probe = await pool.send(work.jobs(1, random.Random(-1))[0])
             if not probe.ok:
                 result.skipped[spec.key] = probe.error or "probe request failed"
                 print(f"{result.label}: skipping {spec.key}: {result.skipped[spec.key]}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -58,18 +59,27 @@ def test_load_generator_shows_a_progress_bar_per_level(server, tmp_path, capsys)
     server.wait_idle()
 
 
+def _connections_to(port: int) -> int:
+    """Established TCP connections to this port on loopback (Linux: /proc/net/tcp), the client's side."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2].endswith(f":{port:04X}") and line.split()[3] == "01")
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="counts connections in /proc/net/tcp (Linux)")
 def test_client_pool_keeps_one_connection_per_request_in_flight(server):
     from bench.serving.core.client import ClientPool
     from bench.serving.core.workloads import Job, encode
 
     job = Job("/v1/completions", encode({"prompt": [5, 6, 7], "max_tokens": 1}), False, 3, 1)
+    port = int(server.base_url.rsplit(":", 1)[1])
+    before = _connections_to(port)
 
     async def run():
         async with ClientPool(server.base_url, size=3, timeout=30) as pool:
             await pool.open_connections(3)
-            opened = len(pool._clients)
+            opened = _connections_to(port) - before
             records = await asyncio.gather(*(pool.send(job) for _ in range(9)))
-            return opened, len(pool._clients), records
+            return opened, _connections_to(port) - before, records
 
     opened, used, records = asyncio.run(run())
     assert opened == used == 3  # nine requests, never more than three at once, on three connections

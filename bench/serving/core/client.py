@@ -1,5 +1,12 @@
 """Sending one benchmark request and timing it: non-streaming (one JSON answer) or streaming
-(server-sent events, where the first chunk carrying a choice marks the first token)."""
+(server-sent events, where the first chunk carrying a choice marks the first token).
+
+The timed requests go through aiohttp. httpx, which the benchmarks used before, spent 0.8-1.1 ms
+of CPU on a one-token request and added 0.3-0.5 ms to its latency at c=1, where aiohttp spends
+0.2 ms and answers as fast as a bare http.client loop (`bench/serving/results/
+cpu-amd-zen4-2026-12-07-client/`): every latency the benchmarks reported carried it, and on a
+two-core machine the client's CPU was the server's. httpx stays for the untimed calls
+(`make_client`: the model's name, /tokenize)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,8 +14,9 @@ import contextlib
 import json
 import ssl
 import time
-from typing import Any, AsyncIterator
+from typing import Any
 
+import aiohttp
 import httpx
 
 from bench.serving.core.stats import RequestRecord
@@ -17,77 +25,72 @@ from bench.serving.core.workloads import Job
 JSON_HEADERS = {"content-type": "application/json"}
 DONE = object()  # the SSE stream's "[DONE]" sentinel
 DRAIN_TIMEOUT_S = 1.0  # the longest a stream's client waits for the body's end after [DONE]
+CONNECT_TIMEOUT_S = 30.0
+KEEPALIVE_S = 4.0  # servers on uvicorn (vLLM, SGLang) close idle connections at 5 s
+READ_BUFFER = 1 << 20  # a server-sent line may be as long as this (a chunk with many logprobs)
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 def make_client(base_url: str, connections: int, timeout: float, api_key: str | None = None,
                 verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
+    """A client for the untimed calls around a run."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    # Idle connections are dropped after 4 s: servers on uvicorn (vLLM, SGLang) close them at 5 s,
-    # and a request sent just as a server closes its connection fails before reaching it.
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=4.0)
+    # Idle connections are dropped before a uvicorn server would close them: a request sent
+    # just as a server closes its connection fails before reaching it.
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                          keepalive_expiry=KEEPALIVE_S)
     return httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers, verify=verify,
-                             timeout=httpx.Timeout(timeout, connect=min(timeout, 30.0)))
+                             timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)))
 
 
 class ClientPool:
     """HTTP/1.1 keep-alive connections, one per request in flight, at most `size`: a request
     never waits inside the client for a connection (that wait would count as server latency).
-
-    Each connection is its own single-connection httpx.AsyncClient. One client with `size`
-    connections would be simpler, but httpcore's pool checks every connection (with a socket
-    poll each) on every request: at 64 connections that tripled the client's CPU per request,
-    and on a small machine the client's CPU is the server's too."""
+    The most recently used idle connection is taken first (aiohttp's pool): its state is warm.
+    `timeout`: the longest wait for any one read of an answer."""
 
     def __init__(self, base_url: str, size: int, timeout: float, api_key: str | None = None):
-        self.base_url, self.timeout, self.api_key = base_url, timeout, api_key
-        self._ssl = ssl.create_default_context()  # shared: each client would load the CA bundle
-        self._idle: list[httpx.AsyncClient] = []
-        self._clients: list[httpx.AsyncClient] = []
+        self.base_url, self.timeout, self.api_key = base_url.rstrip("/"), timeout, api_key
         self._slots = asyncio.Semaphore(size)
+        self._session: aiohttp.ClientSession | None = None
         self.size = size
 
     async def send(self, job: Job) -> RequestRecord:
         async with self._slots:
-            client = self._take()
-            try:
-                return await send(client, job)
-            finally:
-                self._idle.append(client)
+            return await send(self._open(), self.base_url + job.path, job)
 
     async def open_connections(self, n: int) -> None:
         """Opens n connections now (GET /health on each), so measured requests never connect."""
+        session = self._open()
+
         async def touch() -> None:
             async with self._slots:
-                client = self._take()
-                try:
-                    await client.get("/health")
-                except httpx.HTTPError:
-                    pass
-                finally:
-                    self._idle.append(client)
+                with contextlib.suppress(*TRANSPORT_ERRORS):
+                    async with session.get(self.base_url + "/health") as resp:
+                        await resp.read()
 
         await asyncio.gather(*(touch() for _ in range(min(n, self.size))))
 
-    def _take(self) -> httpx.AsyncClient:
-        if self._idle:
-            return self._idle.pop()  # most recently used first: its connection is warm
-        client = make_client(self.base_url, 1, self.timeout, self.api_key, self._ssl)
-        self._clients.append(client)
-        return client
+    def _open(self) -> aiohttp.ClientSession:
+        """The session, made on first use: aiohttp binds it to the running event loop."""
+        if self._session is None:
+            headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.size, keepalive_timeout=KEEPALIVE_S),
+                headers=headers, read_bufsize=READ_BUFFER,
+                timeout=aiohttp.ClientTimeout(total=None, connect=min(self.timeout, CONNECT_TIMEOUT_S),
+                                              sock_read=self.timeout))
+        return self._session
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self._clients))
+        if self._session is not None:
+            await self._session.close()
 
     async def __aenter__(self) -> "ClientPool":
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
-
-
-async def _drain(lines: AsyncIterator[str]) -> None:
-    async for _ in lines:
-        pass
 
 
 def parse_sse_line(line: str) -> Any:
@@ -131,30 +134,31 @@ def _usage(data: dict, record: RequestRecord) -> bool:
     return True
 
 
-async def send(client: httpx.AsyncClient, job: Job) -> RequestRecord:
+async def send(session: aiohttp.ClientSession, url: str, job: Job) -> RequestRecord:
     record = RequestRecord(start=time.perf_counter(), prompt_tokens=job.prompt_tokens,
                            expected_output_tokens=job.output_tokens)
     try:
         if job.stream:
-            await _streamed(client, job, record)
+            await _streamed(session, url, job, record)
         else:
-            await _unstreamed(client, job, record)
-    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a malformed JSON answer
+            await _unstreamed(session, url, job, record)
+    except (*TRANSPORT_ERRORS, ValueError) as exc:  # ValueError: a malformed JSON answer
         record.ok = False
         record.error = f"{type(exc).__name__}: {exc}"[:200]
     record.end = record.end or time.perf_counter()
     return record
 
 
-async def _unstreamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) -> None:
-    resp = await client.post(job.path, content=job.body, headers=JSON_HEADERS)
+async def _unstreamed(session: aiohttp.ClientSession, url: str, job: Job, record: RequestRecord) -> None:
+    async with session.post(url, data=job.body, headers=JSON_HEADERS) as resp:
+        body = await resp.read()
     record.end = time.perf_counter()
-    if resp.status_code != 200:
-        record.error = error_message(resp.status_code, resp.text)
+    if resp.status != 200:
+        record.error = error_message(resp.status, body.decode("utf-8", "replace"))
         return
-    data = resp.json()
+    data = json.loads(body)
     if not isinstance(data, dict) or "error" in data:
-        record.error = error_message(resp.status_code, resp.text)
+        record.error = error_message(resp.status, body.decode("utf-8", "replace"))
         return
     _usage(data, record)
     if job.output_tokens and "usage" not in data:
@@ -162,19 +166,18 @@ async def _unstreamed(client: httpx.AsyncClient, job: Job, record: RequestRecord
     record.ok = True
 
 
-async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) -> None:
+async def _streamed(session: aiohttp.ClientSession, url: str, job: Job, record: RequestRecord) -> None:
     chunks_with_choices = 0
     has_usage = False
     done_at: float | None = None  # when [DONE] came
-    async with client.stream("POST", job.path, content=job.body, headers=JSON_HEADERS) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
+    async with session.post(url, data=job.body, headers=JSON_HEADERS) as resp:
+        if resp.status != 200:
+            body = await resp.read()
             record.end = time.perf_counter()
-            record.error = error_message(resp.status_code, resp.text)
+            record.error = error_message(resp.status, body.decode("utf-8", "replace"))
             return
-        lines = resp.aiter_lines()
-        async for line in lines:
-            data = parse_sse_line(line)
+        async for line in resp.content:
+            data = parse_sse_line(line.decode("utf-8", "replace"))
             if data is None:
                 continue
             if data is DONE:
@@ -193,8 +196,8 @@ async def _streamed(client: httpx.AsyncClient, job: Job, record: RequestRecord) 
             # The body's end is read too, as OpenAI's client reads it: a stream left unread
             # closes its connection, and the next request would connect. Bounded, for a server
             # that keeps the body open after [DONE].
-            with contextlib.suppress(asyncio.TimeoutError, httpx.HTTPError):
-                await asyncio.wait_for(_drain(lines), DRAIN_TIMEOUT_S)
+            with contextlib.suppress(*TRANSPORT_ERRORS):
+                await asyncio.wait_for(resp.content.read(), DRAIN_TIMEOUT_S)
     record.end = time.perf_counter() if done_at is None else done_at
     if not has_usage:
         record.output_tokens = chunks_with_choices  # servers that omit usage: one token a chunk

@@ -18,7 +18,7 @@ import httpx
 
 from bench.charts import write_chart
 from bench.serving.core import report
-from bench.serving.core.client import make_client, send
+from bench.serving.core.client import ClientPool, make_client
 from bench.serving.core.prompts import LocalTokenizer, PromptFactory, RemoteTokenizer, TextTokenizer, TokenizerError
 from bench.serving.core.runner import Level, Limits, RunResult, run_level
 from bench.serving.core.server import ServerError, ServerProcess, parse_command, prelude_env
@@ -179,9 +179,9 @@ async def build_workloads(args: argparse.Namespace, factory: PromptFactory, toke
     return out
 
 
-async def reachable(client: httpx.AsyncClient, workload: Workload, rng: random.Random) -> bool:
+async def reachable(pool: ClientPool, workload: Workload, rng: random.Random) -> bool:
     """One probe request; False (with a message) when the endpoint does not exist there."""
-    record = await send(client, workload.jobs(1, rng)[0])
+    record = await pool.send(workload.jobs(1, rng)[0])
     if record.error and record.error.startswith("HTTP 404"):
         print(f"skipping {workload.label}: the target answers 404 on {workload.path} ({record.error})",
               file=sys.stderr)
@@ -227,7 +227,8 @@ async def bench_target(target: Target, args: argparse.Namespace) -> list[RunResu
         if args.prompt_format == "text":
             samples = [w.make_prompt(random.Random(1)) for w in workloads if not isinstance(w, Score)]
             await factory.verify(tokenizer, samples)
-        workloads = [w for w in workloads if await reachable(client, w, random.Random(-1))]
+    async with ClientPool(target.base_url, 1, args.timeout, args.api_key) as probe:
+        workloads = [w for w in workloads if await reachable(probe, w, random.Random(-1))]
     results = []
     pid = target.server.pid if target.server else None
     for workload in workloads:
