@@ -25,10 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import httpx
+import aiohttp
 
 from bench import progress
 from bench.serving.core import report
+from bench.serving.core.client import TRANSPORT_ERRORS, open_session
 from bench.serving.overload import overload, rss_mb
 from bench.serving.core.server import ServerProcess, prelude_env
 from bench.serving.core.stats import percentile, poisson_arrivals
@@ -69,18 +70,19 @@ class PolicyResult:
     outcomes: list[Outcome] = field(default_factory=list, repr=False)
 
 
-async def _send(client: httpx.AsyncClient, kind: str, body: dict, headers: dict, at: float, began: float,
-                out: list[Outcome]) -> None:
+async def _send(session: aiohttp.ClientSession, url: str, kind: str, body: dict, headers: dict, at: float,
+                began: float, out: list[Outcome]) -> None:
     await asyncio.sleep(max(0.0, began + at - time.perf_counter()))
     sent = time.perf_counter()
     path = "/v1/score" if kind == "short" else "/v1/embeddings"
     error = ""
     try:
-        response = await client.post(path, json=body, headers=headers)
-        status = response.status_code
+        async with session.post(url + path, json=body, headers=headers) as response:
+            answer = await response.read()
+        status = response.status
         if status not in (200, 503):
-            error = response.text[:200]
-    except httpx.HTTPError as exc:
+            error = answer[:200].decode("utf-8", "replace")
+    except TRANSPORT_ERRORS as exc:
         status, error = 0, repr(exc)
     out.append(Outcome(kind, sent - began, time.perf_counter() - sent, status, error))
 
@@ -98,16 +100,17 @@ async def calibrate(url: str, rng: random.Random, long_tokens: int) -> tuple[flo
     shorts run in CALIBRATION_PASSES passes of 200 (a P99 of a few dozen samples is their worst
     one) and each figure is the passes' median: one pass's P99 is its second-worst request, and
     on the 2-core machine it ranged 14-26 ms between runs, moving both targets with it."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    async with open_session(1, 600) as session:
         p50s, p99s = [], []
         for _ in range(CALIBRATION_PASSES):
-            shorts = await _shorts_one_at_a_time(client, rng, 200)
+            shorts = await _shorts_one_at_a_time(session, url, rng, 200)
             p50s.append(percentile(shorts, 50) or 0.0)
             p99s.append(percentile(shorts, 99) or 0.0)
         longs = []
         for _ in range(2):
             t = time.perf_counter()
-            await client.post("/v1/embeddings", json=_long_body(rng, long_tokens))
+            async with session.post(url + "/v1/embeddings", json=_long_body(rng, long_tokens)) as response:
+                await response.read()
             longs.append(time.perf_counter() - t)
     return statistics.median(p50s), min(longs), statistics.median(p99s)
 
@@ -118,11 +121,11 @@ async def unloaded_after_gaps(url: str, rng: random.Random, rate: float, n: int 
     that rate. On the 2-core VM gaps of 32-100 ms made the next request 20-50% slower at P50 and
     P99 than back to back, and a bare GEMM loop on 2 threads up to 2x (most likely the host
     descheduling the idle vCPU), so back to back alone understates an idle server's latency."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        return percentile(await _shorts_one_at_a_time(client, rng, n, rate), 99) or 0.0
+    async with open_session(1, 600) as session:
+        return percentile(await _shorts_one_at_a_time(session, url, rng, n, rate), 99) or 0.0
 
 
-async def _shorts_one_at_a_time(client: httpx.AsyncClient, rng: random.Random, n: int,
+async def _shorts_one_at_a_time(session: aiohttp.ClientSession, url: str, rng: random.Random, n: int,
                                 gap_rate: float = 0.0) -> list[float]:
     """Latencies of n short requests sent one after another; with gap_rate, each after an
     exponential idle gap of mean 1/gap_rate."""
@@ -132,7 +135,8 @@ async def _shorts_one_at_a_time(client: httpx.AsyncClient, rng: random.Random, n
             await asyncio.sleep(rng.expovariate(gap_rate))
         body = _short_body(rng)
         t = time.perf_counter()
-        await client.post("/v1/score", json=body)
+        async with session.post(url + "/v1/score", json=body) as response:
+            await response.read()
         times.append(time.perf_counter() - t)
     return times
 
@@ -147,11 +151,10 @@ async def mixed_run(url: str, seconds: float, short_rate: float, long_rate: floa
     plan.sort()
     headers = {} if deadline_ms is None else {"X-Deadline-Ms": f"{deadline_ms:.1f}"}
     out: list[Outcome] = []
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+    async with open_session(2000, 600) as session:
         began = time.perf_counter()
         await asyncio.gather(*(
-            _send(client, kind, _short_body(rng) if kind == "short" else _long_body(rng, long_tokens),
+            _send(session, url, kind, _short_body(rng) if kind == "short" else _long_body(rng, long_tokens),
                   headers if kind == "short" else {}, at, began, out) for at, kind in plan))
     return out
 

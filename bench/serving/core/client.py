@@ -43,6 +43,16 @@ def make_client(base_url: str, connections: int, timeout: float, api_key: str | 
                              timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)))
 
 
+def open_session(connections: int, timeout: float, api_key: str | None = None) -> aiohttp.ClientSession:
+    """A session for timed requests, made inside the running event loop: at most `connections`
+    keep-alive connections, `timeout` the longest wait for any one read of an answer."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S),
+        headers=headers, read_bufsize=READ_BUFFER,
+        timeout=aiohttp.ClientTimeout(total=None, connect=min(timeout, CONNECT_TIMEOUT_S), sock_read=timeout))
+
+
 class ClientPool:
     """HTTP/1.1 keep-alive connections, one per request in flight, at most `size`: a request
     never waits inside the client for a connection (that wait would count as server latency).
@@ -74,12 +84,7 @@ class ClientPool:
     def _open(self) -> aiohttp.ClientSession:
         """The session, made on first use: aiohttp binds it to the running event loop."""
         if self._session is None:
-            headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.size, keepalive_timeout=KEEPALIVE_S),
-                headers=headers, read_bufsize=READ_BUFFER,
-                timeout=aiohttp.ClientTimeout(total=None, connect=min(self.timeout, CONNECT_TIMEOUT_S),
-                                              sock_read=self.timeout))
+            self._session = open_session(self.size, self.timeout, self.api_key)
         return self._session
 
     async def aclose(self) -> None:
