@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import ssl
 import time
 from typing import Any
 
@@ -31,15 +30,14 @@ READ_BUFFER = 1 << 20  # a server-sent line may be as long as this (a chunk with
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-def make_client(base_url: str, connections: int, timeout: float, api_key: str | None = None,
-                verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
+def make_client(base_url: str, connections: int, timeout: float, api_key: str | None = None) -> httpx.AsyncClient:
     """A client for the untimed calls around a run."""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     # Idle connections are dropped before a uvicorn server would close them: a request sent
     # just as a server closes its connection fails before reaching it.
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
                           keepalive_expiry=KEEPALIVE_S)
-    return httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers, verify=verify,
+    return httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers,
                              timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S)))
 
 
