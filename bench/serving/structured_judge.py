@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import jsonschema
 
 from bench.charts import write_chart
 from bench.serving.core import proc, report
-from bench.serving.core.client import parse_sse_line
+from bench.serving.core.client import open_session, parse_sse_line
 from bench.serving.core.schemas import JUDGE, LABELS
 from bench.serving.core.server import ServerProcess, parse_command
 
@@ -58,13 +58,13 @@ def valid(workload: str, text: str) -> bool:
     return True
 
 
-async def one(client: httpx.AsyncClient, body: dict) -> dict:
+async def one(session: aiohttp.ClientSession, url: str, body: dict) -> dict:
     started = time.perf_counter()
     times, text, usage, finish = [], "", None, None
-    async with client.stream("POST", "/v1/completions", json=body) as response:
+    async with session.post(url + "/v1/completions", json=body) as response:
         response.raise_for_status()
-        async for line in response.aiter_lines():
-            data = parse_sse_line(line)
+        async for line in response.content:
+            data = parse_sse_line(line.decode("utf-8", "replace"))
             if not isinstance(data, dict):
                 continue
             for choice in data.get("choices", []):
@@ -95,11 +95,10 @@ async def run_once(base_url: str, workload: str, concurrency: int, count: int, p
         bodies.append(body)
     pending = iter(enumerate(bodies))
     results: list[dict] = [{}] * count
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=limits) as client:
+    async with open_session(concurrency, 300) as session:
         async def worker() -> None:
             for i, body in pending:
-                results[i] = await one(client, body)
+                results[i] = await one(session, base_url, body)
 
         cpu0, wall0 = proc.cpu_seconds(pid), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
