@@ -24,11 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+import aiohttp
 import httpx
 
 from bench import progress
 from bench.charts import write_chart
 from bench.serving.core import report
+from bench.serving.core.client import TRANSPORT_ERRORS, open_session
 from bench.serving.core.server import ServerProcess, free_port, log_tail, prelude_env
 from bench.serving.core.stats import percentile
 
@@ -131,9 +133,8 @@ async def drive(url: str, model: str, texts: list[str], plan: list[tuple[int, st
     errors = 0
     queue = list(reversed(plan))
     bar = progress.bar(len(plan), "requests", show, unit="req")
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(session: aiohttp.ClientSession) -> None:
         nonlocal errors
         while queue:
             k, question = queue.pop()
@@ -142,23 +143,26 @@ async def drive(url: str, model: str, texts: list[str], plan: list[tuple[int, st
             sent = time.perf_counter()
             first = None
             try:
-                async with http.stream("POST", "/v1/completions", json=body) as r:
-                    if r.status_code != 200:
-                        detail = (await r.aread()).decode(errors="replace")[:300]
+                async with session.post(url + "/v1/completions", json=body) as r:
+                    if r.status != 200:
                         if not errors:
-                            progress.say(f"first error: {r.status_code} {detail}")
-                        raise httpx.HTTPStatusError(str(r.status_code), request=r.request, response=r)
-                    async for line in r.aiter_lines():
+                            detail = (await r.read()).decode(errors="replace")[:300]
+                            progress.say(f"first error: {r.status} {detail}")
+                        errors += 1
+                        bar.update(1)
+                        continue
+                    async for raw in r.content:
+                        line = raw.decode("utf-8", "replace")
                         if first is None and line.startswith("data:") and line.strip() != "data: [DONE]":
                             first = time.perf_counter() - sent
                 ttfts.append(first if first is not None else time.perf_counter() - sent)
-            except httpx.HTTPError:
+            except TRANSPORT_ERRORS:
                 errors += 1
             bar.update(1)
 
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+    async with open_session(concurrency, 600) as session:
         began = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
         seconds = time.perf_counter() - began
     bar.close()
     return ttfts, errors, seconds
