@@ -64,7 +64,11 @@ class Constraint:
         if self.kind == "choice":
             alternatives = " | ".join(json.dumps(c) for c in json.loads(self.text))
             return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
-        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(self.text))
+        try:
+            lark = any_to_lark(self.text)
+        except Exception as exc:  # noqa: BLE001 (the converter raises plain Exceptions for a bad grammar)
+            raise ValueError(str(exc)) from None
+        return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
 class CompiledGrammar:

@@ -95,6 +95,12 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"regex": "[ab"}}, 400, "structured_outputs.regex"),
     (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": "object"}, "guided_regex": "a+"}, 400, "guided_regex"),
     (COMPLETIONS, {"prompt": "hi", "guided_grammar": "start: nothing_here"}, 400, "guided_grammar"),
+    # GBNF the converter to Lark refuses (no root rule, an unknown rule, an unterminated string):
+    # it raises plain Exceptions, which answered 500.
+    (COMPLETIONS, {"prompt": "hi", "guided_grammar": 'x ::= "a"'}, 400, "guided_grammar"),
+    (COMPLETIONS, {"prompt": "hi", "guided_grammar": "root ::= foo"}, 400, "guided_grammar"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "structured_outputs": {"grammar": 'root ::= "a'}},
+     400, "structured_outputs.grammar"),
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"structural_tag": "{}"}}, 400,
      "structured_outputs.structural_tag"),
     (COMPLETIONS, {"prompt": "hi", "use_beam_search": True, "n": 2}, 400, "use_beam_search"),
