@@ -8,6 +8,12 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class GrammarFailed(ValueError):
+    """A request's grammar could not go on mid-answer (the library's matcher failed: a
+    constraint too large for its limits, found only as the answer grows). The request's fault,
+    not the server's: it ends with an error rather than with text that breaks its constraint."""
+
+
 class TokenConstraint(Protocol):
     def catch_up(self, step: int, last_token: int) -> None:
         """Brings the state up to the row about to sample token `step`: the token before it,

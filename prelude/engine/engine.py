@@ -18,7 +18,16 @@ from prelude.contract.batch import DecodeBatch, MixedBatch, decode_rows, prefill
 from prelude.engine.clock import SYSTEM_CLOCK, Clock
 from prelude.engine.in_flight import InFlight
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.engine.output import DeadlineExceeded, EngineError, FinishReason, Overloaded, RequestStream, ShutDown
+from prelude.contract.constraint import GrammarFailed
+from prelude.engine.output import (
+    ConstraintFailed,
+    DeadlineExceeded,
+    EngineError,
+    FinishReason,
+    Overloaded,
+    RequestStream,
+    ShutDown,
+)
 from prelude.engine.plan import ScheduledStep
 from prelude.engine.request import Request
 from prelude.engine.scheduler import Scheduler
@@ -284,6 +293,7 @@ class Engine:
                      exc_info=outcome.first_error)
         for work in failed:
             error = outcome.failures[work.seq_id]
-            self.requests.finish(work.seq_id, FinishReason.ERROR,
+            self.requests.finish(work.seq_id, FinishReason.ERROR, ConstraintFailed(str(error))
+                                 if isinstance(error, GrammarFailed) else
                                  EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
         return step

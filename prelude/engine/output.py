@@ -53,6 +53,11 @@ class EngineError(RuntimeError):
     """The engine failed this request (the step it was in raised); other requests go on."""
 
 
+class ConstraintFailed(EngineError):
+    """The request's own grammar could not go on mid-answer (contract.constraint.GrammarFailed):
+    the request's fault, answered as a bad request."""
+
+
 class Overloaded(EngineError):
     """The request was not admitted: the waiting queue is full, or the server is draining.
     Nothing was queued; the client may retry."""

@@ -7,7 +7,7 @@ from typing import AsyncGenerator, AsyncIterator, Callable
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from prelude.engine.output import DeadlineExceeded, EngineError, RequestOutput, RequestStream, ShutDown
+from prelude.engine.output import ConstraintFailed, DeadlineExceeded, EngineError, RequestOutput, RequestStream, ShutDown
 from prelude.server.errors import APIError
 
 
@@ -123,9 +123,12 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
 def engine_error(exc: EngineError) -> APIError:
     """What a request the engine ended with an error answers: 503 when the request was not at
     fault and may be retried (shed for its deadline; cut by the shutdown, with Retry-After and
-    Connection: close, as a draining server refuses new work), else 500."""
+    Connection: close, as a draining server refuses new work), 400 when its own grammar failed
+    mid-answer, else 500."""
     if isinstance(exc, DeadlineExceeded):
         return APIError(503, str(exc), code="deadline_exceeded")
+    if isinstance(exc, ConstraintFailed):
+        return APIError(400, str(exc), code="grammar_failed")
     if isinstance(exc, ShutDown):
         return APIError(503, str(exc), code="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
     return APIError(500, str(exc))

@@ -75,11 +75,15 @@ class CompiledGrammar:
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
         self._matcher = matcher
         self._words = (vocab_size + 31) // 32
+        self.failed = False  # a copy's matcher failed: the cache compiles it afresh
 
     def new_state(self, reasoning_end: int | None = None) -> GrammarState:
         """A request's own state, at the grammar's start. With `reasoning_end`, the grammar
         applies only after the answer produced that token (the end of a reasoning block)."""
-        return GrammarState(self._matcher.deep_copy(), self._words, reasoning_end)
+        return GrammarState(self._matcher.deep_copy(), self._words, reasoning_end, self._fail)
+
+    def _fail(self) -> None:
+        self.failed = True
 
 
 class GrammarCompiler:
@@ -100,6 +104,9 @@ class GrammarCompiler:
         """The compiled grammar when the cache holds it (cheap: callers ask before offloading)."""
         with self._lock:
             compiled = self._cache.get(constraint)
+            if compiled is not None and compiled.failed:
+                del self._cache[constraint]
+                compiled = None
             if compiled is not None:
                 self._cache.move_to_end(constraint)
                 self.hits += 1

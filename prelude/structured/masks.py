@@ -93,6 +93,7 @@ def _fill(requests: list[MaskRequest], executor: llguidance.LLExecutor | None) -
     """The rows' masks: in one batched call of `executor` (the mask thread's) when enough rows
     sample under their grammar, else one row at a time."""
     matchers: list[tuple[llguidance.LLMatcher, int]] = []
+    states: list[GrammarState] = []
     rows: dict[int, int] = {}
     words = 0
     for request in requests:
@@ -102,12 +103,15 @@ def _fill(requests: list[MaskRequest], executor: llguidance.LLExecutor | None) -
         if not state.reasoning:
             rows[request.seq_id] = len(matchers)
             matchers.append((state.matcher, len(matchers)))
+            states.append(state)
     bitmask = np.empty((len(matchers), words), np.int32)
     if executor is not None and len(matchers) >= THREADED_ROWS:
         executor.unsafe_compute_mask_ptr(matchers, address_of(bitmask), words * 4, len(matchers))
     else:
         for matcher, row in matchers:
             matcher.unsafe_compute_mask_ptr(address_of(bitmask[row]), words * 4)
+    for state in states:  # a failed row fails its step; the engine then fails that row's request alone
+        state.check()
     return StepMasks(bitmask, rows)
 
 

@@ -1,7 +1,9 @@
 """One request's place in its grammar."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from prelude.contract.constraint import GrammarFailed
 
 if TYPE_CHECKING:
     import llguidance
@@ -17,10 +19,14 @@ class GrammarState:
     With `reasoning_end`, tokens up to and including that one (the end of a reasoning block)
     are the model's own: no mask applies until it came."""
 
-    __slots__ = ("matcher", "mask_words", "seen", "reasoning_end", "_last")
+    __slots__ = ("matcher", "mask_words", "seen", "reasoning_end", "_last", "_on_failure")
 
-    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, reasoning_end: int | None = None):
+    def __init__(self, matcher: llguidance.LLMatcher, mask_words: int, reasoning_end: int | None = None,
+                 on_failure: Callable[[], None] | None = None):
+        """`on_failure`: called when the matcher fails (the compiled grammar it was copied from
+        is not to be copied again: the copies share the library's lexer and its limits)."""
         self.matcher = matcher
+        self._on_failure = on_failure
         self.mask_words = mask_words  # int32 words of its token mask (its tokenizer's vocabulary / 32)
         self.seen = 0  # tokens of the answer accounted for (consumed, or reasoning)
         self.reasoning_end = reasoning_end
@@ -43,9 +49,16 @@ class GrammarState:
             if last_token == self.reasoning_end:
                 self.reasoning_end = None
             return
-        # A token the mask did not allow (it cannot be sampled) leaves the matcher in its error
-        # state, whose mask allows only EOS: the answer ends rather than goes on unconstrained.
-        self.matcher.consume_token(last_token)
+        self.matcher.consume_token(last_token)  # a failure shows in the mask's check (masks._fill)
+
+    def check(self) -> None:
+        """Raises GrammarFailed when the matcher failed (consuming a token, or filling a mask),
+        rather than let its error state end the answer as if it were complete."""
+        if self.matcher.is_error():
+            if self._on_failure is not None:
+                self._on_failure()
+            raise GrammarFailed(f"the answer's grammar failed after {self.seen} token(s): "
+                                f"{self.matcher.get_error().splitlines()[0]}")
 
     def forced_after(self, step: int, token: int, limit: int) -> tuple[int, ...]:
         """Consumes `token`, sampled as the answer's token `step`, and returns the tokens the

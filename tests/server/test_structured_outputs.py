@@ -142,3 +142,21 @@ def test_bad_constraints_are_400_and_the_engine_goes_on(client, server):
             complete(client, server, prompt="x", max_tokens=5, **body)
         assert error.value.body["param"] in (param, "structured_outputs.regex")
     assert complete(client, server, prompt="x", max_tokens=5, guided_regex="[ab]+").choices[0].text
+
+
+def test_a_grammar_that_fails_mid_answer_is_400_each_time_and_the_engine_goes_on(client, server):
+    """llguidance builds a regex's lexer as the answer grows: this one compiles, then exceeds the
+    library's limits after a token. Its matcher's error state allowed only EOS, so the answer
+    ended 200 with finish_reason "stop" (text that breaks its constraint), and the compiled
+    grammar, whose copies share that lexer, answered "" to every later request."""
+    for _ in range(3):
+        with pytest.raises(openai.BadRequestError) as error:
+            complete(client, server, prompt="x", max_tokens=20, temperature=0, guided_regex="(y{1000}){1000}")
+        assert error.value.body["code"] == "grammar_failed"
+    stream = complete(client, server, prompt="x", max_tokens=20, temperature=0, stream=True,
+                      guided_regex="(y{1000}){1000}")
+    with pytest.raises(openai.APIError, match="grammar failed"):
+        for _ in stream:
+            pass
+    assert complete(client, server, prompt="x", max_tokens=5, temperature=0, guided_regex="y+").choices[0].text == "yyyyy"
+    server.wait_idle()
