@@ -170,6 +170,12 @@ class DecisionAPI(Serving):
         if not (isinstance(query, str) and all(isinstance(i, str) for i in items)) and \
                 not (isinstance(query, list) and all(isinstance(i, list) for i in items)):
             raise bad_request("'query' and 'items' must both be text or both be token ids", "items")
+        # As their token-id forms are (admission.check_ids): an empty item packed behind the query
+        # was read at the token before it, the previous item's last, and got that item's score.
+        if not query:
+            raise bad_request("'query' must not be empty", "query")
+        if not all(items):
+            raise bad_request("'items' must not contain empty items", "items")
 
     async def _label_prompts(self, body: Body) -> list[list[int]]:
         """Per-item prompts: query + item (item + query with item_first). Text pairs are

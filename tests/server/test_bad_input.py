@@ -122,6 +122,11 @@ CASES = [
      "items"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
+    # An empty item or query in label-token scoring, refused as its token-id form is: packed behind
+    # the query, an empty item got the previous item's score.
+    ("/v1/score", {"query": "q", "items": ["a", ""], "label_token_ids": [5]}, 400, "items"),
+    ("/v1/score", {"query": "", "items": ["a"], "label_token_ids": [5]}, 400, "query"),
+    ("/v1/score", {"query": [7], "items": [[8], []], "label_token_ids": [5]}, 400, "items"),
 ]
 
 
