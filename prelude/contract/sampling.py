@@ -33,6 +33,9 @@ class SamplingParams:
     min_tokens: int = 0  # before this many tokens, the ids in min_tokens_blocked cannot be sampled
     min_tokens_blocked: tuple[int, ...] = ()  # EOS and stop token ids, filled at admission
     include_stop_str_in_output: bool = False
+    # The answer is whole once it has a token (a choice whose strings are each one token): it ends
+    # "stop", as an answer its grammar completes does, not "length".
+    one_token_answer: bool = False
 
     # What the sampler and the planners ask of every row each step, fixed with the fields (as
     # properties they were three calls a decode token on each thread).

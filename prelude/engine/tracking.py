@@ -80,7 +80,9 @@ def advance(tracked: Tracked, result: RowResult,
         if reason is not None:
             break
     out.num_output_tokens = before + len(new_ids)
-    if reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
+    if reason is None and sampling.one_token_answer and new_ids:
+        reason = FinishReason.STOP
+    elif reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
         reason = FinishReason.LENGTH
     if detok is not None:
         out.text = detok.emit(final=reason is not None)

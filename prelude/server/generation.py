@@ -35,15 +35,16 @@ class GenerationAPI(Serving):
         if len(prompts) * n > MAX_ITEMS:
             raise bad_request(f"{len(prompts)} prompts with n={n} make {len(prompts) * n} choices; at most "
                               f"{MAX_ITEMS} are allowed per request", "n")
-        if choice_ids is not None:
-            max_tokens = 1  # a single-token choice is the whole answer
+        if choice_ids is not None:  # a single-token choice is the whole answer (none with max_tokens 0)
+            max_tokens = 1 if max_tokens is None else min(max_tokens, 1)
         prompt_param = "messages" if body.has("messages") else "prompt"
         # The error names the field the client sent: chat's max_completion_tokens wins over max_tokens.
         param = "max_completion_tokens" if body.has("max_completion_tokens") else "max_tokens"
         budgets = [self.admission.output_budget(len(ids), max_tokens, param, prompt_param) for ids in prompts]
         params = self.admission.sampling(body, budgets[0], logprobs)
         if choice_ids is not None:
-            params = replace(params, allowed_token_ids=choice_ids)
+            params = replace(params, allowed_token_ids=_allowed_choices(choice_ids, params.allowed_token_ids, body),
+                             one_token_answer=True)
         requests = []
         for p, (ids, budget) in enumerate(zip(prompts, budgets)):
             prompt_params = params if budget == params.max_tokens else replace(params, max_tokens=budget)
@@ -153,6 +154,18 @@ class GenerationAPI(Serving):
 
 def _choice_param(body: Body) -> str:
     return "guided_choice" if body.has("guided_choice") else "structured_outputs.choice"
+
+
+def _allowed_choices(choice_ids: tuple[int, ...], allowed: tuple[int, ...] | None, body: Body) -> tuple[int, ...]:
+    """A single-token choice's tokens that allowed_token_ids (if given) allows too: both apply,
+    as they do to a compiled choice's mask."""
+    if allowed is None:
+        return choice_ids
+    kept = tuple(t for t in choice_ids if t in set(allowed))
+    if not kept:
+        raise bad_request(f"'allowed_token_ids' allows none of the choices in '{_choice_param(body)}'",
+                          "allowed_token_ids")
+    return kept
 
 
 def _refuse_unsupported(body: Body) -> None:

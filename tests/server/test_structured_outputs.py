@@ -7,6 +7,7 @@ import json
 import random
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -74,6 +75,26 @@ def test_regex_choice_and_grammar(client, server):
     for grammar in ('root ::= "yes" | "no" [0-9]', 'start: "yes" | "no" /[0-9]/'):  # GBNF and Lark
         out = complete(client, server, prompt="ok?", max_tokens=10, temperature=1.0, n=3, guided_grammar=grammar)
         assert all(re.fullmatch(r"yes|no[0-9]", c.text) for c in out.choices)
+
+
+def test_a_single_token_choice_is_a_whole_answer(client, server):
+    """Choices of one token each are one sampled token (OneShot): the answer is whole, so it ends
+    "stop" as a compiled choice does ("length" told clients it was cut short), max_tokens 0 still
+    generates nothing, and allowed_token_ids narrows the choices (it was dropped)."""
+    yes, no = (httpx.post(server.base_url + "/tokenize", json={"prompt": word, "add_special_tokens": False}
+                          ).json()["tokens"] for word in ("yes", "no"))
+    assert len(yes) == len(no) == 1
+    out = complete(client, server, prompt="ok?", max_tokens=50, temperature=1.0, n=4, guided_choice=["yes", "no"])
+    assert all(c.text in ("yes", "no") and c.finish_reason == "stop" for c in out.choices)
+    assert out.usage.completion_tokens == 4
+    out = complete(client, server, prompt="ok?", max_tokens=0, guided_choice=["yes", "no"])
+    assert out.choices[0].text == "" and out.usage.completion_tokens == 0
+    out = complete(client, server, prompt="ok?", max_tokens=5, temperature=1.0, n=4, guided_choice=["yes", "no"],
+                   allowed_token_ids=no)
+    assert [c.text for c in out.choices] == ["no"] * 4
+    with pytest.raises(openai.BadRequestError) as error:
+        complete(client, server, prompt="ok?", max_tokens=5, guided_choice=["yes", "no"], allowed_token_ids=[5])
+    assert error.value.body["param"] == "allowed_token_ids"
 
 
 def test_stream_n_logprobs_and_stop(client, server):
