@@ -7,7 +7,14 @@ from typing import AsyncGenerator, AsyncIterator, Callable
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from prelude.engine.output import ConstraintFailed, DeadlineExceeded, EngineError, RequestOutput, RequestStream, ShutDown
+from prelude.engine.output import (
+    ConstraintFailed,
+    DeadlineExceeded,
+    EngineError,
+    RequestOutput,
+    RequestStream,
+    ShutDown,
+)
 from prelude.server.errors import APIError
 
 

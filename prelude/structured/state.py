@@ -49,7 +49,11 @@ class GrammarState:
             if last_token == self.reasoning_end:
                 self.reasoning_end = None
             return
-        self.matcher.consume_token(last_token)  # a failure shows in the mask's check (masks._fill)
+        complete = self.matcher.is_stopped()
+        self.matcher.consume_token(last_token)  # other failures show in the mask's check (masks._fill)
+        if complete and self.matcher.is_error():  # a token past the end (EOS, repeated, is not one)
+            raise GrammarFailed(f"the answer's grammar was complete after {step - 1} token(s), and the request "
+                                "asked for more (min_tokens)")
 
     def check(self) -> None:
         """Raises GrammarFailed when the matcher failed (consuming a token, or filling a mask),

@@ -179,5 +179,12 @@ def test_a_grammar_that_fails_mid_answer_is_400_each_time_and_the_engine_goes_on
     with pytest.raises(openai.APIError, match="grammar failed"):
         for _ in stream:
             pass
-    assert complete(client, server, prompt="x", max_tokens=5, temperature=0, guided_regex="y+").choices[0].text == "yyyyy"
+    out = complete(client, server, prompt="x", max_tokens=5, temperature=0, guided_regex="y+")
+    assert out.choices[0].text == "yyyyy"
+    # min_tokens past the grammar's end drew tokens the grammar forbids ("aba]]]]]]]", "stop"); with
+    # ignore_eos the answer goes on with EOS, which the grammar allows, and stays whole.
+    with pytest.raises(openai.BadRequestError, match="complete after"):
+        complete(client, server, prompt="x", max_tokens=20, min_tokens=10, guided_regex="[ab]{3}")
+    out = complete(client, server, prompt="x", max_tokens=8, ignore_eos=True, guided_regex="[ab]{3}")
+    assert re.fullmatch("[ab]{3}", out.choices[0].text) and out.usage.completion_tokens == 8
     server.wait_idle()
