@@ -56,7 +56,8 @@ class CompatAPI(DecisionAPI):
                            ) -> tuple[list[list[float]], list[list[int]]]:
         """Embeddings of the texts, cut to `limit` tokens from `side`; a text longer than
         `refuse_over` tokens is a 400 naming max_tokens."""
-        prompts = [self.truncate(ids, limit, side) for ids in await self.encode_items(texts, "texts")]
+        encoded = await self.encode_items(texts, "texts", cut_texts=False)
+        prompts = [self.truncate(ids, limit, side, text=True) for ids in encoded]
         longest = max(map(len, prompts))
         if refuse_over is not None and longest > refuse_over:
             raise bad_request(f"an input has {longest} tokens, more than max_tokens ({refuse_over}); "
@@ -74,15 +75,19 @@ class CompatAPI(DecisionAPI):
 
     # -- TEI --------------------------------------------------------------------------------
     async def tei_embed(self, http: HTTPRequest) -> Response:
-        """TEI /embed: `inputs` (string or strings), `normalize`, `truncate`, `dimensions`;
-        answers a bare array of embeddings. Without `truncate`, an over-long input is a 400."""
+        """TEI /embed: `inputs` (string or strings), `normalize`, `truncate` (from
+        `truncation_direction`'s end, Right by default), `dimensions`; answers a bare array of
+        embeddings. Without `truncate`, an over-long input is a 400."""
         body = await self.body(http)
         texts = _texts(body, "inputs")
         truncate = body.bool("truncate")
+        direction = (body.str("truncation_direction", "right") or "right").lower()
+        if direction not in ("left", "right"):
+            raise bad_request("'truncation_direction' must be Left or Right", "truncation_direction")
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
         vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts,
-                                             self.served.max_model_len if truncate else None, None,
+                                             self.served.max_model_len if truncate else None, direction,
                                              normalize and dimensions is None)
         return json_response([matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
 

@@ -33,6 +33,13 @@ class ServedModel:
         return self.config.head == "ForCausalLM"
 
     @property
+    def cuts_texts(self) -> bool:
+        """An encoder's texts are cut at max_model_len unless the request says otherwise (as
+        sentence-transformers, TEI with truncate and Infinity embed them); a decoder's past its
+        context are refused."""
+        return self.config.encoder is not None
+
+    @property
     def has_classifier(self) -> bool:
         return self.config.head == "ForSequenceClassification"
 

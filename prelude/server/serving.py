@@ -114,11 +114,16 @@ class Serving:
         character (a byte-level piece decodes to U+FFFD) or is shared by several ids."""
         return f"token_id:{token_id}" if as_id else self.token_text(token_id)
 
-    def truncate(self, ids: list[int], limit: int | None, side: str | None = None) -> list[int]:
-        """At most `limit` tokens, dropping from the tokenizer's truncation side (or `side`)."""
+    def truncate(self, ids: list[int], limit: int | None, side: str | None = None, text: bool = False) -> list[int]:
+        """At most `limit` tokens, dropping from the tokenizer's truncation side (or `side`). `text`:
+        the ids encode a string with its special tokens, which stay ([CLS] ... [SEP], as the
+        tokenizer truncates); token ids as sent are sliced."""
         if limit is None or len(ids) <= limit:
             return ids
-        return ids[len(ids) - limit:] if (side or self.served.truncation_side) == "left" else ids[:limit]
+        side = side or self.served.truncation_side
+        if text:
+            return self.tokenizer.truncate(ids, limit, side)
+        return ids[len(ids) - limit:] if side == "left" else ids[:limit]
 
     def truncation_limit(self, body: Body) -> int | None:
         """vLLM's truncate_prompt_tokens: k keeps at most k prompt tokens, -1 the model's context."""
@@ -156,9 +161,12 @@ class Serving:
                 raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids",
                                   name)
         limit = self.truncation_limit(body)
-        encoded = await self.encode_items(items, name, whole=limit is None,
-                                          add_special_tokens=body.bool("add_special_tokens", True))
-        return encoded if limit is None else [self.truncate(ids, limit, side) for ids in encoded]
+        marked = body.bool("add_special_tokens", True)
+        encoded = await self.encode_items(items, name, whole=limit is None, add_special_tokens=marked,
+                                          cut_texts=limit is None)
+        if limit is None:
+            return encoded
+        return [self.truncate(ids, limit, side, isinstance(item, str) and marked) for item, ids in zip(items, encoded)]
 
     def sent_texts(self, body: Body, name: str, encoded: list[list[int]]) -> list[str]:
         """Each input of a prompt field `inputs` read, as the client sent it: a string as is, token
@@ -168,19 +176,25 @@ class Serving:
         items = [value] if isinstance(value, str) or _is_ids(value) else value
         return [item if isinstance(item, str) else self.tokenizer.decode(ids) for item, ids in zip(items, encoded)]
 
-    async def encode_items(self, items: list, name: str, whole: bool = False,
-                           add_special_tokens: bool = True) -> list[list[int]]:
+    async def encode_items(self, items: list, name: str, whole: bool = False, add_special_tokens: bool = True,
+                           cut_texts: bool = True) -> list[list[int]]:
         """Strings (tokenized together, in one thread-pool hop when long) and id lists (checked,
         in the pool when long). `whole`: no truncation will cut the ids, so a list past the
         context is refused before its ids are walked (millions of them would hold the loop just to
-        answer 400)."""
+        answer 400). `cut_texts`: an encoder's strings are cut at its max_model_len (its default,
+        ServedModel.cuts_texts); False where the request says how to truncate."""
         texts = [item for item in items if isinstance(item, str)]
         encoded = iter(await self.admission.encode_many(texts, add_special_tokens) if texts else [])
         out = []
         for item in items:
             if isinstance(item, list) and whole:
                 self.admission.check_context(len(item), name)
-            ids = next(encoded) if isinstance(item, str) else await self.admission.checked_ids(item, name)
+            if isinstance(item, str):
+                ids = next(encoded)
+                if cut_texts and self.served.cuts_texts:
+                    ids = self.truncate(ids, self.served.max_model_len, None, add_special_tokens)
+            else:
+                ids = await self.admission.checked_ids(item, name)
             if not ids:
                 raise bad_request(f"'{name}' encodes to no tokens", name)
             out.append(ids)

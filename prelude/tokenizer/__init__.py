@@ -18,8 +18,8 @@ def load(path: str | Path, backend: str = "auto", truncate_at: int | None = None
 
     backend "auto" uses fasttoken when the file is inside its supported subset and otherwise
     falls back to HF `tokenizers`, logging why; "fasttoken" raises instead of falling back.
-    `truncate_at`: every encoding is cut to that many tokens, its special tokens kept (an
-    encoder's texts); HF `tokenizers` does it, fasttoken does not.
+    `truncate_at`: text pairs (a cross-encoder's) are cut to that many tokens, their special
+    tokens kept; HF `tokenizers` does it, fasttoken does not.
     """
     path = Path(path)
     if path.is_dir():

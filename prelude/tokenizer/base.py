@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import NamedTuple, Sequence
 
 from prelude._fasttoken.plan import CHAR_TO_BYTE
@@ -47,6 +48,27 @@ class Tokenizer(ABC):
         pair template where the backend applies it ([CLS] A [SEP] B [SEP] for BERT); else the
         first text with its special tokens followed by the second without."""
         return [self.encode(a) + self.encode(b, add_special_tokens=False) for a, b in zip(firsts, seconds)]
+
+    def truncate(self, ids: list[int], limit: int, side: str) -> list[int]:
+        """One text's ids, encoded with its special tokens, cut to at most `limit` from `side`
+        ("left" or "right") with the special tokens its template adds at either end kept, as HF
+        tokenizers truncate: [CLS] and [SEP] stay where slicing the ids dropped one of them."""
+        if len(ids) <= limit:
+            return ids
+        head, tail = self._template_ends
+        keep = max(limit - head - tail, 0)
+        text = ids[head:len(ids) - tail]
+        text = text[len(text) - keep:] if side == "left" else text[:keep]
+        return ids[:head] + text + ids[len(ids) - tail:]
+
+    @cached_property
+    def _template_ends(self) -> tuple[int, int]:
+        """How many special tokens encoding one text adds before it and after it."""
+        marked, plain = self.encode("a"), self.encode("a", add_special_tokens=False)
+        for head in range(len(marked) - len(plain) + 1):
+            if marked[head:head + len(plain)] == plain:
+                return head, len(marked) - head - len(plain)
+        return 0, 0
 
     @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...

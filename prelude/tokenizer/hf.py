@@ -16,13 +16,17 @@ class HFTokenizer(Tokenizer):
     backend = "hf"
 
     def __init__(self, path: str | Path, truncate_at: int | None = None):
+        """`truncate_at`: text pairs are cut to that many tokens (HF's longest-first strategy, the
+        template's special tokens kept); a single text is cut where its request says (truncate)."""
         self._tok = _HFTokenizer.from_file(str(path))
-        # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must
-        # not, except at the limit it was given.
+        # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must not.
         self._tok.no_truncation()
-        if truncate_at is not None:
-            self._tok.enable_truncation(truncate_at)
         self._tok.no_padding()
+        self._pairs = self._tok
+        if truncate_at is not None:
+            self._pairs = _HFTokenizer.from_file(str(path))
+            self._pairs.enable_truncation(truncate_at)
+            self._pairs.no_padding()
         added = json.loads(Path(path).read_text(encoding="utf-8")).get("added_tokens", [])
         self._special_ids = special_token_ids(added)
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
@@ -34,7 +38,7 @@ class HFTokenizer(Tokenizer):
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
     def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(zip(firsts, seconds)))]
+        return [e.ids for e in self._pairs.encode_batch(list(zip(firsts, seconds)))]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -76,6 +76,37 @@ def test_a_text_past_the_checkpoints_limit_is_truncated_as_sentence_transformers
     assert usage["prompt_tokens"] == 256  # sentence_bert_config.json's max_seq_length, [SEP] kept
 
 
+def test_each_truncation_a_request_asks_for_cuts_the_whole_text_where_the_tokenizer_would(minilm, minilm_server):
+    """The tokenizer cut every text at 256 tokens from the right before the request's own
+    truncation ran: Cohere's START embedded the text's head, TEI's and Cohere's refusals of an
+    over-long input answered 200, and truncate_prompt_tokens sliced off the closing [SEP]."""
+    from transformers import AutoTokenizer
+
+    head, tail = "Cats are small furry pets that purr. " * 40, " Quantum chromodynamics describes quarks. " * 40
+    text = head + tail
+    hf = {side: AutoTokenizer.from_pretrained(str(minilm), truncation_side=side) for side in ("left", "right")}
+
+    def embedding_of(ids: list[int]) -> list[float]:
+        return post(minilm_server, "/v1/embeddings", input=ids).json()["data"][0]["embedding"]
+
+    def cut(side: str, limit: int) -> list[int]:
+        return hf[side](text, truncation=True, max_length=limit)["input_ids"]
+
+    for side, truncate in (("left", "START"), ("right", "END")):
+        ours = post(minilm_server, "/v2/embed", texts=[text], input_type="search_document", embedding_types=["float"],
+                    truncate=truncate).json()["embeddings"]["float"]
+        assert _cosines(ours, [embedding_of(cut(side, 256))])[0] > 0.99999
+        ours = [post(minilm_server, "/v1/embeddings", input=text, truncate_prompt_tokens=10,
+                     truncation_side=side).json()["data"][0]["embedding"]]
+        assert _cosines(ours, [embedding_of(cut(side, 10))])[0] > 0.99999  # [CLS] ... [SEP]
+    ours = post(minilm_server, "/embed", inputs=text, truncate=True, truncation_direction="Left").json()
+    assert _cosines(ours, [embedding_of(cut("left", 256))])[0] > 0.99999
+    for path, body in (("/embed", {"inputs": text}), ("/v2/embed", {"texts": [text], "truncate": "NONE"})):
+        assert post(minilm_server, path, **body).status_code == 400
+    tokens = len(hf["right"](text)["input_ids"])
+    assert post(minilm_server, "/tokenize", prompt=text).json()["count"] == tokens > 256
+
+
 def test_an_encoder_is_served_without_prefix_cache_or_cuda_graphs(minilm):
     from prelude.app.encoders import encoder_serving
     from prelude.model.config import ModelConfig
