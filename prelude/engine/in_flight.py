@@ -53,6 +53,7 @@ class InFlight:
             if result.token is not None:
                 tracked.last_token_time = now
             out, reason = advance(tracked, result, self._eos_token_ids)
+            self._stats.generation_tokens += len(out.token_ids)
             if reason is not None:
                 out.metrics = tracked.metrics(now)
             if out.token_ids or out.text or reason is not None:

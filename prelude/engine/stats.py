@@ -96,7 +96,11 @@ class EngineStats:
                     value.fold()
 
     def on_first_token(self, work: Work, now: float) -> None:
+        """The request's prompt is computed: its tokens count now (generated tokens count as each
+        step delivers them), so the counters move while streams run and keep what aborted ones did."""
         request = work.request
+        self.prompt_tokens += request.num_prompt_tokens
+        self.cached_tokens += work.num_cached_tokens
         self.ttft.observe(now - request.arrival_time)
         if work.first_scheduled is not None:
             self.queue_time.observe(work.first_scheduled - request.arrival_time)
@@ -113,9 +117,6 @@ class EngineStats:
             self.decode_time.observe(now - first_token_time)
             if num_output_tokens > 1:
                 self.time_per_output_token.observe((now - first_token_time) / (num_output_tokens - 1))
-        self.prompt_tokens += request.num_prompt_tokens
-        self.cached_tokens += work.num_cached_tokens
-        self.generation_tokens += num_output_tokens
 
     def on_rejected(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -53,8 +53,8 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.metric("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
              snap.prefix_query_tokens)
     w.metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", snap.prefix_hit_tokens)
-    w.metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", stats.prompt_tokens)
-    w.metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
+    w.metric("prompt_tokens_total", "counter", "Prompt tokens computed (each request's, once).", stats.prompt_tokens)
+    w.metric("generation_tokens_total", "counter", "Tokens generated, counted as each step makes them.",
              stats.generation_tokens)
     w.header("request_success_total", "counter", "Finished requests by finish reason.")
     for reason, count in sorted(stats.finished.items()):

@@ -45,6 +45,25 @@ def test_inter_token_latency_counts_each_gap(server):
         assert _count(text, name) == _count(before, name) + 4, name
 
 
+def test_token_counters_move_as_tokens_are_made_and_keep_an_aborted_streams(server):
+    """vLLM's token counters grow each step: they grew only when a request finished, and never
+    for one the client left, so throughput panels were spiky and missed aborted work."""
+    url = server.base_url
+    before = httpx.get(url + "/metrics").text
+    body = {"prompt": "hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        events = response.iter_lines()
+        streamed = sum(1 for _, line in zip(range(40), events) if line.startswith("data: "))
+        during = httpx.get(url + "/metrics").text
+        for name in ("vllm:generation_tokens_total", "prelude:generation_tokens_total"):
+            assert _count(during, name) >= _count(before, name) + streamed - 1, name
+        assert _count(during, "vllm:prompt_tokens_total") > _count(before, "vllm:prompt_tokens_total")
+    server.wait_idle()
+    after = httpx.get(url + "/metrics").text
+    assert _count(after, "vllm:generation_tokens_total") >= _count(during, "vllm:generation_tokens_total")
+
+
 def _running(url: str) -> float:
     text = httpx.get(url + "/metrics").text
     return float(next(line for line in text.splitlines() if line.startswith("vllm:num_requests_running{")).split()[-1])
