@@ -21,6 +21,9 @@ def listen_error(config: Config, exc: OSError) -> StartupError:
     if config.uds is not None and exc.errno == errno.EADDRINUSE:
         return StartupError(f"Unix socket {config.uds} is in use by a running server; stop that server or "
                             "choose another path with --uds")
+    if config.uds is not None and exc.errno == errno.EEXIST:
+        return StartupError(f"{config.uds} exists and is not a socket (a file not ours to remove); "
+                            "choose another path with --uds")
     if config.uds is not None:
         return StartupError(f"cannot listen on Unix socket {config.uds}: {exc.strerror or exc}; "
                             "choose a writable path with --uds")

@@ -66,10 +66,11 @@ def _bind_unix(path: str) -> Listener:
     # at that path is not ours to remove. One a live server listens on is that server's: removing
     # it left the running server unreachable for good (and its exit later removed ours).
     try:
-        if stat.S_ISSOCK(os.stat(path).st_mode):
-            if _listening(path):
-                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE), path)
-            os.unlink(path)
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+        if _listening(path):
+            raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE), path)
+        os.unlink(path)
     except FileNotFoundError:
         pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -77,6 +77,16 @@ def test_a_second_server_on_a_live_socket_refuses_to_start(tmp_path, demo_model,
         first.wait(30)
 
 
+def test_a_file_that_is_not_a_socket_is_left_and_named(tmp_path, demo_model):
+    """A regular file at --uds is not ours to remove, nor a running server, as the error said."""
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me")
+    args = [sys.executable, "-m", "prelude", "--model", str(demo_model), "--uds", str(path)]
+    run = subprocess.run(args, env=prelude_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "is not a socket" in run.stderr and "Traceback" not in run.stderr
+    assert path.read_text() == "keep me"
+
+
 def test_ready_answers_503_until_the_warm_up_is_done(demo_model):
     gate = threading.Event()
     srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_model_len=512), started_at="/health")
