@@ -132,7 +132,7 @@ class AccessLog:
                 current.total_s = time.perf_counter() - current.started
             if current.status == 0:  # nothing was sent: the app raised past every handler
                 current.status, current.error = 500, "no response"
-            elif error_body:
+            elif error_body and current.error is None:  # a 499's "client went away" stays
                 current.error = _error_message(b"".join(error_body))
             self.write(current)
 

@@ -134,7 +134,7 @@ class ChatAPI(GenerationAPI):
                     choice["token_ids"] = out.token_ids
                 if out.finished:
                     choice["stop_reason"] = out.stop_reason
-                    finals[index] = out
+                finals[index] = out  # the last so far: an aborted stream's log line counts its tokens
                 yield chunk([choice], **usage(out.num_output_tokens))
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None

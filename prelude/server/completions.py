@@ -154,8 +154,7 @@ class CompletionsAPI(GenerationAPI):
                     choice["token_ids"] = out.token_ids
                 started.add(index)
                 yield chunk([choice], **usage)
-                if out.finished:
-                    finals[index] = out
+                finals[index] = out  # the last so far: an aborted stream's log line counts its tokens
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
         return self.framed(rid, chunks(), finals, [len(p) for p in prompts], usage_chunk, logged, n)

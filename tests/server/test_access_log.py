@@ -157,6 +157,32 @@ def test_total_ends_when_the_response_is_complete(caplog):
     assert fields["status"] == "503" and float(fields["total"][:-2]) < 250
 
 
+def test_a_request_the_client_left_keeps_its_reason(caplog):
+    """A whole answer's client gone: the router marks the entry and answers an empty 499, whose
+    empty body then replaced the reason with error=""."""
+    import asyncio
+
+    from prelude.server import access_log
+    from prelude.server.access_log import AccessLog
+
+    async def left(scope, receive, send):
+        scope[access_log.SCOPE_KEY].error = "client went away"
+        await send({"type": "http.response.start", "status": 499, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message):
+        pass
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    caplog.set_level(logging.INFO, logger="prelude.access")
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
+    asyncio.run(AccessLog(left)(scope, receive, send))
+    fields = TEXT.search(access_records(caplog, 1)[0].getMessage())
+    assert fields["status"] == "499" and json.loads(fields["error"]) == "client went away"
+
+
 def test_the_logged_id_is_the_response_id(logged_server, caplog):
     """/v2/embed and /v2/rerank answered with an id other than the one their log line carried
     (each made a second id for the response), so a client's id could not be found in the log."""
@@ -178,6 +204,8 @@ def test_a_stream_the_client_left_is_logged_with_its_id(logged_server, caplog):
     seen_id = json.loads(first[6:])["id"]
     fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
     assert fields["request_id"] == seen_id and json.loads(fields["error"]) == "client went away"
+    # and what it had computed until then (it said prompt=0 completion=0)
+    assert int(fields["prompt"]) > 0 and int(fields["completion"]) >= 1
     logged_server.wait_idle()
 
 
