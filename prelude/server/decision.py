@@ -149,16 +149,23 @@ class DecisionAPI(Serving):
 
     async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]] | None:
         """Multi-item inputs: the query's ids (with special tokens, for text) and each item's
-        (without): SGLang's shape, each item tokenized on its own. None when, packed by default,
-        they would not fit the context together: one row per item only needs query + item to."""
+        (without): SGLang's shape, each item tokenized on its own. None, where multi-item mode was
+        chosen by default (not asked for), when the per-item rows would score other tokens: a
+        text whose boundary tokenizes otherwise joined (": " then "a" apart, ": " and " a"
+        joined) gave another probability, so adding a long item to a request changed the others'
+        scores; or when they would not fit the context together (one row per item only needs
+        query + item to)."""
         query, items = body.require("query"), body.require("items")
+        asked = body.has("multi_item")
         if isinstance(query, str):
             (query_ids,) = await self.encode_items([query], "query")
             item_ids = await self.admission.encode_many(items, add_special_tokens=False)
+            if not asked and await self._label_prompts(body) != [query_ids + ids for ids in item_ids]:
+                return None
         else:
             query_ids = self.admission.check_ids(query, "query")
             item_ids = [self.admission.check_ids(item, "items") for item in items]
-        if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not body.bool("multi_item"):
+        if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not asked:
             return None
         return query_ids, item_ids
 

@@ -74,6 +74,27 @@ def test_text_query_and_items(srv):
     srv.wait_idle()
 
 
+def test_the_default_choice_never_changes_a_text_items_score(srv):
+    """Apart, "Item: " then "tent" are other tokens than "Item: tent" joined (the space goes
+    with "tent"): packed by default, an item's score moved when a long item joined the request (a
+    long item sends all rows one by one). Packing by default only where the tokens agree; asked
+    for, it tokenizes apart, as SGLang's multi-item scoring does."""
+    query = "Will the user like this item? Item: "
+    tokenize = lambda text, special: httpx.post(srv.base_url + "/tokenize", json={  # noqa: E731
+        "prompt": text, "add_special_tokens": special}).json()["tokens"]
+    assert tokenize(query + "tent", True) != tokenize(query, True) + tokenize("tent", False)
+    alone = _score(srv, query=query, items=["tent"]).json()["scores"][0]
+    beside_short = _score(srv, query=query, items=["tent", "x"]).json()["scores"][0]
+    beside_long = _score(srv, query=query, items=["tent", "x" * 80]).json()["scores"][0]
+    assert beside_short == pytest.approx(alone, abs=1e-6) and beside_long == pytest.approx(alone, abs=1e-6)
+    clean = "Will the user like this item?\n"  # a boundary the tokens agree on: packed
+    before = _rows_and_tokens(srv)
+    _score(srv, query=clean, items=["tent", "x"])
+    rows = _rows_and_tokens(srv)[0] - before[0]
+    if tokenize(clean + "x", True) == tokenize(clean, True) + tokenize("x", False):
+        assert rows == 1
+
+
 def test_items_too_long_to_pack_go_one_row_each(srv):
     """Packed by default, items count together against the context; one row each, only query +
     item must fit. Items that fit apart but not together are scored apart, not refused with a
