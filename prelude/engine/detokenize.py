@@ -33,10 +33,25 @@ class IncrementalDetokenizer:
         step = self.tokenizer.decode_step(self.ids, self.prefix_offset, self.read_offset,
                                           self.skip_special_tokens)
         self.prefix_offset, self.read_offset = step.prefix_offset, step.read_offset
-        if not step.text:
+        return self._append(step.text, stops_armed) if step.text else None
+
+    def finish(self) -> str | None:
+        """At the answer's end (not at a stop string): the text of the ids held back while their
+        decoding ended inside a character, less only that last partial character (the held ids
+        were dropped whole, and with them every whole character before it). Returns the stop
+        string it completes, if it does."""
+        if self.read_offset == len(self.ids):
             return None
+        context = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip_special_tokens)[len(context):]
+        self.prefix_offset = self.read_offset = len(self.ids)
+        text = text[:-1] if text.endswith("\ufffd") else text
+        return self._append(text, True) if text else None
+
+    def _append(self, text: str, stops_armed: bool) -> str | None:
+        """New text onto what is not yet emitted; the stop string it completes, if any."""
         start = len(self.text)
-        self.text += step.text
+        self.text += text
         # The first stop string the text completes ends it, as if generation had stopped right
         # there, whatever the list's order (one token may hold two): the text before it then
         # holds no other whole stop string.

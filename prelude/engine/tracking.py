@@ -85,6 +85,10 @@ def advance(tracked: Tracked, result: RowResult,
     elif reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
         reason = FinishReason.LENGTH
     if detok is not None:
+        if reason is not None and not isinstance(stop_reason, str):  # not cut at a stop string
+            hit = detok.finish()  # the text held while it ended inside a character
+            if hit is not None:
+                reason, stop_reason = FinishReason.STOP, hit
         out.text = detok.emit(final=reason is not None)
     if reason is not None:
         out.finished, out.finish_reason, out.stop_reason = True, reason, stop_reason

@@ -57,3 +57,20 @@ def test_partial_stop_is_held_back_then_released(tokenizer):
 def test_earliest_of_several_stops_wins(tokenizer):
     pieces, hit = stream(tokenizer, "one two three four", stop=("four", "two"))
     assert hit == "two" and "".join(pieces) == "one "
+
+
+def test_an_answer_that_ends_inside_a_character_keeps_the_characters_before_it(tokenizer):
+    """A byte-level piece of whole characters then a character's first bytes ("рив" + half of the
+    next) was held while the text ended in U+FFFD, and at the answer's end it was dropped whole:
+    the answer's text lost "рив" with the partial character."""
+    piece = next(i for i in range(tokenizer.vocab_size)
+                 if (text := tokenizer.decode([i])).endswith("\ufffd") and len(text.rstrip("\ufffd")) >= 2)
+    for ids in ([piece], [piece, piece, piece]):
+        detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("Prompt:"), (), skip_special_tokens=True)
+        streamed = ""
+        for token in ids:
+            assert detok.add(token) is None
+            streamed += detok.emit(final=False)
+        assert detok.finish() is None
+        streamed += detok.emit(final=True)
+        assert streamed == tokenizer.decode(ids)[:-1]  # all but the last, partial character
