@@ -147,21 +147,26 @@ def test_total_ends_when_the_response_is_complete(caplog):
         if message["type"] == "http.response.body":
             await asyncio.sleep(0.5)
 
+    fields = _logged_fields(caplog, AccessLog(refusal), send_then_wait_for_close)
+    assert fields["status"] == "503" and float(fields["total"][:-2]) < 250
+
+
+def _logged_fields(caplog, app, send) -> dict:
+    """The access-log fields of one request to `app` (an AccessLog) that sends through `send`."""
+    import asyncio
+
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
     caplog.set_level(logging.INFO, logger="prelude.access")
     scope = {"type": "http", "method": "POST", "path": "/v1/score", "headers": []}
-    asyncio.run(AccessLog(refusal)(scope, receive, send_then_wait_for_close))
-    fields = TEXT.search(access_records(caplog, 1)[0].getMessage())
-    assert fields["status"] == "503" and float(fields["total"][:-2]) < 250
+    asyncio.run(app(scope, receive, send))
+    return TEXT.search(access_records(caplog, 1)[0].getMessage()).groupdict()
 
 
 def test_a_request_the_client_left_keeps_its_reason(caplog):
     """A whole answer's client gone: the router marks the entry and answers an empty 499, whose
     empty body then replaced the reason with error=""."""
-    import asyncio
-
     from prelude.server import access_log
     from prelude.server.access_log import AccessLog
 
@@ -173,13 +178,7 @@ def test_a_request_the_client_left_keeps_its_reason(caplog):
     async def send(message):
         pass
 
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    caplog.set_level(logging.INFO, logger="prelude.access")
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
-    asyncio.run(AccessLog(left)(scope, receive, send))
-    fields = TEXT.search(access_records(caplog, 1)[0].getMessage())
+    fields = _logged_fields(caplog, AccessLog(left), send)
     assert fields["status"] == "499" and json.loads(fields["error"]) == "client went away"
 
 
