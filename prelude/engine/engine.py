@@ -15,10 +15,10 @@ from typing import Callable
 
 from prelude.cache.kv_events import KVEventBatch, KVEventSink
 from prelude.contract.batch import DecodeBatch, MixedBatch, decode_rows, prefill_rows
+from prelude.contract.constraint import GrammarFailed
 from prelude.engine.clock import SYSTEM_CLOCK, Clock
 from prelude.engine.in_flight import InFlight
 from prelude.engine.isolation import StepOutcome, execute_isolating
-from prelude.contract.constraint import GrammarFailed
 from prelude.engine.output import (
     ConstraintFailed,
     DeadlineExceeded,
@@ -293,7 +293,9 @@ class Engine:
                      exc_info=outcome.first_error)
         for work in failed:
             error = outcome.failures[work.seq_id]
-            self.requests.finish(work.seq_id, FinishReason.ERROR, ConstraintFailed(str(error))
-                                 if isinstance(error, GrammarFailed) else
-                                 EngineError(f"this request failed in the engine: {type(error).__name__}: {error}"))
+            if isinstance(error, GrammarFailed):  # the request's own constraint: a 400
+                ended: EngineError = ConstraintFailed(str(error))
+            else:
+                ended = EngineError(f"this request failed in the engine: {type(error).__name__}: {error}")
+            self.requests.finish(work.seq_id, FinishReason.ERROR, ended)
         return step

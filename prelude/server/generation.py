@@ -161,7 +161,8 @@ def _allowed_choices(choice_ids: tuple[int, ...], allowed: tuple[int, ...] | Non
     as they do to a compiled choice's mask."""
     if allowed is None:
         return choice_ids
-    kept = tuple(t for t in choice_ids if t in set(allowed))
+    permitted = set(allowed)
+    kept = tuple(t for t in choice_ids if t in permitted)
     if not kept:
         raise bad_request(f"'allowed_token_ids' allows none of the choices in '{_choice_param(body)}'",
                           "allowed_token_ids")
