@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling")
     model.add_argument("--generation-config", default=d.generation_config, choices=_choices("generation_config"),
                        help="auto: generation_config.json's temperature, top_p, top_k, min_p and "
-                            "repetition_penalty are the defaults of requests that omit them; vllm: neutral defaults")
+                            "repetition_penalty are the defaults of requests that omit them, its max_new_tokens "
+                            "caps max_tokens; vllm: neutral defaults")
 
     server = p.add_argument_group("server")
     server.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0: every interface)")

@@ -174,16 +174,21 @@ def int8_weights(raw: dict[str, Any]) -> bool:
 # the defaults of requests that leave them out, and transformers' own defaults for them: vLLM
 # reads the file's difference from those (GenerationConfig.to_diff_dict), so a field left at
 # transformers' default (top_k 50 among them) is no default of vLLM's.
-SAMPLING_DEFAULT_FIELDS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None, "repetition_penalty": 1.0}
+SAMPLING_DEFAULT_FIELDS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None, "repetition_penalty": 1.0,
+                           "max_new_tokens": None}
 
 
 def sampling_defaults(model_dir: str | Path) -> dict[str, float]:
     """The model's own defaults for temperature, top_p, top_k, min_p and repetition_penalty
-    (Qwen3's file: temperature 0.6, top_p 0.95, top_k 20), as vLLM applies them."""
+    (Qwen3's file: temperature 0.6, top_p 0.95, top_k 20), as vLLM applies them; and its
+    max_new_tokens as "max_tokens", which vLLM makes the most any request generates."""
     raw = _generation_config(model_dir)
-    return {name: raw[name] for name, hf_default in SAMPLING_DEFAULT_FIELDS.items()
-            if isinstance(raw.get(name), (int, float)) and not isinstance(raw[name], bool)
-            and raw[name] != hf_default}
+    defaults = {name: raw[name] for name, hf_default in SAMPLING_DEFAULT_FIELDS.items()
+                if isinstance(raw.get(name), (int, float)) and not isinstance(raw[name], bool)
+                and raw[name] != hf_default}
+    if "max_new_tokens" in defaults:
+        defaults["max_tokens"] = defaults.pop("max_new_tokens")
+    return defaults
 
 
 def _generation_config(model_dir: str | Path) -> dict:

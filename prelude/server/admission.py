@@ -129,6 +129,9 @@ class Admission:
                 raise bad_request(
                     f"the prompt's {num_prompt_tokens} tokens leave no room to generate: the server's KV "
                     f"cache holds {self.kv_capacity_tokens} tokens per request", prompt_param)
+        cap = self.defaults.get("max_tokens")  # generation_config.json's max_new_tokens: vLLM's cap on any request
+        if cap is not None:
+            max_tokens = min(max_tokens, int(cap))
         # The prompt alone leaves no room for any completion: shortening it is the fix, whatever
         # max_tokens says (a smaller max_tokens cannot help), so the error names the prompt.
         if num_prompt_tokens + max_tokens > self.max_model_len:

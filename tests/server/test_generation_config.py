@@ -56,3 +56,19 @@ def test_fields_at_transformers_defaults_are_not_defaults(model_dir):
         assert sampling_defaults(model_dir) == {"min_p": 0.1}
     finally:
         (model_dir / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
+
+
+def test_max_new_tokens_caps_every_requests_max_tokens(demo_model, tmp_path):
+    """vLLM reads generation_config.json's max_new_tokens as the most any request generates (its
+    default max_tokens, and the cap of a larger one); it was ignored: a chat request without
+    max_tokens generated to the end of the context."""
+    capped = edited_copy(demo_model, tmp_path, "generation_config.json", lambda c: c.update(max_new_tokens=7))
+    assert sampling_defaults(capped) == {"max_tokens": 7}
+    with ServerThread(Config(model=str(capped), block_size=4, max_model_len=256, num_kv_blocks=256)) as server:
+        chat = httpx.post(server.base_url + "/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}).json()
+        assert chat["usage"]["completion_tokens"] == 7
+        for max_tokens, generated in ((50, 7), (3, 3)):
+            out = httpx.post(server.base_url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": max_tokens,
+                                                                        "ignore_eos": True}).json()
+            assert out["usage"]["completion_tokens"] == generated
