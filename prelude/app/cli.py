@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_argument_group("model")
     model.add_argument("--model", metavar="DIR",
                        help="local Hugging Face-format model directory (default: the embedded demo model)")
-    model.add_argument("--served-model-name", metavar="NAME",
-                       help="the model name clients send (default: the --model path, or prelude-demo)")
+    model.add_argument("--served-model-name", metavar="NAME", nargs="+",
+                       help="the model name clients send (default: the --model path, or prelude-demo); with "
+                            "several, clients may send any, and answers name the first (as vLLM's)")
     model.add_argument("--dtype", default=d.dtype, choices=_choices("dtype"),
                        help="weight and activation dtype; auto is bf16 on CUDA, fp32 on CPU; on the CPU a "
                             "model computes in fp32 and bfloat16 stores its weights in bf16 (multiplied in bf16 "
@@ -185,6 +186,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     args = parser.parse_args(argv)
     names = {f.name for f in fields(Config)}
     values = {k: v for k, v in vars(args).items() if k in names}
+    served_names = values.pop("served_model_name") or [None]
+    values["served_model_name"], values["served_model_aliases"] = served_names[0], tuple(served_names[1:])
     # An environment variable, not a flag, as vLLM's opt-in is.
     values["allow_long_max_model_len"] = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "0").strip().lower() in (
         "1", "true")

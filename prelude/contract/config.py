@@ -51,6 +51,7 @@ class ConfigError(ValueError):
 class Config:
     model: str | None = None  # None: the embedded demo model
     served_model_name: str | None = None
+    served_model_aliases: tuple[str, ...] = ()  # more names clients may send; answers say served_model_name
     host: str = "127.0.0.1"
     port: int = 8000
     uds: str | None = None  # a Unix domain socket path, served instead of host:port

@@ -34,6 +34,7 @@ from prelude.structured.compiler import GrammarCompiler
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.
 OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/metrics"})
+MODEL_CARDS = "/v1/models/"  # + a served name: OpenAI's models.retrieve
 
 
 class BearerAuth:
@@ -126,15 +127,15 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
     # When the model was loaded, as vLLM reports it (0 read as 1970 in clients that show it).
     loaded_at = int(time.time())
 
-    card = {"id": served.name, "object": "model", "created": loaded_at, "owned_by": "prelude",
-            "root": str(served.path), "parent": None, "max_model_len": served.max_model_len,
-            "capabilities": served.capabilities}
+    cards = {name: {"id": name, "object": "model", "created": loaded_at, "owned_by": "prelude",
+                    "root": str(served.path), "parent": None, "max_model_len": served.max_model_len,
+                    "capabilities": served.capabilities} for name in (served.name, *served.aliases)}
 
     async def models(_: HTTPRequest) -> Response:
-        return json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": list(cards.values())})
 
-    async def model_card(_: HTTPRequest) -> Response:  # OpenAI's GET /v1/models/{id} (models.retrieve)
-        return json_response(card)
+    async def model_card(http: HTTPRequest) -> Response:  # OpenAI's GET /v1/models/{id} (models.retrieve)
+        return json_response(cards[http.scope["path"].removeprefix(MODEL_CARDS)])
 
     # SGLang's worker discovery (sglang-router asks for it): the model's id, and where its
     # tokenizer lives, so a cache-aware router tokenizes as the worker does.
@@ -213,7 +214,7 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         Route("/metrics", metrics_endpoint, ("GET",)),
         Route("/reset_prefix_cache", reset_prefix_cache, ("POST",)),
         Route("/v1/models", models, ("GET",)),
-        Route(f"/v1/models/{served.name}", model_card, ("GET",)),  # another id: 404
+        *(Route(MODEL_CARDS + name, model_card, ("GET",)) for name in cards),  # another id: 404
         *work,
         Route("/tokenize", tokenize, ("POST",)),
         Route("/detokenize", detokenize, ("POST",)),

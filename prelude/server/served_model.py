@@ -27,6 +27,7 @@ class ServedModel:
     # Sampling fields' defaults from generation_config.json (--generation-config auto).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     sentence_transformers: bool = False  # the checkpoint is a sentence-transformers export (modules.json)
+    aliases: tuple[str, ...] = ()  # other names clients may send (--served-model-name's after the first)
 
     @property
     def has_lm_head(self) -> bool:

@@ -75,9 +75,9 @@ class Serving:
         self.max_request_bytes = max_request_bytes
         self._token_texts: dict[int, str] = {}
         self._token_bytes: dict[int, list[int]] = {}
-        # The served name, its path (what /model_info reports as model_path), and "unknown":
+        # The served names, its path (what /model_info reports as model_path), and "unknown":
         # sglang-router's placeholder when a request named no model.
-        self.model_names = frozenset((served.name, str(served.path), "unknown"))
+        self.model_names = frozenset((served.name, *served.aliases, str(served.path), "unknown"))
         self.default_deadline_ms = default_deadline_ms
 
     async def body(self, http: HTTPRequest) -> Body:

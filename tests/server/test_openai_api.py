@@ -21,6 +21,21 @@ def test_health_and_models(server, client):
         client.models.retrieve("another-model")
 
 
+def test_several_served_names_are_each_a_model_clients_may_send(demo_model):
+    """vLLM's --served-model-name takes several names: clients may send any, answers name the
+    first. Prelude's took one, and a launch script passing aliases did not start."""
+    from prelude.app.cli import parse_args
+    from tests.server.harness import ServerThread
+
+    config = parse_args(["--model", str(demo_model), "--served-model-name", "judge", "org/judge-v2"])
+    assert (config.model_name, config.served_model_aliases) == ("judge", ("org/judge-v2",))
+    with ServerThread(config) as srv, openai.OpenAI(base_url=srv.base_url + "/v1", api_key="-") as client:
+        assert [m.id for m in client.models.list().data] == ["judge", "org/judge-v2"]
+        assert client.models.retrieve("org/judge-v2").id == "org/judge-v2"
+        out = client.completions.create(model="org/judge-v2", prompt="hi", max_tokens=2)
+        assert out.model == "judge"
+
+
 def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
     a = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)
     b = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)
