@@ -218,13 +218,21 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         *work,
         Route("/tokenize", tokenize, ("POST",)),
         Route("/detokenize", detokenize, ("POST",)),
-    ], startup, shutdown)
+    ], startup, shutdown, _unknown_model)
     outer: ASGIApp = RefuseWhenFull(router, engine, [(m, r.path) for r in work for m in r.methods])
     if config.api_key:
         outer = BearerAuth(outer, config.api_key)
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
         outer = AccessLog(outer, access_write)  # outside auth: refused keys are logged too
     return EchoRequestId(outer)
+
+
+def _unknown_model(path: str) -> Response | None:
+    """OpenAI's answer to models.retrieve of an id this server does not serve."""
+    if not path.startswith(MODEL_CARDS):
+        return None
+    return APIError(404, f"The model `{path.removeprefix(MODEL_CARDS)}` does not exist.", "model",
+                    "model_not_found").response()
 
 
 async def serve_app(app: ASGIApp, config: Config, shutdown_trigger: ShutdownTrigger,

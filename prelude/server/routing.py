@@ -35,16 +35,19 @@ class Route:
 
 
 class Router:
-    """Serves `routes`; `startup` and `shutdown` run on the ASGI lifespan's events."""
+    """Serves `routes`; `startup` and `shutdown` run on the ASGI lifespan's events. `not_found`
+    answers a path no route names (its own 404 for a family of paths), or gives None."""
 
     def __init__(self, routes: list[Route], startup: Callable[[], Awaitable[None]],
-                 shutdown: Callable[[], Awaitable[None]]):
+                 shutdown: Callable[[], Awaitable[None]],
+                 not_found: Callable[[str], Response | None] = lambda path: None):
         self.endpoints: dict[str, dict[str, Endpoint]] = {}
         for route in routes:
             methods = {*route.methods, "HEAD"} if "GET" in route.methods else set(route.methods)
             self.endpoints.setdefault(route.path, {}).update(dict.fromkeys(methods, route.endpoint))
         self.startup = startup
         self.shutdown = shutdown
+        self.not_found = not_found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -72,7 +75,7 @@ class Router:
         other = path.rstrip("/") if path.endswith("/") else path + "/"
         if path != "/" and other in self.endpoints:
             return RedirectResponse(url=str(URL(scope={**scope, "path": other})))
-        return APIError(404, "Not Found").response()
+        return self.not_found(path) or APIError(404, "Not Found").response()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

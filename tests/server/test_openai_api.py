@@ -17,8 +17,9 @@ def test_health_and_models(server, client):
     # vLLM's fields: created when the model was loaded (it said 0, shown as 1970), and parent
     assert models[0].created > 1_700_000_000 and models[0].model_extra["parent"] is None
     assert client.models.retrieve(server.served.name) == models[0]
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:  # OpenAI's error (it was the router's "Not Found")
         client.models.retrieve("another-model")
+    assert missing.value.body["code"] == "model_not_found" and "another-model" in missing.value.body["message"]
 
 
 def test_several_served_names_are_each_a_model_clients_may_send(demo_model):
