@@ -17,7 +17,7 @@ from prelude.engine.engine import Engine
 from prelude.server import access_log, http_server, metrics
 from prelude.server.access_log import AccessLog
 from prelude.server.admission import Admission
-from prelude.server.errors import APIError, bad_request
+from prelude.server.errors import APIError, bad_request, model_not_found
 from prelude.server.chat import ChatAPI
 from prelude.server.compat import CompatAPI
 from prelude.server.constraints import Grammars
@@ -231,8 +231,7 @@ def _unknown_model(path: str) -> Response | None:
     """OpenAI's answer to models.retrieve of an id this server does not serve."""
     if not path.startswith(MODEL_CARDS):
         return None
-    return APIError(404, f"The model `{path.removeprefix(MODEL_CARDS)}` does not exist.", "model",
-                    "model_not_found").response()
+    return model_not_found(path.removeprefix(MODEL_CARDS)).response()
 
 
 async def serve_app(app: ASGIApp, config: Config, shutdown_trigger: ShutdownTrigger,

@@ -32,3 +32,8 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+def model_not_found(model: str) -> APIError:
+    """OpenAI's answer to a model it does not serve (a request's `model`, models.retrieve)."""
+    return APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")

@@ -21,7 +21,7 @@ from prelude.server import access_log
 from prelude.server.admission import Admission
 from prelude.server.answers import check_count
 from prelude.server.early_refusal import overloaded_error
-from prelude.server.errors import APIError, bad_request
+from prelude.server.errors import APIError, bad_request, model_not_found
 from prelude.server.protocol import Body, header, read_json
 from prelude.server.served_model import ServedModel
 from prelude.server.streaming import engine_error, wait_disconnect
@@ -85,7 +85,7 @@ class Serving:
         http.scope[BODY_KEY] = body  # for log_ignored_fields, once the endpoint has read it
         model = body.str("model")
         if model is not None and model not in self.model_names:
-            raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+            raise model_not_found(model)
         return body
 
     def require_lm_head(self, what: str) -> None:
