@@ -147,27 +147,30 @@ class DecisionAPI(Serving):
         wanted = body.bool("multi_item", len(items) > 1 and short)
         return wanted and self.served.multi_item_scoring and not body.bool("item_first")
 
-    async def _label_inputs(self, body: Body) -> tuple[list[int], list[list[int]]] | None:
-        """Multi-item inputs: the query's ids (with special tokens, for text) and each item's
-        (without): SGLang's shape, each item tokenized on its own. None, where multi-item mode was
-        chosen by default (not asked for), when the per-item rows would score other tokens: a
-        text whose boundary tokenizes otherwise joined (": " then "a" apart, ": " and " a"
-        joined) gave another probability, so adding a long item to a request changed the others'
-        scores; or when they would not fit the context together (one row per item only needs
-        query + item to)."""
+    async def _label_inputs(self, body: Body) -> tuple[tuple[list[int], list[list[int]]] | None,
+                                                      list[list[int]] | None]:
+        """(multi-item inputs, the per-item prompts when finding them out made those). The inputs:
+        the query's ids (with special tokens, for text) and each item's (without), SGLang's shape,
+        each item tokenized on its own. None, where multi-item mode was chosen by default (not
+        asked for), when the per-item rows would score other tokens: a text whose boundary
+        tokenizes otherwise joined (": " then "a" apart, ": " and " a" joined) gave another
+        probability, so adding a long item to a request changed the others' scores; or when they
+        would not fit the context together (one row per item only needs query + item to)."""
         query, items = body.require("query"), body.require("items")
         asked = body.has("multi_item")
         if isinstance(query, str):
             (query_ids,) = await self.encode_items([query], "query")
             item_ids = await self.admission.encode_many(items, add_special_tokens=False)
-            if not asked and await self._label_prompts(body) != [query_ids + ids for ids in item_ids]:
-                return None
+            if not asked:
+                prompts = await self._label_prompts(body)
+                if prompts != [query_ids + ids for ids in item_ids]:
+                    return None, prompts
         else:
             query_ids = self.admission.check_ids(query, "query")
             item_ids = [self.admission.check_ids(item, "items") for item in items]
         if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not asked:
-            return None
-        return query_ids, item_ids
+            return None, None
+        return (query_ids, item_ids), None
 
     def _check_label_shape(self, body: Body) -> None:
         query, items = body.require("query"), body.list("items", nonempty=True)
@@ -205,13 +208,13 @@ class DecisionAPI(Serving):
             label_ids = self._label_ids(body)
             self._check_label_shape(body)
             apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
-            packed = await self._label_inputs(body) if self._use_multi_item(body) else None
+            packed, prompts = await self._label_inputs(body) if self._use_multi_item(body) else (None, None)
             if packed is not None:
                 query, items = packed
                 scores = await self._multi_item_scores(http, rid, query, items, label_ids, apply_softmax, sched)
                 usage = prompt_usage([query + [t for item in items for t in item]])
             else:
-                prompts = await self._label_prompts(body)
+                prompts = prompts or await self._label_prompts(body)
                 scores = await self._label_scores(http, rid, prompts, label_ids, apply_softmax, sched)
                 usage = prompt_usage(prompts)
             return json_response({"scores": scores, "model": self.model_name, "object": "scoring", "usage": usage})
