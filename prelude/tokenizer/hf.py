@@ -18,16 +18,17 @@ class HFTokenizer(Tokenizer):
     def __init__(self, path: str | Path, truncate_at: int | None = None):
         """`truncate_at`: text pairs are cut to that many tokens (HF's longest-first strategy, the
         template's special tokens kept); a single text is cut where its request says (truncate)."""
-        self._tok = _HFTokenizer.from_file(str(path))
+        text = Path(path).read_text(encoding="utf-8")
+        self._tok = _HFTokenizer.from_str(text)
         # Some files bake truncation or padding in (GPT-2's has max_length=50); a server must not.
         self._tok.no_truncation()
         self._tok.no_padding()
         self._pairs = self._tok
         if truncate_at is not None:
-            self._pairs = _HFTokenizer.from_file(str(path))
+            self._pairs = _HFTokenizer.from_str(text)
             self._pairs.enable_truncation(truncate_at)
             self._pairs.no_padding()
-        added = json.loads(Path(path).read_text(encoding="utf-8")).get("added_tokens", [])
+        added = json.loads(text).get("added_tokens", [])
         self._special_ids = special_token_ids(added)
         self._vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
