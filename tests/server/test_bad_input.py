@@ -127,6 +127,7 @@ CASES = [
     ("/v1/score", {"query": "q", "items": ["a", ""], "label_token_ids": [5]}, 400, "items"),
     ("/v1/score", {"query": "", "items": ["a"], "label_token_ids": [5]}, 400, "query"),
     ("/v1/score", {"query": [7], "items": [[8], []], "label_token_ids": [5]}, 400, "items"),
+    ("/embed", {"inputs": "hi", "truncate": True, "truncation_direction": "middle"}, 400, "truncation_direction"),
 ]
 
 
