@@ -74,8 +74,10 @@ class InFlight:
         self._stats.on_finish(work, num_output_tokens, reason, now, tracked.first_token_time)
         if error is not None:
             tracked.stream.put(error)
-        elif reason is FinishReason.ABORT:
-            tracked.stream.put(RequestOutput(work.request.request_id, finished=True, finish_reason=reason))
+        elif reason is FinishReason.ABORT:  # with its counts, which the merged answer and the access log keep
+            tracked.stream.put(RequestOutput(work.request.request_id, finished=True, finish_reason=reason,
+                                             num_prompt_tokens=work.request.num_prompt_tokens,
+                                             num_output_tokens=work.num_output_tokens))
 
     def end_all(self, error: EngineError) -> None:
         for seq_id in list(self._tracked):

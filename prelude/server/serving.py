@@ -243,12 +243,9 @@ class Serving:
             logged.request_id = requests[0].request_id.rpartition("-")[0]
         streams = self.submit_all(requests)
         try:
-            outputs = await self._watching(http, streams, self._collect_all(streams))
+            return await self._watching(http, streams, self._collect_all(streams, logged, n))
         finally:
             self.abort_unfinished(streams)
-        if logged is not None:
-            logged.record(logged.request_id or "", enumerate(outputs), n)
-        return outputs
 
     async def first_outputs(self, http: HTTPRequest, requests: list[Request], streams: list[RequestStream]) -> None:
         """With --shed-late-requests, a stream's 200 waits until each row with a deadline has
@@ -294,10 +291,17 @@ class Serving:
         self.abort_unfinished(streams)
 
     @staticmethod
-    async def _collect_all(streams: list[RequestStream]) -> list[RequestOutput]:
+    async def _collect_all(streams: list[RequestStream], logged: access_log.AccessEntry | None,
+                           n: int) -> list[RequestOutput]:
+        """The rows' merged outputs, logged as they end: also when the client went away, since
+        aborted rows end too, with what they had computed."""
         if len(streams) == 1:  # the usual case: no task per stream
-            return [await streams[0].collect()]
-        return list(await asyncio.gather(*(s.collect() for s in streams)))
+            outputs = [await streams[0].collect()]
+        else:
+            outputs = list(await asyncio.gather(*(s.collect() for s in streams)))
+        if logged is not None:
+            logged.record(logged.request_id or "", enumerate(outputs), n)
+        return outputs
 
     def check_length(self, ids: list[int], param: str, task: Task) -> None:
         """A prompt that only needs one forward must still fit the context."""

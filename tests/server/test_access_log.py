@@ -229,3 +229,28 @@ def test_prompt_tokens_count_once_per_prompt_whatever_n(logged_server, caplog):
     lines = [TEXT.match(str(r.msg)).groupdict() for r in access_records(caplog, 3)]
     assert [int(line["prompt"]) for line in lines] == [u["prompt_tokens"] for u in usages]
     assert [int(line["completion"]) for line in lines] == [u["completion_tokens"] for u in usages]
+
+
+def test_a_whole_answer_the_client_left_is_logged_with_its_tokens(logged_server, caplog):
+    """A non-streamed request whose client left mid-answer: 499 with the tokens computed until
+    the abort (they were logged as prompt=0 completion=0: the rows' outputs never reached the
+    endpoint)."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    body = json.dumps({"prompt": "a long answer", "max_tokens": 200, "ignore_eos": True}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while _generated(url) < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
+    assert fields["status"] == "499" and json.loads(fields["error"]) == "client went away"
+    assert int(fields["prompt"]) > 0 and 1 <= int(fields["completion"]) < 200
+    logged_server.wait_idle()
+
+
+def _generated(url: str) -> float:
+    metrics = httpx.get(url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
