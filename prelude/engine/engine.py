@@ -288,9 +288,15 @@ class Engine:
         rows = len(prefill_rows(step.batch)) + len(decode_rows(step.batch))
         step, failed = self.scheduler.fail_rows(step, set(outcome.failures))
         self.stats.on_step_failure(len(failed))
-        logger.error("a step of %d rows raised; %d request(s) failed alone and were ended: %s", rows, len(failed),
-                     ", ".join(w.request.request_id for w in failed) or "none (the retries passed)",
-                     exc_info=outcome.first_error)
+        names = ", ".join(w.request.request_id for w in failed) or "none (the retries passed)"
+        if failed and all(isinstance(outcome.failures[w.seq_id], GrammarFailed) for w in failed):
+            # A request's own grammar gave out (its client's input, answered 400): no engine fault
+            # to trace, and a traceback per such request would bury the real ones.
+            logger.warning("%d request(s) ended by their own grammar: %s (%s)", len(failed), names,
+                           outcome.failures[failed[0].seq_id])
+        else:
+            logger.error("a step of %d rows raised; %d request(s) failed alone and were ended: %s", rows,
+                         len(failed), names, exc_info=outcome.first_error)
         for work in failed:
             error = outcome.failures[work.seq_id]
             if isinstance(error, GrammarFailed):  # the request's own constraint: a 400
