@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -13,7 +14,7 @@ from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import RequestOutput
 from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
-from prelude.server.chat_prompt import ChatPrompt
+from prelude.server.chat_prompt import ASSISTANT, ChatPrompt, RenderedChat
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
 from prelude.server.protocol import Body
@@ -22,7 +23,7 @@ from prelude.server.answers import json_response, new_id
 from prelude.server.streaming import EventStream, merge, sse
 
 
-REASONING_END = "</think>"
+REASONING_START, REASONING_END = "<think>", "</think>"
 
 
 class ChatAPI(GenerationAPI):
@@ -61,10 +62,12 @@ class ChatAPI(GenerationAPI):
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
         include_usage, continuous_usage = self.stream_usage(body)
-        # The prompt closed the block itself (Qwen3's enable_thinking: false renders an empty one):
-        # the grammar applies from the first token.
-        thinks = self.reasoning_end is not None and not rendered.text.rstrip().endswith(REASONING_END)
+        thinks = self.reasoning_end is not None and opens_in_reasoning(rendered)
         constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None)
+        # A grammar that waits for the reasoning's end constrains only what follows it: the
+        # reasoning goes apart, in reasoning_content (as vLLM's reasoning parsers put it), so
+        # that the content is what the grammar made (it parses, as json_schema promises).
+        split = thinks and constraint.new_state is not None
         rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, constraint, **self.scheduling(http, body))
         if prompt_logprobs is not None:
@@ -76,10 +79,10 @@ class ChatAPI(GenerationAPI):
             streams = self.submit_all(requests)
             await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_chat(rid, created, streams, ids, rendered.role, echo, as_ids, return_ids,
-                                                 include_usage, continuous_usage, access_log.entry(http)),
+                                                 include_usage, continuous_usage, access_log.entry(http), split),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
-        choices = [{"index": i, "message": {"role": rendered.role, "content": echo + out.text},
+        choices = [{"index": i, "message": _message(rendered.role, echo, out.text, split),
                     "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
                     **({"token_ids": out.token_ids} if return_ids else {})}
@@ -106,8 +109,10 @@ class ChatAPI(GenerationAPI):
         return {"content": content}
 
     def _stream_chat(self, rid, created, streams, prompt: list[int], role: str, echo: str, as_ids: bool,
-                     return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None):
+                     return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None,
+                     split: bool):
         finals: dict[int, RequestOutput] = {}
+        reasoning = set(range(len(streams))) if split else set()  # choices still in their reasoning
         prompt_len = len(prompt)
 
         def chunk(choices, **extra):
@@ -126,8 +131,9 @@ class ChatAPI(GenerationAPI):
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
                              for i in range(len(streams))], **usage(0))
             async for index, out in merge(streams):
-                delta = {"content": out.text} if out.text else {}
-                choice = {"index": index, "delta": delta,
+                delta = _reasoning_delta(out.text, index, reasoning) if index in reasoning else \
+                    ({"content": out.text} if out.text else {})
+                choice: dict[str, Any] = {"index": index, "delta": delta,
                           "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": out.finish_reason if out.finished else None}
                 if return_ids:
@@ -139,6 +145,45 @@ class ChatAPI(GenerationAPI):
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
         return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged, len(streams))
+
+
+def opens_in_reasoning(rendered: RenderedChat) -> bool:
+    """Whether the answer starts inside a reasoning block (the chat template writes them), so that
+    its constraint waits for the block's end. Only an assistant reasons. After a generation
+    prompt the block is open unless the prompt closed it (Qwen3's enable_thinking: false renders
+    an empty one); an answer going on with the last message is inside one only where the prompt
+    opened a block it did not close. A prefill after Qwen3's empty block waited for a `</think>`
+    the model never writes, and its answer went unconstrained."""
+    if rendered.role != ASSISTANT:
+        return False
+    text = rendered.text
+    if rendered.generation_prompt:
+        return not text.rstrip().endswith(REASONING_END)
+    return text.rfind(REASONING_START) > text.rfind(REASONING_END)
+
+
+def _message(role: str, echo: str, text: str, split: bool) -> dict:
+    """A whole answer's message; with `split`, its reasoning in reasoning_content and only what
+    follows the block's end in content (null while the block never ended), as vLLM's parsers."""
+    if not split:
+        return {"role": role, "content": echo + text}
+    reasoning, end, content = text.partition(REASONING_END)
+    return {"role": role, "content": echo + content if end or echo else None,
+            "reasoning_content": reasoning.removeprefix(REASONING_START)}
+
+
+def _reasoning_delta(text: str, index: int, reasoning: set[int]) -> dict[str, str]:
+    """A streamed increment of a choice still in its reasoning: the reasoning's part, and the
+    content after the block's end (one token, so never split across increments)."""
+    before, end, after = text.partition(REASONING_END)
+    if end:
+        reasoning.discard(index)
+    delta = {}
+    if before := before.removeprefix(REASONING_START):
+        delta["reasoning_content"] = before
+    if after:
+        delta["content"] = after
+    return delta
 
 
 def _refuse_tool_calls(body: Body) -> None:

@@ -97,6 +97,9 @@ class RenderedChat:
     # What vLLM's chat `echo` puts before the answer: the last message's content when the answer
     # continues it (the same role), else nothing.
     echo: str
+    # Whether the answer starts a turn of its own after the template's generation prompt (else it
+    # goes on with the last message).
+    generation_prompt: bool
 
 
 class ChatPrompt:
@@ -146,8 +149,9 @@ class ChatPrompt:
             raise bad_request(f"invalid chat_template_kwargs: {exc}", "chat_template_kwargs") from None
         last = checked[-1]
         # Truthiness, as the template tests it (chat_template_kwargs may set any JSON value).
-        role = ASSISTANT if options.get("add_generation_prompt") else last["role"]
-        return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "")
+        generation_prompt = bool(options.get("add_generation_prompt"))
+        role = ASSISTANT if generation_prompt else last["role"]
+        return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "", generation_prompt)
 
 
 def _left_open(text: str, final: str) -> str:

@@ -1,6 +1,8 @@
-"""A reasoning model's constraint starts after its reasoning block: on a copy of the demo model
-whose token 0 is `</think>` and whose chat template thinks (Qwen3's shape, enable_thinking
-included), a logit bias makes `</think>` the model's favourite token."""
+"""A reasoning model's constraint starts after its reasoning block, which the answer carries in
+reasoning_content: on a copy of the demo model whose token 0 is `</think>` (not a special token,
+as in Qwen3: its text is in the answer) and whose chat template thinks (Qwen3's shape:
+enable_thinking, and an empty block before an assistant message's content), a logit bias makes
+`</think>` the model's favourite token."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,9 @@ from prelude.contract.config import Config
 from tests.server.harness import ServerThread
 
 END = 0
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['role'] == 'assistant' %}<think>\n\n</think>\n\n{% endif %}{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n"
             "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
             "{% endif %}")
@@ -25,13 +29,13 @@ def thinking(demo_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("thinking") / "model"
     shutil.copytree(demo_model, path)
     tokenizer = json.loads((path / "tokenizer.json").read_text())
-    tokenizer["added_tokens"][END]["content"] = "</think>"
+    tokenizer["added_tokens"][END].update(content="</think>", special=False)
     vocab = tokenizer["model"]["vocab"]
     vocab["</think>"] = vocab.pop("<|endoftext|>")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer))
     config = json.loads((path / "tokenizer_config.json").read_text())
     config.update(chat_template=TEMPLATE, pad_token=None)
-    config["added_tokens_decoder"][str(END)]["content"] = "</think>"
+    config["added_tokens_decoder"][str(END)].update(content="</think>", special=False)
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
     with ServerThread(Config(model=str(path), max_model_len=512, num_kv_blocks=256)) as srv:
@@ -50,7 +54,47 @@ def chat(srv, **body):
 def test_grammar_applies_after_the_reasoning_block(thinking):
     choice = chat(thinking)
     assert choice["token_ids"][0] == END  # the reasoning, unconstrained: the biased token
+    # The content is what the grammar made: it held '</think>123...', which no parser accepts.
     assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
+    assert choice["message"]["reasoning_content"] == ""
+    deltas = streamed(thinking)
+    assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
+    assert not [d for d in deltas if d.get("reasoning_content")]
+
+
+def test_an_unended_reasoning_block_is_all_reasoning(thinking):
+    """Cut off inside its reasoning: no content, as vLLM's parsers answer."""
+    choice = chat(thinking, logit_bias={}, max_tokens=3)
+    assert choice["finish_reason"] == "length" and END not in choice["token_ids"]
+    assert choice["message"]["content"] is None and choice["message"]["reasoning_content"]
+    deltas = streamed(thinking, logit_bias={}, max_tokens=3)
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == choice["message"]["reasoning_content"]
+    assert not [d for d in deltas if "content" in d and d["content"]]
+
+
+def test_an_answer_the_prompt_put_past_the_block_is_constrained_from_its_first_token(thinking):
+    """A prefill after the template's empty block, and an answer going on with a user's message:
+    the constraint waited for a `</think>` that never came, and the answer went unconstrained."""
+    prefill = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "The count: "}]
+    for body in ({"messages": prefill, "add_generation_prompt": False, "continue_final_message": True},
+                 {"add_generation_prompt": False}):
+        choice = chat(thinking, **body)
+        assert END not in choice["token_ids"] and "reasoning_content" not in choice["message"]
+        assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
+    # A prefill that opens a block and leaves it open reasons first.
+    opened = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "<think> hm"}]
+    choice = chat(thinking, messages=opened, add_generation_prompt=False, continue_final_message=True)
+    assert choice["token_ids"][0] == END
+
+
+def streamed(srv, **body) -> list[dict]:
+    body = {"model": srv.served.name, "messages": [{"role": "user", "content": "count"}], "max_tokens": 12,
+            "temperature": 0.0, "logit_bias": {str(END): 100}, "guided_regex": "[0-9]{3,10}", "stream": True,
+            **body}
+    response = httpx.post(srv.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return [json.loads(line[6:])["choices"][0]["delta"] for line in response.text.splitlines()
+            if line.startswith("data: {")]
 
 
 def test_grammar_applies_from_the_first_token_without_thinking(thinking):
