@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prelude.contract.batch import RowResult
 from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.engine.output import FinishReason, RequestMetrics, RequestOutput, RequestStream
+from prelude.engine.request import Task
 from prelude.engine.work import OneShotJob, Sequence, Work
 from prelude.tokenizer import Tokenizer
 
@@ -82,7 +83,12 @@ def advance(tracked: Tracked, result: RowResult,
     out.num_output_tokens = before + len(new_ids)
     if reason is None and sampling.one_token_answer and new_ids:
         reason = FinishReason.STOP
-    elif reason is None and (not request.generates or out.num_output_tokens >= sampling.max_tokens):
+    elif reason is None and not request.generates:
+        # Pooling, classification and label scores end stopped, as vLLM's pooling requests (its
+        # finished_reason metric counted every embedding as "length"); prompt logprobs with
+        # max_tokens 0 reached their length.
+        reason = FinishReason.LENGTH if request.task is Task.GENERATE else FinishReason.STOP
+    elif reason is None and out.num_output_tokens >= sampling.max_tokens:
         reason = FinishReason.LENGTH
     if detok is not None:
         if reason is not None and not isinstance(stop_reason, str):  # not cut at a stop string

@@ -109,3 +109,25 @@ def test_metrics_text_is_valid_exposition(server):
             assert name.endswith("_total"), name
         if kind == "histogram":
             assert {"_bucket+Inf", "_sum", "_count"} <= samples[name], name
+
+
+def _reason_count(text: str, reason: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{") and f'finished_reason="{reason}"' in line)
+
+
+def test_pooling_and_scoring_requests_finish_stopped(server):
+    """vLLM's pooling requests finish "stop"; every embedding, classification and score row here
+    was counted as "length", the reason a dashboard reads as cut-off generations."""
+    url = server.base_url
+    before = httpx.get(url + "/metrics").text
+    httpx.post(url + "/v1/embeddings", json={"input": ["a b", "c d"]}).raise_for_status()
+    httpx.post(url + "/v1/score", json={"query": "q", "items": ["a", "b"], "label_token_ids": [5, 6]}) \
+        .raise_for_status()
+    after = httpx.get(url + "/metrics").text
+    # two embeddings, and the items' rows (packed into one where their tokens allow)
+    assert _reason_count(after, "stop") >= _reason_count(before, "stop") + 3
+    assert _reason_count(after, "length") == _reason_count(before, "length")
+    # prompt logprobs with no token generated reached their length, as in vLLM
+    httpx.post(url + "/v1/completions", json={"prompt": "a b", "max_tokens": 0, "echo": True}).raise_for_status()
+    assert _reason_count(httpx.get(url + "/metrics").text, "length") == _reason_count(after, "length") + 1
