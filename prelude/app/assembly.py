@@ -53,6 +53,14 @@ def default_pooling(model_dir: Path) -> str:
     return "last"
 
 
+def sentence_transformers_prompts(model_dir: Path) -> dict[str, str]:
+    """The named prompts of a sentence-transformers export ("query": "query: " for e5-style
+    models), from its config_sentence_transformers.json."""
+    path = model_dir / "config_sentence_transformers.json"
+    prompts = json.loads(path.read_text()).get("prompts") if path.is_file() else None
+    return {str(name): text for name, text in (prompts or {}).items() if isinstance(text, str)}
+
+
 def resolve_model_dir(config: Config) -> Path:
     if config.model is None:
         from prelude.demo import ensure_demo_model
@@ -135,7 +143,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
                          eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir),
                          sentence_transformers=(model_dir / "modules.json").is_file(),
-                         aliases=config.served_model_aliases)
+                         aliases=config.served_model_aliases, prompts=sentence_transformers_prompts(model_dir))
     done = time.perf_counter()
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 done - start, model_config.architecture, num_blocks, config.block_size, tokenizer.backend)

@@ -34,6 +34,7 @@ from prelude.structured.compiler import GrammarCompiler
 
 # Reachable without the API key: liveness and monitoring, as vLLM leaves them.
 OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/version", "/metrics"})
+TEI_ROOT = "/"  # a constant: the README's route check reads route paths out of this file
 MODEL_CARDS = "/v1/models/"  # + a served name: OpenAI's models.retrieve
 
 
@@ -154,6 +155,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
     async def version(_: HTTPRequest) -> Response:
         return json_response({"version": __version__})
 
+    tei_info = decision.tei_info(__version__, config.max_num_batched_tokens, config.tokenizer_workers)
+
+    async def tei_info_endpoint(_: HTTPRequest) -> Response:
+        return json_response(tei_info)
+
     async def metrics_endpoint(_: HTTPRequest) -> Response:
         return PlainTextResponse(metrics.render(engine.snapshot(), served.name),
                                  media_type="text/plain; version=0.0.4")
@@ -201,9 +207,12 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         ("/v1/classify", decision.classify), ("/pooling", decision.pooling), ("/score", decision.score),
         ("/v1/score", decision.score), ("/rerank", decision.rerank), ("/v1/rerank", decision.rerank),
         ("/embed", decision.tei_embed), ("/predict", decision.tei_predict),
+        # TEI's inference route by model type, where its clients post (SageMaker's name too)
+        (TEI_ROOT, decision.tei_inference), ("/invocations", decision.tei_inference),
         ("/v2/embed", decision.cohere_embed), ("/v2/rerank", decision.cohere_rerank))]
     router = Router([
         Route("/health", health, ("GET",)),
+        Route("/info", tei_info_endpoint, ("GET",)),  # TEI's
         Route("/ping", ping, ("GET", "POST")),
         Route("/ready", ready, ("GET",)),
         Route("/version", version, ("GET",)),

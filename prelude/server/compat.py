@@ -76,8 +76,8 @@ class CompatAPI(DecisionAPI):
     # -- TEI --------------------------------------------------------------------------------
     async def tei_embed(self, http: HTTPRequest) -> Response:
         """TEI /embed: `inputs` (string or strings), `normalize`, `truncate` (from
-        `truncation_direction`'s end, Right by default), `dimensions`; answers a bare array of
-        embeddings. Without `truncate`, an over-long input is a 400."""
+        `truncation_direction`'s end, Right by default), `dimensions`, `prompt_name`; answers a
+        bare array of embeddings. Without `truncate`, an over-long input is a 400."""
         body = await self.body(http)
         texts = _texts(body, "inputs")
         truncate = body.bool("truncate")
@@ -86,6 +86,13 @@ class CompatAPI(DecisionAPI):
             raise bad_request("'truncation_direction' must be Left or Right", "truncation_direction")
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
+        prompt_name = body.str("prompt_name")
+        if prompt_name is not None:  # a named prompt of the sentence-transformers export, put before each text
+            prompts = self.served.prompts
+            if prompt_name not in prompts:
+                raise bad_request(f"'prompt_name' {prompt_name!r} is not one of the model's prompts "
+                                  f"({', '.join(map(repr, prompts)) or 'it has none'})", "prompt_name")
+            texts = [prompts[prompt_name] + text for text in texts]
         vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts,
                                              self.served.max_model_len if truncate else None, direction,
                                              normalize and dimensions is None)
@@ -142,6 +149,36 @@ class CompatAPI(DecisionAPI):
             ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
             answers.append([{"label": labels.get(i, f"LABEL_{i}"), "score": scores[i]} for i in ranked])
         return json_response(answers[0] if single else answers)
+
+    @property
+    def tei_model_type(self) -> str:
+        """What TEI serves this model as: a classifier of one label is a reranker."""
+        if self.served.has_classifier:
+            return "reranker" if self.served.config.num_labels == 1 else "classifier"
+        return "embedding"
+
+    async def tei_inference(self, http: HTTPRequest) -> Response:
+        """TEI's POST / (and SageMaker's /invocations), where huggingface_hub's InferenceClient
+        posts: /rerank on a reranker, /predict on another classifier, /embed on any other model."""
+        kind = self.tei_model_type
+        if kind == "reranker":
+            return await self.rerank(http)
+        if kind == "classifier":
+            return await self.tei_predict(http)
+        return await self.tei_embed(http)
+
+    def tei_info(self, version: str, max_batch_tokens: int, tokenization_workers: int) -> dict:
+        """TEI's GET /info: the model and the server's limits, in its field names."""
+        kind = self.tei_model_type
+        labels = {str(i): label for i, label in self.served.config.id2label.items()}
+        about = {"pooling": self.served.pooling} if kind == "embedding" else \
+            {"id2label": labels, "label2id": {label: int(i) for i, label in labels.items()}}
+        return {"model_id": self.served.name, "model_sha": None,
+                "model_dtype": self.served.config.checkpoint_dtype or "float32", "model_type": {kind: about},
+                "max_concurrent_requests": None, "max_input_length": self.served.max_model_len,
+                "max_batch_tokens": max_batch_tokens, "max_batch_requests": None,
+                "max_client_batch_size": MAX_ITEMS, "auto_truncate": False,
+                "tokenization_workers": tokenization_workers, "version": version, "sha": None, "docker_label": None}
 
     # -- Cohere v2 --------------------------------------------------------------------------
     async def cohere_embed(self, http: HTTPRequest) -> Response:

@@ -28,6 +28,9 @@ class ServedModel:
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     sentence_transformers: bool = False  # the checkpoint is a sentence-transformers export (modules.json)
     aliases: tuple[str, ...] = ()  # other names clients may send (--served-model-name's after the first)
+    # A sentence-transformers export's named prompts (config_sentence_transformers.json), which
+    # TEI's prompt_name puts before a text.
+    prompts: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_lm_head(self) -> bool:

@@ -13,7 +13,7 @@ from tests.server import test_decision_api
 from tests.server.test_decision_api import LABELS, post
 
 # test_decision_api's module-scoped fixtures, found by pytest under these names.
-lm, classifier = test_decision_api.lm, test_decision_api.classifier
+lm, classifier, reward = test_decision_api.lm, test_decision_api.classifier, test_decision_api.reward
 
 TEXTS = ["a paged KV cache", "the weather is nice today", "blocks of sixteen tokens"]
 
@@ -85,6 +85,29 @@ def test_tei_embed_rerank_and_truncate(lm):
                                                         "return_text": True}).json()
     assert [r["text"] for r in ranked] == [TEXTS[r["index"]] for r in ranked]
     assert ranked == sorted(ranked, key=lambda r: -r["score"])
+
+
+def test_tei_inference_route_and_info_follow_the_model_type(lm, classifier, reward):
+    """TEI's POST / (where huggingface_hub's InferenceClient posts) and SageMaker's /invocations
+    answer as /embed, /predict or /rerank by the model, as TEI routes them; they were 404s."""
+    for route in ("/", "/invocations"):
+        srv, _ = lm
+        vectors = httpx.post(srv.base_url + route, json={"inputs": TEXTS}).json()
+        embedded = httpx.post(srv.base_url + "/embed", json={"inputs": TEXTS}).json()
+        assert [v == pytest.approx(e, abs=REPEAT_ABS) for v, e in zip(vectors, embedded)] == [True] * 3
+        srv, _ = classifier
+        assert httpx.post(srv.base_url + route, json={"inputs": "great movie"}).json()[0]["label"] in LABELS.values()
+        srv, _ = reward  # one label: a reranker
+        ranked = httpx.post(srv.base_url + route, json={"query": "KV cache?", "texts": TEXTS}).json()
+        assert sorted(r["index"] for r in ranked) == [0, 1, 2]
+    kinds = []
+    for srv, _ in (lm, classifier, reward):
+        info = httpx.get(srv.base_url + "/info").json()
+        assert info["model_id"] == srv.served.name and info["max_input_length"] == srv.served.max_model_len
+        kinds.append(next(iter(info["model_type"])))
+    assert kinds == ["embedding", "classifier", "reranker"]
+    assert httpx.get(classifier[0].base_url + "/info").json()["model_type"]["classifier"]["id2label"] == \
+        {str(i): label for i, label in LABELS.items()}
 
 
 def test_tei_predict_single_pair_and_batch(classifier):

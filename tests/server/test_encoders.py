@@ -3,6 +3,7 @@ package) embed as sentence-transformers embeds them; random-weight cross-encoder
 ModernBERT) score pairs as transformers scores them; generation is refused with a 400."""
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -59,6 +60,31 @@ def test_embeddings_equal_sentence_transformers_on_the_real_model(minilm, minilm
     for ours in (batch, singles):
         assert len(ours[0]) == 384
         assert min(_cosines(ours, reference)) >= 0.99999
+
+
+def test_tei_prompt_name_puts_the_exports_named_prompt_before_each_text(minilm, tmp_path):
+    """TEI's prompt_name (huggingface_hub sends it) picks one of the export's named prompts, as
+    sentence-transformers' encode(prompt_name=...) does; it was ignored, and e5-style query
+    vectors came back as the plain text's. A name the export lacks is a 400, as in TEI."""
+    st = pytest.importorskip("sentence_transformers")
+    model = tmp_path / "minilm-prompts"
+    model.mkdir()
+    for item in minilm.iterdir():
+        if item.name != "config_sentence_transformers.json":
+            (model / item.name).symlink_to(item)
+    (model / "config_sentence_transformers.json").write_text(json.dumps(
+        {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}))
+    texts = TEXTS[:3]
+    reference = st.SentenceTransformer(str(model), device="cpu").encode(texts, prompt_name="query",
+                                                                          normalize_embeddings=True)
+    with ServerThread(Config(model=str(model))) as srv:
+        ours = post(srv, "/embed", inputs=texts, prompt_name="query").json()
+        plain = post(srv, "/embed", inputs=texts).json()
+        unknown = post(srv, "/embed", inputs=texts, prompt_name="document")
+    assert min(_cosines(ours, reference)) >= 0.99999
+    assert max(_cosines(plain, reference)) < 0.999
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "prompt_name"
+    assert "'query', 'passage'" in unknown.json()["error"]["message"]
 
 
 def test_bfloat16_embeds_within_the_stated_cosine_of_sentence_transformers(minilm):
