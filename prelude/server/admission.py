@@ -189,7 +189,10 @@ class Admission:
                     raise bad_request(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias") from None
                 if not 0 <= token < self.vocab_size:
                     raise bad_request(f"'logit_bias' token {token} is not in [0, {self.vocab_size})", "logit_bias")
-                items.append((token, bias.float(key, lo=-100.0, hi=100.0)))
+                value = bias.float(key, lo=-100.0, hi=100.0)
+                if value is None:  # read as absent, it reached the sampler as NaN and forced its token
+                    raise bias.invalid(key, "must be a number, got null")
+                items.append((token, value))
             logit_bias = tuple(items)
         # top_k: -1 or 0 turn the cut off; a cut wider than the vocabulary is no cut (clamped).
         defaults = self.defaults

@@ -48,6 +48,8 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 500}}, 400, "logit_bias.5"),
+    # read as absent, a null bias reached the sampler as NaN and forced its token, 200
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": None, "6": 2}}, 400, "logit_bias.5"),
     (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 5.0}, 400, "frequency_penalty"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
     (COMPLETIONS, {"prompt": "hi", "max_tokens": 1, "allowed_token_ids": []}, 400, "allowed_token_ids"),
