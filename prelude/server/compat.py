@@ -3,8 +3,6 @@ TEI's /embed, /rerank (with `texts`) and /predict, and Cohere's v2 /v2/embed and
 Each answers in its own server's response shape."""
 from __future__ import annotations
 
-import math
-
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
@@ -105,10 +103,8 @@ class CompatAPI(DecisionAPI):
         if not query:
             raise bad_request("'query' must be a non-empty string", "query")
         texts = _texts(body, "texts")
-        relevance, _ = await self._relevance_scores(http, new_id("rerank", http), [query] * len(texts), texts, body)
-        raw = body.bool("raw_scores")
-        if raw:  # the logit the probability came from
-            relevance = [math.log(max(p, 1e-45) / max(1 - p, 1e-45)) for p in relevance]
+        relevance, _ = await self._relevance_scores(http, new_id("rerank", http), [query] * len(texts), texts, body,
+                                                    raw=body.bool("raw_scores"))
         return_text = body.bool("return_text")
         results = []
         for i in sorted(range(len(texts)), key=lambda i: -relevance[i]):

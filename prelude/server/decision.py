@@ -14,7 +14,7 @@ from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
-from prelude.server.scores import matryoshka, packed_float32, pair_relevance, required, sigmoid, softmax
+from prelude.server.scores import matryoshka, packed_float32, pair_logit, pair_relevance, required, sigmoid, softmax
 from prelude.server.answers import check_count, json_response, new_id, prompt_usage
 from prelude.server.serving import MAX_ITEMS, Serving
 
@@ -244,14 +244,15 @@ class DecisionAPI(Serving):
         return first, second
 
     async def _relevance_scores(self, http, rid: str, queries: list[str], documents: list[str],
-                                body: Body) -> tuple[list[float], list[list[int]]]:
-        """Each pair's relevance, as ServedModel.pair_scoring says, and the prompts it ran."""
+                                body: Body, raw: bool = False) -> tuple[list[float], list[list[int]]]:
+        """Each pair's relevance, as ServedModel.pair_scoring says, and the prompts it ran. `raw`
+        (TEI's raw_scores): a probability's logit instead (a cosine stays a cosine)."""
         if self.served.pair_scoring == "embedding":
             return await self._embedding_similarities(http, rid, queries, documents, body)
         if self.served.pair_scoring == "cross-encoder":  # the pair through the classification head
             prompts = await self.admission.encode_pairs(queries, documents)
             scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
-            return [pair_relevance(s) for s in scores], prompts
+            return [pair_logit(s) if raw else pair_relevance(s) for s in scores], prompts
         self.require_lm_head("scoring")
         yes, no = self.tokenizer.token_to_id("yes"), self.tokenizer.token_to_id("no")
         if yes is None or no is None:
@@ -261,6 +262,8 @@ class DecisionAPI(Serving):
         prompts = await self.admission.encode_many(texts, add_special_tokens=judge.add_special_tokens)
         scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body),
                                           param="documents")
+        if raw:
+            return [math.log(max(s[1], 1e-300)) - math.log(max(s[0], 1e-300)) for s in scores], prompts
         return [s[1] for s in scores], prompts
 
     async def _embedding_similarities(self, http, rid: str, queries: list[str], documents: list[str],
@@ -272,7 +275,9 @@ class DecisionAPI(Serving):
         rows = self._rows(rid, prompts, task=Task.EMBED, param="documents", pooling=self.served.pooling,
                           normalize=True, **self.scheduling(http, body))
         vectors = dict(zip(texts, (required(out.pooled) for out in await self.collect(http, rows))))
-        return [sum(a * b for a, b in zip(vectors[q], vectors[d])) for q, d in zip(queries, documents)], prompts
+        # In [-1, 1]: unit vectors' float32 rounding put an identical pair at 1.0000000578.
+        return [max(-1.0, min(1.0, sum(a * b for a, b in zip(vectors[q], vectors[d]))))
+                for q, d in zip(queries, documents)], prompts
 
     # -- /rerank, /v1/rerank ----------------------------------------------------------------
     async def rerank(self, http: HTTPRequest) -> Response:

@@ -33,6 +33,17 @@ def pair_relevance(logits: list[float]) -> float:
     return sigmoid(logits[0]) if len(logits) == 1 else softmax(logits)[1]
 
 
+def pair_logit(logits: list[float]) -> float:
+    """The logit pair_relevance's probability comes from (TEI's raw_scores): the single logit,
+    else label 1's log-odds against the other labels, computed without the probability's
+    rounding (a confident pair's sigmoid is 1.0 in a double, whose log-odds are infinite)."""
+    if len(logits) == 1:
+        return logits[0]
+    rest = logits[:1] + logits[2:]
+    top = max(rest)
+    return logits[1] - top - math.log(sum(math.exp(x - top) for x in rest))
+
+
 def matryoshka(vector: list[float], dimensions: int | None, normalize: bool) -> list[float]:
     """The leading `dimensions` of an embedding, renormalized when `normalize` (vLLM's
     `dimensions`, Cohere's `output_dimension`), in float32 like every other embedding the server

@@ -110,6 +110,20 @@ def test_tei_inference_route_and_info_follow_the_model_type(lm, classifier, rewa
         {str(i): label for i, label in LABELS.items()}
 
 
+def test_tei_rerank_raw_scores_are_the_logits_behind_the_scores(lm, reward):
+    """raw_scores: the logit each probability came from (the reward head's own logit, the judge
+    prompt's log-odds of yes), computed from the logits: the probability's log-odds, rounded to
+    1.0 for a confident pair, read +103.6 whatever the logit."""
+    import math
+
+    for srv, _ in (lm, reward):
+        body = {"query": "KV cache?", "texts": TEXTS}
+        scores = {r["index"]: r["score"] for r in httpx.post(srv.base_url + "/rerank", json=body).json()}
+        raw = {r["index"]: r["score"] for r in httpx.post(srv.base_url + "/rerank",
+                                                          json={**body, "raw_scores": True}).json()}
+        assert {i: 1 / (1 + math.exp(-x)) for i, x in raw.items()} == pytest.approx(scores, abs=REPEAT_ABS)
+
+
 def test_tei_predict_single_pair_and_batch(classifier):
     srv, _ = classifier
     single = httpx.post(srv.base_url + "/predict", json={"inputs": "great movie"}).json()

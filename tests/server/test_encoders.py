@@ -62,6 +62,18 @@ def test_embeddings_equal_sentence_transformers_on_the_real_model(minilm, minilm
         assert min(_cosines(ours, reference)) >= 0.99999
 
 
+def test_embedding_relevance_is_a_cosine_within_one_raw_or_not(minilm_server):
+    """A bi-encoder's relevance is the cosine of the two embeddings: TEI's raw_scores returned
+    its log-odds as if it were a probability (-0.011 read -103.6), and an identical pair's
+    float32 rounding scored 1.0000000578."""
+    body = {"query": DOCUMENTS[0], "texts": DOCUMENTS}
+    scores = {r["index"]: r["score"] for r in post(minilm_server, "/rerank", **body).json()}
+    raw = {r["index"]: r["score"] for r in post(minilm_server, "/rerank", **body, raw_scores=True).json()}
+    assert raw == scores and scores[0] == pytest.approx(1.0) and all(-1 <= s <= 1 for s in scores.values())
+    ranked = post(minilm_server, "/v1/rerank", query=DOCUMENTS[0], documents=DOCUMENTS).json()["results"]
+    assert all(-1 <= r["relevance_score"] <= 1 for r in ranked)
+
+
 def test_tei_prompt_name_puts_the_exports_named_prompt_before_each_text(minilm, tmp_path):
     """TEI's prompt_name (huggingface_hub sends it) picks one of the export's named prompts, as
     sentence-transformers' encode(prompt_name=...) does; it was ignored, and e5-style query
