@@ -64,9 +64,11 @@ class Admission:
             self._embeddable(ids)
         return encoded
 
-    async def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
-        """Text pairs (a cross-encoder's query and document), each as one sequence."""
-        encode = partial(self.tokenizer.encode_pairs, firsts, seconds)
+    async def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str],
+                           limit: int | None = None) -> list[list[int]]:
+        """Text pairs (a cross-encoder's query and document), each as one sequence (of at most
+        `limit` tokens, cut longest first)."""
+        encode = partial(self.tokenizer.encode_pairs, firsts, seconds, limit)
         encoded = encode() if sum(map(len, firsts)) + sum(map(len, seconds)) < INLINE_CHARS else \
             await self.offload(encode)
         for ids in encoded:

@@ -7,7 +7,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.engine.request import Task
-from prelude.server.decision import DecisionAPI, requested_top_n
+from prelude.server.relevance import RelevanceAPI, requested_top_n
 from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
@@ -48,7 +48,7 @@ def _cohere_embedding(vector: list[float], kind: str) -> list | str:
     return packed_float32(vector)
 
 
-class CompatAPI(DecisionAPI):
+class CompatAPI(RelevanceAPI):
     async def _embed_texts(self, http: HTTPRequest, rid: str, body: Body, texts: list[str], limit: int | None,
                            side: str | None, normalize: bool, refuse_over: int | None = None
                            ) -> tuple[list[list[float]], list[list[int]]]:

@@ -16,6 +16,20 @@ class DecodeStep(NamedTuple):
     read_offset: int
 
 
+def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """How many tokens each text of a pair keeps within `budget`, as HF tokenizers' longest-first
+    truncation keeps them: the longer is cut, down to the shorter's length at most, and where
+    that is not enough both are cut to half the budget."""
+    if n1 + n2 <= budget:
+        return n1, n2
+    short, long = min(n1, n2), max(n1, n2)
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short = budget // 2
+        long = short + budget % 2
+    return (long, short) if n1 > n2 else (short, long)
+
+
 class Tokenizer(ABC):
     """Encode/decode for one immutable tokenizer.json. Implementations are reentrant:
     any number of threads may call any method at once."""
@@ -43,11 +57,22 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [self.encode(text, add_special_tokens) for text in texts]
 
-    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None) -> list[list[int]]:
         """Text pairs, each as one sequence (a cross-encoder's query and document), by the file's
         pair template where the backend applies it ([CLS] A [SEP] B [SEP] for BERT); else the
-        first text with its special tokens followed by the second without."""
-        return [self.encode(a) + self.encode(b, add_special_tokens=False) for a, b in zip(firsts, seconds)]
+        first text with its special tokens followed by the second without. `limit`: each pair
+        cut to at most that many tokens, the longer text first (HF's longest-first truncation),
+        its special tokens kept."""
+        pairs = []
+        for a, b in zip(firsts, seconds):
+            first, second = self.encode(a), self.encode(b, add_special_tokens=False)
+            if limit is not None and len(first) + len(second) > limit:
+                head, tail = self._template_ends
+                text = first[head:len(first) - tail]
+                n1, n2 = longest_first(len(text), len(second), max(limit - head - tail, 0))
+                first, second = first[:head] + text[:n1] + first[len(first) - tail:], second[:n2]
+            pairs.append(first + second)
+        return pairs
 
     def truncate(self, ids: list[int], limit: int, side: str) -> list[int]:
         """One text's ids, encoded with its special tokens, cut to at most `limit` from `side`

@@ -9,7 +9,7 @@ from typing import Sequence
 from tokenizers import Tokenizer as _HFTokenizer
 
 from prelude._fasttoken.plan import special_token_ids
-from prelude.tokenizer.base import Tokenizer
+from prelude.tokenizer.base import Tokenizer, longest_first
 
 
 class HFTokenizer(Tokenizer):
@@ -38,8 +38,21 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
-    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._pairs.encode_batch(list(zip(firsts, seconds)))]
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None) -> list[list[int]]:
+        if limit is None:
+            return [e.ids for e in self._pairs.encode_batch(list(zip(firsts, seconds)))]
+        # A request's own limit: each text encoded alone, cut as the file's longest-first
+        # truncation would cut it at that length, then joined by its pair template.
+        processor = self._tok.post_processor
+        budget = max(limit - (processor.num_special_tokens_to_add(True) if processor is not None else 0), 0)
+        pairs = []
+        for a, b in zip(firsts, seconds):
+            first, second = self._tok.encode(a, add_special_tokens=False), self._tok.encode(b, add_special_tokens=False)
+            n1, n2 = longest_first(len(first.ids), len(second.ids), budget)
+            first.truncate(n1)
+            second.truncate(n2)
+            pairs.append(self._tok.post_process(first, second, add_special_tokens=True).ids)
+        return pairs
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

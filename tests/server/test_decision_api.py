@@ -266,6 +266,27 @@ def test_generative_rerank_uses_yes_no_probability(lm):
         assert "document" not in result
 
 
+def test_generative_rerank_cuts_a_long_document_to_truncate_prompt_tokens(lm):
+    """vLLM's truncate_prompt_tokens: a judge prompt past it keeps its frame and query and cuts
+    its document's end; the field was ignored, and a document past the context failed the whole
+    rerank with a 400 the client had asked to avoid."""
+    srv, _ = lm
+    long_document = "blocks of cached keys and values " * 400
+    body = {"query": "what is a KV cache?", "documents": [long_document, "a recipe for soup"]}
+    assert post(srv, "/v1/rerank", **body).status_code == 400
+    whole = post(srv, "/v1/rerank", query=body["query"], documents=body["documents"][1:]).json()
+    short = whole["usage"]["prompt_tokens"]  # the soup's prompt, which fits either limit
+    for limit in (-1, short + 50):
+        answer = post(srv, "/v1/rerank", **body, truncate_prompt_tokens=limit)
+        assert answer.status_code == 200, answer.text
+        kept = srv.served.max_model_len if limit == -1 else limit
+        assert kept - 4 <= answer.json()["usage"]["prompt_tokens"] - short <= kept
+        soup = next(r for r in answer.json()["results"] if r["index"] == 1)
+        assert soup["relevance_score"] == pytest.approx(whole["results"][0]["relevance_score"], abs=1e-6)
+    too_short = post(srv, "/v1/rerank", **body, truncate_prompt_tokens=10)
+    assert too_short.status_code == 400 and too_short.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v2/rerank"])
 def test_rerank_top_n_zero_means_all(lm, path):
     """vLLM's rerank schema defaults top_n to 0, meaning every document, and clients built on it

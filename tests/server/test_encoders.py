@@ -187,15 +187,16 @@ def cross_encoder(request, minilm, tmp_path_factory):
         yield srv, path
 
 
-def _reference_scores(path: Path, pairs: list[tuple[str, str]]) -> list[float]:
+def _reference_scores(path: Path, pairs: list[tuple[str, str]], max_length: int | None = None) -> list[float]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = load_reference(path)
     scores = []
+    cut = {"truncation": True, "max_length": max_length} if max_length else {}
     with torch.inference_mode():
         for query, document in pairs:
-            encoded = tokenizer(query, document, return_tensors="pt")
+            encoded = tokenizer(query, document, return_tensors="pt", **cut)
             if model.config.model_type != "bert":  # one token type: the ids are all 0 there anyway
                 encoded.pop("token_type_ids", None)
             scores.append(1 / (1 + math.exp(-float(model(**encoded).logits[0, 0]))))
@@ -211,3 +212,26 @@ def test_cross_encoder_scores_pairs_as_transformers_does(cross_encoder):
     assert [r["index"] for r in ranked] == sorted(range(3), key=lambda i: -expected[i])
     (predicted,) = post(srv, "/predict", inputs=[QUERY, DOCUMENTS[0]]).json()
     assert predicted["score"] == pytest.approx(expected[0], abs=1e-5)
+
+
+def test_truncate_prompt_tokens_cuts_pairs_as_the_tokenizer_cuts_them(cross_encoder, minilm_server):
+    """vLLM's truncate_prompt_tokens on /v1/score and /v1/rerank: a cross-encoder's pair is cut
+    longest first, as the HF tokenizer truncates a pair to max_length; a bi-encoder's texts each
+    keep their first k tokens. The field was ignored on both routes."""
+    srv, path = cross_encoder
+    long_document = "Paged attention keeps the KV cache in fixed-size blocks of tokens. " * 6
+    for limit in (12, 40, 64):
+        expected = _reference_scores(path, [(QUERY, long_document), (QUERY, DOCUMENTS[1])], max_length=limit)
+        answer = post(srv, "/v1/score", text_1=QUERY, text_2=[long_document, DOCUMENTS[1]],
+                      truncate_prompt_tokens=limit).json()
+        assert [d["score"] for d in answer["data"]] == pytest.approx(expected, abs=1e-5)
+        assert answer["usage"]["prompt_tokens"] <= 2 * limit
+    ranked = post(srv, "/v1/rerank", query=QUERY, documents=[long_document], truncate_prompt_tokens=12).json()
+    assert ranked["results"][0]["relevance_score"] == pytest.approx(
+        _reference_scores(path, [(QUERY, long_document)], max_length=12)[0], abs=1e-5)
+    # a bi-encoder: each text's first 8 tokens ([CLS] ... [SEP]), as /v1/embeddings cuts them
+    vectors = [d["embedding"] for d in post(minilm_server, "/v1/embeddings", input=[QUERY, long_document],
+                                            truncate_prompt_tokens=8).json()["data"]]
+    scores = post(minilm_server, "/v1/score", text_1=QUERY, text_2=long_document, truncate_prompt_tokens=8).json()
+    assert scores["data"][0]["score"] == pytest.approx(sum(a * b for a, b in zip(*vectors)), abs=1e-5)
+    assert scores["usage"]["prompt_tokens"] == 16
