@@ -36,9 +36,10 @@ from prelude.tokenizer.chat import ChatTemplate, special_token_text, tokenizer_c
 
 logger = logging.getLogger(__name__)
 
-def default_pooling(model_dir: Path) -> str:
+def default_pooling(model_dir: Path, encoder: bool) -> str:
     """A sentence-transformers export says how it pools (modules.json -> Pooling config);
-    otherwise decoder embedders (Qwen3-Embedding style) pool the last token."""
+    otherwise an encoder pools its [CLS] token, as vLLM's BERT-family embedding models do (its
+    last token is the closing [SEP]), and a decoder embedder (Qwen3-Embedding style) its last."""
     modules = model_dir / "modules.json"
     if modules.is_file():
         for module in json.loads(modules.read_text()):
@@ -50,7 +51,7 @@ def default_pooling(model_dir: Path) -> str:
                                       ("pooling_mode_cls_token", "cls")):
                         if modes.get(key):
                             return name
-    return "last"
+    return "cls" if encoder else "last"
 
 
 def sentence_transformers_prompts(model_dir: Path) -> dict[str, str]:
@@ -137,7 +138,7 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                     on_ready=on_ready)
     served = ServedModel(config.model_name, model_dir, model_config, tokenizer, ChatTemplate.from_dir(model_dir),
                          max_model_len, num_blocks * config.block_size,
-                         config.pooling or default_pooling(model_dir),
+                         config.pooling or default_pooling(model_dir, model_config.encoder is not None),
                          multi_item_scoring=config.multi_item_scoring and setup.supports_items
                          and not config.disable_oneshot,
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--cpu-threads", type=int, metavar="N",
                        help="compute threads of the CPU executor (default: one per core)")
     model.add_argument("--pooling", choices=_choices("pooling"),
-                       help="embedding pooling (default: the checkpoint's modules.json, else last)")
+                       help="embedding pooling (default: the checkpoint's modules.json, else last; cls for encoders)")
     model.add_argument("--executor", default=d.executor, choices=_choices("executor"),
                        help="null: fixed logits, no model work (CPU-cost benchmarks)")
     model.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")

@@ -235,3 +235,19 @@ def test_truncate_prompt_tokens_cuts_pairs_as_the_tokenizer_cuts_them(cross_enco
     scores = post(minilm_server, "/v1/score", text_1=QUERY, text_2=long_document, truncate_prompt_tokens=8).json()
     assert scores["data"][0]["score"] == pytest.approx(sum(a * b for a, b in zip(*vectors)), abs=1e-5)
     assert scores["usage"]["prompt_tokens"] == 16
+
+
+def test_an_encoder_without_a_pooling_module_embeds_its_cls_token(minilm, tmp_path):
+    """A bare BertModel checkpoint (no modules.json) pooled its last token, the closing [SEP],
+    whose state says little about the text; vLLM's BERT-family embedding models pool [CLS]."""
+    path = make_checkpoint(tmp_path / "bert", "bert", head="Model", vocab_size=30522)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(minilm / name, path / name)
+    from transformers import AutoTokenizer
+
+    encoded = AutoTokenizer.from_pretrained(str(path))(TEXTS[:3], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        cls = load_reference(path)(**encoded).last_hidden_state[:, 0]
+    with ServerThread(Config(model=str(path))) as srv:
+        ours = [d["embedding"] for d in post(srv, "/v1/embeddings", input=TEXTS[:3]).json()["data"]]
+    assert min(_cosines(ours, cls.tolist())) > 0.99999
