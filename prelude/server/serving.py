@@ -84,7 +84,7 @@ class Serving:
         body = await read_json(http, self.max_request_bytes)
         http.scope[BODY_KEY] = body  # for log_ignored_fields, once the endpoint has read it
         model = body.str("model")
-        if model is not None and model not in self.model_names:
+        if model and model not in self.model_names:  # "" names the served model, as in vLLM
             raise model_not_found(model)
         return body
 

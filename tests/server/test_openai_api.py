@@ -20,6 +20,11 @@ def test_health_and_models(server, client):
     with pytest.raises(openai.NotFoundError) as missing:  # OpenAI's error (it was the router's "Not Found")
         client.models.retrieve("another-model")
     assert missing.value.body["code"] == "model_not_found" and "another-model" in missing.value.body["message"]
+    # An empty name is the served model, as vLLM reads it (clients that leave the field blank)
+    answer = client.completions.create(model="", prompt="hi", max_tokens=1)
+    assert answer.model == server.served.name
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="another-model", prompt="hi", max_tokens=1)
 
 
 def test_several_served_names_are_each_a_model_clients_may_send(demo_model):
