@@ -66,6 +66,10 @@ def served_runner_setup(config: Config, model_dir: Path, model_config: ModelConf
                         max_model_len: int) -> RunnerSetup:
     """The runner a model is served on: the one without torch where it takes the model, else the
     torch runner."""
+    from prelude.model.checkpoint_arrays import checkpoint_files
+    from prelude.model.weight_shapes import check_decoder_checkpoint
+
+    check_decoder_checkpoint(model_config, checkpoint_files(model_dir))
     return (host_runner_setup(config, model_dir, model_config, max_model_len)
             or model_runner_setup(config, model_dir, model_config, max_model_len))
 

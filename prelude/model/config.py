@@ -87,8 +87,12 @@ class ModelConfig:
             return cls._encoder(raw, architecture, family, head, sep_id)
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModel(f"hidden_act {raw['hidden_act']!r} is not supported (only silu)")
+        problem = _sliding_window(raw)
+        if problem is not None:
+            raise UnsupportedModel(problem)
         num_heads = raw["num_attention_heads"]
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+        # transformers' Qwen3Config defaults head_dim to 128, not hidden_size / heads
+        head_dim = raw.get("head_dim") or (128 if family == "qwen3" else raw["hidden_size"] // num_heads)
         return cls(
             architecture=architecture,
             family=family,
@@ -206,6 +210,24 @@ def _split_architecture(architecture: str | None) -> tuple[str, str] | None:
                 if architecture == prefix + head:
                     return family, head
     return None
+
+
+def _sliding_window(raw: dict[str, Any]) -> str | None:
+    """Why a config's attention is not this server's (full causal attention on every layer): a
+    sliding window on some layers, as transformers reads `layer_types`, else Qwen2/Qwen3's
+    use_sliding_window from max_window_layers on. Served with full attention, a prompt past the
+    window got other numbers from its first token beyond it."""
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list):
+        windowed = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
+    elif raw.get("use_sliding_window") and raw.get("sliding_window"):
+        windowed = list(range(raw.get("max_window_layers", 0), raw["num_hidden_layers"]))
+    else:
+        windowed = []
+    if not windowed:
+        return None
+    return (f"sliding-window attention (window {raw.get('sliding_window')} on {len(windowed)} of "
+            f"{raw['num_hidden_layers']} layers) is not supported: every layer attends to the whole context")
 
 
 def _id2label(raw: dict[str, Any], head: str) -> dict[int, str]:

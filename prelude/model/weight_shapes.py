@@ -1,0 +1,75 @@
+"""A decoder checkpoint's tensors checked against its config.json before any loader reads them.
+
+Both loaders (model.native_decoder's, and the torch model's) read the tensors they know by name
+and skipped the rest, and the native one took whatever shape it found: a config.json whose
+sizes disagree with the weights (a Qwen3 config without head_dim, whose default is 128) served
+wrong numbers, and biases the model does not apply (Llama's attention_bias puts one on o_proj,
+mlp_bias on the MLP's projections) were dropped without a word. transformers refuses the first
+("size mismatch") and applies the second; this refuses both, at startup, naming the tensor."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prelude.model.config import ModelConfig, UnsupportedModel
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """(the model's tensors outside the layers, one layer's tensors by their name in the layer)."""
+    c = config
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layer: dict[str, tuple[int, ...]] = {
+        "input_layernorm.weight": (c.hidden_size,), "post_attention_layernorm.weight": (c.hidden_size,),
+        "self_attn.q_proj.weight": (q, c.hidden_size), "self_attn.k_proj.weight": (kv, c.hidden_size),
+        "self_attn.v_proj.weight": (kv, c.hidden_size), "self_attn.o_proj.weight": (c.hidden_size, q),
+        "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+        "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+        "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size)}
+    if c.attention_bias:
+        layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+    if c.qk_norm:
+        layer.update({"self_attn.q_norm.weight": (c.head_dim,), "self_attn.k_norm.weight": (c.head_dim,)})
+    model = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
+    if c.head == "ForCausalLM":
+        model["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    elif c.head == "ForSequenceClassification":
+        model["score.weight"] = (c.num_labels, c.hidden_size)
+    return model, layer
+
+
+def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, from the safetensors headers alone, under the name the loaders use."""
+    shapes = {}
+    for path in files:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                canonical = "model." + name if name.split(".")[0] in ("embed_tokens", "layers", "norm") else name
+                shapes[canonical] = tuple(meta["shape"])
+    return shapes
+
+
+def check_decoder_checkpoint(config: ModelConfig, files: list[Path]) -> None:
+    """Raises UnsupportedModel for a tensor whose shape config.json contradicts, and for a bias
+    the model would not apply."""
+    if config.encoder is not None or config.int8_weights:
+        return  # other names; an int8 checkpoint's tensors are its own (model.quantized_checkpoint)
+    model, layer = expected_shapes(config)
+    for name, shape in sorted(checkpoint_shapes(files).items()):  # the first layer's mismatch is named
+        match = _LAYER.match(name)
+        expected = layer.get(match.group(2)) if match else model.get(name)
+        if expected is None:
+            if name.endswith(".bias"):
+                raise UnsupportedModel(f"the checkpoint has {name}, a bias this server does not apply to "
+                                       f"{config.architecture} (config.json: attention_bias "
+                                       f"{config.attention_bias}); serving without it would give other numbers")
+            continue
+        if shape != expected:
+            raise UnsupportedModel(f"the checkpoint's {name} is {list(shape)}, where config.json's sizes make it "
+                                   f"{list(expected)} (hidden_size, intermediate_size, num_attention_heads, "
+                                   "num_key_value_heads, head_dim, vocab_size)")
+
