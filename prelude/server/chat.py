@@ -66,8 +66,10 @@ class ChatAPI(GenerationAPI):
         constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None)
         # A grammar that waits for the reasoning's end constrains only what follows it: the
         # reasoning goes apart, in reasoning_content (as vLLM's reasoning parsers put it), so
-        # that the content is what the grammar made (it parses, as json_schema promises).
-        split = thinks and constraint.new_state is not None
+        # that the content is what the grammar made (it parses, as json_schema promises). The
+        # split is found in the text, where a special `</think>` shows only if asked for.
+        split = thinks and constraint.new_state is not None and (
+            self.reasoning_end not in self.tokenizer.special_ids or not body.bool("skip_special_tokens", True))
         rid = new_id("chatcmpl", http)
         requests = self.fan_out(rid, [ids], n, body, max_tokens, logprobs, constraint, **self.scheduling(http, body))
         if prompt_logprobs is not None:

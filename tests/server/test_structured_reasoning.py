@@ -24,22 +24,36 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
             "{% endif %}")
 
 
-@pytest.fixture(scope="module")
-def thinking(demo_model, tmp_path_factory):
+def _thinking_server(demo_model, tmp_path_factory, special: bool) -> ServerThread:
     path = tmp_path_factory.mktemp("thinking") / "model"
     shutil.copytree(demo_model, path)
     tokenizer = json.loads((path / "tokenizer.json").read_text())
-    tokenizer["added_tokens"][END].update(content="</think>", special=False)
+    tokenizer["added_tokens"][END].update(content="</think>", special=special)
     vocab = tokenizer["model"]["vocab"]
     vocab["</think>"] = vocab.pop("<|endoftext|>")
     (path / "tokenizer.json").write_text(json.dumps(tokenizer))
     config = json.loads((path / "tokenizer_config.json").read_text())
     config.update(chat_template=TEMPLATE, pad_token=None)
-    config["added_tokens_decoder"][str(END)].update(content="</think>", special=False)
+    config["added_tokens_decoder"][str(END)].update(content="</think>", special=special)
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
-    with ServerThread(Config(model=str(path), max_model_len=512, num_kv_blocks=256)) as srv:
+    return ServerThread(Config(model=str(path), max_model_len=512, num_kv_blocks=256))
+
+
+@pytest.fixture(scope="module")
+def thinking(demo_model, tmp_path_factory):
+    with _thinking_server(demo_model, tmp_path_factory, special=False) as srv:
         yield srv
+
+
+def test_a_special_end_token_leaves_the_answer_whole(demo_model, tmp_path_factory):
+    """Where `</think>` is a special token, the answer's text (special tokens skipped) has no
+    block end to split at: its content stays whole, the grammar's answer after the skipped
+    token, and no reasoning_content is made up."""
+    with _thinking_server(demo_model, tmp_path_factory, special=True) as srv:
+        choice = chat(srv)
+    assert choice["token_ids"][0] == END and "reasoning_content" not in choice["message"]
+    assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
 
 
 def chat(srv, **body):
