@@ -44,7 +44,7 @@ def requested(body: Body) -> Constraint | list[str] | None:
             raise bad_request("'structured_outputs.structural_tag' is not supported",
                               "structured_outputs.structural_tag")
         found += [(f"structured_outputs.{k}", structured.data[k]) for k in _KINDS
-                  if structured.has(k) and structured.data[k] is not False]
+                  if structured.has(k) and not (k == "json_object" and structured.data[k] is False)]
         whitespace = structured.str("whitespace_pattern")
     found += [(f"guided_{k}", body.data[f"guided_{k}"]) for k in ("json", "regex", "choice", "grammar")
               if body.has(f"guided_{k}")]
@@ -84,8 +84,8 @@ def _constraint(param: str, value: Any, whitespace: str | None, lenient: bool) -
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except ValueError:
-                raise bad_request(f"'{param}' is not valid JSON", param) from None
+            except (ValueError, RecursionError):  # nested past the parser's stack: a 500 it was
+                raise bad_request(f"'{param}' is not valid JSON (or nests too deep)", param) from None
         if not isinstance(value, (dict, bool)):
             raise bad_request(f"'{param}' must be a JSON schema (an object)", param)
         return Constraint.json_schema(value, param, lenient, whitespace)

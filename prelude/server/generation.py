@@ -67,6 +67,12 @@ class GenerationAPI(Serving):
             return AnswerConstraint()
         if isinstance(wanted, list):
             encoded = await self.admission.encode_many(wanted, add_special_tokens=False)
+            special = self.tokenizer.special_ids
+            if any(len(ids) == 1 and ids[0] in special for ids in encoded):
+                # Drawn as that token, "<|im_end|>" ended the answer with its text skipped: "".
+                param = _choice_param(body)
+                raise bad_request(f"'{param}' holds a special token's text, which would be drawn as that token",
+                                  param)
             if all(len(ids) == 1 for ids in encoded):
                 return AnswerConstraint(token_ids=tuple(ids[0] for ids in encoded))
             wanted = Constraint("choice", json.dumps(wanted), param=_choice_param(body))

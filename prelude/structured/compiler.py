@@ -55,6 +55,7 @@ class Constraint:
         from llguidance.gbnf_to_lark import any_to_lark
 
         if self.kind == "json":
+            _check_integer_bounds(json.loads(self.text))
             options: dict = {"whitespace_flexible": self.whitespace_pattern is not None, "lenient": self.lenient}
             if self.whitespace_pattern is not None:
                 options["whitespace_pattern"] = self.whitespace_pattern
@@ -69,6 +70,37 @@ class Constraint:
         except Exception as exc:  # noqa: BLE001 (the converter raises plain Exceptions for a bad grammar)
             raise ValueError(str(exc)) from None
         return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+# llguidance holds integer bounds in 64 bits: past them it clamps (a minimum of 1e19 answered
+# 9223372036854775807, below it, with finish "stop"), and two bounds both at -2**63 crashed the
+# process while compiling (SIGSEGV in its library), every request in flight with it.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _check_integer_bounds(schema: object) -> None:
+    """Raises ValueError for an integer schema bounded beyond 64 bits, anywhere in `schema`."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            kind = node.get("type")
+            if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+                for key in BOUNDS:
+                    bound = node.get(key)
+                    if isinstance(bound, (int, float)) and not INT64_MIN < bound < INT64_MAX:
+                        raise ValueError(f"integer '{key}' {bound} lies beyond 64-bit integers, which the "
+                                         "grammar library holds bounds in")
+            stack.extend(node.values())
+
+
+def _reason(message: str) -> str:
+    """The library's error on one line, every line of it kept (its first is often only the
+    kind of error, "regex parse error:", and the reason follows)."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 class CompiledGrammar:
@@ -94,6 +126,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._added: list[str] | None = None
         self._cache: OrderedDict[Constraint, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # the cache's
         self._tokenizer_lock = threading.Lock()  # held while the tokenizer's tables are built
@@ -118,15 +151,21 @@ class GrammarCompiler:
         compiled = self.cached(constraint)
         if compiled is not None:
             return compiled
+        held = next((text for text in self._added_texts() if text in constraint.text), None)
+        if held is not None:
+            # llguidance reads such text as the added token itself: "<|im_end|>" as a choice
+            # answered "" (EOS ended it), "<think>" failed the grammar mid-answer.
+            raise GrammarError(f"it holds {held!r}, the text of one of the tokenizer's added tokens, which the "
+                               "grammar reads as that token, not as text")
         try:
             grammar = constraint.grammar()
         except ValueError as exc:
-            raise GrammarError(str(exc)) from None
+            raise GrammarError(_reason(str(exc))) from None
         import llguidance
 
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(matcher.get_error().split("\n")[0])
+            raise GrammarError(_reason(matcher.get_error()))
         compiled = CompiledGrammar(matcher, self.vocab_size)
         with self._lock:
             self.compiles += 1
@@ -134,6 +173,13 @@ class GrammarCompiler:
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _added_texts(self) -> list[str]:
+        """The texts of the tokenizer's added tokens (special or not), read once."""
+        if self._added is None:
+            added = json.loads(self._tokenizer_json.read_text()).get("added_tokens", [])
+            self._added = [token["content"] for token in added if token.get("content")]
+        return self._added
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         import llguidance

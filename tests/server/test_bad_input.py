@@ -105,6 +105,21 @@ CASES = [
      400, "structured_outputs.grammar"),
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"structural_tag": "{}"}}, 400,
      "structured_outputs.structural_tag"),
+    # Integer bounds past 64 bits: llguidance clamped them (a minimum of 1e19 answered
+    # 9223372036854775807, "stop"), and two at -2**63 crashed the process while compiling.
+    (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": "object", "properties": {"n": {
+        "type": "integer", "minimum": -1e20, "maximum": -1e19}}}}, 400, "guided_json"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "strict": True, "schema": {"type": "integer", "minimum": -2**63, "maximum": -2**63}}}},
+     400, "response_format.json_schema.schema"),
+    (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": ["integer", "null"], "minimum": 10**19}}, 400,
+     "guided_json"),
+    # A schema as JSON text nested past the parser's stack: RecursionError, a 500
+    (COMPLETIONS, {"prompt": "hi", "guided_json": "[" * 5000 + "]" * 5000}, 400, "guided_json"),
+    # A special token's text as a choice or a literal is read as that token: "" or a failed grammar
+    (COMPLETIONS, {"prompt": "hi", "guided_choice": ["<|im_end|>", "ok"]}, 400, "guided_choice"),
+    (COMPLETIONS, {"prompt": "hi", "guided_json": {"const": "<|im_end|>"}}, 400, "guided_json"),
+    (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"json": False}}, 400, "structured_outputs.json"),
     (COMPLETIONS, {"prompt": "hi", "use_beam_search": True, "n": 2}, 400, "use_beam_search"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "bad_words": ["no"]}, 400, "bad_words"),
     (COMPLETIONS, {"prompt": "hi", "logits_processors": ["x"]}, 400, "logits_processors"),

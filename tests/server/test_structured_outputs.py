@@ -163,6 +163,9 @@ def test_bad_constraints_are_400_and_the_engine_goes_on(client, server):
         with pytest.raises(openai.BadRequestError) as error:
             complete(client, server, prompt="x", max_tokens=5, **body)
         assert error.value.body["param"] in (param, "structured_outputs.regex")
+    # the library's reason, not only its first line ("regex parse error:")
+    with pytest.raises(openai.BadRequestError, match="backreferences are not supported"):
+        complete(client, server, prompt="x", max_tokens=5, guided_regex="(a)\\1")
     assert complete(client, server, prompt="x", max_tokens=5, guided_regex="[ab]+").choices[0].text
 
 
