@@ -76,6 +76,10 @@ def _bind_unix(path: str) -> Listener:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
+        # Anyone who can reach the path may connect, as with uvicorn's --uds: under the usual
+        # umask the socket was the owner's alone, and a sidecar's application, another user in
+        # another container, could not connect. The directory is where access is controlled.
+        os.chmod(path, 0o666)
     except OSError:
         sock.close()
         raise

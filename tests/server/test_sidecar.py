@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -50,6 +51,8 @@ def test_openai_sdk_over_a_unix_domain_socket(tmp_path, demo_model, http_server)
             out = client.completions.create(model="prelude-demo", prompt="Hello", max_tokens=3, temperature=0)
             assert out.usage.completion_tokens == 3
             assert client.models.list().data[0].id == "prelude-demo"
+            # any user may connect, as to uvicorn's: the application's container runs as another
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o666
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
