@@ -193,6 +193,8 @@ def _load_tokenizer(model_dir: Path, backend: str, truncate_at: int | None = Non
     except ImportError as exc:
         raise StartupError(f"fasttoken's extension is not built ({exc}); run `pip install -e .` to build it, "
                            "or use --tokenizer-backend auto") from exc
+    except Exception as exc:  # noqa: BLE001 (HF tokenizers raises plain Exceptions for a file it cannot parse)
+        raise StartupError(f"{model_dir / 'tokenizer.json'} cannot be read: {exc}") from exc
 
 
 async def serve(config: Config, started: float | None = None) -> None:

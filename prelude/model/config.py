@@ -147,7 +147,10 @@ class ModelConfig:
         # Only BERT reads token types: no other model's tokenizer.json (Qwen3's: 11 MB) is parsed here.
         family_head = _split_architecture((raw.get("architectures") or [None])[0])
         bert = family_head is not None and family_head[0] == "bert"
-        config = cls.from_dict(raw, sep_token_id(Path(model_dir)) if bert else None)
+        try:
+            config = cls.from_dict(raw, sep_token_id(Path(model_dir)) if bert else None)
+        except KeyError as exc:  # a field every config of its family has: a traceback, it was
+            raise UnsupportedModel(f"{path} lacks {exc}, which {raw.get('architectures')} configs hold") from None
         # generation_config.json is authoritative for the eos ids generation stops at.
         eos = _as_ids(_generation_config(model_dir).get("eos_token_id"))
         if eos:

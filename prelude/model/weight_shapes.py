@@ -41,11 +41,13 @@ def expected_shapes(config: ModelConfig) -> tuple[dict[str, tuple[int, ...]], di
 
 
 def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape, from the safetensors headers alone, under the name the loaders use."""
+    """Every tensor's shape, from the safetensors headers alone, under the name the loaders use;
+    UnsupportedModel for a file that is no whole safetensors file (cut short, or not one at all:
+    the loaders failed on those with a traceback, or a MemoryError reading a header whose length
+    came from garbage)."""
     shapes = {}
     for path in files:
-        with open(path, "rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        header = _header(path)
         for name, meta in header.items():
             if name != "__metadata__":
                 canonical = "model." + name if name.split(".")[0] in ("embed_tokens", "layers", "norm") else name
@@ -53,13 +55,31 @@ def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _header(path: Path) -> dict:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        try:
+            if not 2 <= length <= size - 8:
+                raise ValueError(f"its header length {length} does not fit the file's {size} bytes")
+            header = json.loads(f.read(length))
+            end = max((meta["data_offsets"][1] for name, meta in header.items() if name != "__metadata__"),
+                      default=0)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise UnsupportedModel(f"{path} is not a readable safetensors file ({exc})") from None
+    if 8 + length + end > size:
+        raise UnsupportedModel(f"{path} is cut short: its tensors need {8 + length + end} bytes, the file has {size}")
+    return header
+
+
 def check_decoder_checkpoint(config: ModelConfig, files: list[Path]) -> None:
-    """Raises UnsupportedModel for a tensor whose shape config.json contradicts, and for a bias
-    the model would not apply."""
+    """Raises UnsupportedModel for a file that is no whole safetensors file (any model), and for
+    a decoder's tensor whose shape config.json contradicts or a bias it would not apply."""
+    shapes = checkpoint_shapes(files)
     if config.encoder is not None or config.int8_weights:
         return  # other names; an int8 checkpoint's tensors are its own (model.quantized_checkpoint)
     model, layer = expected_shapes(config)
-    for name, shape in sorted(checkpoint_shapes(files).items()):  # the first layer's mismatch is named
+    for name, shape in sorted(shapes.items()):  # the first layer's mismatch is named
         match = _LAYER.match(name)
         expected = layer.get(match.group(2)) if match else model.get(name)
         if expected is None:

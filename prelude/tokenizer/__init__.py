@@ -26,7 +26,7 @@ def load(path: str | Path, backend: str = "auto", truncate_at: int | None = None
         path = path / "tokenizer.json"
     if backend not in BACKENDS:
         raise ValueError(f"unknown tokenizer backend {backend!r}; choose one of {BACKENDS}")
-    reason = None
+    reason, level = None, logging.INFO
     if truncate_at is not None:
         if backend == "fasttoken":
             from prelude.tokenizer.fast import UnsupportedTokenizer
@@ -41,15 +41,15 @@ def load(path: str | Path, backend: str = "auto", truncate_at: int | None = None
         except UnsupportedTokenizer as exc:
             if backend == "fasttoken":
                 raise
-            reason = f"fasttoken does not support this tokenizer.json: {exc}"
-            logger.info("%s; using HF tokenizers", reason)
+            reason, level = f"fasttoken does not support this tokenizer.json: {exc}", logging.INFO
         except ImportError as exc:  # the Cython extension was not compiled for this interpreter
             if backend == "fasttoken":
                 raise
-            reason = f"fasttoken's extension is not built ({exc}; `pip install -e .` builds it)"
-            logger.warning("%s; using HF tokenizers", reason)
+            reason, level = f"fasttoken's extension is not built ({exc}; `pip install -e .` builds it)", logging.WARNING
     from prelude.tokenizer.hf import HFTokenizer
 
     tokenizer = HFTokenizer(path, truncate_at)
+    if reason is not None and truncate_at is None:  # logged once HF's loads: where it cannot, its error says why
+        logger.log(level, "%s; using HF tokenizers", reason)
     tokenizer.fallback_reason = reason
     return tokenizer

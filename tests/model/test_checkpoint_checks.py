@@ -71,3 +71,27 @@ def test_biases_the_model_does_not_apply_and_contradicted_shapes_are_refused(tmp
     fewer_heads = edited_copy(path, tmp_path / "kv", "config.json", lambda c: c.update(num_key_value_heads=1))
     line = _refusal(fewer_heads, tmp_path)
     assert "model.layers.0.self_attn.k_proj.weight is [32, 64]" in line and "[16, 64]" in line
+
+
+@pytest.mark.parametrize("damage", ["tokenizer", "random bytes", "cut short", "config field"])
+def test_a_damaged_model_directory_is_one_line(tmp_path, demo_model, damage):
+    """Each answered a 30-50 line traceback (a MemoryError for random bytes: a header length
+    read from garbage), where deploy.md promises one error line and exit code 2."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for item in demo_model.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    weights = model / "model.safetensors"
+    if damage == "tokenizer":
+        (model / "tokenizer.json").write_text('{not json')
+    elif damage == "random bytes":
+        weights.write_bytes(bytes(range(256)) * 64)
+    elif damage == "cut short":
+        weights.write_bytes(weights.read_bytes()[:-5000])
+    else:
+        config = json.loads((model / "config.json").read_text())
+        del config["hidden_size"]
+        (model / "config.json").write_text(json.dumps(config))
+    line = _refusal(model, tmp_path)
+    assert {"tokenizer": "tokenizer.json", "random bytes": "not a readable safetensors file",
+            "cut short": "is cut short", "config field": "hidden_size"}[damage] in line
