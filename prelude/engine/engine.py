@@ -173,6 +173,10 @@ class Engine:
     def sheds_late(self) -> bool:  # --shed-late-requests
         return self.scheduler.config.shed_late
 
+    @property
+    def orders_by_priority(self) -> bool:  # --scheduling-policy priority
+        return self.scheduler.config.policy == "priority"
+
     def begin_drain(self) -> None:
         """Stops admitting (submit raises Overloaded); in-flight requests go on."""
         self._draining = True

@@ -204,7 +204,10 @@ class Serving:
         """The request's scheduling fields: `priority` (lower first, vLLM's), and a deadline for
         its first token or OneShot result from the X-Deadline-Ms header, the `deadline_ms`
         field, or the server's --default-deadline-ms."""
-        fields: dict[str, Any] = {"priority": body.int("priority", 0)}
+        priority = body.int("priority", 0)
+        if priority and not self.engine.orders_by_priority:  # vLLM's refusal: it was ignored without a word
+            raise body.invalid("priority", "has no effect unless the server runs --scheduling-policy priority")
+        fields: dict[str, Any] = {"priority": priority}
         given = header(http, b"x-deadline-ms")
         if given is not None:
             try:
