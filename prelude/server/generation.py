@@ -137,8 +137,9 @@ class GenerationAPI(Serving):
                 self.usage([finals[i] for i in sorted(finals)], prompt_lens))
             yield usage + SSE_DONE  # one write, with the response's end (EventStream)
         except EngineError as exc:
-            if logged is not None:
-                logged.request_id, logged.error = rid, str(exc)
+            if logged is not None:  # with what was streamed until then (a drain's timeout, a failed grammar)
+                logged.record(rid, finals.items(), n)
+                logged.error = str(exc)
                 recorded = True
             yield sse(stream_error(exc)) + SSE_DONE
         finally:

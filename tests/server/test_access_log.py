@@ -254,3 +254,16 @@ def _generated(url: str) -> float:
     metrics = httpx.get(url + "/metrics").text
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith("vllm:generation_tokens_total"))
+
+
+def test_a_stream_an_engine_error_ended_is_logged_with_its_tokens(logged_server, caplog):
+    """A stream the engine ended mid-answer (here its grammar failed after a token; a drain's
+    timeout ends streams the same way) was logged with prompt=0 completion=0."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    body = {"prompt": "x", "max_tokens": 20, "temperature": 0, "stream": True, "guided_regex": "(y{1000}){1000}"}
+    response = httpx.post(url + "/v1/completions", headers=auth, json=body, timeout=60)
+    assert '"error"' in response.text
+    fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
+    assert "grammar failed" in json.loads(fields["error"])
+    assert int(fields["prompt"]) > 0 and int(fields["completion"]) >= 1
+    logged_server.wait_idle()
