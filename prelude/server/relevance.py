@@ -94,7 +94,7 @@ class RelevanceAPI(DecisionAPI):
                 raise bad_request(f"the scoring prompt's frame and query alone take more than {limit} tokens "
                                   "(truncate_prompt_tokens)", "truncate_prompt_tokens")
             words = words[:keep]
-            ids = await self.admission.encode(judge.fill(query, self.tokenizer.decode(words)),
+            ids = await self.admission.encode(judge.fill(query, await self.admission.decode(words)),
                                               add_special_tokens=judge.add_special_tokens)
             if len(ids) <= limit:
                 return ids
