@@ -112,7 +112,9 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
     try:
         model_config = ModelConfig.from_dir(model_dir)
         config = encoder_serving(config, model_config)
-        max_model_len = checked_max_model_len(config, model_config.max_position_embeddings, model_dir)
+        learned_positions = model_config.encoder is not None and model_config.encoder.learned_positions
+        max_model_len = checked_max_model_len(config, model_config.max_position_embeddings, model_dir,
+                                              learned_positions)
         max_model_len, truncate_at = encoder_length(config, model_config, model_dir, max_model_len)
         tokenizer = _load_tokenizer(model_dir, config.tokenizer_backend, truncate_at)
         eos_ids = _eos_ids(model_dir, model_config, tokenizer)

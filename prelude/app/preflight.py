@@ -71,13 +71,19 @@ def check_model_dir(path: Path) -> None:
         raise StartupError(f"cannot read {tokenizer}; make it a readable file, e.g. chmod a+r {tokenizer}")
 
 
-def checked_max_model_len(config: Config, max_positions: int, model_dir: Path) -> int:
+def checked_max_model_len(config: Config, max_positions: int, model_dir: Path, learned_positions: bool = False) -> int:
     """--max-model-len, or the model's max_position_embeddings. Past those positions the model
     never trained (its outputs degrade without a word), so asking for more is refused, as vLLM
-    refuses it, unless the operator opts in."""
+    refuses it, unless the operator opts in. `learned_positions`: a table of position embeddings
+    (BERT's, XLM-R's), which has no row past it: refused whatever the operator says (a longer
+    input answered 500, an index out of range)."""
     wanted = config.max_model_len
     if wanted is None:
         return max_positions
+    if wanted > max_positions and learned_positions:
+        raise StartupError(f"--max-model-len {wanted} is greater than the model's max_position_embeddings "
+                           f"({max_positions} in {model_dir / 'config.json'}), and its learned position table "
+                           "has no row past it")
     if wanted > max_positions and not config.allow_long_max_model_len:
         raise StartupError(f"--max-model-len {wanted} is greater than the model's max_position_embeddings "
                            f"({max_positions} in {model_dir / 'config.json'}); positions past it may give "

