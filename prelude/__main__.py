@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as exc:
         if config.log_level == "debug":
             logging.getLogger("prelude").exception("startup failed")
-        print(f"error: {exc}", file=sys.stderr)
+        if config.log_format == "json":  # one JSON line like every other, for the log pipeline that reads them
+            logging.getLogger("prelude").error("startup failed: %s", exc)
+            logging.shutdown()
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         return EXIT_STARTUP_ERROR
     except KeyboardInterrupt:
         pass

@@ -191,6 +191,11 @@ def test_unsupported_architecture_is_a_clear_startup_error(tmp_path, demo_model)
 def test_missing_model_directory_is_a_clear_startup_error(tmp_path):
     code, _, err = run_to_exit(["--model", str(tmp_path / "nope"), *listen_on(tmp_path)])
     assert "not a local directory" in one_error_line(code, err)
+    # with --log-format json, one JSON line like every other (it was the plain text line)
+    code, _, err = run_to_exit(["--model", str(tmp_path / "nope"), "--log-format", "json", *listen_on(tmp_path)])
+    (line,) = err.strip().splitlines()
+    record = json.loads(line)
+    assert code == 2 and record["level"] == "ERROR" and "not a local directory" in record["message"]
 
 
 def test_bad_flag_value_names_the_flag():
