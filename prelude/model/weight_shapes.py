@@ -92,4 +92,11 @@ def check_decoder_checkpoint(config: ModelConfig, files: list[Path]) -> None:
             raise UnsupportedModel(f"the checkpoint's {name} is {list(shape)}, where config.json's sizes make it "
                                    f"{list(expected)} (hidden_size, intermediate_size, num_attention_heads, "
                                    "num_key_value_heads, head_dim, vocab_size)")
+    wanted = set(model) | {f"model.layers.{i}.{name}" for i in range(config.num_layers) for name in layer}
+    if config.tie_word_embeddings:
+        wanted.discard("lm_head.weight")  # the embedding's
+    missing = sorted(wanted - shapes.keys())
+    if missing:  # named as the checkpoint names them (the loaders named their fused parameters)
+        raise UnsupportedModel(f"the checkpoint lacks {', '.join(missing[:4])}"
+                               f"{f' and {len(missing) - 4} more' if len(missing) > 4 else ''}")
 

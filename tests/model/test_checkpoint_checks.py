@@ -66,6 +66,15 @@ def test_biases_the_model_does_not_apply_and_contradicted_shapes_are_refused(tmp
     assert "model.layers.0.self_attn.o_proj.bias" in _refusal(o_bias, tmp_path)
     mlp_bias = variant("mlp_bias", **{"model.layers.1.mlp.down_proj.bias": torch.ones(64)})
     assert "a bias this server does not apply" in _refusal(mlp_bias, tmp_path)
+    # a missing tensor is named as the checkpoint names it (it was the fused gate_up_proj.weight#1)
+    without_up = tmp_path / "no_up"
+    without_up.mkdir()
+    for item in path.iterdir():
+        if item.name != "model.safetensors":
+            (without_up / item.name).write_bytes(item.read_bytes())
+    save_file({k: v for k, v in weights.items() if k != "model.layers.1.mlp.up_proj.weight"},
+              str(without_up / "model.safetensors"))
+    assert "lacks model.layers.1.mlp.up_proj.weight" in _refusal(without_up, tmp_path)
     # config.json's sizes against the weights': transformers refuses ("size mismatch")
     (tmp_path / "kv").mkdir()
     fewer_heads = edited_copy(path, tmp_path / "kv", "config.json", lambda c: c.update(num_key_value_heads=1))
