@@ -73,7 +73,7 @@ class Checkpoint:
                 lo, hi = meta["data_offsets"]
                 dtype = np.float32 if meta["dtype"] == "F32" else np.uint16
                 array = raw[8 + size + lo:8 + size + hi].view(dtype).reshape(meta["shape"])
-                self.tensors[_canonical(name)] = Source(array, SOURCES[meta["dtype"]])
+                self.tensors[canonical_name(name)] = Source(array, SOURCES[meta["dtype"]])
 
     def __getitem__(self, name: str) -> Source:
         if name not in self.tensors:
@@ -93,6 +93,6 @@ class Checkpoint:
             mapped.close()
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
     """DecoderLM._canonical_name's: embedding checkpoints saved from the bare *Model lack `model.`."""
     return "model." + name if name.split(".")[0] in ("embed_tokens", "layers", "norm") else name

@@ -30,17 +30,17 @@ class EncoderConfig:
     local_rope_theta: float = 10_000.0
     # Linear and norm biases (BERT and XLM-R have them all; ModernBERT none by default).
     bias: bool = True
+    norm_bias: bool = True
+    # The sequence classifier: which states it reads (cls | mean) and its head's activation.
+    classifier_pooling: str = "cls"
+    classifier_activation: str = "tanh"
+    classifier_bias: bool = True
 
     @property
     def learned_positions(self) -> bool:
         """A table of position embeddings (BERT's, XLM-R's), with no row past its length;
         ModernBERT's positions are rotary."""
         return self.kind != "modernbert"
-    norm_bias: bool = True
-    # The sequence classifier: which states it reads (cls | mean) and its head's activation.
-    classifier_pooling: str = "cls"
-    classifier_activation: str = "tanh"
-    classifier_bias: bool = True
 
 
 def unsupported(raw: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+from prelude.model.checkpoint_arrays import canonical_name
 from prelude.model.config import ModelConfig, UnsupportedModel
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -50,8 +51,7 @@ def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
         header = _header(path)
         for name, meta in header.items():
             if name != "__metadata__":
-                canonical = "model." + name if name.split(".")[0] in ("embed_tokens", "layers", "norm") else name
-                shapes[canonical] = tuple(meta["shape"])
+                shapes[canonical_name(name)] = tuple(meta["shape"])
     return shapes
 
 

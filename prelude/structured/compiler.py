@@ -175,10 +175,9 @@ class GrammarCompiler:
         return compiled
 
     def _added_texts(self) -> list[str]:
-        """The texts of the tokenizer's added tokens (special or not), read once."""
-        if self._added is None:
-            added = json.loads(self._tokenizer_json.read_text()).get("added_tokens", [])
-            self._added = [token["content"] for token in added if token.get("content")]
+        """The texts of the tokenizer's added tokens (special or not), read with its tables."""
+        self._llg_tokenizer()
+        assert self._added is not None
         return self._added
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
@@ -186,6 +185,8 @@ class GrammarCompiler:
 
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json.read_text(), n_vocab=self.vocab_size,
-                                                         eos_token=self._eos or None)
+                text = self._tokenizer_json.read_text()  # once for both (Qwen3's: 11 MB)
+                added = json.loads(text).get("added_tokens", [])
+                self._added = [token["content"] for token in added if token.get("content")]
+                self._tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos or None)
             return self._tokenizer
