@@ -3,6 +3,7 @@ default read from Config, every flag with a help line that states its default, i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import fields
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key", metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route except /health, /ping, "
                              "/ready, /version and /metrics (default: none)")
+    server.add_argument("--allowed-origins", type=_origins, default=d.allowed_origins, metavar="JSON",
+                        help="origins browser pages may call the API from (CORS), as vLLM's JSON list, e.g. "
+                             "'[\"*\"]' or '[\"https://app.example\"]' (default: none)")
     server.add_argument("--backlog", type=int, default=d.backlog, metavar="N",
                         help="pending connections the listening socket queues")
     server.add_argument("--http-server", default=d.http_server, choices=_choices("http_server"),
@@ -156,6 +160,17 @@ def _kv_events_config(text: str) -> KVEventsConfig:
         return KVEventsConfig.from_json(text)
     except KVEventsConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--kv-events-config: ")) from exc
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    """vLLM's JSON list; a bare origin (not JSON) is read as a list of one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = [text]
+    if not isinstance(value, list) or not all(isinstance(o, str) and o.strip() for o in value) or not value:
+        raise argparse.ArgumentTypeError("expected a JSON list of origins, e.g. '[\"*\"]'")
+    return tuple(value)
 
 
 def _bytes(text: str) -> int:

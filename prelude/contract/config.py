@@ -56,6 +56,9 @@ class Config:
     port: int = 8000
     uds: str | None = None  # a Unix domain socket path, served instead of host:port
     api_key: str | None = None
+    # Origins a browser page may call the API from (vLLM's --allowed-origins; "*" for any). None
+    # by default, unlike vLLM's "*": a loopback sidecar open to every page its host's browser loads.
+    allowed_origins: tuple[str, ...] = ()
     backlog: int = 2048
     # uvicorn (with httptools): the least server CPU per request (bench.serving.http_servers);
     # hypercorn for deployments that already depend on it.

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -231,6 +232,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
     outer: ASGIApp = RefuseWhenFull(router, engine, [(m, r.path) for r in work for m in r.methods])
     if config.api_key:
         outer = BearerAuth(outer, config.api_key)
+    if config.allowed_origins:  # outside auth: a browser's preflight carries no key
+        outer = CORSMiddleware(outer, allow_origins=config.allowed_origins, allow_methods=["*"], allow_headers=["*"])
     if not config.disable_log_requests and access_log.logger.isEnabledFor(logging.INFO):
         outer = AccessLog(outer, access_write)  # outside auth: refused keys are logged too
     return EchoRequestId(outer)
