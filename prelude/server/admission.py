@@ -126,6 +126,11 @@ class Admission:
         oneshot = max_tokens is not None and \
             execution_class(task, max_tokens, self.disable_oneshot) is ExecutionClass.ONESHOT
         if max_tokens is None:
+            if room < 1 and task is Task.GENERATE:
+                raise bad_request(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                    f"prompt has {num_prompt_tokens} tokens, leaving no room to generate. Please reduce the "
+                    "length of the prompt.", prompt_param)
             max_tokens = room if oneshot else min(room, self.kv_capacity_tokens - num_prompt_tokens)
             if max_tokens < 1 and task is Task.GENERATE:
                 raise bad_request(

@@ -29,7 +29,9 @@ class CompletionsAPI(GenerationAPI):
         n = body.int("n", 1, lo=1, hi=128)
         if body.int("best_of", n, lo=1) != n:
             raise bad_request("'best_of' different from 'n' is not supported", "best_of")
-        max_tokens = body.int("max_tokens", 16, lo=0)
+        # OpenAI's default of 16 when the field is absent; an explicit null asks for all the context
+        # leaves, as vLLM reads it (the OpenAI SDK sends max_tokens=None as null).
+        max_tokens = body.int("max_tokens", None if "max_tokens" in body.data else 16, lo=0)
         logprobs = body.int("logprobs", None, lo=0)
         echo = body.bool("echo")
         # What echo puts before each answer: the prompt as sent, as in vLLM (even when

@@ -58,8 +58,6 @@ class RelevanceAPI(DecisionAPI):
         # vLLM's truncate_prompt_tokens: at most k tokens a prompt (-1: the context), where an
         # over-long pair was a 400 (or cut at the context alone) whatever the request said.
         limit = self.truncation_limit(body)
-        if limit is not None:
-            limit = min(limit, self.served.max_model_len)
         if self.served.pair_scoring == "embedding":
             return await self._embedding_similarities(http, rid, queries, documents, body, limit)
         if self.served.pair_scoring == "cross-encoder":  # the pair through the classification head

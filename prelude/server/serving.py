@@ -130,6 +130,9 @@ class Serving:
         k = body.int("truncate_prompt_tokens", None, lo=-1)
         if k == 0 or (k is not None and k < -1):
             raise body.invalid("truncate_prompt_tokens", "must be -1 or positive")
+        if k is not None and k > self.served.max_model_len:  # refused whatever the prompt's length, as vLLM
+            raise body.invalid("truncate_prompt_tokens", f"({k}) is greater than the model's maximum context "
+                               f"length ({self.served.max_model_len}); choose a smaller truncation size")
         return self.served.max_model_len if k == -1 else k
 
     def pooling_side(self, body: Body) -> str:
