@@ -155,7 +155,7 @@ class GrammarCompiler:
         if held is not None:
             # llguidance reads such text as the added token itself: "<|im_end|>" as a choice
             # answered "" (EOS ended it), "<think>" failed the grammar mid-answer.
-            raise GrammarError(f"it holds {held!r}, the text of one of the tokenizer's added tokens, which the "
+            raise GrammarError(f"it holds {held!r}, the text of one of the tokenizer's special tokens, which the "
                                "grammar reads as that token, not as text")
         try:
             grammar = constraint.grammar()
@@ -175,7 +175,8 @@ class GrammarCompiler:
         return compiled
 
     def _added_texts(self) -> list[str]:
-        """The texts of the tokenizer's added tokens (special or not), read with its tables."""
+        """The texts of the added tokens the grammar reads as tokens, not as text (read with its
+        tables)."""
         self._llg_tokenizer()
         assert self._added is not None
         return self._added
@@ -186,7 +187,10 @@ class GrammarCompiler:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 text = self._tokenizer_json.read_text()  # once for both (Qwen3's: 11 MB)
-                added = json.loads(text).get("added_tokens", [])
-                self._added = [token["content"] for token in added if token.get("content")]
-                self._tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos or None)
+                tokenizer = llguidance.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos or None)
+                # Only the added tokens the library holds apart from text (the special ones, and
+                # markup-like ones such as Qwen3's <think>): Phi-2's runs of spaces are text to it.
+                self._added = [token["content"] for token in json.loads(text).get("added_tokens", [])
+                               if token.get("content") and tokenizer.is_special_token(token["id"])]
+                self._tokenizer = tokenizer
             return self._tokenizer
