@@ -126,6 +126,8 @@ class ChatPrompt:
         options = {"add_generation_prompt": body.bool("add_generation_prompt", True), "tools": body.list("tools"),
                    **(kwargs.data if kwargs else {})}
         continue_final = body.bool("continue_final_message")
+        if "continue_final_message" in options:  # vLLM passes it on to the template call, where HF's reads it
+            continue_final = bool(options.pop("continue_final_message"))
         if continue_final and options["add_generation_prompt"]:
             raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true (as in "
                               "vLLM): send \"add_generation_prompt\": false", "continue_final_message")

@@ -42,6 +42,17 @@ def test_the_prompt_ends_with_the_final_message_content(server):
     assert continued == _ids(server, {"prompt": expected, "add_special_tokens": False})
 
 
+def test_chat_template_kwargs_carry_the_flags_too(server):
+    """vLLM merges chat_template_kwargs over the request's own fields into the template call;
+    continue_final_message given there was dropped (the prefill closed, another answer)."""
+    continued = _ids(server, {"messages": PREFILL, **CONTINUE})
+    assert _ids(server, {"messages": PREFILL, "chat_template_kwargs": CONTINUE}) == continued
+    assert _ids(server, {"messages": PREFILL, "add_generation_prompt": False,
+                         "chat_template_kwargs": {"continue_final_message": True}}) == continued
+    closed = {"messages": PREFILL, **CONTINUE, "chat_template_kwargs": {"continue_final_message": False}}
+    assert _ids(server, closed) == _ids(server, {"messages": PREFILL, "add_generation_prompt": False})
+
+
 def test_the_answer_carries_on_the_final_message(server, client, model):
     continued = _ids(server, {"messages": PREFILL, **CONTINUE})
     want = client.completions.create(model=model, prompt=continued, max_tokens=5, temperature=0).choices[0].text
