@@ -114,6 +114,15 @@ class Tokenizer(ABC):
             # SentencePiece vocabulary's "é" is no byte-level piece.
             if raw.decode("utf-8", errors="replace") == text:
                 return raw
+        if piece is not None and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            # A SentencePiece byte-fallback piece (Llama-2, Mistral, Phi-3): the one byte it names,
+            # where decoding it alone agrees (U+FFFD for a byte of a longer character).
+            try:
+                raw = bytes([int(piece[3:5], 16)])
+            except ValueError:
+                raw = None
+            if raw is not None and raw.decode("utf-8", errors="replace") == text:
+                return raw
         return text.encode("utf-8")
 
     @abstractmethod

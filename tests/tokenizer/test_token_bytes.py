@@ -24,3 +24,15 @@ def test_byte_level_tokens_bytes_join_to_the_text(name, backend):
         assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8"), (name, text)
         split += sum("\ufffd" in tok.decode([i]) for i in ids)
     assert split > 0, "no text split a character: the case this guards was not exercised"
+
+
+@pytest.mark.parametrize("backend", [FastTokenizer, HFTokenizer])
+def test_byte_fallback_pieces_are_their_bytes(backend):
+    """A SentencePiece vocabulary spells a character it lacks as <0xNN> pieces (Llama-2, Mistral,
+    Phi-3): each is its byte, so they join to the character (each was U+FFFD's three bytes)."""
+    tok = backend(tokenizer_dir("phi3-mini") / "tokenizer.json")
+    ids = tok.encode("🦀😀", add_special_tokens=False)
+    fallback = [i for i in ids if (tok.id_to_token(i) or "").startswith("<0x")]
+    assert len(fallback) == 8
+    assert b"".join(tok.token_bytes(i) for i in fallback) == "🦀😀".encode("utf-8")
+    assert tok.token_bytes(tok.token_to_id("<0x41>")) == b"A"
