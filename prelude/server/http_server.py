@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from prelude.contract.config import Config
 from prelude.server.listen import Listener
@@ -83,6 +83,20 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self.transport.expect_head()  # type: ignore[attr-defined]  # the next response (pipelined too)
         super().on_response_complete()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # uvicorn tells only the newest request its client left: with a request pipelined behind
+        # it, the one running went on to its end (a whole generation) and then wrote to the
+        # closed transport (an ERROR with a traceback).
+        running: RequestResponseCycle | None = getattr(self, "_running", None)
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+        super().connection_lost(exc)
 
 
 class HeadWithBody:

@@ -42,3 +42,25 @@ def test_disconnects_are_logged_quietly(each_server, caplog):
     assert not noisy, [r.getMessage() for r in noisy]
     gone = [r for r in caplog.records if "client went away" in r.getMessage()]
     assert len(gone) >= 2  # the body read and the plain generation; a dropped stream just stops
+
+
+def test_a_pipelined_clients_requests_all_end_with_it(each_server, caplog):
+    """Two generations written back to back, then the client leaves: both are dropped (uvicorn), quietly.
+    uvicorn told only the newest one, so the running one went on to its end and then failed
+    writing to the closed connection (an ERROR with a traceback)."""
+    long_generation = json.dumps({"prompt": "tell me a story", "max_tokens": 500, "ignore_eos": True}).encode()
+    request = _request("/v1/completions", long_generation)
+
+    def finished() -> dict:
+        return each_server.on_loop(lambda: dict(each_server.engine.stats.finished))
+
+    before = finished()
+    with caplog.at_level(logging.INFO):
+        _send_and_drop(each_server, request + request, 0, generating=True)
+        each_server.wait_idle()
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not noisy, [r.getMessage() for r in noisy]
+    after = finished()
+    if each_server.config.http_server == "hypercorn":
+        return  # it reads no more from a connection while a pipelined request waits: the close goes unseen
+    assert after.get("length", 0) == before.get("length", 0), "the running generation went on to its end"
