@@ -118,11 +118,11 @@ class Tokenizer(ABC):
             # A SentencePiece byte-fallback piece (Llama-2, Mistral, Phi-3): the one byte it names,
             # where decoding it alone agrees (U+FFFD for a byte of a longer character).
             try:
-                raw = bytes([int(piece[3:5], 16)])
+                byte = bytes([int(piece[3:5], 16)])
             except ValueError:
-                raw = None
-            if raw is not None and raw.decode("utf-8", errors="replace") == text:
-                return raw
+                byte = b""
+            if byte and byte.decode("utf-8", errors="replace") == text:
+                return byte
         return text.encode("utf-8")
 
     @abstractmethod
