@@ -157,7 +157,11 @@ class Engine:
             self.stats.on_rejected("draining")
             return Overloaded("the server is shutting down")
         self.stats.on_rejected("queue_full")
-        return Overloaded(f"the server is overloaded ({self.scheduler.num_waiting} requests waiting); retry shortly")
+        # Both queue limits, since either may be the one passed (a few long prompts pass the tokens').
+        scheduler, limits = self.scheduler, self.scheduler.config
+        return Overloaded(f"the server is overloaded ({scheduler.num_waiting} requests, "
+                          f"{scheduler.waiting.num_tokens} prompt tokens waiting; limits "
+                          f"{limits.max_queued_requests} and {limits.max_queued_tokens}); retry shortly")
 
     @property
     def overloaded(self) -> bool:
