@@ -47,6 +47,7 @@ class InFlight:
             if tracked.first_token_time is None:
                 tracked.first_token_time = now
                 tracked.mixed = beside_decodes
+                tracked.stream.metrics = tracked.metrics(now)
                 self._stats.on_first_token(work, now)
             elif result.token is not None and tracked.last_token_time is not None:
                 self._stats.inter_token.observe(now - tracked.last_token_time)
@@ -55,7 +56,7 @@ class InFlight:
             out, reason = advance(tracked, result, self._eos_token_ids)
             self._stats.generation_tokens += len(out.token_ids)
             if reason is not None:
-                out.metrics = tracked.metrics(now)
+                out.metrics = tracked.stream.metrics
             if out.token_ids or out.text or reason is not None:
                 tracked.stream.put(out)
             if reason is not None:
@@ -77,7 +78,8 @@ class InFlight:
         elif reason is FinishReason.ABORT:  # with its counts, which the merged answer and the access log keep
             tracked.stream.put(RequestOutput(work.request.request_id, finished=True, finish_reason=reason,
                                              num_prompt_tokens=work.request.num_prompt_tokens,
-                                             num_output_tokens=work.num_output_tokens))
+                                             num_output_tokens=work.num_output_tokens,
+                                             metrics=tracked.stream.metrics or tracked.metrics(now)))
 
     def end_all(self, error: EngineError) -> None:
         for seq_id in list(self._tracked):

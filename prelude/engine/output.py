@@ -77,7 +77,7 @@ class RequestStream:
     A deque and at most one waiting future: an asyncio.Queue per request costs more than the
     rest of a OneShot request's bookkeeping."""
 
-    __slots__ = ("request_id", "key", "_items", "_waiter", "finished")
+    __slots__ = ("request_id", "key", "_items", "_waiter", "finished", "metrics")
 
     def __init__(self, request_id: str, key: int):
         self.request_id = request_id  # the caller's name, which two requests in flight may share
@@ -85,6 +85,9 @@ class RequestStream:
         self._items: deque[RequestOutput | Exception] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.finished = False
+        # Known from its first output on (none changes after it): a stream its client left has
+        # them for the access log before its last output.
+        self.metrics: RequestMetrics | None = None
 
     def put(self, item: RequestOutput | Exception) -> None:
         self._items.append(item)

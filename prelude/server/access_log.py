@@ -20,6 +20,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prelude.engine.output import RequestOutput
+from prelude.server.protocol import client_request_id
 
 logger = logging.getLogger("prelude.access")
 
@@ -130,6 +131,8 @@ class AccessLog:
         finally:
             if not current.total_s:  # no complete response: the time the app took
                 current.total_s = time.perf_counter() - current.started
+            if current.request_id is None:  # refused before it had an id: the client's, to find it by
+                current.request_id = client_request_id(scope)
             if current.status == 0:  # nothing was sent: the app raised past every handler
                 current.status, current.error = 500, "no response"
             elif error_body and current.error is None:  # a 499's "client went away" stays

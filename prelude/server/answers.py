@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
 from prelude.server.errors import bad_request
-from prelude.server.protocol import header
+from prelude.server.protocol import client_request_id
 from prelude.server.streaming import dumps
 
 _ids = itertools.count()
 _ID_PREFIX = os.urandom(4).hex()
-_CLIENT_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII, no spaces
 
 
 def new_id(kind: str, http: HTTPRequest | None = None) -> str:
     """A response id: built on the client's X-Request-Id when it sent a usable one (as vLLM
     does), else unique to this server."""
-    client = header(http, b"x-request-id") if http is not None else None
-    if client is not None and _CLIENT_ID.fullmatch(client):
+    client = client_request_id(http.scope) if http is not None else None
+    if client is not None:
         return f"{kind}-{client}"
     return f"{kind}-{_ID_PREFIX}{next(_ids):08x}"
 

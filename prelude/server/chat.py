@@ -146,7 +146,7 @@ class ChatAPI(GenerationAPI):
                 yield chunk([choice], **usage(out.num_output_tokens))
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
-        return self.framed(rid, chunks(), finals, [prompt_len], usage_chunk, logged, len(streams))
+        return self.framed(rid, chunks(), streams, finals, [prompt_len], usage_chunk, logged, len(streams))
 
 
 def opens_in_reasoning(rendered: RenderedChat) -> bool:

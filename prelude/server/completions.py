@@ -159,4 +159,4 @@ class CompletionsAPI(GenerationAPI):
                 finals[index] = out  # the last so far: an aborted stream's log line counts its tokens
 
         usage_chunk = (lambda usage: chunk([], usage=usage)) if include_usage else None
-        return self.framed(rid, chunks(), finals, [len(p) for p in prompts], usage_chunk, logged, n)
+        return self.framed(rid, chunks(), streams, finals, [len(p) for p in prompts], usage_chunk, logged, n)

@@ -9,7 +9,7 @@ from functools import partial
 from typing import AsyncIterator, Callable
 
 from prelude.contract.batch import TokenLogprob
-from prelude.engine.output import EngineError, RequestOutput
+from prelude.engine.output import EngineError, RequestOutput, RequestStream
 from prelude.engine.request import Request
 from prelude.server.access_log import AccessEntry
 from prelude.server.constraints import AnswerConstraint, Grammars, requested
@@ -117,9 +117,10 @@ class GenerationAPI(Serving):
                               "ask for them without streaming", "prompt_logprobs")
         return prompt_logprobs
 
-    async def framed(self, rid: str, chunks: AsyncIterator[bytes], finals: dict[int, RequestOutput],
-                     prompt_lens: list[int], usage_chunk: Callable[[dict], bytes] | None,
-                     logged: AccessEntry | None, n: int = 1) -> AsyncIterator[bytes]:
+    async def framed(self, rid: str, chunks: AsyncIterator[bytes], streams: list[RequestStream],
+                     finals: dict[int, RequestOutput], prompt_lens: list[int],
+                     usage_chunk: Callable[[dict], bytes] | None, logged: AccessEntry | None,
+                     n: int = 1) -> AsyncIterator[bytes]:
         """A stream's chunks (which fill `finals`, index -> last output), then its access-log
         record, the usage chunk when asked for, and [DONE]; an engine error ends it with an
         error event and [DONE] instead. A client that goes away mid-stream still gets its line:
@@ -144,6 +145,8 @@ class GenerationAPI(Serving):
             yield sse(stream_error(exc)) + SSE_DONE
         finally:
             if logged is not None and not recorded:  # cancelled or closed: the client went away
+                for index, out in finals.items():  # a last output so far has no metrics yet
+                    out.metrics = out.metrics or streams[index].metrics
                 logged.record(rid, finals.items(), n)
                 logged.error = "client went away"
 

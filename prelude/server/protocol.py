@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,7 @@ def parse_json(raw: bytes) -> Any:
 
 
 _HEADERS = "prelude.headers"  # the scope's key for its headers as a dict
+_CLIENT_ID = re.compile(rb"[!-~]{1,128}")  # visible ASCII, no spaces
 
 
 def scope_header(scope: Scope, name: bytes) -> bytes | None:
@@ -84,6 +86,13 @@ def header(http: HTTPRequest, name: bytes) -> str | None:
     """scope_header, as text."""
     value = scope_header(http.scope, name)
     return None if value is None else value.decode("latin-1")
+
+
+def client_request_id(scope: Scope) -> str | None:
+    """The client's X-Request-Id where it can name a response (vLLM builds its ids on it): visible
+    ASCII without spaces, at most 128 bytes; else None."""
+    value = scope_header(scope, b"x-request-id")
+    return value.decode("ascii") if value is not None and _CLIENT_ID.fullmatch(value) else None
 
 
 async def read_json(http: HTTPRequest, limit: int) -> "Body":

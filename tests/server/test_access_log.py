@@ -203,8 +203,10 @@ def test_a_stream_the_client_left_is_logged_with_its_id(logged_server, caplog):
     seen_id = json.loads(first[6:])["id"]
     fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
     assert fields["request_id"] == seen_id and json.loads(fields["error"]) == "client went away"
-    # and what it had computed until then (it said prompt=0 completion=0)
+    # and what it had computed until then (it said prompt=0 completion=0), and how it went (queue
+    # and TTFT said "-": a client that timed out waiting is when they matter most)
     assert int(fields["prompt"]) > 0 and int(fields["completion"]) >= 1
+    assert fields["cls"] == "Decode" and fields["queue"].endswith("ms") and fields["ttft"].endswith("ms")
     logged_server.wait_idle()
 
 
@@ -247,6 +249,7 @@ def test_a_whole_answer_the_client_left_is_logged_with_its_tokens(logged_server,
     fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
     assert fields["status"] == "499" and json.loads(fields["error"]) == "client went away"
     assert int(fields["prompt"]) > 0 and 1 <= int(fields["completion"]) < 200
+    assert fields["cls"] == "Decode" and fields["queue"].endswith("ms") and fields["ttft"].endswith("ms")
     logged_server.wait_idle()
 
 
@@ -267,3 +270,17 @@ def test_a_stream_an_engine_error_ended_is_logged_with_its_tokens(logged_server,
     assert "grammar failed" in json.loads(fields["error"])
     assert int(fields["prompt"]) > 0 and int(fields["completion"]) >= 1
     logged_server.wait_idle()
+
+
+def test_a_refused_request_is_logged_by_the_clients_id(logged_server, caplog):
+    """A 400, a 404 for another model and a 401 carry the client's X-Request-Id in their line:
+    they were logged as "-", and failed requests are the ones looked up by the client's id."""
+    url, auth = logged_server.base_url, {"Authorization": "Bearer k"}
+    sent = [("trace-400", "/v1/completions", auth, {"model": logged_server.served.name}),
+            ("trace-404", "/v1/completions", auth, {"model": "other", "prompt": "hi"}),
+            ("trace-401", "/v1/completions", {}, {"prompt": "hi"})]
+    for rid, path, headers, body in sent:
+        response = httpx.post(url + path, headers={**headers, "x-request-id": rid}, json=body)
+        assert response.status_code == int(rid[-3:]) and response.headers["x-request-id"] == rid
+    lines = [TEXT.match(str(r.msg)).groupdict() for r in access_records(caplog, len(sent))]
+    assert [(line["request_id"], line["status"]) for line in lines] == [(rid, rid[-3:]) for rid, *_ in sent]
