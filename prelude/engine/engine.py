@@ -252,7 +252,7 @@ class Engine:
     def _fold(self, step: ScheduledStep, outcome: StepOutcome, seconds: float, observe: bool = True) -> None:
         """Folds a step's results back: its rows' outputs reach their streams. `observe`: its
         seconds calibrate the cost model (not those of a step that was parked)."""
-        self.stats.on_step(seconds)
+        self.stats.on_step(seconds, step.num_tokens)
         if observe:
             self.scheduler.observe_step(step, seconds)
         if outcome.first_error is not None:

@@ -15,6 +15,8 @@ FOLD_EVERY_STEPS = 256  # bounds a histogram's pending values: a step observes a
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# Token counts, as vLLM's 1-2-5 series (which it ends at --max-model-len; here at a million).
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5)) + (1e6,)
 
 
 class Histogram:
@@ -73,6 +75,9 @@ class EngineStats:
     time_per_output_token: Histogram = field(default_factory=Histogram)  # a request's mean after its first
     inter_token: Histogram = field(default_factory=Histogram)  # each gap between a request's tokens
     step_time: Histogram = field(default_factory=Histogram)
+    step_tokens: Histogram = field(default_factory=partial(Histogram, TOKEN_BUCKETS))  # prompt and decode tokens
+    request_prompt_tokens: Histogram = field(default_factory=partial(Histogram, TOKEN_BUCKETS))
+    request_generation_tokens: Histogram = field(default_factory=partial(Histogram, TOKEN_BUCKETS))
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0
@@ -86,8 +91,9 @@ class EngineStats:
     def on_arrival(self) -> None:
         self.arrived += 1
 
-    def on_step(self, seconds: float) -> None:
+    def on_step(self, seconds: float, tokens: int) -> None:
         self.step_time.observe(seconds)
+        self.step_tokens.observe(tokens)
         self.steps += 1
         if not self.steps % FOLD_EVERY_STEPS:
             for f in fields(self):
@@ -113,6 +119,8 @@ class EngineStats:
             return
         request = work.request
         self.e2e.observe(now - request.arrival_time)
+        self.request_prompt_tokens.observe(request.num_prompt_tokens)
+        self.request_generation_tokens.observe(num_output_tokens)
         if first_token_time is not None:
             self.decode_time.observe(now - first_token_time)
             if num_output_tokens > 1:

@@ -4,8 +4,12 @@ vLLM's own `vllm:` names and `model_name` label, so llm-d's endpoint picker, vll
 existing Grafana dashboards work unchanged."""
 from __future__ import annotations
 
+from prelude.engine.output import FinishReason
 from prelude.engine.snapshot import EngineSnapshot
 from prelude.engine.stats import Histogram
+
+
+FINISH_REASONS = tuple(reason.value for reason in FinishReason)
 
 
 def _escape(value: str) -> str:
@@ -57,8 +61,8 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.metric("generation_tokens_total", "counter", "Tokens generated, counted as each step makes them.",
              stats.generation_tokens)
     w.header("request_success_total", "counter", "Finished requests by finish reason.")
-    for reason, count in sorted(stats.finished.items()):
-        w.sample("request_success_total", count, finished_reason=reason)
+    for reason in FINISH_REASONS:
+        w.sample("request_success_total", stats.finished.get(reason, 0), finished_reason=reason)
     w.header("rejected_requests_total", "counter", "Requests refused at admission (503), by reason.")
     for reason in ("queue_full", "draining"):
         w.sample("rejected_requests_total", stats.rejected.get(reason, 0), reason=reason)
@@ -90,6 +94,10 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.histogram("inter_token_latency_seconds", "Each gap between two consecutive output tokens of a "
                 "request.", stats.inter_token)
     w.histogram("step_duration_seconds", "Forward step wall time.", stats.step_time)
+    w.histogram("step_tokens", "Tokens a forward step computes (prompt rows' and one per decode).", stats.step_tokens)
+    w.histogram("request_prompt_tokens", "Prompt tokens of each finished request.", stats.request_prompt_tokens)
+    w.histogram("request_generation_tokens", "Tokens generated for each finished request.",
+                stats.request_generation_tokens)
     return "\n".join(w.lines + _vllm_names(snap, model)) + "\n"
 
 
@@ -103,9 +111,11 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     w.metric("prefix_cache_hits_total", "counter", "Prefix-cache hits, in tokens.", snap.prefix_hit_tokens)
     w.metric("prompt_tokens_total", "counter", "Prefill tokens processed.", stats.prompt_tokens)
     w.metric("generation_tokens_total", "counter", "Generation tokens processed.", stats.generation_tokens)
+    # Every reason from the start, at 0 as vLLM's: an alert on increase(...{finished_reason="abort"})
+    # missed the first abort after a restart, its series not there before it.
     w.header("request_success_total", "counter", "Successfully processed requests.")
-    for reason, count in sorted(stats.finished.items()):
-        w.sample("request_success_total", count, finished_reason=reason)
+    for reason in FINISH_REASONS:
+        w.sample("request_success_total", stats.finished.get(reason, 0), finished_reason=reason)
     w.histogram("time_to_first_token_seconds", "Time to first token.", stats.ttft)
     w.histogram("e2e_request_latency_seconds", "End-to-end request latency.", stats.e2e)
     # The queue and prefill panels and the preemption count of vLLM's Grafana dashboard read
@@ -119,4 +129,11 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     w.histogram("request_time_per_output_token_seconds", "Time per output token, per request.",
                 stats.time_per_output_token)
     w.histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.inter_token)
+    # The same gaps under vLLM's older name, which dashboards built for it read.
+    w.histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds.", stats.inter_token)
+    # The dashboard's prompt and generation length panels, and its tokens-per-step one.
+    w.histogram("request_prompt_tokens", "Number of prefill tokens processed.", stats.request_prompt_tokens)
+    w.histogram("request_generation_tokens", "Number of generation tokens processed.",
+                stats.request_generation_tokens)
+    w.histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.", stats.step_tokens)
     return w.lines

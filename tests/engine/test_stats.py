@@ -21,7 +21,7 @@ def test_a_histogram_counts_each_value_in_its_bucket_once():
 def test_the_engine_counts_pending_values_as_steps_go_by():
     stats = EngineStats()
     for _ in range(FOLD_EVERY_STEPS * 2 + 1):
-        stats.on_step(0.002)
+        stats.on_step(0.002, 16)
     assert len(stats.step_time._pending) == 1  # the pending list is bounded: counted every FOLD_EVERY_STEPS steps
     assert stats.step_time.count == FOLD_EVERY_STEPS * 2 + 1
     assert stats.step_time.counts[LATENCY_BUCKETS.index(0.0025)] == FOLD_EVERY_STEPS * 2 + 1

@@ -131,3 +131,22 @@ def test_pooling_and_scoring_requests_finish_stopped(server):
     # prompt logprobs with no token generated reached their length, as in vLLM
     httpx.post(url + "/v1/completions", json={"prompt": "a b", "max_tokens": 0, "echo": True}).raise_for_status()
     assert _reason_count(httpx.get(url + "/metrics").text, "length") == _reason_count(after, "length") + 1
+
+
+def test_the_dashboards_length_panels_and_every_finish_reason(demo_model):
+    """vLLM's Grafana dashboard plots prompt and generation lengths per request and tokens per
+    step, and an alert on increase(request_success_total{finished_reason="abort"}) needs the
+    series before the first abort: these were missing, so panels stayed empty."""
+    with ServerThread(Config(model=str(demo_model), block_size=4, num_kv_blocks=256, max_model_len=256)) as srv:
+        fresh = httpx.get(srv.base_url + "/metrics").text
+        for reason in ("stop", "length", "abort", "error"):
+            assert _reason_count(fresh, reason) == 0 and f'finished_reason="{reason}"' in fresh, reason
+        usage = httpx.post(srv.base_url + "/v1/completions", json={
+            "prompt": "hi there", "max_tokens": 3, "ignore_eos": True}).json()["usage"]
+        text = httpx.get(srv.base_url + "/metrics").text
+    assert _count(text, "vllm:request_prompt_tokens_count") == 1
+    assert _count(text, "vllm:request_prompt_tokens_sum") == usage["prompt_tokens"]
+    assert _count(text, "vllm:request_generation_tokens_sum") == 3
+    # the prompt's step and two decode steps
+    assert _count(text, "vllm:iteration_tokens_total_sum") >= usage["prompt_tokens"] + 2
+    assert _count(text, "vllm:time_per_output_token_seconds_count") == 2
