@@ -41,7 +41,10 @@ def _run_drain(demo_model, extra: list[str], max_tokens: int = 400) -> tuple[lis
 
 
 def test_sigterm_finishes_live_streams_refuses_new_work_and_exits_0(demo_model, http_server):
-    lines, refused, code, log = _run_drain(demo_model, ["--http-server", http_server])
+    # Long enough that the stream still runs when the new request comes (the demo model makes
+    # 400 tokens in about 0.1 s: the server had drained and closed, and the request was refused
+    # a connection instead of answered 503).
+    lines, refused, code, log = _run_drain(demo_model, ["--http-server", http_server], max_tokens=3000)
     assert lines[-1] == "data: [DONE]"
     assert not any('"error"' in line for line in lines)
     assert refused.status_code == 503 and refused.headers["connection"] == "close"
