@@ -15,6 +15,7 @@ import logging
 import socket
 from typing import Any, Awaitable, Callable, Iterator
 
+import orjson
 import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -74,11 +75,48 @@ class _UvicornServer(uvicorn.Server):
         yield
 
 
+# The most bytes a request's line and headers may take: 431 past it, as hypercorn and nginx
+# answer (at 16 and 32 KiB). uvicorn with httptools set no bound: a head that never ended
+# was buffered whole, 100 MB a connection before the key was checked.
+MAX_HEAD_BYTES = 64 * 1024
+_HEAD_TOO_LARGE = orjson.dumps({"error": {
+    "message": f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes", "type": "invalid_request_error",
+    "param": None, "code": "request_header_fields_too_large"}})
+
+
 class _HttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol on a transport that sends a response's head with its body."""
+    """uvicorn's httptools protocol on a transport that sends a response's head with its body,
+    with a bound on a request's head and --keep-alive-timeout for a connection whose request
+    has not begun or whose head stopped arriving (uvicorn timed only idle connections between
+    requests: a silent or stalled one stayed open for good)."""
+
+    _head_scope: object = None  # the request whose head _head_bytes counts
+    _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport))  # type: ignore[arg-type]
+        self._time_out_idle()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        cycle, scope = self.cycle, self.scope
+        if scope is None or (cycle is not None and cycle.scope is scope) or self.transport.is_closing():
+            return  # the usual case: the head came whole (its request's cycle began)
+        if scope is not self._head_scope:
+            self._head_scope, self._head_bytes = scope, 0
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                                 % (len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
+            self.transport.close()
+            return
+        self._time_out_idle()
+
+    def _time_out_idle(self) -> None:
+        """Closes the connection unless more bytes come within the keep-alive timeout (the
+        next data_received cancels it, as uvicorn does after a response)."""
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
         self.transport.expect_head()  # type: ignore[attr-defined]  # the next response (pipelined too)

@@ -61,12 +61,17 @@ def parse_json(raw: bytes) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
+        if not raw.startswith(UTF8_BOM):
+            raise bad_request(f"request body is not valid JSON: {exc}") from None
+        # A file saved as "UTF-8 with BOM" (PowerShell's utf8) and posted with curl: Python's
+        # json, which vLLM's server reads bodies with, skips the mark.
+        return parse_json(raw[len(UTF8_BOM):])
     if json_depth_exceeds(raw):
         raise bad_request(f"request body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
 _HEADERS = "prelude.headers"  # the scope's key for its headers as a dict
 _CLIENT_ID = re.compile(rb"[!-~]{1,128}")  # visible ASCII, no spaces
 

@@ -59,6 +59,39 @@ def test_keep_alive_timeout_closes_an_idle_connection(demo_model, http_server):
         assert sock.recv(1) == b""  # the server closed it
 
 
+def test_keep_alive_timeout_closes_a_silent_or_stalled_connection(demo_model, http_server):
+    """A connection that never sends a request, or stops in its head, is closed as an idle one
+    is (uvicorn kept both open for good: they piled up to the open-file limit)."""
+    config = Config(model=str(demo_model), keep_alive_timeout=0.5, http_server=http_server)
+    with ServerThread(config) as srv, _connect(srv.base_url) as silent, _connect(srv.base_url) as stalled:
+        stalled.sendall(b"GET /health HTTP/1.1\r\nHost: te")
+        for sock in (silent, stalled):
+            sock.settimeout(5)  # recv raises if the server has not closed it by then
+            data = sock.recv(1024)
+            while data and not data.endswith(b"\r\n\r\n") and b"\r\n\r\n" not in data:
+                data += sock.recv(1024)  # hypercorn answers the stalled one 408 first
+            assert data == b"" or data.startswith(b"HTTP/1.1 408")
+
+
+def test_a_head_past_the_bound_is_refused_431(demo_model, http_server):
+    """A request whose headers never end is refused at 64 KiB (uvicorn buffered it whole, 100 MB a
+    connection); hypercorn's own bound is 16 KiB. The server serves on."""
+    with ServerThread(Config(model=str(demo_model), http_server=http_server)) as srv:
+        with _connect(srv.base_url) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nX-Big: ")
+            answer = b""
+            try:
+                for _ in range(64):  # 4 MiB at most
+                    sock.sendall(b"a" * 65536)
+            except OSError:  # the server closed the connection after its answer
+                pass
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+        with _connect(srv.base_url) as sock:
+            assert _exchange(sock).startswith(b"HTTP/1.1 200")
+
+
 def _post(path: str, body: dict) -> bytes:
     payload = json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: test\r\ncontent-type: application/json\r\n"
