@@ -1,12 +1,12 @@
 """Engine statistics for /metrics: counters and latency histograms, updated between steps."""
 from __future__ import annotations
 
-import bisect
 import math
-from collections import Counter
 from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Callable
+
+import numpy as np
 
 from prelude.engine.output import FinishReason
 from prelude.engine.work import Work
@@ -27,23 +27,27 @@ class Histogram:
     their buckets when the histogram is read, and by `fold`, which the engine's statistics call
     every FOLD_EVERY_STEPS steps to bound the list."""
 
-    __slots__ = ("buckets", "_counts", "_total", "_count", "_pending", "observe")
+    __slots__ = ("buckets", "_bounds", "_counts", "_total", "_count", "_pending", "observe")
 
     def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
         self.buckets = buckets
-        self._counts = [0] * (len(buckets) + 1)  # the last one: above every bound
+        self._bounds = np.array(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one: above every bound
         self._total = 0.0
         self._count = 0
         self._pending: list[float] = []
         self.observe: Callable[[float], None] = self._pending.append
 
     def fold(self) -> None:
-        """Counts the pending values into their buckets (in C: a map of bisect into a Counter)."""
+        """Counts the pending values into their buckets, all at once: numpy's per-call cost
+        over a fold's hundreds of values is a few instructions each, where a bisect and a
+        Counter entry per value cost a request some 2,000 instructions per value it observed."""
         pending = self._pending
         if not pending:
             return
-        for bucket, n in Counter(map(partial(bisect.bisect_left, self.buckets), pending)).items():
-            self._counts[bucket] += n
+        values = np.array(pending, dtype=np.float64)
+        # searchsorted left: a value equal to a bound counts in that bound's bucket (le).
+        self._counts += np.bincount(np.searchsorted(self._bounds, values), minlength=len(self._counts))
         self._total += math.fsum(pending)
         self._count += len(pending)
         pending.clear()
@@ -52,7 +56,7 @@ class Histogram:
     def counts(self) -> list[int]:
         """Observations per bucket (not cumulative), the last one above every bound."""
         self.fold()
-        return self._counts
+        return self._counts.tolist()
 
     @property
     def total(self) -> float:

@@ -84,6 +84,10 @@ _HEAD_TOO_LARGE = orjson.dumps({"error": {
     "param": None, "code": "request_header_fields_too_large"}})
 
 
+_base_data_received = HttpToolsProtocol.data_received
+_base_start_asgi_task = HttpToolsProtocol._start_asgi_task
+
+
 class _HttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a transport that sends a response's head with its body,
     with a bound on a request's head and --keep-alive-timeout for a connection whose request
@@ -98,7 +102,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
         self._time_out_idle()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        _base_data_received(self, data)  # not super(): a request pays this call once or twice
         cycle, scope = self.cycle, self.scope
         if scope is None or (cycle is not None and cycle.scope is scope) or self.transport.is_closing():
             return  # the usual case: the head came whole (its request's cycle began)
@@ -124,7 +128,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._running = cycle
-        super()._start_asgi_task(cycle, app)
+        _base_start_asgi_task(self, cycle, app)
 
     def connection_lost(self, exc: Exception | None) -> None:
         # uvicorn tells only the newest request its client left: with a request pipelined behind
