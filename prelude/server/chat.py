@@ -17,10 +17,10 @@ from prelude.server.access_log import AccessEntry
 from prelude.server.chat_prompt import ASSISTANT, ChatPrompt, RenderedChat
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
-from prelude.server.protocol import Body
 from prelude.server.scores import required
 from prelude.server.answers import json_response, new_id
 from prelude.server.streaming import EventStream, merge, sse
+from prelude.server.tool_calls import ForcedTools, ToolCallDeltas, finish_reason, forced_tools, tool_calls
 
 
 REASONING_START, REASONING_END = "<think>", "</think>"
@@ -39,7 +39,7 @@ class ChatAPI(GenerationAPI):
     async def chat(self, http: HTTPRequest) -> Response | EventStream:
         body = await self.body(http)
         self.require_lm_head("chat")
-        _refuse_tool_calls(body)
+        forced = forced_tools(body)
         rendered = await self.chat_prompt.render(body)
         # The template already placed any BOS; encoding adds none unless asked (vLLM's default).
         ids = await self.admission.encode(rendered.text, add_special_tokens=body.bool("add_special_tokens", False))
@@ -63,7 +63,8 @@ class ChatAPI(GenerationAPI):
         stream = body.bool("stream")
         include_usage, continuous_usage = self.stream_usage(body)
         thinks = self.reasoning_end is not None and opens_in_reasoning(rendered)
-        constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None)
+        constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None,
+                                                  forced.constraint if forced is not None else None)
         # A grammar that waits for the reasoning's end constrains only what follows it: the
         # reasoning goes apart, in reasoning_content (as vLLM's reasoning parsers put it), so
         # that the content is what the grammar made (it parses, as json_schema promises). The
@@ -81,12 +82,14 @@ class ChatAPI(GenerationAPI):
             streams = self.submit_all(requests)
             await self.first_outputs(http, requests, streams)
             return EventStream(self._stream_chat(rid, created, streams, ids, rendered.role, echo, as_ids, return_ids,
-                                                 include_usage, continuous_usage, access_log.entry(http), split),
+                                                 include_usage, continuous_usage, access_log.entry(http), split,
+                                                 forced),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
-        choices = [{"index": i, "message": _message(rendered.role, echo, out.text, split),
+        choices = [{"index": i, "message": _message(rendered.role, echo, out.text, split, forced),
                     "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
-                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+                    "finish_reason": out.finish_reason if forced is None else finish_reason(forced, out.finish_reason),
+                    "stop_reason": out.stop_reason,
                     **({"token_ids": out.token_ids} if return_ids else {})}
                    for i, out in enumerate(outputs)]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -112,8 +115,9 @@ class ChatAPI(GenerationAPI):
 
     def _stream_chat(self, rid, created, streams, prompt: list[int], role: str, echo: str, as_ids: bool,
                      return_ids: bool, include_usage, continuous_usage: bool, logged: AccessEntry | None,
-                     split: bool):
+                     split: bool, forced: ForcedTools | None):
         finals: dict[int, RequestOutput] = {}
+        calls = ToolCallDeltas(forced) if forced is not None else None
         reasoning = set(range(len(streams))) if split else set()  # choices still in their reasoning
         prompt_len = len(prompt)
 
@@ -133,11 +137,18 @@ class ChatAPI(GenerationAPI):
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
                              for i in range(len(streams))], **usage(0))
             async for index, out in merge(streams):
-                delta = _reasoning_delta(out.text, index, reasoning) if index in reasoning else \
+                delta: dict[str, Any] = _reasoning_delta(out.text, index, reasoning) if index in reasoning else \
                     ({"content": out.text} if out.text else {})
+                reason = out.finish_reason if out.finished else None
+                if calls is not None:  # the answer's text is the call's arguments (or the calls)
+                    assert forced is not None
+                    tool_delta = calls.delta(index, delta.pop("content", ""), out.finished)
+                    if tool_delta is not None:
+                        delta["tool_calls"] = tool_delta
+                    reason = finish_reason(forced, reason) if reason is not None else None
                 choice: dict[str, Any] = {"index": index, "delta": delta,
                           "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
-                          "finish_reason": out.finish_reason if out.finished else None}
+                          "finish_reason": reason}
                 if return_ids:
                     choice["token_ids"] = out.token_ids
                 if out.finished:
@@ -164,14 +175,20 @@ def opens_in_reasoning(rendered: RenderedChat) -> bool:
     return text.rfind(REASONING_START) > text.rfind(REASONING_END)
 
 
-def _message(role: str, echo: str, text: str, split: bool) -> dict:
+def _message(role: str, echo: str, text: str, split: bool, forced: ForcedTools | None = None) -> dict:
     """A whole answer's message; with `split`, its reasoning in reasoning_content and only what
-    follows the block's end in content (null while the block never ended), as vLLM's parsers."""
+    follows the block's end in content (null while the block never ended), as vLLM's parsers.
+    A forced tool call's answer is its tool_calls, with empty content (as vLLM's)."""
     if not split:
-        return {"role": role, "content": echo + text}
-    reasoning, end, content = text.partition(REASONING_END)
-    return {"role": role, "content": echo + content if end or echo else None,
-            "reasoning_content": reasoning.removeprefix(REASONING_START)}
+        message: dict[str, Any] = {"role": role, "content": echo + text}
+    else:
+        reasoning, end, content = text.partition(REASONING_END)
+        message = {"role": role, "content": echo + content if end or echo else None,
+                   "reasoning_content": reasoning.removeprefix(REASONING_START)}
+    if forced is not None:
+        message["tool_calls"] = tool_calls(forced, (message["content"] or "").removeprefix(echo))
+        message["content"] = echo
+    return message
 
 
 def _reasoning_delta(text: str, index: int, reasoning: set[int]) -> dict[str, str]:
@@ -186,12 +203,3 @@ def _reasoning_delta(text: str, index: int, reasoning: set[int]) -> dict[str, st
     if after:
         delta["content"] = after
     return delta
-
-
-def _refuse_tool_calls(body: Body) -> None:
-    """Tools are rendered into the prompt, but answers are never parsed into tool calls: a
-    tool_choice asking for calls ("auto", "required", a named function) cannot be honoured and
-    is refused, as vLLM refuses "auto" without a tool-call parser. "none" is what happens."""
-    if body.has("tool_choice") and body.data["tool_choice"] != "none":
-        raise bad_request("'tool_choice' other than \"none\" is not supported: this server does not parse "
-                          "tool calls out of answers (tools are rendered into the prompt)", "tool_choice")

@@ -56,13 +56,19 @@ class GenerationAPI(Serving):
                 requests.append(Request(f"{rid}-{p * n + j}", ids, seeded, grammar=grammar, **fields))
         return requests
 
-    async def answer_constraint(self, body: Body, reasoning_end: int | None = None) -> AnswerConstraint:
+    async def answer_constraint(self, body: Body, reasoning_end: int | None = None,
+                                forced: Constraint | None = None) -> AnswerConstraint:
         """What constrains the answer's text (see server.constraints). A choice whose strings are
         each one token is the allowed tokens of a one-token answer; any other choice, schema,
         regex or grammar is compiled. `reasoning_end`: the token ending the reasoning block the
-        answer starts with, after which the grammar applies."""
+        answer starts with, after which the grammar applies. `forced`: a forced tool call's."""
         _refuse_unsupported(body)
         wanted = requested(body)
+        if forced is not None:
+            if wanted is not None:
+                other = wanted.param if isinstance(wanted, Constraint) else _choice_param(body)
+                raise bad_request(f"only one constraint per request: 'tool_choice' and '{other}' were given", other)
+            wanted = forced
         if wanted is None:
             return AnswerConstraint()
         if isinstance(wanted, list):

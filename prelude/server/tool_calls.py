@@ -1,0 +1,117 @@
+"""Forced tool calls on chat, as vLLM serves them without a tool-call parser: a `tool_choice`
+naming a function has the answer generated under that function's parameters schema, and one of
+"required" under a schema of a non-empty list of calls (each a tool's name and its parameters);
+the answer comes back as `tool_calls`. "auto" would need a parser that finds calls in free text:
+refused, as vLLM refuses it without --enable-auto-tool-choice. Clients that force a call to get
+a structured verdict (LangChain's with_structured_output, instructor's tools mode) get one."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from prelude.contract.record import record
+from prelude.server.errors import bad_request
+from prelude.server.protocol import Body
+from prelude.structured.compiler import Constraint
+
+PARAM = "tool_choice"
+
+
+@record
+class ForcedTools:
+    constraint: Constraint
+    name: str | None  # the function named; None for "required" (the answer is a list of calls)
+
+
+def forced_tools(body: Body) -> ForcedTools | None:
+    """The request's forced tool call, or None (no tool_choice, or "none")."""
+    choice = body.data.get(PARAM) if body.has(PARAM) else None
+    if choice is None or choice == "none":
+        return None
+    functions = _functions(body.list("tools") or [])
+    if choice == "auto":
+        raise bad_request("'tool_choice' \"auto\" is not supported: this server does not parse tool calls out of "
+                          "free text (vLLM needs --enable-auto-tool-choice for it); name a function, or send "
+                          "\"required\"", PARAM)
+    if not functions:
+        raise bad_request("'tool_choice' needs the functions among 'tools'", PARAM)
+    if choice == "required":
+        calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
+                            "required": ["name", "parameters"], "additionalProperties": False}
+                           for name, schema in functions.items()]}
+        return ForcedTools(Constraint.json_schema({"type": "array", "minItems": 1, "items": calls}, PARAM), None)
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\": ...}}", PARAM)
+    if name not in functions:
+        raise bad_request(f"'tool_choice' names {name!r}, which is not among 'tools'", PARAM)
+    return ForcedTools(Constraint.json_schema(functions[name], PARAM), name)
+
+
+def _functions(tools: list) -> dict[str, Any]:
+    """Each function tool's name and its parameters' schema (any object where it gives none)."""
+    functions: dict[str, Any] = {}
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" \
+            else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                              f"tools[{i}]")
+        schema = function.get("parameters")
+        if schema is None:
+            schema = {"type": "object"}
+        if not isinstance(schema, (dict, bool)):
+            raise bad_request(f"'tools[{i}].function.parameters' must be a JSON schema (an object)",
+                              f"tools[{i}].function.parameters")
+        functions[function["name"]] = schema
+    return functions
+
+
+def tool_calls(forced: ForcedTools, text: str) -> list[dict]:
+    """The calls an answer's text holds. A named function's arguments are the text as generated
+    (cut short with the answer, as OpenAI's are); a "required" list cut short holds none."""
+    if forced.name is not None:
+        return [_call(forced.name, text)]
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return []
+    return [_call(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls]
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": f"chatcmpl-tool-{os.urandom(16).hex()}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def finish_reason(forced: ForcedTools, reason: Any) -> Any:
+    """A "required" answer that ended on its own ended in calls (OpenAI's "tool_calls"); a named
+    function's finishes "stop", as OpenAI's and vLLM's do."""
+    return "tool_calls" if forced.name is None and reason == "stop" else reason
+
+
+class ToolCallDeltas:
+    """A stream's tool calls: a named function's arguments as they are generated (its id, type
+    and name with the first), a "required" list's calls whole once the answer ends."""
+
+    def __init__(self, forced: ForcedTools):
+        self.forced = forced
+        self._started: dict[int, str] = {}  # choice -> the call's id
+        self._texts: dict[int, str] = {}  # choice -> a "required" answer's text so far
+
+    def delta(self, index: int, content: str, finished: bool) -> list[dict] | None:
+        """The tool_calls field of a choice's chunk carrying `content`; None when it has none."""
+        if self.forced.name is None:
+            self._texts[index] = self._texts.get(index, "") + content
+            if not finished:
+                return None
+            calls = tool_calls(self.forced, self._texts.pop(index))
+            return [{"index": k, **call} for k, call in enumerate(calls)] or None
+        if index in self._started:
+            return [{"index": 0, "function": {"arguments": content}}] if content else None
+        call = _call(self.forced.name, content)
+        self._started[index] = call["id"]
+        return [{"index": 0, **call}]
