@@ -23,7 +23,7 @@ class Histogram:
     """A latency histogram as Prometheus exposes it: counts per bucket, their sum and count.
 
     `observe` is the bound `append` of a list of pending values, a C call without a Python frame
-    (a request makes six observations, a streamed token one more); the values are counted into
+    (a request makes some eight observations, a streamed token one more); the values are counted into
     their buckets when the histogram is read, and by `fold`, which the engine's statistics call
     every FOLD_EVERY_STEPS steps to bound the list."""
 

@@ -96,6 +96,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
 
     _head_scope: object = None  # the request whose head _head_bytes counts
     _head_bytes = 0
+    _running: RequestResponseCycle | None = None  # the request whose app runs (pipelined ones wait)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport))  # type: ignore[arg-type]
@@ -134,7 +135,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
         # uvicorn tells only the newest request its client left: with a request pipelined behind
         # it, the one running went on to its end (a whole generation) and then wrote to the
         # closed transport (an ERROR with a traceback).
-        running: RequestResponseCycle | None = getattr(self, "_running", None)
+        running = self._running
         if running is not None and running is not self.cycle and not running.response_complete:
             running.disconnected = True
             running.message_event.set()
