@@ -86,12 +86,14 @@ class ChatAPI(GenerationAPI):
                                                  forced),
                                on_close=lambda: self.abort_unfinished(streams))
         outputs = await self.collect(http, requests, n)
-        choices = [{"index": i, "message": _message(rendered.role, echo, out.text, split, forced),
+        messages = [_message(rendered.role, echo, out.text, split, forced) for out in outputs]
+        choices = [{"index": i, "message": message,
                     "logprobs": self._chat_logprobs(out.logprobs, as_ids) if logprobs is not None else None,
-                    "finish_reason": out.finish_reason if forced is None else finish_reason(forced, out.finish_reason),
+                    "finish_reason": out.finish_reason if forced is None else
+                    finish_reason(forced, out.finish_reason, message["tool_calls"]),
                     "stop_reason": out.stop_reason,
                     **({"token_ids": out.token_ids} if return_ids else {})}
-                   for i, out in enumerate(outputs)]
+                   for i, (out, message) in enumerate(zip(outputs, messages))]
         answer = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
                   "choices": choices, "usage": self.usage(outputs, [len(ids)])}
         if prompt_logprobs is not None:  # vLLM's place: beside the choices, the rendered prompt's
@@ -145,7 +147,7 @@ class ChatAPI(GenerationAPI):
                     tool_delta = calls.delta(index, delta.pop("content", ""), out.finished)
                     if tool_delta is not None:
                         delta["tool_calls"] = tool_delta
-                    reason = finish_reason(forced, reason) if reason is not None else None
+                    reason = finish_reason(forced, reason, tool_delta) if reason is not None else None
                 choice: dict[str, Any] = {"index": index, "delta": delta,
                           "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": reason}

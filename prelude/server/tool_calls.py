@@ -37,10 +37,8 @@ def forced_tools(body: Body) -> ForcedTools | None:
     if not functions:
         raise bad_request("'tool_choice' needs the functions among 'tools'", PARAM)
     if choice == "required":
-        calls = {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
-                            "required": ["name", "parameters"], "additionalProperties": False}
-                           for name, schema in functions.items()]}
-        return ForcedTools(Constraint.json_schema({"type": "array", "minItems": 1, "items": calls}, PARAM), None)
+        return ForcedTools(Constraint.json_schema(_calls_schema(functions, body.data.get("parallel_tool_calls")),
+                                                  PARAM), None)
     function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
@@ -61,25 +59,97 @@ def _functions(tools: list) -> dict[str, Any]:
             raise bad_request(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
                               f"tools[{i}]")
         schema = function.get("parameters")
-        if schema is None:
-            schema = {"type": "object"}
-        if not isinstance(schema, (dict, bool)):
+        if not isinstance(schema, (dict, bool, type(None))):
             raise bad_request(f"'tools[{i}].function.parameters' must be a JSON schema (an object)",
                               f"tools[{i}].function.parameters")
-        functions[function["name"]] = schema
+        functions[function["name"]] = _object_schema(schema)
     return functions
+
+
+def _object_schema(schema: dict | bool | None) -> dict:
+    """A function's parameters as an object's schema, as OpenAI defines them: absent, empty or
+    `true` is any object (vLLM's reading; the library read {} as any JSON value, and arguments
+    came back as "true" or "[]"), and a schema that names no type nor combines others is an
+    object's (one with properties but no type let a string through)."""
+    if not isinstance(schema, dict) or not schema:
+        return {"type": "object", "properties": {}}
+    if "type" in schema or any(key in schema for key in ("$ref", "anyOf", "oneOf", "allOf", "enum", "const")):
+        return schema
+    return {**schema, "type": "object"}
+
+
+def _calls_schema(functions: dict[str, Any], parallel: object) -> dict:
+    """A "required" answer's schema: a list of calls, each a tool's name and its parameters; one
+    call at most with parallel_tool_calls false (it was ignored: agents that run one tool a turn
+    got three). Each tool's definitions move to the root, where its references point (a pydantic
+    model with a nested one could not compile: "Pointer '/$defs/Address' does not exist")."""
+    root: dict[str, Any] = {"type": "array", "minItems": 1}
+    if parallel is False:
+        root["maxItems"] = 1
+    calls = []
+    for name, schema in functions.items():
+        schema = dict(schema)
+        for key in ("$defs", "definitions"):
+            for ref, definition in (schema.pop(key, None) or {}).items():
+                held = root.setdefault(key, {})
+                if held.get(ref, definition) != definition:
+                    raise bad_request(f"'tools' define {ref!r} differently in two functions; a \"required\" "
+                                      "tool_choice needs one definition of it", "tools")
+                held[ref] = definition
+        calls.append({"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
+                      "required": ["name", "parameters"], "additionalProperties": False})
+    root["items"] = {"anyOf": calls}
+    return root
 
 
 def tool_calls(forced: ForcedTools, text: str) -> list[dict]:
     """The calls an answer's text holds. A named function's arguments are the text as generated
-    (cut short with the answer, as OpenAI's are); a "required" list cut short holds none."""
+    (cut short with the answer, as OpenAI's are); a "required" list cut short holds none. Each
+    call's arguments are its text as generated, as a named one's: parsed and written again, a
+    number past a float's range came back as Infinity, which is no JSON, and 1e5 as 100000.0."""
     if forced.name is not None:
         return [_call(forced.name, text)]
     try:
-        calls = json.loads(text)
-    except ValueError:
+        return [_call(name, arguments) for name, arguments in _listed_calls(text)]
+    except (ValueError, KeyError, TypeError):  # cut short (max_tokens, a stop string)
         return []
-    return [_call(call["name"], json.dumps(call["parameters"], ensure_ascii=False)) for call in calls]
+
+
+def _listed_calls(text: str) -> list[tuple[str, str]]:
+    """Each call's name and its parameters' text, from a whole JSON list of call objects."""
+    decoder = json.JSONDecoder()
+
+    def skip(at: int) -> int:
+        while at < len(text) and text[at] in " \t\n\r":
+            at += 1
+        return at
+
+    def expect(at: int, char: str) -> int:
+        at = skip(at)
+        if text[at:at + 1] != char:
+            raise ValueError(f"expected {char!r} at {at}")
+        return at + 1
+
+    calls, at = [], expect(0, "[")
+    while True:
+        at, fields = expect(at, "{"), {}
+        while True:
+            key, at = decoder.raw_decode(text, skip(at))
+            start = skip(expect(at, ":"))
+            value, at = decoder.raw_decode(text, start)
+            fields[key] = value if key == "name" else text[start:at]
+            at = skip(at)
+            if text[at:at + 1] == "}":
+                at += 1
+                break
+            at = expect(at, ",")
+        calls.append((fields["name"], fields["parameters"]))
+        at = skip(at)
+        if text[at:at + 1] == "]":
+            if skip(at + 1) != len(text):
+                raise ValueError("text after the list")
+            return calls
+        at = expect(at, ",")
 
 
 def _call(name: str, arguments: str) -> dict:
@@ -87,10 +157,11 @@ def _call(name: str, arguments: str) -> dict:
             "function": {"name": name, "arguments": arguments}}
 
 
-def finish_reason(forced: ForcedTools, reason: Any) -> Any:
-    """A "required" answer that ended on its own ended in calls (OpenAI's "tool_calls"); a named
-    function's finishes "stop", as OpenAI's and vLLM's do."""
-    return "tool_calls" if forced.name is None and reason == "stop" else reason
+def finish_reason(forced: ForcedTools, reason: Any, calls: list | None) -> Any:
+    """A "required" answer that ended on its own in calls finished "tool_calls" (OpenAI's); one
+    a stop string cut short holds none, and says "stop". A named function's finishes "stop", as
+    OpenAI's and vLLM's do."""
+    return "tool_calls" if forced.name is None and reason == "stop" and calls else reason
 
 
 class ToolCallDeltas:

@@ -84,3 +84,80 @@ def test_none_renders_the_tools_and_answers_text(client, server):
 def test_the_sdks_refusal_for_auto_is_a_bad_request(client, server):
     with pytest.raises(openai.BadRequestError):
         _create(client, server.served.name, tool_choice="auto")
+
+
+NESTED = {"type": "object", "properties": {"address": {"$ref": "#/$defs/Address"}, "adult": {"type": "boolean"}},
+          "required": ["address", "adult"], "additionalProperties": False,
+          "$defs": {"Address": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                                "required": ["city"], "additionalProperties": False}}}
+
+
+def _required(server, tools, **extra) -> dict:
+    response = httpx.post(server.base_url + "/v1/chat/completions", json={
+        "messages": MESSAGES, "tools": tools, "tool_choice": "required", "max_tokens": 80, "temperature": 1.0,
+        "seed": 1, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _strict(arguments: str):
+    def refuse(constant):
+        raise AssertionError(f"{constant} is no JSON")
+    return json.loads(arguments, parse_constant=refuse)
+
+
+def test_required_takes_a_pydantic_models_definitions(server):
+    """openai.pydantic_function_tool of a model with a nested one writes $defs at the schema's root;
+    under "required" the schema moved into a list, where '#/$defs/...' pointed at nothing (400)."""
+    tool = {"type": "function", "function": {"name": "person", "parameters": NESTED}}
+    answer = _required(server, [tool], n=3)
+    calls = [c for choice in answer["choices"] for c in choice["message"]["tool_calls"]]
+    assert calls
+    for call in calls:
+        jsonschema.validate(_strict(call["function"]["arguments"]), NESTED)
+
+
+def test_parallel_tool_calls_false_makes_one_call(server):
+    """Ignored before: "required" answered three calls to an agent that runs one a turn."""
+    calls = [len(choice["message"]["tool_calls"]) for seed in (1, 2)  # each drew two calls in one choice
+             for choice in _required(server, TOOLS, n=4, seed=seed, parallel_tool_calls=False)["choices"]]
+    assert max(calls) == 1
+
+
+@pytest.mark.parametrize("parameters", [{}, True, {"properties": {"x": {"type": "integer"}}}])
+def test_parameters_without_a_type_are_an_object(server, parameters):
+    """OpenAI's parameters are an object's schema: {} or true let "true", "[]" or "Infinity"
+    through, and properties without a type a string."""
+    tool = {"type": "function", "function": {"name": "ping", "parameters": parameters}}
+    for answer in (_required(server, [tool], n=4),
+                   _required(server, [tool], n=4, tool_choice={"type": "function", "function": {"name": "ping"}})):
+        for choice in answer["choices"]:
+            for call in choice["message"]["tool_calls"] if choice["finish_reason"] != "length" else []:
+                assert isinstance(_strict(call["function"]["arguments"]), dict)
+
+
+def test_required_arguments_are_the_generated_text(server):
+    """Each call's arguments as generated: parsed and written again, a number past a float's
+    range came back as Infinity, which strict JSON parsers refuse."""
+    tool = {"type": "function", "function": {"name": "measure", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"], "additionalProperties": False}}}
+    for seed in range(6):
+        for choice in _required(server, [tool], seed=seed)["choices"]:
+            for call in choice["message"]["tool_calls"]:
+                assert isinstance(_strict(call["function"]["arguments"])["x"], (int, float))
+
+
+def test_a_required_answer_cut_by_a_stop_string_finishes_stop(server):
+    """Not "tool_calls" with no calls: a client would look for calls that are not there."""
+    for stream in (False, True):
+        response = httpx.post(server.base_url + "/v1/chat/completions", json={
+            "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "stop": ["}"], "max_tokens": 80,
+            "stream": stream})
+        assert response.status_code == 200
+        if stream:
+            chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+            finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        else:
+            finish = response.json()["choices"][0]["finish_reason"]
+            assert response.json()["choices"][0]["message"]["tool_calls"] == []
+        assert finish == "stop"
