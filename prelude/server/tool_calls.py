@@ -26,10 +26,11 @@ class ForcedTools:
 
 def forced_tools(body: Body) -> ForcedTools | None:
     """The request's forced tool call, or None (no tool_choice, or "none")."""
+    # Checked whatever tool_choice says, as vLLM checks them: a malformed tool was rendered.
+    functions = _functions(body.list("tools") or [])
     choice = body.data.get(PARAM) if body.has(PARAM) else None
     if choice is None or choice == "none":
         return None
-    functions = _functions(body.list("tools") or [])
     if choice == "auto":
         raise bad_request("'tool_choice' \"auto\" is not supported: this server does not parse tool calls out of "
                           "free text (vLLM needs --enable-auto-tool-choice for it); name a function, or send "

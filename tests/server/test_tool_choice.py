@@ -68,6 +68,7 @@ def test_required_answers_with_calls_of_the_tools(client, server):
     ({"tool_choice": "required", "tools": []}, "tool_choice"),
     ({"tool_choice": "required", "tools": [{"type": "function"}]}, "tools[0]"),
     ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),  # checked without a tool_choice too, as vLLM checks them
 ])
 def test_tool_choices_it_cannot_honour_are_refused(server, extra, param):
     body = {"messages": MESSAGES, "tools": TOOLS, **extra}
