@@ -146,7 +146,8 @@ def build(config: Config, on_ready: Callable[[], None] | None = None) -> Built:
                          truncation_side=tokenizer_config(model_dir).get("truncation_side", "right"),
                          eos_token_ids=eos_ids, sampling_defaults=_sampling_defaults(config, model_dir),
                          sentence_transformers=(model_dir / "modules.json").is_file(),
-                         aliases=config.served_model_aliases, prompts=sentence_transformers_prompts(model_dir))
+                         aliases=config.served_model_aliases, prompts=sentence_transformers_prompts(model_dir),
+                         dtype=setup.weights_dtype)
     done = time.perf_counter()
     logger.info("engine ready in %.2fs: %s, %d KV blocks of %d tokens, tokenizer %s",
                 done - start, model_config.architecture, num_blocks, config.block_size, tokenizer.backend)

@@ -43,6 +43,7 @@ class RunnerSetup:
     phases: tuple[tuple[str, float], ...] = ()  # where the setup's time went: (phase, seconds)
     supports_items: bool = True  # the runner masks multi-item rows (StepLayout.item_lengths)
     compute_threads: int = 1  # the native kernels' and torch's intra-op threads (--cpu-threads)
+    weights_dtype: str = "float32"  # what the weights hold, in dtype names (TEI's /info model_dtype)
 
 
 def null_runner_setup(config: Config, model_config: ModelConfig, eos_ids) -> RunnerSetup:
@@ -104,7 +105,7 @@ def host_runner_setup(config: Config, model_dir: Path, model_config: ModelConfig
     phases = (("weights read and stored", cache_start - start), ("KV cache", time.perf_counter() - cache_start))
     return RunnerSetup(HostRunner(model, kv, threads, config.seed), num_blocks, _temp_bytes_per_token(c, 4),
                        CPU_TEMP_MEMORY_BYTES, "cpu", _dtype_name("float32", model.formats), phases,
-                       HostRunner.supports_items, threads)
+                       HostRunner.supports_items, threads, _weights_dtype("float32", model.formats))
 
 
 def on_cpu(config: Config) -> bool:
@@ -169,20 +170,21 @@ def model_runner_setup(config: Config, model_dir: Path, model_config: ModelConfi
     itemsize = torch.empty((), dtype=dtype).element_size()
     temp_per_token = _temp_bytes_per_token(model_config, itemsize)
     per_block = model_config.kv_bytes_per_block(config.block_size, itemsize)
-    dtype_name = _dtype_name(str(dtype).removeprefix("torch."), stored_formats(model) if weight_format else [])
+    compute, formats = str(dtype).removeprefix("torch."), stored_formats(model) if weight_format else []
+    dtype_name, weights_dtype = _dtype_name(compute, formats), _weights_dtype(compute, formats)
     if device.type == "cuda":
         runner, num_blocks, temp_budget = cuda_runner(config, model, device, dtype, max_model_len, temp_per_token,
                                                        per_block)
         phases.append(("KV cache and attention backend", time.perf_counter() - cache_start))
         return RunnerSetup(runner, num_blocks, temp_per_token, temp_budget,
                            f"cuda ({torch.cuda.get_device_name(device)})", dtype_name, tuple(phases),
-                           runner.attention.supports_items, threads)
+                           runner.attention.supports_items, threads, weights_dtype)
     num_blocks = _cpu_blocks(config, per_block)
     kv_cache = KVCache(KVCacheShape.for_model(model_config, num_blocks, config.block_size, dtype), device)
     runner = ModelRunner(model, get_backend("torch", kv_cache), device, config.block_size, native_step(model, ops))
     phases.append(("KV cache", time.perf_counter() - cache_start))
     return RunnerSetup(runner, num_blocks, temp_per_token, CPU_TEMP_MEMORY_BYTES, "cpu", dtype_name, tuple(phases),
-                       runner.attention.supports_items, threads)
+                       runner.attention.supports_items, threads, weights_dtype)
 
 
 def _temp_bytes_per_token(c: ModelConfig, itemsize: int) -> int:
@@ -193,6 +195,13 @@ def _temp_bytes_per_token(c: ModelConfig, itemsize: int) -> int:
 def _cpu_blocks(config: Config, per_block: int) -> int:
     """The KV blocks of a CPU pool: --num-kv-blocks, else what --kv-cache-memory-bytes holds."""
     return config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+
+
+def _weights_dtype(compute: str, formats: list[str]) -> str:
+    """What the weights hold, in dtype names: bf16x2 keeps bf16 values, bf16x3 fp32 ones; int8
+    where any weight is int8 (a quantized model keeps some bf16 ones)."""
+    held = sorted({{"bf16x2": "bfloat16", "bf16x3": "float32"}.get(f, f) for f in formats}) or [compute]
+    return "int8" if "int8" in held else "/".join(held)
 
 
 def _dtype_name(compute: str, formats: list[str]) -> str:

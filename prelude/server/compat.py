@@ -170,7 +170,7 @@ class CompatAPI(RelevanceAPI):
         about = {"pooling": self.served.pooling} if kind == "embedding" else \
             {"id2label": labels, "label2id": {label: int(i) for i, label in labels.items()}}
         return {"model_id": self.served.name, "model_sha": None,
-                "model_dtype": self.served.config.checkpoint_dtype or "float32", "model_type": {kind: about},
+                "model_dtype": self.served.dtype, "model_type": {kind: about},
                 "max_concurrent_requests": None, "max_input_length": self.served.max_model_len,
                 "max_batch_tokens": max_batch_tokens, "max_batch_requests": None,
                 "max_client_batch_size": MAX_ITEMS, "auto_truncate": False,

@@ -31,6 +31,9 @@ class ServedModel:
     # A sentence-transformers export's named prompts (config_sentence_transformers.json), which
     # TEI's prompt_name puts before a text.
     prompts: dict[str, str] = field(default_factory=dict)
+    # What the weights are served in (TEI's /info model_dtype): the checkpoint's, unless --dtype
+    # or --quantization changed it.
+    dtype: str = "float32"
 
     @property
     def has_lm_head(self) -> bool:

@@ -9,7 +9,9 @@ import struct
 import httpx
 import pytest
 
+from prelude.contract.config import Config
 from tests.server import test_decision_api
+from tests.server.harness import ServerThread
 from tests.server.test_decision_api import LABELS, post
 
 # test_decision_api's module-scoped fixtures, found by pytest under these names.
@@ -147,3 +149,11 @@ def test_vllm_truncate_prompt_tokens_keeps_the_first_tokens_of_a_pooling_input(l
     whole = post(srv, "/v1/embeddings", input=[ids[kept]]).json()
     assert cut["data"][0]["embedding"] == pytest.approx(whole["data"][0]["embedding"], abs=REPEAT_ABS)
     assert cut["usage"]["prompt_tokens"] == 8
+
+
+def test_tei_info_names_the_dtype_served(lm, demo_model):
+    """TEI's model_dtype is what the weights are served in: it said the checkpoint's (bfloat16
+    under --quantization int8, float32 for an fp32 encoder served in float16)."""
+    assert httpx.get(lm[0].base_url + "/info").json()["model_dtype"] == "bfloat16"  # the demo's weights
+    with ServerThread(Config(model=str(demo_model), quantization="int8", num_kv_blocks=64)) as srv:
+        assert httpx.get(srv.base_url + "/info").json()["model_dtype"] == "int8"
