@@ -149,9 +149,11 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         return json_response(info)
 
     async def server_info(_: HTTPRequest) -> Response:
+        # SGLang's names for the serving mode too, which only the startup banner said.
         return json_response({**info, "version": __version__, "context_length": served.max_model_len,
                               "max_total_num_tokens": served.kv_capacity_tokens,
-                              "scheduling_policy": config.scheduling_policy})
+                              "scheduling_policy": config.scheduling_policy, "dtype": served.dtype,
+                              "quantization": None if config.quantization == "none" else config.quantization})
 
     async def version(_: HTTPRequest) -> Response:
         return json_response({"version": __version__})

@@ -155,5 +155,8 @@ def test_tei_info_names_the_dtype_served(lm, demo_model):
     """TEI's model_dtype is what the weights are served in: it said the checkpoint's (bfloat16
     under --quantization int8, float32 for an fp32 encoder served in float16)."""
     assert httpx.get(lm[0].base_url + "/info").json()["model_dtype"] == "bfloat16"  # the demo's weights
+    assert httpx.get(lm[0].base_url + "/server_info").json()["quantization"] is None
     with ServerThread(Config(model=str(demo_model), quantization="int8", num_kv_blocks=64)) as srv:
         assert httpx.get(srv.base_url + "/info").json()["model_dtype"] == "int8"
+        server_info = httpx.get(srv.base_url + "/server_info").json()  # SGLang's, which names the mode too
+        assert (server_info["dtype"], server_info["quantization"]) == ("int8", "int8")
