@@ -143,11 +143,10 @@ class ChatAPI(GenerationAPI):
                     ({"content": out.text} if out.text else {})
                 reason = out.finish_reason if out.finished else None
                 if calls is not None:  # the answer's text is the call's arguments (or the calls)
-                    assert forced is not None
                     tool_delta = calls.delta(index, delta.pop("content", ""), out.finished)
                     if tool_delta is not None:
                         delta["tool_calls"] = tool_delta
-                    reason = finish_reason(forced, reason, tool_delta) if reason is not None else None
+                    reason = calls.finish_reason(reason, tool_delta) if reason is not None else None
                 choice: dict[str, Any] = {"index": index, "delta": delta,
                           "logprobs": self._chat_logprobs(out.logprobs, as_ids) if out.logprobs else None,
                           "finish_reason": reason}

@@ -104,10 +104,9 @@ def _calls_schema(functions: dict[str, Any], parallel: object) -> dict:
 
 
 def tool_calls(forced: ForcedTools, text: str) -> list[dict]:
-    """The calls an answer's text holds. A named function's arguments are the text as generated
-    (cut short with the answer, as OpenAI's are); a "required" list cut short holds none. Each
-    call's arguments are its text as generated, as a named one's: parsed and written again, a
-    number past a float's range came back as Infinity, which is no JSON, and 1e5 as 100000.0."""
+    """The calls an answer's text holds, each call's arguments the text as generated (cut short
+    with the answer, as OpenAI's are); a "required" list cut short holds none. Not parsed and
+    written again: a number past a float's range came back as Infinity, which is no JSON."""
     if forced.name is not None:
         return [_call(forced.name, text)]
     try:
@@ -171,7 +170,7 @@ class ToolCallDeltas:
 
     def __init__(self, forced: ForcedTools):
         self.forced = forced
-        self._started: dict[int, str] = {}  # choice -> the call's id
+        self._started: set[int] = set()  # choices whose call went out (with its id, type and name)
         self._texts: dict[int, str] = {}  # choice -> a "required" answer's text so far
 
     def delta(self, index: int, content: str, finished: bool) -> list[dict] | None:
@@ -184,6 +183,8 @@ class ToolCallDeltas:
             return [{"index": k, **call} for k, call in enumerate(calls)] or None
         if index in self._started:
             return [{"index": 0, "function": {"arguments": content}}] if content else None
-        call = _call(self.forced.name, content)
-        self._started[index] = call["id"]
-        return [{"index": 0, **call}]
+        self._started.add(index)
+        return [{"index": 0, **_call(self.forced.name, content)}]
+
+    def finish_reason(self, reason: Any, calls: list | None) -> Any:
+        return finish_reason(self.forced, reason, calls)
