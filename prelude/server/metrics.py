@@ -34,6 +34,14 @@ class _Writer:
         extra = "".join(f',{k}="{_escape(v)}"' for k, v in labels.items())
         self.lines.append(f"{self.prefix}:{name}{{{self.label}{extra}}} {value}")
 
+    def finished(self, help_text: str, finished: dict[str, int]) -> None:
+        """request_success_total, every reason from the start, at 0 as vLLM's: an alert on
+        increase(...{finished_reason="abort"}) missed the first abort after a restart, its
+        series not there before it."""
+        self.header("request_success_total", "counter", help_text)
+        for reason in FINISH_REASONS:
+            self.sample("request_success_total", finished.get(reason, 0), finished_reason=reason)
+
     def histogram(self, name: str, help_text: str, hist: Histogram) -> None:
         self.header(name, "histogram", help_text)
         cumulative = 0
@@ -60,9 +68,7 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.metric("prompt_tokens_total", "counter", "Prompt tokens computed (each request's, once).", stats.prompt_tokens)
     w.metric("generation_tokens_total", "counter", "Tokens generated, counted as each step makes them.",
              stats.generation_tokens)
-    w.header("request_success_total", "counter", "Finished requests by finish reason.")
-    for reason in FINISH_REASONS:
-        w.sample("request_success_total", stats.finished.get(reason, 0), finished_reason=reason)
+    w.finished("Finished requests by finish reason.", stats.finished)
     w.header("rejected_requests_total", "counter", "Requests refused at admission (503), by reason.")
     for reason in ("queue_full", "draining"):
         w.sample("rejected_requests_total", stats.rejected.get(reason, 0), reason=reason)
@@ -111,11 +117,7 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
     w.metric("prefix_cache_hits_total", "counter", "Prefix-cache hits, in tokens.", snap.prefix_hit_tokens)
     w.metric("prompt_tokens_total", "counter", "Prefill tokens processed.", stats.prompt_tokens)
     w.metric("generation_tokens_total", "counter", "Generation tokens processed.", stats.generation_tokens)
-    # Every reason from the start, at 0 as vLLM's: an alert on increase(...{finished_reason="abort"})
-    # missed the first abort after a restart, its series not there before it.
-    w.header("request_success_total", "counter", "Successfully processed requests.")
-    for reason in FINISH_REASONS:
-        w.sample("request_success_total", stats.finished.get(reason, 0), finished_reason=reason)
+    w.finished("Successfully processed requests.", stats.finished)
     w.histogram("time_to_first_token_seconds", "Time to first token.", stats.ttft)
     w.histogram("e2e_request_latency_seconds", "End-to-end request latency.", stats.e2e)
     # The queue and prefill panels and the preemption count of vLLM's Grafana dashboard read
