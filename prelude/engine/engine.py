@@ -3,9 +3,10 @@ event loop. A step's forward runs in one worker thread so the loop keeps serving
 scheduling and output processing run on the loop between steps.
 
 Its API is narrow: `submit` (returns the request's output stream), `refuse_unseen` (whether any
-request would be refused now), `abort`, `snapshot` (counters for /metrics) and `healthy`; nothing
-above it touches the scheduler, pool or executors. The requests it serves, from admission to
-their end, are kept in `InFlight` (in_flight.py); the step thread in `StepRunner`."""
+request would be refused now) with `enter`/`leave` around the requests it lets in, `abort`,
+`snapshot` (counters for /metrics) and `healthy`; nothing above it touches the scheduler, pool or
+executors. The requests it serves, from admission to their end, are kept in `InFlight`
+(in_flight.py); the step thread in `StepRunner`."""
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +56,8 @@ class Engine:
         self._loop_task: asyncio.Task | None = None
         self._in_flight = 0  # steps running (a short one may run while a long one is parked)
         self._draining = False
+        self._closed = False  # after end_all: nothing more is admitted
+        self._entered = 0  # requests the server let in (enter) whose handlers have not returned
         # Kernel compilation and the like, run in the step thread before the first step; until it
         # is done the engine is not ready (/ready answers 503), though requests may queue.
         self._warmup = warmup
@@ -74,8 +77,8 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        """No request admitted and unfinished, and no step in flight."""
-        return not self.requests and not self._in_flight
+        """No request admitted and unfinished, none on its way in, and no step in flight."""
+        return not self.requests and not self._in_flight and not self._entered
 
     def snapshot(self) -> EngineSnapshot:
         return take_snapshot(self.scheduler, self.stats, self.steps.preemptible_steps, self.steps.preemptions,
@@ -117,7 +120,9 @@ class Engine:
             self._kv_events.shutdown()
 
     def end_all(self) -> None:
-        """Ends every request in flight with an error (shutdown): their clients get it now."""
+        """Ends every request in flight with an error (shutdown): their clients get it now, and
+        any request submitted after is refused."""
+        self._closed = True
         self.requests.end_all(ShutDown("the server shut down before this request finished"))
 
     async def wait_idle(self, timeout: float) -> bool:
@@ -134,10 +139,11 @@ class Engine:
 
     def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Queues the rows of one HTTP request together, or none of them: raises Overloaded when
-        the waiting queue has no room for them all (or the server is draining)."""
+        the waiting queue has no room for them all, or after end_all. While the server drains, what
+        refuse_unseen let in before is admitted: a drain refuses only new requests."""
         if not self.healthy:
             raise EngineError("the engine is not running")
-        if self._draining or not self.scheduler.has_room(requests):
+        if self._closed or not self.scheduler.has_room(requests):
             raise self._refuse()
         streams = []
         for request in requests:
@@ -152,8 +158,16 @@ class Engine:
         None when a request might be admitted: submit_all decides on its rows."""
         return self._refuse() if self.healthy and self.overloaded else None
 
+    def enter(self) -> None:
+        """A request refuse_unseen let in: until it leaves (its handler returned), a drain waits for
+        it, since its body may still be arriving or being tokenized when the drain begins."""
+        self._entered += 1
+
+    def leave(self) -> None:
+        self._entered -= 1
+
     def _refuse(self) -> Overloaded:
-        if self._draining:
+        if self._draining or self._closed:
             self.stats.on_rejected("draining")
             return Overloaded("the server is shutting down")
         self.stats.on_rejected("queue_full")
@@ -182,7 +196,8 @@ class Engine:
         return self.scheduler.config.policy == "priority"
 
     def begin_drain(self) -> None:
-        """Stops admitting (submit raises Overloaded); in-flight requests go on."""
+        """Stops letting new requests in (refuse_unseen refuses them all); those in flight, and
+        those let in before, go on."""
         self._draining = True
 
     def abort(self, stream: RequestStream) -> None:

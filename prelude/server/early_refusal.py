@@ -9,6 +9,9 @@ gate asks it first (Engine.refuse_unseen) and answers from the headers alone. On
 room, requests pass and the engine decides on each one's rows together (Engine.submit_all), as
 before: the gate never refuses a request that could have been admitted.
 
+The gate is also the one place a shutdown's drain refuses: a request it let in before the drain
+began is still admitted, and the drain waits for it (Engine.enter and leave).
+
 A small body (DRAIN_BYTES at most, by its Content-Length) is still read, and dropped, before the
 503, for --http-server hypercorn: it closes a connection whose request body had not all arrived
 when the response ended, and a client that sent its headers and body in two writes had its
@@ -56,7 +59,17 @@ class RefuseWhenFull:
             refusal = self.engine.refuse_unseen()
             if refusal is not None:
                 return self._refuse(refusal, scope, receive, send)
+            return self._let_in(scope, receive, send)
         return self.app(scope, receive, send)
+
+    async def _let_in(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Counted in until answered: a SIGTERM that comes while its body is read or tokenized
+        # lets it finish (the drain waits for it) instead of refusing work it had taken in.
+        self.engine.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.engine.leave()
 
     async def _refuse(self, refusal: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:
         if _declared_length(scope) <= DRAIN_BYTES:

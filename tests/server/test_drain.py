@@ -3,7 +3,9 @@ streams finish with [DONE] (or an error event when --shutdown-timeout cuts them)
 without a traceback; a second signal exits at once."""
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -106,3 +108,37 @@ def test_shutdown_timeout_answers_a_cut_request_503_with_retry_after(demo_model,
 def _running(url: str) -> bool:
     return any(line.startswith("prelude:num_requests_running{") and not line.endswith(" 0")
                for line in httpx.get(url + "/metrics").text.splitlines())
+
+
+def test_a_request_whose_body_arrives_after_sigterm_is_still_answered(demo_model, http_server):
+    """A request the server had begun to read when the signal came is served, not refused: the
+    drain refuses only requests that arrive after it began (it was a 503 once its body came)."""
+    body = b'{"prompt": "Once upon a time", "max_tokens": 8}'
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--http-server", http_server],
+                           env=prelude_env())
+    with server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+            time.sleep(0.5)  # its head is read: the request is in
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            sock.sendall(body[10:])
+            answer = _read_response(sock)
+        code = server.proc.wait(60)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert json.loads(payload)["usage"]["completion_tokens"] == 8
+    assert code == 0 and "Traceback" not in server.log_path.read_text()
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response with a Content-Length body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head = data.partition(b"\r\n\r\n")[0].decode().lower()
+    length = int(head.split("content-length:")[1].split("\r\n")[0])
+    while len(data.partition(b"\r\n\r\n")[2]) < length:
+        data += sock.recv(65536)
+    return data
