@@ -14,16 +14,14 @@ from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import RequestOutput
 from prelude.server import access_log
 from prelude.server.access_log import AccessEntry
-from prelude.server.chat_prompt import ASSISTANT, ChatPrompt, RenderedChat
+from prelude.server.chat_prompt import ChatPrompt
 from prelude.server.errors import bad_request
 from prelude.server.generation import GenerationAPI
+from prelude.server.reasoning import REASONING_END, StreamedReasoning, opens_in_reasoning, split_reasoning
 from prelude.server.scores import required
 from prelude.server.answers import json_response, new_id
 from prelude.server.streaming import EventStream, merge, sse
 from prelude.server.tool_calls import ForcedTools, ToolCallDeltas, finish_reason, forced_tools, tool_calls
-
-
-REASONING_START, REASONING_END = "<think>", "</think>"
 
 
 class ChatAPI(GenerationAPI):
@@ -48,7 +46,7 @@ class ChatAPI(GenerationAPI):
         ids = self.truncate(ids, self.truncation_limit(body), "left")
         if not ids:
             raise bad_request("'messages' render to an empty prompt", "messages")
-        n = body.int("n", 1, lo=1, hi=128)
+        n = self.requested_n(body)
         max_tokens = body.int("max_completion_tokens", None, lo=0)
         if max_tokens is None:
             max_tokens = body.int("max_tokens", None, lo=0)
@@ -120,7 +118,7 @@ class ChatAPI(GenerationAPI):
                      split: bool, forced: ForcedTools | None):
         finals: dict[int, RequestOutput] = {}
         calls = ToolCallDeltas(forced) if forced is not None else None
-        reasoning = set(range(len(streams))) if split else set()  # choices still in their reasoning
+        reasoning = [StreamedReasoning() for _ in streams] if split else None
         prompt_len = len(prompt)
 
         def chunk(choices, **extra):
@@ -139,7 +137,7 @@ class ChatAPI(GenerationAPI):
                 yield chunk([{"index": i, "delta": {"content": echo}, "logprobs": None, "finish_reason": None}
                              for i in range(len(streams))], **usage(0))
             async for index, out in merge(streams):
-                delta: dict[str, Any] = _reasoning_delta(out.text, index, reasoning) if index in reasoning else \
+                delta: dict[str, Any] = reasoning[index].delta(out.text, out.finished) if reasoning else \
                     ({"content": out.text} if out.text else {})
                 reason = out.finish_reason if out.finished else None
                 if calls is not None:  # the answer's text is the call's arguments (or the calls)
@@ -161,21 +159,6 @@ class ChatAPI(GenerationAPI):
         return self.framed(rid, chunks(), streams, finals, [prompt_len], usage_chunk, logged, len(streams))
 
 
-def opens_in_reasoning(rendered: RenderedChat) -> bool:
-    """Whether the answer starts inside a reasoning block (the chat template writes them), so that
-    its constraint waits for the block's end. Only an assistant reasons. After a generation
-    prompt the block is open unless the prompt closed it (Qwen3's enable_thinking: false renders
-    an empty one); an answer going on with the last message is inside one only where the prompt
-    opened a block it did not close. A prefill after Qwen3's empty block waited for a `</think>`
-    the model never writes, and its answer went unconstrained."""
-    if rendered.role != ASSISTANT:
-        return False
-    text = rendered.text
-    if rendered.generation_prompt:
-        return not text.rstrip().endswith(REASONING_END)
-    return text.rfind(REASONING_START) > text.rfind(REASONING_END)
-
-
 def _message(role: str, echo: str, text: str, split: bool, forced: ForcedTools | None = None) -> dict:
     """A whole answer's message; with `split`, its reasoning in reasoning_content and only what
     follows the block's end in content (null while the block never ended), as vLLM's parsers.
@@ -183,24 +166,11 @@ def _message(role: str, echo: str, text: str, split: bool, forced: ForcedTools |
     if not split:
         message: dict[str, Any] = {"role": role, "content": echo + text}
     else:
-        reasoning, end, content = text.partition(REASONING_END)
-        message = {"role": role, "content": echo + content if end or echo else None,
-                   "reasoning_content": reasoning.removeprefix(REASONING_START)}
+        reasoning, content = split_reasoning(text)
+        message = {"role": role, "content": echo + content if content is not None else echo or None,
+                   "reasoning_content": reasoning}
     if forced is not None:
         message["tool_calls"] = tool_calls(forced, (message["content"] or "").removeprefix(echo))
         message["content"] = echo
     return message
 
-
-def _reasoning_delta(text: str, index: int, reasoning: set[int]) -> dict[str, str]:
-    """A streamed increment of a choice still in its reasoning: the reasoning's part, and the
-    content after the block's end (one token, so never split across increments)."""
-    before, end, after = text.partition(REASONING_END)
-    if end:
-        reasoning.discard(index)
-    delta = {}
-    if before := before.removeprefix(REASONING_START):
-        delta["reasoning_content"] = before
-    if after:
-        delta["content"] = after
-    return delta

@@ -26,9 +26,7 @@ class CompletionsAPI(GenerationAPI):
         prompts = await self.inputs(body, "prompt", MAX_ITEMS)
         if body.has("suffix"):
             raise bad_request("'suffix' is not supported", "suffix")
-        n = body.int("n", 1, lo=1, hi=128)
-        if body.int("best_of", n, lo=1) != n:
-            raise bad_request("'best_of' different from 'n' is not supported", "best_of")
+        n = self.requested_n(body)
         # OpenAI's default of 16 when the field is absent; an explicit null asks for all the context
         # leaves, as vLLM reads it (the OpenAI SDK sends max_tokens=None as null).
         max_tokens = body.int("max_tokens", None if "max_tokens" in body.data else 16, lo=0)

@@ -23,6 +23,15 @@ from prelude.structured.compiler import Constraint
 class GenerationAPI(Serving):
     grammars: Grammars | None = None  # set by the app: structured outputs for the served tokenizer
 
+    @staticmethod
+    def requested_n(body: Body) -> int:
+        """The choices asked for; best_of, which would sample more and keep the best, is refused
+        unless it asks for no more than n (on chat too, where it was dropped without a word)."""
+        n = body.int("n", 1, lo=1, hi=128)
+        if body.int("best_of", n, lo=1) != n:
+            raise bad_request("'best_of' different from 'n' is not supported", "best_of")
+        return n
+
     def fan_out(self, rid: str, prompts: list[list[int]], n: int, body: Body, max_tokens: int | None,
                 logprobs: int | None, constraint: AnswerConstraint, **fields) -> list[Request]:
         """n choices per prompt, all validated before any is submitted. Sampling is read from the

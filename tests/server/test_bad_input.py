@@ -77,6 +77,8 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      "messages[0].content"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, 400, "max_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "best_of": 3}, 400, "best_of"),  # was dropped
+    (COMPLETIONS, {"prompt": "hi", "best_of": 3}, 400, "best_of"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10**6}, 400,
      "max_completion_tokens"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99, "logprobs": True}, 400,

@@ -5,6 +5,7 @@ enable_thinking, and an empty block before an assistant message's content), a lo
 `</think>` the model's favourite token."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from prelude.contract.config import Config
+from prelude.server.reasoning import StreamedReasoning, split_reasoning
 from tests.server.harness import ServerThread
 
 END = 0
@@ -74,6 +76,27 @@ def test_grammar_applies_after_the_reasoning_block(thinking):
     deltas = streamed(thinking)
     assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
     assert not [d for d in deltas if d.get("reasoning_content")]
+
+
+def test_a_stop_string_that_holds_back_the_blocks_end_leaves_the_stream_split_as_the_answer(thinking):
+    """A stop string beginning with `>` holds back the `>` of `</think>` until the next token:
+    the stream found no block end in either increment, and sent the answer as reasoning."""
+    choice = chat(thinking, stop=[">>"])
+    assert re.fullmatch("[0-9]{3,10}", choice["message"]["content"]), choice
+    deltas = streamed(thinking, stop=[">>"])
+    assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == choice["message"]["reasoning_content"]
+
+
+@pytest.mark.parametrize("text", ["<think>\nhm</think>\n\n{}", "hm </thi", "<thi", "a</think></think>b", "", "x<"])
+def test_a_stream_cut_anywhere_splits_as_the_whole_answer(text):
+    for cuts in itertools.combinations(range(1, len(text)), min(2, max(len(text) - 1, 0))):
+        pieces = [text[i:j] for i, j in zip((0, *cuts), (*cuts, len(text)))]
+        split = StreamedReasoning()
+        deltas = [split.delta(piece, finished=k == len(pieces) - 1) for k, piece in enumerate(pieces)]
+        reasoning, content = split_reasoning(text)
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == reasoning, pieces
+        assert "".join(d.get("content", "") for d in deltas) == (content or ""), pieces
 
 
 def test_an_unended_reasoning_block_is_all_reasoning(thinking):
