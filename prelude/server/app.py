@@ -126,6 +126,16 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
             return Response(status_code=200)
         return APIError(409, "cached blocks are in use; retry when the server is idle").response()
 
+    async def load(_: HTTPRequest) -> Response:
+        """SGLang's worker load, which sglang-router's power_of_two policy polls (as one data-parallel
+        rank): requests admitted and unfinished, the waiting ones, and tokens held (KV in use and
+        prompts waiting). Without it every replica read as of unknown load, and the policy chose
+        at random, a busy replica as often as an idle one."""
+        now = engine.snapshot()
+        return json_response([{"dp_rank": 0, "num_reqs": now.num_rows_running + now.num_waiting,
+                               "num_waiting_reqs": now.num_waiting,
+                               "num_tokens": now.kv_blocks_in_use * config.block_size + now.num_waiting_tokens}])
+
     # When the model was loaded, as vLLM reports it (0 read as 1970 in clients that show it).
     loaded_at = int(time.time())
 
@@ -225,6 +235,8 @@ def create_app(engine: Engine, served: ServedModel, config: Config,
         Route("/get_server_info", server_info, ("GET",)),
         Route("/metrics", metrics_endpoint, ("GET",)),
         Route("/reset_prefix_cache", reset_prefix_cache, ("POST",)),
+        Route("/flush_cache", reset_prefix_cache, ("GET", "POST")),  # SGLang's name (sglang-router's flush)
+        Route("/get_load", load, ("GET",)),
         Route("/v1/models", models, ("GET",)),
         *(Route(MODEL_CARDS + name, model_card, ("GET",)) for name in cards),  # another id: 404
         *work,

@@ -87,3 +87,23 @@ def test_every_endpoint_through_the_router(router, demo_model):
         tokens = client.post("/v1/tokenize", json={"model": name, "prompt": "hello"})
         assert tokens.status_code == 200 and tokens.json()["count"] > 0  # the router's own, from our tokenizer
 
+
+
+def test_the_router_reads_each_replicas_load(router, demo_model):
+    """sglang-router's power_of_two compares the loads it polls from each worker's /get_load:
+    a 404 there read as an unknown load on every replica, and the policy chose at random. The
+    router's /flush_cache reaches each replica's prefix cache."""
+    url, a, _ = router
+    loads = httpx.get(url + "/get_loads", timeout=30).json()
+    assert len(loads["workers"]) == 2 and all(entry["load"] >= 0 for entry in loads["workers"]), loads
+    # A replica with a prompt's KV held answers the tokens it holds.
+    with httpx.stream("POST", a.base_url + "/v1/completions", timeout=60, json={
+            "model": str(demo_model).rstrip("/"), "prompt": "hello " * 40, "max_tokens": 3000, "ignore_eos": True,
+            "stream": True}) as stream:
+        lines = stream.iter_lines()
+        first = next(lines)
+        busy = httpx.get(a.base_url + "/get_load").json()
+        assert first.startswith("data: {") and sum(1 for _ in lines) > 100  # it was running
+    assert busy[0]["num_reqs"] == 1 and busy[0]["num_tokens"] >= 40, busy
+    flushed = httpx.post(url + "/flush_cache", timeout=30).json()
+    assert flushed["status"] == "success", flushed
