@@ -60,6 +60,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     pad_token_id: int | None = None
     id2label: dict[int, str] = field(default_factory=dict)
+    # A classifier's labels are independent (sigmoid each, as transformers' pipeline and vLLM read
+    # problem_type "multi_label_classification"), else exclusive (softmax).
+    multi_label: bool = False
     encoder: EncoderConfig | None = None  # set for the bidirectional encoders (BERT, XLM-R, ModernBERT)
     int8_weights: bool = False  # compressed-tensors int8 weights (model.quantized_checkpoint)
 
@@ -115,7 +118,7 @@ class ModelConfig:
             eos_token_ids=_as_ids(raw.get("eos_token_id")),
             bos_token_id=raw.get("bos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
-            id2label=_id2label(raw, head),
+            id2label=_id2label(raw, head), multi_label=raw.get("problem_type") == "multi_label_classification",
             int8_weights=int8_weights(raw),
         )
 
@@ -136,6 +139,7 @@ class ModelConfig:
             max_position_embeddings=usable_positions(family, raw), tie_word_embeddings=False,
             attention_bias=True, qk_norm=False, checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             pad_token_id=raw.get("pad_token_id"), id2label=_id2label(raw, head),
+            multi_label=raw.get("problem_type") == "multi_label_classification",
             encoder=encoder_config(family, raw, sep_id))
 
     @classmethod

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from prelude.engine.request import Task
 from prelude.server.relevance import RelevanceAPI, requested_top_n
-from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
+from prelude.server.scores import label_probabilities, matryoshka, packed_float32, required
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
 from prelude.server.answers import check_count, json_response, new_id
@@ -115,8 +115,9 @@ class CompatAPI(RelevanceAPI):
         return json_response(results)
 
     async def tei_predict(self, http: HTTPRequest) -> Response:
-        """TEI /predict: `inputs` as a string, a [text, text_pair], or a batch of either; each
-        answer is every label with its score, best first (`raw_scores`: logits)."""
+        """TEI /predict: `inputs` as a string, a [text, text_pair], or a batch of texts, [text]s and
+        [text, text_pair]s; each answer is every label with its score, best first (`raw_scores`:
+        logits; probabilities as /classify gives them)."""
         body = await self.body(http)
         self._require_classifier()
         value = body.require("inputs")
@@ -129,6 +130,8 @@ class CompatAPI(RelevanceAPI):
         check_count("inputs", len(batch), MAX_ITEMS)
         prompts = []
         for entry in batch:
+            if isinstance(entry, list) and len(entry) == 1:  # TEI's batch of one-text arrays
+                entry = entry[0]
             if isinstance(entry, str) and entry:
                 (ids,) = await self.encode_items([entry], "inputs")
             elif isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t for t in entry):
@@ -141,7 +144,7 @@ class CompatAPI(RelevanceAPI):
         raw = body.bool("raw_scores")
         answers = []
         for row in logits:
-            scores = row if raw else ([sigmoid(row[0])] if len(row) == 1 else softmax(row))
+            scores = row if raw else label_probabilities(row, self.served.config.multi_label)
             ranked = sorted(range(len(scores)), key=lambda i: -scores[i])
             answers.append([{"label": labels.get(i, f"LABEL_{i}"), "score": scores[i]} for i in ranked])
         return json_response(answers[0] if single else answers)

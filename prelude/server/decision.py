@@ -13,7 +13,7 @@ from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.scores import matryoshka, packed_float32, required, sigmoid, softmax
+from prelude.server.scores import label_probabilities, matryoshka, packed_float32, required, sigmoid
 from prelude.server.answers import check_count, json_response, new_id, prompt_usage
 from prelude.server.serving import MAX_ITEMS, Serving
 
@@ -83,7 +83,7 @@ class DecisionAPI(Serving):
                 item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [sigmoid(logits[0])],
                         "num_classes": 1, "score": logits[0]}
             else:
-                probs = softmax(logits)
+                probs = label_probabilities(logits, self.served.config.multi_label)
                 best = max(range(len(probs)), key=probs.__getitem__)
                 item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs,
                         "num_classes": len(probs)}

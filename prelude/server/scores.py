@@ -28,6 +28,14 @@ def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
+def label_probabilities(logits: list[float], multi_label: bool) -> list[float]:
+    """A classifier's probabilities, as transformers' text-classification pipeline and vLLM give
+    them: each label's sigmoid for a one-label (reward) head or independent (multi-label) labels,
+    else a softmax over the labels. A multi-label head's softmax made its labels compete: a text
+    both toxic and insulting scored under 0.5 on each."""
+    return [sigmoid(x) for x in logits] if multi_label or len(logits) == 1 else softmax(logits)
+
+
 def pair_relevance(logits: list[float]) -> float:
     """Cross-encoder relevance: sigmoid of a single logit, else the probability of label 1."""
     return sigmoid(logits[0]) if len(logits) == 1 else softmax(logits)[1]

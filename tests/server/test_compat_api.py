@@ -134,6 +134,9 @@ def test_tei_predict_single_pair_and_batch(classifier):
     assert max(a["score"] for a in single) == pytest.approx(max(ours["probs"]), abs=REPEAT_ABS)
     batch = httpx.post(srv.base_url + "/predict", json={"inputs": [["q", "doc"], "text"]}).json()
     assert len(batch) == 2 and all(len(answer) == len(LABELS) for answer in batch)
+    # TEI's README batches one-text arrays: [["I like you."], ["I hate pineapples"]] (it was a 400)
+    listed = httpx.post(srv.base_url + "/predict", json={"inputs": [["great movie"], ["q", "doc"]]}).json()
+    assert listed[0] == pytest.approx(single) and listed[1] == pytest.approx(batch[0])
 
 
 @pytest.mark.parametrize(("side", "kept"),

@@ -125,6 +125,25 @@ def test_classify_matches_sequence_classification_logits(classifier):
         assert item["label"] == LABELS[int(probs.argmax())] and item["num_classes"] == 3
 
 
+def test_a_multi_label_classifier_scores_each_label_on_its_own(demo_model, tmp_path):
+    """problem_type multi_label_classification: each label's sigmoid, as transformers' pipeline
+    and vLLM give them (/classify and TEI's /predict); a softmax made the labels compete."""
+    path = make_model_dir(tmp_path / "ml", "qwen3", demo_model, head="ForSequenceClassification", num_labels=3,
+                          id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, pad_token_id=0,
+                          problem_type="multi_label_classification")
+    reference = load_reference(path)
+    with _serve(path) as srv:
+        classified = post(srv, "/classify", input=TEXTS).json()["data"]
+        predicted = post(srv, "/predict", inputs=TEXTS).json()
+        for text, item, answer in zip(TEXTS, classified, predicted):
+            with torch.no_grad():
+                expected = torch.sigmoid(reference(torch.tensor([ids_of(srv, text)])).logits[0]).tolist()
+            assert item["probs"] == pytest.approx(expected, abs=1e-5)
+            assert item["label"] == LABELS[max(range(3), key=expected.__getitem__)]
+            assert {LABELS[i]: p for i, p in enumerate(expected)} == \
+                pytest.approx({a["label"]: a["score"] for a in answer}, abs=1e-5)
+
+
 def test_classify_reads_the_last_non_pad_token(classifier):
     srv, reference = classifier
     ids = ids_of(srv, TEXTS[0])
