@@ -236,12 +236,13 @@ class Admission:
         return tuple(dict.fromkeys((*eos, *(body.int_list("stop_token_ids", hi=self.vocab_size - 1) or ()))))
 
     def _allowed_ids(self, body: Body, blocked: tuple[int, ...]) -> tuple[int, ...] | None:
-        """allowed_token_ids, unless they allow no token: none at all, or only ids that min_tokens
-        blocks (every logit masked, the sampler answered a token outside them)."""
+        """allowed_token_ids, each once (a repeated id stood twice in top_logprobs, in place of
+        another), unless they allow no token: none at all, or only ids that min_tokens blocks
+        (every logit masked, the sampler answered a token outside them)."""
         allowed = body.int_list("allowed_token_ids", hi=self.vocab_size - 1)
         if allowed is not None and not allowed:
             raise body.invalid("allowed_token_ids", "must not be empty (it would allow no token)")
         if allowed is not None and blocked and set(allowed) <= set(blocked):
             raise body.invalid("allowed_token_ids", "allows only tokens that end generation, which min_tokens "
                                                     "blocks: no token could be generated")
-        return allowed
+        return None if allowed is None else tuple(dict.fromkeys(allowed))

@@ -88,8 +88,8 @@ class GenerationAPI(Serving):
                 param = _choice_param(body)
                 raise bad_request(f"'{param}' holds a special token's text, which would be drawn as that token",
                                   param)
-            if all(len(ids) == 1 for ids in encoded):
-                return AnswerConstraint(token_ids=tuple(ids[0] for ids in encoded))
+            if all(len(ids) == 1 for ids in encoded):  # once each: top_logprobs lists distinct tokens
+                return AnswerConstraint(token_ids=tuple(dict.fromkeys(ids[0] for ids in encoded)))
             wanted = Constraint("choice", json.dumps(wanted), param=_choice_param(body))
         if self.grammars is None:
             raise bad_request(f"'{wanted.param}' is not supported: structured outputs are off", wanted.param)

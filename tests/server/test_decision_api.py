@@ -400,6 +400,25 @@ def test_allowed_tokens_logit_bias_and_choice_restrict_the_token(lm):
     assert chat["choices"][0]["message"]["content"] in choices
 
 
+def test_a_repeated_allowed_token_is_listed_once(lm):
+    """An id sent twice in allowed_token_ids (or a choice's token twice) stood twice in
+    top_logprobs, in place of another label: a judge reading P(yes) lost it."""
+    srv, _ = lm
+    text = "Answer with one word:"
+    tok = srv.served.tokenizer
+    yes, no = [t for t in range(300, 400) if tok.encode(tok.decode([t]), False) == [t]][:2]
+    chat = {"messages": [{"role": "user", "content": text}], "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "top_logprobs": 2}
+    twice = [tok.decode([t]) for t in (yes, no, no, yes)]
+    for restriction in ({"allowed_token_ids": [yes, no, no, yes]}, {"guided_choice": twice}):
+        top = post(srv, "/v1/chat/completions", **chat, **restriction).json()["choices"][0]["logprobs"]
+        listed = [entry["token"] for entry in top["content"][0]["top_logprobs"]]
+        assert sorted(listed) == sorted([tok.decode([yes]), tok.decode([no])]), listed
+    listed = post(srv, "/v1/completions", prompt=text, max_tokens=1, temperature=0, logprobs=2,
+                  allowed_token_ids=[yes, no, no, yes]).json()["choices"][0]["logprobs"]["top_logprobs"][0]
+    assert len(listed) == 2, listed
+
+
 # -- bad input ---------------------------------------------------------------------------------
 BAD = [
     ("/v1/embeddings", {"input": []}, "input"),
