@@ -139,37 +139,39 @@ class DecisionAPI(Serving):
     def _use_multi_item(self, body: Body) -> bool:
         """Multi-item mode: on by default when there are several items and each is no longer than
         the query (characters for text, tokens for ids: the query dominates, so sharing one
-        forward pays); `multi_item` in the request forces it on or off. Only where the server
-        supports it (--multi-item-scoring and an attention backend that masks items)."""
+        forward pays); `multi_item` in the request forces it on or off."""
         query, items = body.require("query"), body.list("items") or []
         short = bool(items) and all(isinstance(i, (str, list)) and len(i) <= len(query) for i in items)
-        wanted = body.bool("multi_item", len(items) > 1 and short)
-        return wanted and self.served.multi_item_scoring and not body.bool("item_first")
+        return body.bool("multi_item", len(items) > 1 and short) and not body.bool("item_first")
 
     async def _label_inputs(self, body: Body) -> tuple[tuple[list[int], list[list[int]]] | None,
                                                       list[list[int]] | None]:
         """(multi-item inputs, the per-item prompts when finding them out made those). The inputs:
         the query's ids (with special tokens, for text) and each item's (without), SGLang's shape,
         each item tokenized on its own. None, where multi-item mode was chosen by default (not
-        asked for), when the per-item rows would score other tokens: a text whose boundary
+        asked for) and the per-item rows would score other tokens: a text whose boundary
         tokenizes otherwise joined (": " then "a" apart, ": " and " a" joined) gave another
-        probability, so adding a long item to a request changed the others' scores; or when they
-        would not fit the context together (one row per item only needs query + item to)."""
+        probability, so adding a long item to a request changed the others' scores."""
         query, items = body.require("query"), body.require("items")
-        asked = body.has("multi_item")
         if isinstance(query, str):
             (query_ids,) = await self.encode_items([query], "query")
             item_ids = await self.admission.encode_many(items, add_special_tokens=False)
-            if not asked:
+            if not body.has("multi_item"):
                 prompts = await self._label_prompts(body)
                 if prompts != [query_ids + ids for ids in item_ids]:
                     return None, prompts
         else:
             query_ids = self.admission.check_ids(query, "query")
             item_ids = [self.admission.check_ids(item, "items") for item in items]
-        if len(query_ids) + sum(map(len, item_ids)) > self.served.max_model_len and not asked:
-            return None, None
         return (query_ids, item_ids), None
+
+    def _packs(self, query: list[int], items: list[list[int]]) -> bool:
+        """Whether multi-item inputs run as one forward: where the server masks items from each
+        other (--multi-item-scoring, the OneShot path, an attention backend that does) and they
+        fit the context together. Else each runs as its own row, query + item tokenized apart,
+        which scores the same: a forced multi_item on a server that could not pack scored the
+        joined text instead, and one too long to pack was a 400 about a prompt never sent."""
+        return self.served.multi_item_scoring and len(query) + sum(map(len, items)) <= self.served.max_model_len
 
     def _check_label_shape(self, body: Body) -> None:
         query, items = body.require("query"), body.list("items", nonempty=True)
@@ -204,12 +206,14 @@ class DecisionAPI(Serving):
         label_ids = self._label_ids(body)
         self._check_label_shape(body)
         apply_softmax, sched = body.bool("apply_softmax"), self.scheduling(http, body)
-        packed, prompts = await self._label_inputs(body) if self._use_multi_item(body) else (None, None)
-        if packed is not None:
-            query, items = packed
+        apart, prompts = await self._label_inputs(body) if self._use_multi_item(body) else (None, None)
+        if apart is not None and self._packs(*apart):
+            query, items = apart
             scores = await self._multi_item_scores(http, rid, query, items, label_ids, apply_softmax, sched)
             usage = prompt_usage([query + [t for item in items for t in item]])
         else:
+            if apart is not None:
+                prompts = [apart[0] + item for item in apart[1]]
             prompts = prompts or await self._label_prompts(body)
             scores = await self._label_scores(http, rid, prompts, label_ids, apply_softmax, sched)
             usage = prompt_usage(prompts)

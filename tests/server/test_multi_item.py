@@ -110,4 +110,27 @@ def test_items_too_long_to_pack_go_one_row_each(srv):
     apart = _score(srv, query=query, items=items, multi_item=False).json()["scores"]
     for got, want in zip(response.json()["scores"], apart):
         assert got == pytest.approx(want, abs=1e-5)
-    assert _score(srv, query=query, items=items, multi_item=True).status_code == 400  # packing, asked for
+    # Asked for, as one row each too: the 400 named a packed prompt the client never sent.
+    before = _rows_and_tokens(srv)
+    forced = _score(srv, query=query, items=items, multi_item=True)
+    assert forced.status_code == 200 and _rows_and_tokens(srv)[0] - before[0] == 3
+    assert _flat(forced.json()["scores"]) == pytest.approx(_flat(response.json()["scores"]), abs=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["disable_oneshot", "multi_item_scoring"])
+def test_a_server_that_cannot_pack_scores_forced_multi_item_as_one_that_can(srv, demo_model, flag):
+    """multi_item true tokenizes query and items apart (SGLang's multi-item scoring): a server that
+    does not pack (--disable-oneshot, --no-multi-item-scoring) scored the joined text instead,
+    and another probability, without a word."""
+    query, items = "Will the user like this item? Item: ", ["tent", "a cookbook"]
+    packed = _flat(_score(srv, query=query, items=items, multi_item=True).json()["scores"])
+    joined = _flat(_score(srv, query=query, items=items, multi_item=False).json()["scores"])
+    assert packed != pytest.approx(joined, abs=1e-4)  # the boundary tokenizes otherwise
+    config = {"disable_oneshot": True} if flag == "disable_oneshot" else {"multi_item_scoring": False}
+    with ServerThread(Config(model=str(demo_model), num_kv_blocks=512, block_size=16, **config)) as other:
+        assert _flat(_score(other, query=query, items=items, multi_item=True).json()["scores"]) == \
+            pytest.approx(packed, abs=1e-5)
+
+
+def _flat(scores: list[list[float]]) -> list[float]:
+    return [p for row in scores for p in row]
