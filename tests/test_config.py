@@ -39,6 +39,7 @@ def test_byte_sizes(text, expected):
     (["--dtype", "int8"], "--dtype"),
     (["--pooling", "max"], "--pooling"),
     (["--max-logprobs", "-1"], "--max-logprobs"),
+    (["--seed", "-1"], "--seed"),  # was a numpy traceback at startup
     (["--kv-cache-memory", "lots"], "--kv-cache-memory"),
     (["--api-key", ""], "--api-key"),
 ])

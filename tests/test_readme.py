@@ -33,7 +33,7 @@ PORTS = {8000: "lm", 8001: "classifier"}  # what the docs serve where
 OPTIONAL = ("fastokens", "kitoken")  # bench.tokenizer's rivals: `pip install fastokens kitoken`
 # Routes documented by name beside the example of the route they alias.
 ALIASES = {"/get_model_info": "/model_info", "/get_server_info": "/server_info",
-           "/v1/classify": "/classify", "/score": "/v1/score"}
+           "/v1/classify": "/classify", "/score": "/v1/score", "/flush_cache": "/reset_prefix_cache"}
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,8 @@ class Config:
             raise ConfigError("--keep-alive-timeout must be positive")
         if self.max_logprobs < 0:
             raise ConfigError("--max-logprobs must be >= 0")
+        if self.seed < 0:  # numpy's generators take none: a traceback at startup
+            raise ConfigError("--seed must be >= 0")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 shown = ", ".join(str(a) for a in allowed if a is not None)

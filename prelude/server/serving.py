@@ -75,9 +75,10 @@ class Serving:
         self.max_request_bytes = max_request_bytes
         self._token_texts: dict[int, str] = {}
         self._token_bytes: dict[int, list[int]] = {}
-        # The served names, its path (what /model_info reports as model_path), and "unknown":
-        # sglang-router's placeholder when a request named no model.
-        self.model_names = frozenset((served.name, *served.aliases, str(served.path), "unknown"))
+        # The served names, its path (what /model_info reports as model_path) with or without a
+        # trailing slash (vLLM names a model by --model as typed: a client sending "dir/" got 404),
+        # and "unknown": sglang-router's placeholder when a request named no model.
+        self.model_names = frozenset((served.name, *served.aliases, str(served.path), f"{served.path}/", "unknown"))
         self.default_deadline_ms = default_deadline_ms
 
     async def body(self, http: HTTPRequest) -> Body:

@@ -97,7 +97,8 @@ class ChatTemplate:
     def from_dir(cls, model_dir: str | Path) -> ChatTemplate | None:
         """The template of a model directory: chat_template.jinja, else tokenizer_config.json's
         chat_template (a string, or a list of named templates: "default", and "tool_use" for
-        requests with tools)."""
+        requests with tools); "tool_use" also as additional_chat_templates/tool_use.jinja, where
+        transformers saves named templates now (requests with tools got the default one)."""
         model_dir = Path(model_dir)
         config = tokenizer_config(model_dir)
         jinja_path = model_dir / "chat_template.jinja"
@@ -107,6 +108,9 @@ class ChatTemplate:
             named = {t.get("name"): t.get("template") for t in source}
             source = named.get("default") or next(iter(named.values()), None)
             tool_use = named.get("tool_use")
+        saved = model_dir / "additional_chat_templates" / "tool_use.jinja"
+        if tool_use is None and saved.is_file():
+            tool_use = saved.read_text(encoding="utf-8")
         if not source:
             return None
         return cls(source, special_tokens(config), tool_use)

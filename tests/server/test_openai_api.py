@@ -42,6 +42,17 @@ def test_several_served_names_are_each_a_model_clients_may_send(demo_model):
         assert out.model == "judge"
 
 
+def test_a_model_path_given_with_a_trailing_slash_is_a_name_clients_may_send(demo_model):
+    """vLLM names the model by --model as typed: a client sending "dir/" back got 404 here."""
+    from prelude.app.cli import parse_args
+    from tests.server.harness import ServerThread
+
+    with ServerThread(parse_args(["--model", f"{demo_model}/"])) as srv:
+        for name in (f"{demo_model}/", str(demo_model)):
+            answer = httpx.post(srv.base_url + "/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 1})
+            assert answer.status_code == 200, answer.text
+
+
 def test_completion_greedy_is_deterministic_and_counts_usage(client, model):
     a = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)
     b = client.completions.create(model=model, prompt="The judge says", max_tokens=8, temperature=0)

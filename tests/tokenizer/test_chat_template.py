@@ -80,6 +80,23 @@ def test_requests_with_tools_get_the_tool_use_template_as_in_transformers(tmp_pa
     assert ours.render(CONVERSATIONS[0], tools=tools) == "tools 1 Hello!"
 
 
+def test_a_tool_use_template_saved_apart_is_read_as_in_transformers(tmp_path):
+    """transformers saves named templates as additional_chat_templates/<name>.jinja beside
+    chat_template.jinja: requests with tools got the default template."""
+    _with_template(tmp_path, "qwen3", None)  # the tokenizer's files, no template in its config
+    (tmp_path / "chat_template.jinja").write_text("plain {{ messages[0]['content'] }}", encoding="utf-8")
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(
+        "tools {{ tools | length }} {{ messages[0]['content'] }}", encoding="utf-8")
+    ours = ChatTemplate.from_dir(tmp_path)
+    ref = _transformers_tokenizer(tmp_path)
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    for request_tools in (None, tools):
+        expected = ref.apply_chat_template(CONVERSATIONS[0], tools=request_tools, tokenize=False)
+        assert ours.render(CONVERSATIONS[0], tools=request_tools) == expected
+    assert ours.render(CONVERSATIONS[0], tools=tools) == "tools 1 Hello!"
+
+
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
 def test_an_assistant_turns_reasoning_reaches_the_template_by_any_name_as_in_transformers(field):
     # Qwen3's template reads `reasoning_content` only; `reasoning` (vLLM 0.32's name for it) was
