@@ -24,6 +24,17 @@ def test_long_max_model_len_opt_in_comes_from_the_environment(monkeypatch):
         assert parse_args([]).allow_long_max_model_len is allowed
 
 
+def test_the_api_key_may_come_from_the_environment_as_in_vllm(monkeypatch):
+    """VLLM_API_KEY was ignored: a deployment moved from vLLM served every client without a word."""
+    for name in ("PRELUDE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert parse_args([]).api_key is None
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    assert parse_args([]).api_key == "from-vllm"
+    monkeypatch.setenv("PRELUDE_API_KEY", "ours")
+    assert parse_args([]).api_key == "ours" and parse_args(["--api-key", "flag"]).api_key == "flag"
+
+
 @pytest.mark.parametrize("text,expected", [("512MB", 512 * 10**6), ("512MiB", 512 * 2**20), ("4gib", 4 * 2**30),
                                            ("1.5k", 1500), ("123", 123), ("7b", 7)])
 def test_byte_sizes(text, expected):

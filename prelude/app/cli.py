@@ -203,6 +203,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     values = {k: v for k, v in vars(args).items() if k in names}
     served_names = values.pop("served_model_name") or [None]
     values["served_model_name"], values["served_model_aliases"] = served_names[0], tuple(served_names[1:])
+    if values["api_key"] is None:  # vLLM's variable too: a key kept off the command line (ps shows it)
+        values["api_key"] = os.environ.get("PRELUDE_API_KEY") or os.environ.get("VLLM_API_KEY")
     # An environment variable, not a flag, as vLLM's opt-in is.
     values["allow_long_max_model_len"] = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "0").strip().lower() in (
         "1", "true")
