@@ -88,13 +88,21 @@ class GenerationAPI(Serving):
                 param = _choice_param(body)
                 raise bad_request(f"'{param}' holds a special token's text, which would be drawn as that token",
                                   param)
-            if all(len(ids) == 1 for ids in encoded):  # once each: top_logprobs lists distinct tokens
+            if all(len(ids) == 1 and self._adds_exactly(ids[0], text) for ids, text in zip(encoded, wanted)):
+                # once each: top_logprobs lists distinct tokens
                 return AnswerConstraint(token_ids=tuple(dict.fromkeys(ids[0] for ids in encoded)))
             wanted = Constraint("choice", json.dumps(wanted), param=_choice_param(body))
         if self.grammars is None:
             raise bad_request(f"'{wanted.param}' is not supported: structured outputs are off", wanted.param)
         compiled = await self.grammars.compile(wanted)
         return AnswerConstraint(new_state=partial(compiled.new_state, reasoning_end))
+
+    def _adds_exactly(self, token_id: int, text: str) -> bool:
+        """Whether the token, drawn after other text, adds exactly `text`: a SentencePiece
+        tokenizer encodes "yes" alone as "▁yes", which adds " yes", and a choice of "yes" and
+        "no" answered " yes" (the grammar, which such choices take, answers "yes")."""
+        context = self.tokenizer.encode("a", add_special_tokens=False)
+        return self.tokenizer.decode([*context, token_id])[len(self.tokenizer.decode(context)):] == text
 
     @staticmethod
     def stream_usage(body: Body) -> tuple[bool, bool]:

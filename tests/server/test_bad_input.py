@@ -135,11 +135,6 @@ CASES = [
     # vLLM's rule: continuing the final message excludes a generation prompt (on by default).
     (CHAT, {"messages": [{"role": "assistant", "content": "So"}], "continue_final_message": True}, 400,
      "continue_final_message"),
-    # Many short items packed behind one query (multi-item scoring) past the context: the error
-    # named 'input', a field /v1/score does not have.
-    ("/v1/score", {"query": "which one of these is the best?", "items": ["alpha beta gamma"] * 250,
-                    "label_token_ids": [5, 6], "multi_item": True}, 400,
-     "items"),
     (TOKENIZE, {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}, 400,
      "chat_template_kwargs"),
     # An empty item or query in label-token scoring, refused as its token-id form is: packed behind

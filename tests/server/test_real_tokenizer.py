@@ -87,6 +87,17 @@ def test_a_one_token_answer_keeps_its_leading_space(phi3):
     assert answer(2) == " yes yes"
 
 
+def test_a_choice_of_words_answers_one_of_them_exactly(phi3):
+    """"yes" encodes alone as the one token "▁yes", which reads " yes" after the prompt: a choice
+    of single tokens answered " yes", which no client comparing with "yes" matches."""
+    for path, body in (("/v1/completions", {"prompt": "Answer:"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Answer:"}]})):
+        for seed in range(3):
+            out = httpx.post(phi3.base_url + path, json={**body, "guided_choice": ["yes", "no"], "max_tokens": 10,
+                                                          "temperature": 1, "seed": seed}).json()["choices"][0]
+            assert out.get("text", out.get("message", {}).get("content")) in ("yes", "no"), out
+
+
 @pytest.fixture(scope="module")
 def llama32(tmp_path_factory):
     path = make_model_dir(tmp_path_factory.mktemp("llama32-real-tok"), "llama", tokenizer_dir("llama3.2-vision"))
