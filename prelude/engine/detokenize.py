@@ -17,6 +17,14 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        # A prompt ending inside a character (ids sent back cut mid-character): its partial
+        # tokens count as unread, so the output token completing the character emits it whole.
+        # Read, the character took the place of the context's U+FFFD, no new text showed, and
+        # it was in neither answer. Never completed, the partial's U+FFFD is not the answer's.
+        while self.read_offset and tokenizer.decode(self.ids[:self.read_offset],
+                                                    skip_special_tokens).endswith("\ufffd"):
+            self.read_offset -= 1
+        self._prompt_partial = self.read_offset < len(self.ids)
         self.skip_special_tokens = skip_special_tokens
         self.stops = [_StopString(s) for s in stop if s]
         self.include_stop = include_stop  # the text keeps the stop string (vLLM's include_stop_str_in_output)
@@ -33,19 +41,23 @@ class IncrementalDetokenizer:
         step = self.tokenizer.decode_step(self.ids, self.prefix_offset, self.read_offset,
                                           self.skip_special_tokens)
         self.prefix_offset, self.read_offset = step.prefix_offset, step.read_offset
-        return self._append(step.text, stops_armed) if step.text else None
+        text = step.text
+        if text and self._prompt_partial:
+            text, self._prompt_partial = text.lstrip("\ufffd"), False
+        return self._append(text, stops_armed) if text else None
 
     def finish(self) -> str | None:
         """At the answer's end (not at a stop string): the text of the ids held back while their
         decoding ended inside a character, less only that last partial character (the held ids
-        were dropped whole, and with them every whole character before it). Returns the stop
+        were dropped whole, and with them every whole character before it), which is one U+FFFD
+        a byte (SentencePiece byte fallback) or one in all (byte-level BPE). Returns the stop
         string it completes, if it does."""
         if self.read_offset == len(self.ids):
             return None
         context = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
         text = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip_special_tokens)[len(context):]
         self.prefix_offset = self.read_offset = len(self.ids)
-        text = text[:-1] if text.endswith("\ufffd") else text
+        text = text.strip("\ufffd") if self._prompt_partial else text.rstrip("\ufffd")
         return self._append(text, True) if text else None
 
     def _append(self, text: str, stops_armed: bool) -> str | None:

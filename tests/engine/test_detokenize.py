@@ -6,6 +6,8 @@ import pytest
 
 from prelude.engine.detokenize import IncrementalDetokenizer
 from prelude.tokenizer import load
+from prelude._fasttoken.plan import BYTE_TO_CHAR
+from tests.data import tokenizer_dir
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,37 @@ def test_an_answer_that_ends_inside_a_character_keeps_the_characters_before_it(t
         assert detok.finish() is None
         streamed += detok.emit(final=True)
         assert streamed == tokenizer.decode(ids)[:-1]  # all but the last, partial character
+
+
+def _byte_token(tokenizer, name: str, byte: int) -> int:
+    """The token of one raw byte: SentencePiece's byte-fallback piece, or byte-level BPE's."""
+    if name == "phi3-mini":
+        return tokenizer.token_to_id(f"<0x{byte:02X}>")
+    return tokenizer.token_to_id(BYTE_TO_CHAR[byte])
+
+
+@pytest.mark.parametrize("name", ["phi3-mini", "qwen3"])
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_a_character_cut_by_the_answers_end_or_the_prompts_leaves_no_replacement_character(name, backend):
+    """中 is E4 B8 AD. An answer cut after E4 B8 ended in "\ufffd\ufffd" on a byte-fallback
+    tokenizer (one U+FFFD a byte: one was dropped); and a prompt sent back cut after E4 lost the
+    character its answer completed (it read as the context's U+FFFD), as it lost the answer's
+    whole characters after a dangling byte that nothing completed."""
+    tokenizer = load(tokenizer_dir(name), backend)
+    e4, b8, ad = (_byte_token(tokenizer, name, b) for b in (0xE4, 0xB8, 0xAD))
+    prompt = tokenizer.encode("Hello", add_special_tokens=False)
+
+    def answer(prompt_ids, ids):
+        detok = IncrementalDetokenizer(tokenizer, prompt_ids, (), skip_special_tokens=True)
+        text = ""
+        for token in ids:
+            assert detok.add(token) is None
+            text += detok.emit(final=False)
+        detok.finish()
+        return text + detok.emit(final=True)
+
+    assert answer(prompt, [e4, b8]) == ""
+    assert answer([*prompt, e4], [b8, ad]) == "中"
+    x = tokenizer.encode("x", add_special_tokens=False)
+    assert answer([*prompt, e4], x).strip() == "x"
+    assert answer([*prompt, e4], [b8]) == ""
