@@ -8,6 +8,7 @@ never sees a constraint does not load it (7 ms of every start, `python -X import
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -49,6 +50,30 @@ class Constraint:
         return cls("json", json.dumps(schema, separators=(",", ":")), whitespace_pattern,
                    lenient, param)
 
+    def answer_texts(self) -> list[str]:
+        """The texts the answer may be made of: a schema's strings (unescaped), less those that
+        only describe it (description, title, $comment, examples: a description naming
+        "<think>" was refused), the choices, the regex or grammar as written."""
+        if self.kind == "choice":
+            return json.loads(self.text)
+        if self.kind != "json":
+            return [self.text]
+        texts, stack = [], [json.loads(self.text)]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, str):
+                texts.append(node)
+            elif isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, dict):
+                for key, value in node.items():
+                    if (key in ("description", "title", "$comment") and isinstance(value, str)) or \
+                            (key == "examples" and isinstance(value, list)):
+                        continue
+                    texts.append(key)
+                    stack.append(value)
+        return texts
+
     def grammar(self) -> str:
         """The llguidance grammar text, unchecked."""
         import llguidance
@@ -63,13 +88,32 @@ class Constraint:
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.text)
         if self.kind == "choice":
-            alternatives = " | ".join(json.dumps(c) for c in json.loads(self.text))
-            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+            return llguidance.LLMatcher.grammar_from_lark(_choice_lark(json.loads(self.text)))
+        if LARK_START.search(self.text):  # "?start:", which the converter takes for GBNF
+            return llguidance.LLMatcher.grammar_from_lark(self.text)
         try:
             lark = any_to_lark(self.text)
         except Exception as exc:  # noqa: BLE001 (the converter raises plain Exceptions for a bad grammar)
             raise ValueError(str(exc)) from None
         return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+# A Lark grammar whose start rule is written "?start:" (inlined, common Lark style), which the
+# library's converter reads as GBNF (it knows Lark by a line beginning "start:"): vLLM strips
+# the "?", and the library's Lark reads it.
+LARK_START = re.compile(r"(?m)^\s*\?start\s*:")
+# A choice of more labels than this is one lexeme (a terminal: matched by the lexer's automaton)
+# rather than alternatives of the parser's start rule, whose every label stays an item of the
+# parser's row while a prefix matches: 2,000 labels failed after the first token ("Current row has
+# 2001 items; max is 2000"), as a JSON enum of as many does not.
+MAX_ALTERNATIVES = 1000
+
+
+def _choice_lark(choices: list[str]) -> str:
+    alternatives = " | ".join(json.dumps(c) for c in choices)
+    if len(choices) <= MAX_ALTERNATIVES:
+        return f"start: {alternatives}"
+    return f"start: CHOICE\nCHOICE: {alternatives}"
 
 
 # llguidance holds integer bounds in 64 bits: past them it clamps (a minimum of 1e19 answered
@@ -151,7 +195,8 @@ class GrammarCompiler:
         compiled = self.cached(constraint)
         if compiled is not None:
             return compiled
-        held = next((text for text in self._added_texts() if text in constraint.text), None)
+        texts = constraint.answer_texts()
+        held = next((added for added in self._added_texts() if any(added in text for text in texts)), None)
         if held is not None:
             # llguidance reads such text as the added token itself: "<|im_end|>" as a choice
             # answered "" (EOS ended it), "<think>" failed the grammar mid-answer.

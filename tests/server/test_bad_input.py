@@ -98,6 +98,10 @@ CASES = [
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "structured_outputs": {"json": "{not json"}},
      400, "structured_outputs.json"),
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"regex": "[ab"}}, 400, "structured_outputs.regex"),
+    # A constraint under a name vLLM does not have, or none: they ran unconstrained (vLLM: a 400)
+    (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"json_schema": {"type": "object"}}}, 400,
+     "structured_outputs.json_schema"),
+    (COMPLETIONS, {"prompt": "hi", "structured_outputs": {}}, 400, "structured_outputs"),
     (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": "object"}, "guided_regex": "a+"}, 400, "guided_regex"),
     (COMPLETIONS, {"prompt": "hi", "guided_grammar": "start: nothing_here"}, 400, "guided_grammar"),
     # GBNF the converter to Lark refuses (no root rule, an unknown rule, an unterminated string):

@@ -73,6 +73,48 @@ def test_state_consumes_each_token_once(compiler, tokenizer):
     assert last == {EOS}  # the choice is whole
 
 
+def test_a_choice_of_thousands_of_labels_runs_whole(compiler, tokenizer):
+    """2,000 labels and more: the library's rule held at most 2,000 alternatives, and the
+    answer failed after its first token."""
+    labels = [f"label{i}" for i in range(2500)]
+    state = compiler.compile(Constraint("choice", json.dumps(labels), param="p")).new_state()
+    ids, last = tokenizer.encode("label2345", add_special_tokens=False), 99
+    for step, token in enumerate(ids):
+        assert token in allowed(state, step, last)
+        last = token
+    assert allowed(state, len(ids), last) == {EOS}
+
+
+def test_a_lark_grammar_whose_start_rule_is_inlined_compiles(compiler):
+    """"?start:", common Lark style (vLLM strips the "?"), was read as GBNF: "Expected name"."""
+    compiler.compile(Constraint("grammar", '?start: "yes" | "no"', param="p"))
+
+
+def test_a_special_tokens_text_is_refused_only_where_the_answer_could_hold_it(compiler):
+    """A schema describing "<|im_end|>" constrains nothing with it: it was refused as if the
+    answer held the token's text. Where the answer could hold it (a const, a property's name),
+    it still is, unescaped as the schema's JSON had it (a non-ASCII special token's text)."""
+    described = {"type": "object", "title": "<|im_end|>", "properties": {
+        "answer": {"type": "string", "description": "no <|im_end|> in it", "examples": ["<|im_end|>"]},
+        "description": {"type": "string", "maxLength": 3}}}
+    compiler.compile(Constraint.json_schema(described, "p"))
+    for schema in ({"const": "x<|im_end|>y"}, {"type": "object", "properties": {"<|im_end|>": {"type": "string"}}},
+                   {"type": "object", "properties": {"description": {"const": "<|im_end|>"}}}):
+        with pytest.raises(GrammarError, match="special tokens"):
+            compiler.compile(Constraint.json_schema(schema, "p"))
+
+
+def test_a_non_ascii_special_tokens_text_is_refused(tmp_path):
+    from tests.data import tokenizer_dir
+
+    path = tokenizer_dir("deepseek-v3") / "tokenizer.json"
+    end = "<\uff5cend\u2581of\u2581sentence\uff5c>"
+    deepseek = GrammarCompiler(path, 130_000, (1,))
+    for constraint in (Constraint.json_schema({"const": f"x{end}y"}, "p"), Constraint("choice", json.dumps([end, "a"]))):
+        with pytest.raises(GrammarError, match="special tokens"):
+            deepseek.compile(constraint)
+
+
 def test_reasoning_block_is_unconstrained_until_its_end(compiler):
     end = 1234
     state = compiler.compile(Constraint("regex", "[0-9]+", param="p")).new_state(reasoning_end=end)
