@@ -104,13 +104,14 @@ def test_a_special_tokens_text_is_refused_only_where_the_answer_could_hold_it(co
             compiler.compile(Constraint.json_schema(schema, "p"))
 
 
-def test_a_non_ascii_special_tokens_text_is_refused(tmp_path):
+def test_a_non_ascii_special_tokens_text_is_refused():
     from tests.data import tokenizer_dir
 
     path = tokenizer_dir("deepseek-v3") / "tokenizer.json"
     end = "<\uff5cend\u2581of\u2581sentence\uff5c>"
     deepseek = GrammarCompiler(path, 130_000, (1,))
-    for constraint in (Constraint.json_schema({"const": f"x{end}y"}, "p"), Constraint("choice", json.dumps([end, "a"]))):
+    for constraint in (Constraint.json_schema({"const": f"x{end}y"}, "p"),
+                       Constraint("choice", json.dumps([end, "a"]))):
         with pytest.raises(GrammarError, match="special tokens"):
             deepseek.compile(constraint)
 
