@@ -24,6 +24,12 @@ def test_long_max_model_len_opt_in_comes_from_the_environment(monkeypatch):
         assert parse_args([]).allow_long_max_model_len is allowed
 
 
+@pytest.mark.parametrize("text,tokens", [("8192", 8192), ("32k", 32_000), ("32K", 32_768), ("25.6k", 25_600),
+                                         ("1M", 2**20)])
+def test_max_model_len_takes_vllms_human_readable_counts(text, tokens):
+    assert parse_args(["--max-model-len", text]).max_model_len == tokens
+
+
 def test_the_api_key_may_come_from_the_environment_as_in_vllm(monkeypatch):
     """VLLM_API_KEY was ignored: a deployment moved from vLLM served every client without a word."""
     for name in ("PRELUDE_API_KEY", "VLLM_API_KEY"):
@@ -46,6 +52,7 @@ def test_byte_sizes(text, expected):
     (["--port", "70000"], "--port"),  # was served on 70000 - 65536, the banner saying 70000
     (["--num-kv-blocks", "0"], "--num-kv-blocks"),
     (["--max-model-len", "-5"], "--max-model-len"),
+    (["--max-model-len", "32kb"], "--max-model-len"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--dtype", "int8"], "--dtype"),
     (["--pooling", "max"], "--pooling"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import fields
 
@@ -52,9 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "decoder on the CPU; with AVX-512 VNNI, int8 products (activations per token)")
     model.add_argument("--device", default=d.device, choices=_choices("device"),
                        help="auto picks CUDA when available")
-    model.add_argument("--max-model-len", type=int, metavar="N",
-                       help="prompt + output token limit (default: the model's max positions; more is "
-                            f"refused unless {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1)")
+    model.add_argument("--max-model-len", type=_token_count, metavar="N",
+                       help="prompt + output token limit, as vLLM reads it (32k: 32,000; 32K: 32,768) "
+                            "(default: the model's max positions; more is refused unless "
+                            f"{ALLOW_LONG_MAX_MODEL_LEN_ENV}=1)")
     model.add_argument("--tokenizer-backend", default=d.tokenizer_backend, choices=_choices("tokenizer_backend"),
                        help="auto: fasttoken, or HF tokenizers where fasttoken does not support the file")
     model.add_argument("--tokenizer-workers", type=int, default=d.tokenizer_workers, metavar="N",
@@ -171,6 +173,21 @@ def _origins(text: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(o, str) and o.strip() for o in value) or not value:
         raise argparse.ArgumentTypeError("expected a JSON list of origins, e.g. '[\"*\"]'")
     return tuple(value)
+
+
+_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kmg]?)|(\d+)([KMG])")
+
+
+def _token_count(text: str) -> int:
+    """vLLM's human-readable counts: a lower-case k, m, g multiplies by powers of 1,000 (a
+    fraction allowed: 25.6k), an upper-case one by powers of 1,024. A launch script's "32k" was
+    refused."""
+    match = _COUNT.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r} (examples: 8192, 32k, 32K)")
+    if match.group(3) is not None:
+        return int(match.group(3)) * 1024 ** (" KMG".index(match.group(4)))
+    return int(float(match.group(1)) * 1000 ** (" kmg".index(match.group(2) or " ")))
 
 
 def _bytes(text: str) -> int:
