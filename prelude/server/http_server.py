@@ -97,6 +97,7 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     _head_scope: object = None  # the request whose head _head_bytes counts
     _head_bytes = 0
     _running: RequestResponseCycle | None = None  # the request whose app runs (pipelined ones wait)
+    _refuse_after = False  # a head grew too long behind a running request: its 431 follows that answer
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadWithBody(transport))  # type: ignore[arg-type]
@@ -108,15 +109,29 @@ class _HttpToolsProtocol(HttpToolsProtocol):
         if scope is None or (cycle is not None and cycle.scope is scope) or self.transport.is_closing():
             return  # the usual case: the head came whole (its request's cycle began)
         if scope is not self._head_scope:
-            self._head_scope, self._head_bytes = scope, 0
-        self._head_bytes += len(data)
+            # The read that began this head may have ended the request before it (its body's
+            # tail, counted as head, made a pipelined request behind a 70 KB body a 431): what
+            # of the head came is what the parser holds of it.
+            self._head_scope = scope
+            self._head_bytes = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        else:
+            self._head_bytes += len(data)
+        running = self._running is not None and not self._running.response_complete
         if self._head_bytes > MAX_HEAD_BYTES:
-            self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                                 % (len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
-            self.transport.close()
+            if running:  # its 431 follows the running request's answer, in order, as RFC 9112 has it
+                self.flow.pause_reading()
+                self._refuse_after = True
+            else:
+                self._refuse_head()
             return
-        self._time_out_idle()
+        if not running:  # else the running answer's end arms it: a stalled head cut a live stream
+            self._time_out_idle()
+
+    def _refuse_head(self) -> None:
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
+        self.transport.close()
 
     def _time_out_idle(self) -> None:
         """Closes the connection unless more bytes come within the keep-alive timeout (the
@@ -126,6 +141,8 @@ class _HttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self.transport.expect_head()  # type: ignore[attr-defined]  # the next response (pipelined too)
         super().on_response_complete()
+        if self._refuse_after and (self._running is None or self._running.response_complete):
+            self._refuse_head()  # the head that grew too long behind the answers before it
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._running = cycle

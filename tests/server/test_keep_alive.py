@@ -120,3 +120,43 @@ def test_pipelined_requests_are_answered_in_order(each_server):
     assert json.loads(answers[0][1])["usage"]["completion_tokens"] == 8
     assert answers[1][1] == b""
     assert json.loads(answers[2][1])["tokens"]
+
+
+def test_a_head_pipelined_behind_a_large_body_is_read_as_a_head(demo_model, http_server):
+    """The read that ended a 70 KB body and began the next head was counted as head: the next
+    request got 431, and the first one's answer was lost."""
+    first = _post("/tokenize", {"prompt": "hello " * 12_000})
+    with ServerThread(Config(model=str(demo_model), http_server=http_server)) as srv, \
+            _connect(srv.base_url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(first + HEALTH[:20])
+        time.sleep(0.3)
+        sock.sendall(HEALTH[20:])
+        answers = [_read_response(reader) for _ in range(2)]
+    assert [status for status, _ in answers] == [200, 200]
+
+
+def test_a_head_too_large_behind_a_running_request_is_refused_after_its_answer(each_server):
+    """The 431 went out at once and closed the connection: the running request's answer was
+    lost. Answers go in order (RFC 9112): the running one's, then the refusal."""
+    generation = _post("/v1/completions", {"prompt": "hello", "max_tokens": 500, "ignore_eos": True})
+    with _connect(each_server.base_url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(generation + b"GET /health HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 40_000)
+        time.sleep(0.05)  # the head goes on arriving while the generation runs
+        sock.sendall(b"a" * 70_000)
+        status, body = _read_response(reader)
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 500
+        assert _read_response(reader)[0] == 431
+
+
+def test_a_stalled_pipelined_head_does_not_cut_the_running_stream(demo_model, http_server):
+    """--keep-alive-timeout was armed by the stalled head behind a running stream, and closed the
+    connection under it: the client saw the stream end without an error or [DONE]."""
+    config = Config(model=str(demo_model), keep_alive_timeout=0.3, http_server=http_server)
+    stream = _post("/v1/completions", {"prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+    with ServerThread(config) as srv, _connect(srv.base_url) as sock:
+        sock.sendall(stream + HEALTH[:20])
+        sock.settimeout(30)
+        data = b""
+        while b"data: [DONE]" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    assert b"data: [DONE]" in data
