@@ -12,14 +12,9 @@ before: the gate never refuses a request that could have been admitted.
 The gate is also the one place a shutdown's drain refuses: a request it let in before the drain
 began is still admitted, and the drain waits for it (Engine.enter and leave).
 
-A small body (DRAIN_BYTES at most, by its Content-Length) is still read, and dropped, before the
-503, for --http-server hypercorn: it closes a connection whose request body had not all arrived
-when the response ended, and a client that sent its headers and body in two writes had its
-kept-alive connection closed under it, or not, by how the two raced (a pooled client's next
-request on it then failed with a read error instead of getting its own answer). uvicorn reads
-and drops the rest of an answered request's body itself, so there the drain only moves that
-read earlier. A larger or unsized body is refused unread (hypercorn closes its connection;
-uvicorn keeps it, dropping the body as it arrives)."""
+The refusal is answered without reading the body (http_server.ReadBeforeAnswering reads a
+small one first where hypercorn needs it).
+"""
 from __future__ import annotations
 
 from typing import Awaitable, Collection
@@ -29,9 +24,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from prelude.engine.engine import Engine
 from prelude.engine.output import Overloaded
 from prelude.server.errors import APIError
-from prelude.server.protocol import scope_header
-
-DRAIN_BYTES = 1 << 16  # a refused request's body this small is read so its connection stays open
 
 
 def overloaded_error(exc: Overloaded, draining: bool) -> APIError:
@@ -71,20 +63,6 @@ class RefuseWhenFull:
         finally:
             self.engine.leave()
 
-    async def _refuse(self, refusal: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:
-        if _declared_length(scope) <= DRAIN_BYTES:
-            await _drain(receive)
-        await overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
+    def _refuse(self, refusal: Overloaded, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        return overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
 
-
-def _declared_length(scope: Scope) -> int:
-    """The body's Content-Length; past DRAIN_BYTES when it has none (chunked) or a bad one."""
-    value = scope_header(scope, b"content-length")
-    return int(value) if value is not None and value.isdigit() else DRAIN_BYTES + 1
-
-
-async def _drain(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return

@@ -17,11 +17,12 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import orjson
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from prelude.contract.config import Config
 from prelude.server.listen import Listener
+from prelude.server.protocol import scope_header
 
 ShutdownTrigger = Callable[[], Awaitable[Any]]
 
@@ -229,6 +230,42 @@ async def _serve_hypercorn(app: ASGIApp, listener: Listener, config: Config,
     hc.graceful_timeout = GRACEFUL_S
     hc.keep_alive_timeout = config.keep_alive_timeout
     hc.backlog = config.backlog
+    hc.include_server_header = False  # as on uvicorn
     # hypercorn spells the ASGI callable with its own TypedDict scopes and events; Starlette's
     # ASGIApp takes plain MutableMappings. Same protocol, two incompatible spellings.
-    await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+    await hypercorn_serve(ReadBeforeAnswering(app), hc, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+
+
+# hypercorn closes a connection whose request body had not all arrived when its answer ended, so
+# an answer given without reading the body (a 503 refusal, a 401, 404 or 405) closed a client's
+# kept-alive connection under it, or not, by how the client's two writes (head, then body) raced
+# the answer: a pooled client's next request on it failed with a read error instead of getting
+# its own answer. A body this small (by its Content-Length) is read and dropped before such an
+# answer, as uvicorn does by itself; a larger or unsized one is left (hypercorn closes).
+DRAIN_BYTES = 1 << 16
+
+
+class ReadBeforeAnswering:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = scope_header(scope, b"content-length") if scope["type"] == "http" else None
+        if length is None or not length.isdigit() or int(length) > DRAIN_BYTES:
+            await self.app(scope, receive, send)
+            return
+        read = False
+
+        async def receive_noted() -> Message:
+            nonlocal read
+            message = await receive()
+            read = read or message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def send_once_read(message: Message) -> None:
+            nonlocal read
+            while not read and message["type"] == "http.response.start":
+                await receive_noted()
+            await send(message)
+
+        await self.app(scope, receive_noted, send_once_read)

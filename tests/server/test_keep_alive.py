@@ -160,3 +160,20 @@ def test_a_stalled_pipelined_head_does_not_cut_the_running_stream(demo_model, ht
         while b"data: [DONE]" not in data and (chunk := sock.recv(65536)):
             data += chunk
     assert b"data: [DONE]" in data
+
+
+@pytest.mark.parametrize(("api_key", "path", "status"), [("key", "/v1/completions", 401), (None, "/v1/nope", 404)])
+def test_an_answer_given_before_the_body_is_read_keeps_the_connection(demo_model, http_server, api_key, path,
+                                                                      status):
+    """A 401 (or a 404) answered before the body's second write arrived: hypercorn closed the
+    kept-alive connection, and a pooled client's next request on it failed with a read error."""
+    request = _post(path, {"prompt": "hello", "max_tokens": 1})
+    head, _, body = request.partition(b"\r\n\r\n")
+    config = Config(model=str(demo_model), api_key=api_key, http_server=http_server)
+    with ServerThread(config) as srv, _connect(srv.base_url) as sock, sock.makefile("rb") as reader:
+        sock.sendall(head + b"\r\n\r\n")
+        time.sleep(0.2)  # the answer is written before the body comes
+        sock.sendall(body)
+        assert _read_response(reader)[0] == status
+        sock.sendall(HEALTH)
+        assert _read_response(reader)[0] == 200
