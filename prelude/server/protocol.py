@@ -120,7 +120,14 @@ async def read_json(http: HTTPRequest, limit: int) -> "Body":
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    data = parse_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+    try:
+        data = parse_json(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+    except APIError:
+        encoding = header(http, b"content-encoding")
+        if encoding is not None and encoding.strip().lower() != "identity":  # a gzip body read as "not UTF-8"
+            raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the JSON body as is",
+                           code="unsupported_media_type") from None
+        raise
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
     return Body(data)

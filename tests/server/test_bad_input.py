@@ -301,3 +301,14 @@ def test_a_body_with_a_utf8_byte_order_mark_is_read(server):
     inner = b'{"prompt": "hi",\xef\xbb\xbf "max_tokens": 1}'
     response = httpx.post(server.base_url + COMPLETIONS, content=inner, headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_compressed_body_is_refused_for_its_encoding(server):
+    """A gzip body (Content-Encoding: gzip) was a 400 "not valid JSON: ... not valid UTF-8", which
+    sent its client looking for a bad character: a 415 names the encoding (RFC 9110)."""
+    import gzip
+
+    body = gzip.compress(json.dumps({"prompt": "hi", "max_tokens": 1}).encode())
+    response = httpx.post(server.base_url + COMPLETIONS, content=body,
+                          headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert response.status_code == 415 and "gzip" in response.json()["error"]["message"]
