@@ -53,6 +53,7 @@ def test_byte_sizes(text, expected):
     (["--num-kv-blocks", "0"], "--num-kv-blocks"),
     (["--max-model-len", "-5"], "--max-model-len"),
     (["--max-model-len", "32kb"], "--max-model-len"),
+    (["--max-model-len", "1.5"], "--max-model-len"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--dtype", "int8"], "--dtype"),
     (["--pooling", "max"], "--pooling"),

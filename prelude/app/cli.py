@@ -175,19 +175,22 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-_COUNT = re.compile(r"(\d+(?:\.\d+)?)([kmg]?)|(\d+)([KMG])")
+_COUNT = re.compile(r"(\d+)|(\d+(?:\.\d+)?)([kmg])|(\d+)([KMG])")
 
 
 def _token_count(text: str) -> int:
     """vLLM's human-readable counts: a lower-case k, m, g multiplies by powers of 1,000 (a
-    fraction allowed: 25.6k), an upper-case one by powers of 1,024. A launch script's "32k" was
-    refused."""
+    fraction allowed: 25.6k), an upper-case one by powers of 1,024; a plain count is a whole
+    number. A launch script's "32k" was refused."""
     match = _COUNT.fullmatch(text.strip())
     if match is None:
         raise argparse.ArgumentTypeError(f"not a token count: {text!r} (examples: 8192, 32k, 32K)")
-    if match.group(3) is not None:
-        return int(match.group(3)) * 1024 ** (" KMG".index(match.group(4)))
-    return int(float(match.group(1)) * 1000 ** (" kmg".index(match.group(2) or " ")))
+    plain, decimal, prefix, binary, binary_prefix = match.groups()
+    if plain is not None:
+        return int(plain)
+    if binary is not None:
+        return int(binary) * 1024 ** " KMG".index(binary_prefix)
+    return int(float(decimal) * 1000 ** " kmg".index(prefix))
 
 
 def _bytes(text: str) -> int:

@@ -57,7 +57,9 @@ class Engine:
         self._in_flight = 0  # steps running (a short one may run while a long one is parked)
         self._draining = False
         self._closed = False  # after end_all: nothing more is admitted
-        self._entered = 0  # requests the server let in (enter) whose handlers have not returned
+        # The handlers of requests the server let in (enter) that have not returned: end_all ends
+        # those not yet submitted (their bodies still arriving) by cancelling them.
+        self._entered: set[asyncio.Task] = set()
         # Kernel compilation and the like, run in the step thread before the first step; until it
         # is done the engine is not ready (/ready answers 503), though requests may queue.
         self._warmup = warmup
@@ -124,6 +126,8 @@ class Engine:
         any request submitted after is refused."""
         self._closed = True
         self.requests.end_all(ShutDown("the server shut down before this request finished"))
+        for handler in self._entered:
+            handler.cancel()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Waits until no request is in flight, at most `timeout` seconds; whether it got there."""
@@ -145,6 +149,7 @@ class Engine:
             raise EngineError("the engine is not running")
         if self._closed or not self.scheduler.has_room(requests):
             raise self._refuse()
+        self._entered.discard(asyncio.current_task())  # end_all ends it by its streams
         streams = []
         for request in requests:
             streams.append(self.requests.admit(self.scheduler.add(request)))
@@ -159,12 +164,13 @@ class Engine:
         return self._refuse() if self.healthy and self.overloaded else None
 
     def enter(self) -> None:
-        """A request refuse_unseen let in: until it leaves (its handler returned), a drain waits for
-        it, since its body may still be arriving or being tokenized when the drain begins."""
-        self._entered += 1
+        """A request refuse_unseen let in, called from its handler's task: until it leaves or is
+        submitted, a drain waits for it (its body may still be arriving or being tokenized when
+        the drain begins), and end_all cancels it."""
+        self._entered.add(asyncio.current_task())  # type: ignore[arg-type]
 
     def leave(self) -> None:
-        self._entered -= 1
+        self._entered.discard(asyncio.current_task())
 
     def _refuse(self) -> Overloaded:
         if self._draining or self._closed:
@@ -186,6 +192,11 @@ class Engine:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    @property
+    def closed(self) -> bool:
+        """end_all ended the requests in flight (the shutdown timeout): nothing more is admitted."""
+        return self._closed
 
     @property
     def sheds_late(self) -> bool:  # --shed-late-requests

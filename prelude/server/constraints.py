@@ -23,8 +23,6 @@ from prelude.structured.compiler import CompiledGrammar, Constraint, GrammarComp
 # first compile also builds the tokenizer's tables (about a second for a 150K vocabulary).
 COMPILE_TIMEOUT_S = 10.0
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
-# vLLM's other structured_outputs fields, which pick no constraint (the backend's own options)
-_OPTIONS = ("whitespace_pattern", "disable_fallback", "disable_any_whitespace", "disable_additional_properties")
 
 
 @record
@@ -45,10 +43,6 @@ def requested(body: Body) -> Constraint | list[str] | None:
         if structured.has("structural_tag"):
             raise bad_request("'structured_outputs.structural_tag' is not supported",
                               "structured_outputs.structural_tag")
-        unknown = next((k for k in structured.data if k not in _KINDS + _OPTIONS), None)
-        if unknown is not None:  # {"json_schema": ...} ran unconstrained
-            raise bad_request(f"'structured_outputs.{unknown}' is not a structured outputs field (json, regex, "
-                              "choice, grammar, json_object)", f"structured_outputs.{unknown}")
         found += [(f"structured_outputs.{k}", structured.data[k]) for k in _KINDS
                   if structured.has(k) and not (k == "json_object" and structured.data[k] is False)]
         whitespace = structured.str("whitespace_pattern")
@@ -74,7 +68,9 @@ def requested(body: Body) -> Constraint | list[str] | None:
         elif kind != "text":
             raise bad_request(f"'response_format.type' {kind!r} is not supported (text, json_object, json_schema)",
                               "response_format.type")
-    if not found and structured is not None:  # as vLLM: an empty one is no request to run free
+    # As vLLM: one naming no constraint ({}, {"json_schema": ...}) is no request to run free (its
+    # other keys are ignored, as unknown fields are).
+    if not found and structured is not None:
         raise bad_request("'structured_outputs' names no constraint (json, regex, choice, grammar or "
                           "json_object)", "structured_outputs")
     if not found:

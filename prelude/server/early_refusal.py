@@ -17,13 +17,16 @@ small one first where hypercorn needs it).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Awaitable, Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prelude.engine.engine import Engine
-from prelude.engine.output import Overloaded
+from prelude.engine.output import Overloaded, ShutDown
 from prelude.server.errors import APIError
+from prelude.server.streaming import engine_error
 
 
 def overloaded_error(exc: Overloaded, draining: bool) -> APIError:
@@ -60,6 +63,15 @@ class RefuseWhenFull:
         self.engine.enter()
         try:
             await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.engine.closed:
+                raise
+            # The shutdown timeout passed before it reached the engine (its body still arriving):
+            # end_all ended it, with the 503 the engine's requests get. Left to the HTTP server's
+            # own shutdown it was a 500 and a logged traceback.
+            refusal = engine_error(ShutDown("the server shut down before this request's body arrived"))
+            with contextlib.suppress(Exception):
+                await refusal.response()(scope, receive, send)
         finally:
             self.engine.leave()
 

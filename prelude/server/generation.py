@@ -88,21 +88,26 @@ class GenerationAPI(Serving):
                 param = _choice_param(body)
                 raise bad_request(f"'{param}' holds a special token's text, which would be drawn as that token",
                                   param)
-            if all(len(ids) == 1 and self._adds_exactly(ids[0], text) for ids, text in zip(encoded, wanted)):
-                # once each: top_logprobs lists distinct tokens
-                return AnswerConstraint(token_ids=tuple(dict.fromkeys(ids[0] for ids in encoded)))
+            tokens = [self._one_token(text, ids) for text, ids in zip(wanted, encoded)]
+            if all(token is not None for token in tokens):  # once each: top_logprobs lists distinct tokens
+                return AnswerConstraint(token_ids=tuple(dict.fromkeys(t for t in tokens if t is not None)))
             wanted = Constraint("choice", json.dumps(wanted), param=_choice_param(body))
         if self.grammars is None:
             raise bad_request(f"'{wanted.param}' is not supported: structured outputs are off", wanted.param)
         compiled = await self.grammars.compile(wanted)
         return AnswerConstraint(new_state=partial(compiled.new_state, reasoning_end))
 
-    def _adds_exactly(self, token_id: int, text: str) -> bool:
-        """Whether the token, drawn after other text, adds exactly `text`: a SentencePiece
-        tokenizer encodes "yes" alone as "▁yes", which adds " yes", and a choice of "yes" and
-        "no" answered " yes" (the grammar, which such choices take, answers "yes")."""
+    def _one_token(self, text: str, encoded: list[int]) -> int | None:
+        """The one token that, drawn after other text, adds exactly a choice's `text`: its
+        encoding, where that is one such token, else the vocabulary's piece spelled as the text.
+        A SentencePiece tokenizer encodes "yes" alone as "▁yes", which adds " yes" (a choice of
+        "yes" and "no" answered " yes"); its piece "yes" adds "yes". None: the choice takes the
+        grammar, and may take several tokens."""
         context = self.tokenizer.encode("a", add_special_tokens=False)
-        return self.tokenizer.decode([*context, token_id])[len(self.tokenizer.decode(context)):] == text
+        before = self.tokenizer.decode(context)
+        candidates = (encoded[0] if len(encoded) == 1 else None, self.tokenizer.token_to_id(text))
+        return next((token for token in candidates if token is not None and token not in self.tokenizer.special_ids
+                     and self.tokenizer.decode([*context, token])[len(before):] == text), None)
 
     @staticmethod
     def stream_usage(body: Body) -> tuple[bool, bool]:

@@ -241,8 +241,10 @@ async def _serve_hypercorn(app: ASGIApp, listener: Listener, config: Config,
 # kept-alive connection under it, or not, by how the client's two writes (head, then body) raced
 # the answer: a pooled client's next request on it failed with a read error instead of getting
 # its own answer. A body this small (by its Content-Length) is read and dropped before such an
-# answer, as uvicorn does by itself; a larger or unsized one is left (hypercorn closes).
+# answer, as uvicorn does by itself, for DRAIN_S at most (a body that stopped coming held the
+# answer for good); a larger or unsized one is left (hypercorn closes).
 DRAIN_BYTES = 1 << 16
+DRAIN_S = 1.0
 
 
 class ReadBeforeAnswering:
@@ -262,10 +264,14 @@ class ReadBeforeAnswering:
             read = read or message["type"] != "http.request" or not message.get("more_body", False)
             return message
 
-        async def send_once_read(message: Message) -> None:
-            nonlocal read
-            while not read and message["type"] == "http.response.start":
+        async def drain() -> None:
+            while not read:
                 await receive_noted()
+
+        async def send_once_read(message: Message) -> None:
+            if not read and message["type"] == "http.response.start":
+                with contextlib.suppress(TimeoutError):  # a body that stopped coming is not waited for
+                    await asyncio.wait_for(drain(), DRAIN_S)
             await send(message)
 
         await self.app(scope, receive_noted, send_once_read)

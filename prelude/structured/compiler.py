@@ -52,26 +52,26 @@ class Constraint:
 
     def answer_texts(self) -> list[str]:
         """The texts the answer may be made of: a schema's strings (unescaped), less those that
-        only describe it (description, title, $comment, examples: a description naming
-        "<think>" was refused), the choices, the regex or grammar as written."""
+        only describe it (a schema's description, title, $comment, examples and default: a
+        description naming "<think>" was refused), the choices, the regex or grammar as written."""
         if self.kind == "choice":
             return json.loads(self.text)
         if self.kind != "json":
             return [self.text]
-        texts, stack = [], [json.loads(self.text)]
+        texts: list[str] = []
+        stack: list[tuple[object, bool]] = [(json.loads(self.text), False)]  # (node, a map of names to schemas)
         while stack:
-            node = stack.pop()
+            node, names = stack.pop()
             if isinstance(node, str):
                 texts.append(node)
             elif isinstance(node, list):
-                stack.extend(node)
+                stack.extend((item, False) for item in node)
             elif isinstance(node, dict):
                 for key, value in node.items():
-                    if (key in ("description", "title", "$comment") and isinstance(value, str)) or \
-                            (key == "examples" and isinstance(value, list)):
+                    if not names and key in ANNOTATIONS:
                         continue
                     texts.append(key)
-                    stack.append(value)
+                    stack.append((value, not names and key in NAMED_SCHEMAS))
         return texts
 
     def grammar(self) -> str:
@@ -98,6 +98,10 @@ class Constraint:
         return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
+# A schema's keywords that describe it without constraining the answer, and those whose value
+# maps names (of properties, definitions) to schemas, where the same words are names.
+ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
+NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # A Lark grammar whose start rule is written "?start:" (inlined, common Lark style), which the
 # library's converter reads as GBNF (it knows Lark by a line beginning "start:"): vLLM strips
 # the "?", and the library's Lark reads it.

@@ -100,7 +100,7 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"regex": "[ab"}}, 400, "structured_outputs.regex"),
     # A constraint under a name vLLM does not have, or none: they ran unconstrained (vLLM: a 400)
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {"json_schema": {"type": "object"}}}, 400,
-     "structured_outputs.json_schema"),
+     "structured_outputs"),
     (COMPLETIONS, {"prompt": "hi", "structured_outputs": {}}, 400, "structured_outputs"),
     (COMPLETIONS, {"prompt": "hi", "guided_json": {"type": "object"}, "guided_regex": "a+"}, 400, "guided_regex"),
     (COMPLETIONS, {"prompt": "hi", "guided_grammar": "start: nothing_here"}, 400, "guided_grammar"),

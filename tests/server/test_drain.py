@@ -142,3 +142,24 @@ def _read_response(sock: socket.socket) -> bytes:
     while len(data.partition(b"\r\n\r\n")[2]) < length:
         data += sock.recv(65536)
     return data
+
+
+def test_a_body_that_never_arrives_is_answered_503_when_the_drain_times_out(demo_model, http_server):
+    """The drain waits for a request whose body is still arriving; past --shutdown-timeout it
+    gets the 503 the engine's requests get (a 500 and a logged traceback, when the HTTP server
+    ended it)."""
+    body = b'{"prompt": "Once upon a time", "max_tokens": 8}'
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--shutdown-timeout", "0.3",
+                            "--http-server", http_server], env=prelude_env())
+    with server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+            time.sleep(0.5)  # its head is read: the request is in
+            server.proc.send_signal(signal.SIGTERM)
+            answer = _read_response(sock)
+        code = server.proc.wait(60)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), head
+    assert json.loads(payload)["error"]["code"] == "shutting_down"
+    assert code == 0 and "Traceback" not in server.log_path.read_text()

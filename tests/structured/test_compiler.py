@@ -91,11 +91,13 @@ def test_a_lark_grammar_whose_start_rule_is_inlined_compiles(compiler):
 
 
 def test_a_special_tokens_text_is_refused_only_where_the_answer_could_hold_it(compiler):
-    """A schema describing "<|im_end|>" constrains nothing with it: it was refused as if the
-    answer held the token's text. Where the answer could hold it (a const, a property's name),
-    it still is, unescaped as the schema's JSON had it (a non-ASCII special token's text)."""
+    """A schema describing "<|im_end|>" (or giving it as a default) constrains nothing with it:
+    it was refused as if the answer held the token's text. Where the answer could hold it (a
+    const, a property's name), it still is, unescaped as the schema's JSON had it (a non-ASCII
+    special token's text)."""
     described = {"type": "object", "title": "<|im_end|>", "properties": {
-        "answer": {"type": "string", "description": "no <|im_end|> in it", "examples": ["<|im_end|>"]},
+        "answer": {"type": "string", "description": "no <|im_end|> in it", "examples": ["<|im_end|>"],
+                   "default": "<|im_end|>"},
         "description": {"type": "string", "maxLength": 3}}}
     compiler.compile(Constraint.json_schema(described, "p"))
     for schema in ({"const": "x<|im_end|>y"}, {"type": "object", "properties": {"<|im_end|>": {"type": "string"}}},
