@@ -163,14 +163,14 @@ class Engine:
         None when a request might be admitted: submit_all decides on its rows."""
         return self._refuse() if self.healthy and self.overloaded else None
 
-    def enter(self) -> None:
-        """A request refuse_unseen let in, called from its handler's task: until it leaves or is
-        submitted, a drain waits for it (its body may still be arriving or being tokenized when
-        the drain begins), and end_all cancels it."""
-        self._entered.add(asyncio.current_task())  # type: ignore[arg-type]
+    def enter(self, handler: asyncio.Task) -> None:
+        """A request refuse_unseen let in, by its handler's task: until it leaves or is submitted,
+        a drain waits for it (its body may still be arriving or being tokenized when the drain
+        begins), and end_all cancels it."""
+        self._entered.add(handler)
 
-    def leave(self) -> None:
-        self._entered.discard(asyncio.current_task())
+    def leave(self, handler: asyncio.Task) -> None:
+        self._entered.discard(handler)
 
     def _refuse(self) -> Overloaded:
         if self._draining or self._closed:

@@ -60,7 +60,9 @@ class RefuseWhenFull:
     async def _let_in(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Counted in until answered: a SIGTERM that comes while its body is read or tokenized
         # lets it finish (the drain waits for it) instead of refusing work it had taken in.
-        self.engine.enter()
+        handler = asyncio.current_task()
+        assert handler is not None
+        self.engine.enter(handler)
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
@@ -73,7 +75,7 @@ class RefuseWhenFull:
             with contextlib.suppress(Exception):
                 await refusal.response()(scope, receive, send)
         finally:
-            self.engine.leave()
+            self.engine.leave(handler)
 
     def _refuse(self, refusal: Overloaded, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         return overloaded_error(refusal, self.engine.draining).response()(scope, receive, send)
