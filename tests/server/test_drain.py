@@ -110,26 +110,45 @@ def _running(url: str) -> bool:
                for line in httpx.get(url + "/metrics").text.splitlines())
 
 
-def test_a_request_whose_body_arrives_after_sigterm_is_still_answered(demo_model, http_server):
-    """A request the server had begun to read when the signal came is served, not refused: the
-    drain refuses only requests that arrive after it began (it was a 503 once its body came)."""
+def _sigterm_mid_body(demo_model, http_server, flags: list[str], rest: bool) -> tuple[bytes, int, str]:
+    """A request whose head and first bytes are in when SIGTERM comes; the rest of its body
+    follows (`rest`) or never does. Its answer, the exit code and the log."""
     body = b'{"prompt": "Once upon a time", "max_tokens": 8}'
-    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--http-server", http_server],
-                           env=prelude_env())
+    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--http-server", http_server,
+                            *flags], env=prelude_env())
     with server:
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
             time.sleep(0.5)  # its head is read: the request is in
             server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
-            sock.sendall(body[10:])
+            if rest:
+                time.sleep(0.3)
+                sock.sendall(body[10:])
             answer = _read_response(sock)
         code = server.proc.wait(60)
+    return answer, code, server.log_path.read_text()
+
+
+def test_a_request_whose_body_arrives_after_sigterm_is_still_answered(demo_model, http_server):
+    """A request the server had begun to read when the signal came is served, not refused: the
+    drain refuses only requests that arrive after it began (it was a 503 once its body came)."""
+    answer, code, log = _sigterm_mid_body(demo_model, http_server, [], rest=True)
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
     assert json.loads(payload)["usage"]["completion_tokens"] == 8
-    assert code == 0 and "Traceback" not in server.log_path.read_text()
+    assert code == 0 and "Traceback" not in log
+
+
+def test_a_body_that_never_arrives_is_answered_503_when_the_drain_times_out(demo_model, http_server):
+    """The drain waits for a request whose body is still arriving; past --shutdown-timeout it
+    gets the 503 the engine's requests get (a 500 and a logged traceback, when the HTTP server
+    ended it)."""
+    answer, code, log = _sigterm_mid_body(demo_model, http_server, ["--shutdown-timeout", "0.3"], rest=False)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), head
+    assert json.loads(payload)["error"]["code"] == "shutting_down"
+    assert code == 0 and "Traceback" not in log
 
 
 def _read_response(sock: socket.socket) -> bytes:
@@ -142,24 +161,3 @@ def _read_response(sock: socket.socket) -> bytes:
     while len(data.partition(b"\r\n\r\n")[2]) < length:
         data += sock.recv(65536)
     return data
-
-
-def test_a_body_that_never_arrives_is_answered_503_when_the_drain_times_out(demo_model, http_server):
-    """The drain waits for a request whose body is still arriving; past --shutdown-timeout it
-    gets the 503 the engine's requests get (a 500 and a logged traceback, when the HTTP server
-    ended it)."""
-    body = b'{"prompt": "Once upon a time", "max_tokens": 8}'
-    server = ServerProcess(["--model", str(demo_model), "--num-kv-blocks", "256", "--shutdown-timeout", "0.3",
-                            "--http-server", http_server], env=prelude_env())
-    with server:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
-            time.sleep(0.5)  # its head is read: the request is in
-            server.proc.send_signal(signal.SIGTERM)
-            answer = _read_response(sock)
-        code = server.proc.wait(60)
-    head, _, payload = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 503"), head
-    assert json.loads(payload)["error"]["code"] == "shutting_down"
-    assert code == 0 and "Traceback" not in server.log_path.read_text()
