@@ -13,7 +13,7 @@ from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.scores import label_probabilities, matryoshka, packed_float32, required, sigmoid
+from prelude.server.scores import label_probabilities, matryoshka, packed_float32, required
 from prelude.server.answers import check_count, json_response, new_id, prompt_usage
 from prelude.server.serving import MAX_ITEMS, Serving
 
@@ -79,14 +79,11 @@ class DecisionAPI(Serving):
         labels = self.served.config.id2label
         data = []
         for i, logits in enumerate(await self._classify_rows(http, rid, prompts, self.scheduling(http, body))):
-            if len(logits) == 1:  # a reward / regression head: the raw scalar, and its sigmoid
-                item = {"index": i, "label": labels.get(0, "LABEL_0"), "probs": [sigmoid(logits[0])],
-                        "num_classes": 1, "score": logits[0]}
-            else:
-                probs = label_probabilities(logits, self.served.config.multi_label)
-                best = max(range(len(probs)), key=probs.__getitem__)
-                item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs,
-                        "num_classes": len(probs)}
+            probs = label_probabilities(logits, self.served.config.multi_label)
+            best = max(range(len(probs)), key=probs.__getitem__)
+            item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs, "num_classes": len(probs)}
+            if len(logits) == 1:  # a reward / regression head: its raw scalar too
+                item["score"] = logits[0]
             data.append(item)
         return json_response(self._envelope(rid, data, prompts))
 
