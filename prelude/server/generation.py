@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import partial
+from functools import cached_property, partial
 from typing import AsyncIterator, Callable
 
 from prelude.contract.batch import TokenLogprob
@@ -103,11 +103,17 @@ class GenerationAPI(Serving):
         A SentencePiece tokenizer encodes "yes" alone as "▁yes", which adds " yes" (a choice of
         "yes" and "no" answered " yes"); its piece "yes" adds "yes". None: the choice takes the
         grammar, and may take several tokens."""
-        context = self.tokenizer.encode("a", add_special_tokens=False)
-        before = self.tokenizer.decode(context)
+        context, before = self._choice_context
         candidates = (encoded[0] if len(encoded) == 1 else None, self.tokenizer.token_to_id(text))
         return next((token for token in candidates if token is not None and token not in self.tokenizer.special_ids
                      and self.tokenizer.decode([*context, token])[len(before):] == text), None)
+
+    @cached_property
+    def _choice_context(self) -> tuple[list[int], str]:
+        """Text a choice's token is read after (_one_token), as ids and as decoded: the same for
+        every request, found once."""
+        context = self.tokenizer.encode("a", add_special_tokens=False)
+        return context, self.tokenizer.decode(context)
 
     @staticmethod
     def stream_usage(body: Body) -> tuple[bool, bool]:
