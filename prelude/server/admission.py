@@ -65,10 +65,10 @@ class Admission:
         return encoded
 
     async def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str],
-                           limit: int | None = None) -> list[list[int]]:
+                           limit: int | None = None, side: str = "right") -> list[list[int]]:
         """Text pairs (a cross-encoder's query and document), each as one sequence (of at most
-        `limit` tokens, cut longest first)."""
-        encode = partial(self.tokenizer.encode_pairs, firsts, seconds, limit)
+        `limit` tokens, cut longest first, each text from `side`)."""
+        encode = partial(self.tokenizer.encode_pairs, firsts, seconds, limit, side)
         encoded = encode() if sum(map(len, firsts)) + sum(map(len, seconds)) < INLINE_CHARS else \
             await self.offload(encode)
         for ids in encoded:

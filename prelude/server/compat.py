@@ -3,6 +3,8 @@ TEI's /embed, /rerank (with `texts`) and /predict, and Cohere's v2 /v2/embed and
 Each answers in its own server's response shape."""
 from __future__ import annotations
 
+import sys
+
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
 
@@ -15,6 +17,7 @@ from prelude.server.answers import check_count, json_response, new_id
 from prelude.server.serving import MAX_ITEMS
 
 COHERE_EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+UNCUT = sys.maxsize  # a limit no input reaches: pairs tokenized whole, where one past the context is refused
 
 
 def _texts(body: Body, name: str) -> list[str]:
@@ -78,10 +81,7 @@ class CompatAPI(RelevanceAPI):
         bare array of embeddings. Without `truncate`, an over-long input is a 400."""
         body = await self.body(http)
         texts = _texts(body, "inputs")
-        truncate = body.bool("truncate")
-        direction = (body.str("truncation_direction", "right") or "right").lower()
-        if direction not in ("left", "right"):
-            raise bad_request("'truncation_direction' must be Left or Right", "truncation_direction")
+        limit, direction = self._tei_cut(body)
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
         prompt_name = body.str("prompt_name")
@@ -91,20 +91,29 @@ class CompatAPI(RelevanceAPI):
                 raise bad_request(f"'prompt_name' {prompt_name!r} is not one of the model's prompts "
                                   f"({', '.join(map(repr, prompts)) or 'it has none'})", "prompt_name")
             texts = [prompts[prompt_name] + text for text in texts]
-        vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts,
-                                             self.served.max_model_len if truncate else None, direction,
+        vectors, _ = await self._embed_texts(http, new_id("embd", http), body, texts, limit, direction,
                                              normalize and dimensions is None)
         return json_response([matryoshka(v, dimensions, normalize and dimensions is not None) for v in vectors])
 
+    def _tei_cut(self, body: Body) -> tuple[int, str]:
+        """TEI's `truncate` and `truncation_direction` (Right by default): with truncate, an
+        input is cut to the model's context from that side; without, one past it is a 400 (as
+        TEI refuses it), never cut."""
+        direction = (body.str("truncation_direction", "right") or "right").lower()
+        if direction not in ("left", "right"):
+            raise bad_request("'truncation_direction' must be Left or Right", "truncation_direction")
+        return (self.served.max_model_len if body.bool("truncate") else UNCUT), direction
+
     async def tei_rerank(self, body: Body, http: HTTPRequest) -> Response:
-        """TEI /rerank: `query`, `texts`, `raw_scores`, `return_text`; a bare array sorted by
-        score."""
+        """TEI /rerank: `query`, `texts`, `raw_scores`, `return_text`, `truncate`,
+        `truncation_direction`; a bare array sorted by score."""
         query = body.str("query")
         if not query:
             raise bad_request("'query' must be a non-empty string", "query")
         texts = _texts(body, "texts")
+        limit, direction = self._tei_cut(body)
         relevance, _ = await self._relevance_scores(http, new_id("rerank", http), [query] * len(texts), texts, body,
-                                                    raw=body.bool("raw_scores"))
+                                                    raw=body.bool("raw_scores"), cut=(limit, direction))
         return_text = body.bool("return_text")
         results = []
         for i in sorted(range(len(texts)), key=lambda i: -relevance[i]):
@@ -117,9 +126,11 @@ class CompatAPI(RelevanceAPI):
     async def tei_predict(self, http: HTTPRequest) -> Response:
         """TEI /predict: `inputs` as a string, a [text, text_pair], or a batch of texts, [text]s and
         [text, text_pair]s; each answer is every label with its score, best first (`raw_scores`:
-        logits; probabilities as /classify gives them)."""
+        logits; probabilities as /classify gives them). `truncate`, `truncation_direction` as
+        /rerank's."""
         body = await self.body(http)
         self._require_classifier()
+        limit, direction = self._tei_cut(body)
         value = body.require("inputs")
         single = isinstance(value, str) or (isinstance(value, list) and len(value) == 2
                                             and all(isinstance(v, str) for v in value)
@@ -133,9 +144,10 @@ class CompatAPI(RelevanceAPI):
             if isinstance(entry, list) and len(entry) == 1:  # TEI's batch of one-text arrays
                 entry = entry[0]
             if isinstance(entry, str) and entry:
-                (ids,) = await self.encode_items([entry], "inputs")
+                (ids,) = await self.encode_items([entry], "inputs", cut_texts=False)
+                ids = self.truncate(ids, limit, direction, text=True)
             elif isinstance(entry, list) and len(entry) == 2 and all(isinstance(t, str) and t for t in entry):
-                (ids,) = await self.admission.encode_pairs([entry[0]], [entry[1]])
+                (ids,) = await self.admission.encode_pairs([entry[0]], [entry[1]], limit, direction)
             else:
                 raise bad_request("'inputs' must be a text, a [text, pair], or an array of those", "inputs")
             prompts.append(ids)

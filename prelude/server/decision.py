@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import Response
@@ -13,7 +14,7 @@ from prelude.engine.request import Request, Task
 from prelude.contract.sampling import SamplingParams
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
-from prelude.server.scores import label_probabilities, matryoshka, packed_float32, required
+from prelude.server.scores import EMBED_DTYPES, ENDIANNESS, label_probabilities, matryoshka, packed, required
 from prelude.server.answers import check_count, json_response, new_id, prompt_usage
 from prelude.server.serving import MAX_ITEMS, Serving
 
@@ -55,7 +56,7 @@ class DecisionAPI(Serving):
     async def embeddings(self, http: HTTPRequest) -> Response:
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
-        encoding = _encoding_format(body)
+        encode = _vector_encoding(body)
         dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
         normalize = body.bool("normalize", True)
         rid = new_id("embd", http)
@@ -64,8 +65,7 @@ class DecisionAPI(Serving):
         data = []
         for i, out in enumerate(await self.collect(http, rows)):
             vector = matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
-            embedding: list[float] | str = packed_float32(vector) if encoding == "base64" else vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding})
+            data.append({"object": "embedding", "index": i, "embedding": encode(vector)})
         response = self._envelope(rid, data, prompts)
         del response["created"], response["id"]
         return json_response(response)
@@ -78,8 +78,9 @@ class DecisionAPI(Serving):
         rid = new_id("classify", http)
         labels = self.served.config.id2label
         data = []
+        activate = activated(body)
         for i, logits in enumerate(await self._classify_rows(http, rid, prompts, self.scheduling(http, body))):
-            probs = label_probabilities(logits, self.served.config.multi_label)
+            probs = label_probabilities(logits, self.served.config.multi_label) if activate else logits
             best = max(range(len(probs)), key=probs.__getitem__)
             item = {"index": i, "label": labels.get(best, f"LABEL_{best}"), "probs": probs, "num_classes": len(probs)}
             if len(logits) == 1:  # a reward / regression head: its raw scalar too
@@ -93,7 +94,7 @@ class DecisionAPI(Serving):
         the pooled final hidden state (not normalized unless asked)."""
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
-        encoding = _encoding_format(body)
+        encode = _vector_encoding(body)
         rid = new_id("pool", http)
         sched = self.scheduling(http, body)
         if self.served.has_classifier:
@@ -102,8 +103,7 @@ class DecisionAPI(Serving):
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
                               normalize=body.bool("normalize", False), **sched)
             outputs = [required(out.pooled) for out in await self.collect(http, rows)]
-        data = [{"index": i, "object": "pooling", "data": packed_float32(out) if encoding == "base64" else out}
-                for i, out in enumerate(outputs)]
+        data = [{"index": i, "object": "pooling", "data": encode(out)} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 
     # -- label-token scoring ----------------------------------------------------------------
@@ -216,11 +216,30 @@ class DecisionAPI(Serving):
             usage = prompt_usage(prompts)
         return json_response({"scores": scores, "model": self.model_name, "object": "scoring", "usage": usage})
 
-def _encoding_format(body: Body) -> str:
-    """OpenAI's encoding_format, which vLLM honours on /v1/embeddings and /pooling alike: a
-    base64 client decodes whatever comes back, so a list where it asked for base64 breaks it."""
+def activated(body: Body) -> bool:
+    """vLLM's use_activation (and its deprecated names activation and softmax): false asks a
+    classifier or cross-encoder for its raw logits, where a probability is the default."""
+    for name in ("use_activation", "activation", "softmax"):
+        if body.has(name):
+            return body.bool(name)
+    return True
+
+
+def _vector_encoding(body: Body) -> Callable[[list[float]], list[float] | str]:
+    """How a vector is written: OpenAI's encoding_format, which vLLM honours on /v1/embeddings
+    and /pooling alike (a base64 client decodes whatever comes back, so a list where it asked
+    for base64 breaks it), and vLLM's embed_dtype and endianness for base64 (a float16 client
+    read float32 bytes as twice as many wrong values)."""
     encoding = body.str("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-    return encoding
+    dtype = body.str("embed_dtype", "float32")
+    if dtype not in EMBED_DTYPES:
+        raise body.invalid("embed_dtype", f"must be one of {', '.join(EMBED_DTYPES)}")
+    endianness = body.str("endianness", "native")
+    if endianness not in ENDIANNESS:
+        raise body.invalid("endianness", f"must be one of {', '.join(ENDIANNESS)}")
+    if encoding == "float":
+        return lambda vector: vector
+    return lambda vector: packed(vector, dtype, endianness)
 

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from prelude.engine.request import Task
 from prelude.server.answers import check_count, json_response, new_id, prompt_usage
-from prelude.server.decision import DecisionAPI
+from prelude.server.decision import DecisionAPI, activated
 from prelude.server.errors import bad_request
 from prelude.server.judge import RERANK_INSTRUCTION, JudgePrompt
 from prelude.server.protocol import Body
@@ -27,7 +27,7 @@ class RelevanceAPI(DecisionAPI):
         if body.has("label_token_ids"):
             return await self.label_token_scores(http, body, rid)
         queries, documents = self._pairs(body)
-        relevance, prompts = await self._relevance_scores(http, rid, queries, documents, body)
+        relevance, prompts = await self._relevance_scores(http, rid, queries, documents, body, raw=not activated(body))
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(relevance)]
         return json_response(self._envelope(rid, data, prompts))
 
@@ -52,16 +52,19 @@ class RelevanceAPI(DecisionAPI):
         return first, second
 
     async def _relevance_scores(self, http, rid: str, queries: list[str], documents: list[str],
-                                body: Body, raw: bool = False) -> tuple[list[float], list[list[int]]]:
+                                body: Body, raw: bool = False, cut: tuple[int | None, str] | None = None
+                                ) -> tuple[list[float], list[list[int]]]:
         """Each pair's relevance, as ServedModel.pair_scoring says, and the prompts it ran. `raw`
-        (TEI's raw_scores): a probability's logit instead (a cosine stays a cosine)."""
-        # vLLM's truncate_prompt_tokens: at most k tokens a prompt (-1: the context), where an
-        # over-long pair was a 400 (or cut at the context alone) whatever the request said.
-        limit = self.truncation_limit(body)
+        (vLLM's use_activation false, TEI's raw_scores): a probability's logit instead (a cosine
+        stays a cosine). `cut`: at most how many tokens a prompt takes, dropped from which side
+        (TEI's truncate); by default vLLM's truncate_prompt_tokens and truncation_side (k tokens
+        at most, -1 the context; none: an encoder's pair is cut at its context, a decoder's is a
+        400)."""
+        limit, side = cut if cut is not None else (self.truncation_limit(body), self.pooling_side(body))
         if self.served.pair_scoring == "embedding":
-            return await self._embedding_similarities(http, rid, queries, documents, body, limit)
+            return await self._embedding_similarities(http, rid, queries, documents, body, limit, side)
         if self.served.pair_scoring == "cross-encoder":  # the pair through the classification head
-            prompts = await self.admission.encode_pairs(queries, documents, limit)
+            prompts = await self.admission.encode_pairs(queries, documents, limit, side)
             scores = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
             return [pair_logit(s) if raw else pair_relevance(s) for s in scores], prompts
         self.require_lm_head("scoring")
@@ -72,7 +75,8 @@ class RelevanceAPI(DecisionAPI):
         texts = [judge.fill(q, d) for q, d in zip(queries, documents)]
         prompts = await self.admission.encode_many(texts, add_special_tokens=judge.add_special_tokens)
         if limit is not None:
-            prompts = [ids if len(ids) <= limit else await self._judged_within(judge, q, d, len(ids) - limit, limit)
+            prompts = [ids if len(ids) <= limit else
+                       await self._judged_within(judge, q, d, len(ids) - limit, limit, side)
                        for ids, q, d in zip(prompts, queries, documents)]
         scores = await self._label_scores(http, rid, prompts, (no, yes), True, self.scheduling(http, body),
                                           param="documents")
@@ -81,17 +85,17 @@ class RelevanceAPI(DecisionAPI):
         return [s[1] for s in scores], prompts
 
     async def _judged_within(self, judge: JudgePrompt, query: str, document: str, over: int,
-                             limit: int) -> list[int]:
-        """A judge prompt `over` tokens past `limit`, its document's end cut until it fits (the
-        prompt's frame and the query stay whole; a cut text may tokenize differently where it
-        meets the frame, so it is measured again)."""
+                             limit: int, side: str) -> list[int]:
+        """A judge prompt `over` tokens past `limit`, its document cut from `side` until it fits
+        (the prompt's frame and the query stay whole; a cut text may tokenize differently where
+        it meets the frame, so it is measured again)."""
         words = await self.admission.encode(document, add_special_tokens=False)
         while True:
             keep = len(words) - over
             if keep <= 0:
                 raise bad_request(f"the scoring prompt's frame and query alone take more than {limit} tokens "
                                   "(truncate_prompt_tokens)", "truncate_prompt_tokens")
-            words = words[:keep]
+            words = words[over:] if side == "left" else words[:keep]
             ids = await self.admission.encode(judge.fill(query, await self.admission.decode(words)),
                                               add_special_tokens=judge.add_special_tokens)
             if len(ids) <= limit:
@@ -99,14 +103,14 @@ class RelevanceAPI(DecisionAPI):
             over = len(ids) - limit
 
     async def _embedding_similarities(self, http, rid: str, queries: list[str], documents: list[str],
-                                      body: Body, limit: int | None) -> tuple[list[float], list[list[int]]]:
+                                      body: Body, limit: int | None, side: str
+                                      ) -> tuple[list[float], list[list[int]]]:
         """The cosine similarity of each pair's embeddings: each distinct text is embedded once
-        (as /v1/embeddings would, normalized, cut to `limit` tokens from its pooling side), all
+        (as /v1/embeddings would, normalized, cut to `limit` tokens from `side`), all
         of them in one admission."""
         texts = list(dict.fromkeys(queries + documents))
         prompts = await self.encode_items(texts, "documents", cut_texts=limit is None)
         if limit is not None:
-            side = self.pooling_side(body)
             prompts = [self.truncate(ids, limit, side, text=True) for ids in prompts]
         rows = self._rows(rid, prompts, task=Task.EMBED, param="documents", pooling=self.served.pooling,
                           normalize=True, **self.scheduling(http, body))
@@ -135,7 +139,8 @@ class RelevanceAPI(DecisionAPI):
         top_n = requested_top_n(body, len(texts))
         return_documents = body.bool("return_documents", True)
         rid = new_id("rerank", http)
-        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body)
+        relevance, prompts = await self._relevance_scores(http, rid, [query] * len(texts), texts, body,
+                                                          raw=not activated(body))
         order = sorted(range(len(texts)), key=lambda i: -relevance[i])[:top_n]
         results = []
         for i in order:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 import math
 import struct
+import sys
 from array import array
 from typing import TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -68,3 +71,33 @@ def matryoshka(vector: list[float], dimensions: int | None, normalize: bool) -> 
 def packed_float32(vector: list[float]) -> str:
     """base64 of the vector as little-endian float32 (OpenAI's and Cohere's base64 format)."""
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+# vLLM's embed_dtype: the element type of a base64 embedding (float32, OpenAI's, by default).
+EMBED_DTYPES = ("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+ENDIANNESS = ("native", "little", "big")
+
+
+def packed(vector: list[float], dtype: str = "float32", endianness: str = "little") -> str:
+    """base64 of the vector's elements as `dtype` (one of EMBED_DTYPES, each rounded to nearest
+    as torch converts), in `endianness` byte order."""
+    if dtype == "float32" and endianness in ("little", "native") and sys.byteorder == "little":
+        return packed_float32(vector)
+    values = np.asarray(vector, dtype=np.float32)
+    raw: np.ndarray
+    if dtype == "float16":
+        raw = values.astype(np.float16)
+    elif dtype == "bfloat16":  # float32's top half, rounded to nearest even
+        bits = values.view(np.uint32).astype(np.uint64)
+        raw = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    elif dtype.startswith("fp8"):
+        import torch  # the engine's: numpy has no 8-bit floats
+        kind = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2
+        raw = torch.from_numpy(values).to(kind).view(torch.uint8).numpy()
+    else:
+        raw = values
+    if endianness == "big" or (endianness == "native" and sys.byteorder == "big"):
+        raw = raw.astype(raw.dtype.newbyteorder(">"))
+    else:
+        raw = raw.astype(raw.dtype.newbyteorder("<"))
+    return base64.b64encode(raw.tobytes()).decode()

@@ -57,12 +57,13 @@ class Tokenizer(ABC):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [self.encode(text, add_special_tokens) for text in texts]
 
-    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None) -> list[list[int]]:
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None,
+                     side: str = "right") -> list[list[int]]:
         """Text pairs, each as one sequence (a cross-encoder's query and document), by the file's
         pair template where the backend applies it ([CLS] A [SEP] B [SEP] for BERT); else the
         first text with its special tokens followed by the second without. `limit`: each pair
         cut to at most that many tokens, the longer text first (HF's longest-first truncation),
-        its special tokens kept."""
+        each text from `side`, its special tokens kept."""
         pairs = []
         for a, b in zip(firsts, seconds):
             first, second = self.encode(a), self.encode(b, add_special_tokens=False)
@@ -70,7 +71,8 @@ class Tokenizer(ABC):
                 head, tail = self._template_ends
                 text = first[head:len(first) - tail]
                 n1, n2 = longest_first(len(text), len(second), max(limit - head - tail, 0))
-                first, second = first[:head] + text[:n1] + first[len(first) - tail:], second[:n2]
+                first = first[:head] + _kept(text, n1, side) + first[len(first) - tail:]
+                second = _kept(second, n2, side)
             pairs.append(first + second)
         return pairs
 
@@ -82,9 +84,7 @@ class Tokenizer(ABC):
             return ids
         head, tail = self._template_ends
         keep = max(limit - head - tail, 0)
-        text = ids[head:len(ids) - tail]
-        text = text[len(text) - keep:] if side == "left" else text[:keep]
-        return ids[:head] + text + ids[len(ids) - tail:]
+        return ids[:head] + _kept(ids[head:len(ids) - tail], keep, side) + ids[len(ids) - tail:]
 
     @cached_property
     def _template_ends(self) -> tuple[int, int]:
@@ -144,3 +144,8 @@ class Tokenizer(ABC):
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             return DecodeStep(full_text[len(prefix_text):], read_offset, len(ids))
         return DecodeStep("", prefix_offset, read_offset)
+
+
+def _kept(ids: list[int], keep: int, side: str) -> list[int]:
+    """ids cut to `keep` from `side`: "left" drops the first ones."""
+    return ids[len(ids) - keep:] if side == "left" else ids[:keep]

@@ -38,7 +38,8 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
 
-    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None) -> list[list[int]]:
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str], limit: int | None = None,
+                     side: str = "right") -> list[list[int]]:
         if limit is None:
             return [e.ids for e in self._pairs.encode_batch(list(zip(firsts, seconds)))]
         # A request's own limit: each text encoded alone, cut as the file's longest-first
@@ -49,8 +50,8 @@ class HFTokenizer(Tokenizer):
         for a, b in zip(firsts, seconds):
             first, second = self._tok.encode(a, add_special_tokens=False), self._tok.encode(b, add_special_tokens=False)
             n1, n2 = longest_first(len(first.ids), len(second.ids), budget)
-            first.truncate(n1)
-            second.truncate(n2)
+            first.truncate(n1, direction=side)
+            second.truncate(n2, direction=side)
             pairs.append(self._tok.post_process(first, second, add_special_tokens=True).ids)
         return pairs
 

@@ -101,6 +101,25 @@ def test_embeddings_token_ids_base64_and_dimensions(lm):
         assert list(struct.unpack(f"<{len(listed)}f", base64.b64decode(packed))) == listed
 
 
+@pytest.mark.parametrize(("dtype", "endianness", "numpy_type", "abs_"),
+                         [("float32", "big", ">f4", 0), ("float16", "native", "<f2", 1e-3),
+                          ("float16", "big", ">f2", 1e-3), ("bfloat16", "little", "<u2", 1e-2)])
+def test_base64_embeddings_take_vllms_embed_dtype_and_endianness(lm, dtype, endianness, numpy_type, abs_):
+    """embed_dtype / endianness: a float16 client read the float32 bytes it got as twice as many
+    wrong values."""
+    import numpy as np
+
+    srv, _ = lm
+    listed = post(srv, "/v1/embeddings", input=TEXTS[0]).json()["data"][0]["embedding"]
+    packed = post(srv, "/v1/embeddings", input=TEXTS[0], encoding_format="base64", embed_dtype=dtype,
+                  endianness=endianness).json()["data"][0]["embedding"]
+    values = np.frombuffer(base64.b64decode(packed), dtype=numpy_type)
+    if dtype == "bfloat16":  # the top half of a float32
+        values = (values.astype("<u4") << 16).view("<f4")
+    assert values.tolist() == pytest.approx(listed, abs=abs_ or REPEAT_ABS)
+    assert post(srv, "/v1/embeddings", input=TEXTS[0], encoding_format="base64", embed_dtype="int4").status_code == 400
+
+
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 def test_embedding_pooling_modes(lm, pooling):
     demo, reference = lm  # the same demo weights: only the pooling differs
@@ -117,12 +136,16 @@ def test_embedding_pooling_modes(lm, pooling):
 def test_classify_matches_sequence_classification_logits(classifier):
     srv, reference = classifier
     out = post(srv, "/classify", input=TEXTS).json()
-    for text, item in zip(TEXTS, out["data"]):
+    # vLLM's use_activation false (and its older name, activation): the logits themselves
+    raw = post(srv, "/classify", input=TEXTS, use_activation=False).json()
+    assert post(srv, "/classify", input=TEXTS, activation=False).json()["data"] == raw["data"]
+    for text, item, raw_item in zip(TEXTS, out["data"], raw["data"]):
         with torch.no_grad():
             logits = reference(torch.tensor([ids_of(srv, text)])).logits[0]
         probs = torch.softmax(logits, dim=-1)
         assert item["probs"] == pytest.approx(probs.tolist(), abs=1e-5)
         assert item["label"] == LABELS[int(probs.argmax())] and item["num_classes"] == 3
+        assert raw_item["probs"] == pytest.approx(logits.tolist(), abs=1e-5) and raw_item["label"] == item["label"]
 
 
 def test_a_multi_label_classifier_scores_each_label_on_its_own(demo_model, tmp_path):
@@ -199,6 +222,12 @@ def test_cross_encoder_score_and_rerank(classifier):
 
     scores = post(srv, "/v1/score", text_1=query, text_2=docs).json()["data"]
     assert [s["score"] for s in scores] == pytest.approx([expected(d) for d in docs], abs=1e-5)
+    # use_activation false: the log-odds the probability came from (it was ignored)
+    for path, body, key in (("/v1/score", {"text_1": query, "text_2": docs}, "data"),
+                            ("/v1/rerank", {"query": query, "documents": docs}, "results")):
+        answers = [post(srv, path, **body, **extra).json()[key] for extra in ({}, {"use_activation": False})]
+        probability, logits = ({r["index"]: r.get("score", r.get("relevance_score")) for r in a} for a in answers)
+        assert {i: 1 / (1 + math.exp(-x)) for i, x in logits.items()} == pytest.approx(probability, abs=1e-6)
     ranked = post(srv, "/v1/rerank", query=query, documents=docs, top_n=2).json()["results"]
     order = sorted(range(3), key=lambda i: -expected(docs[i]))[:2]
     assert [r["index"] for r in ranked] == order

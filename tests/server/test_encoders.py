@@ -187,10 +187,11 @@ def cross_encoder(request, minilm, tmp_path_factory):
         yield srv, path
 
 
-def _reference_scores(path: Path, pairs: list[tuple[str, str]], max_length: int | None = None) -> list[float]:
+def _reference_scores(path: Path, pairs: list[tuple[str, str]], max_length: int | None = None,
+                      side: str = "right") -> list[float]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path), truncation_side=side)
     model = load_reference(path)
     scores = []
     cut = {"truncation": True, "max_length": max_length} if max_length else {}
@@ -235,6 +236,33 @@ def test_truncate_prompt_tokens_cuts_pairs_as_the_tokenizer_cuts_them(cross_enco
     scores = post(minilm_server, "/v1/score", text_1=QUERY, text_2=long_document, truncate_prompt_tokens=8).json()
     assert scores["data"][0]["score"] == pytest.approx(sum(a * b for a, b in zip(*vectors)), abs=1e-5)
     assert scores["usage"]["prompt_tokens"] == 16
+
+
+def test_a_pair_is_cut_from_the_side_the_request_names_and_tei_refuses_without_truncate(cross_encoder):
+    """vLLM's truncation_side and TEI's truncation_direction cut a pair from the left where asked
+    (both were ignored: the right-cut score came back); without `truncate`, TEI's /rerank and
+    /predict refuse a pair past the context, as TEI does (they cut it)."""
+    srv, path = cross_encoder
+    long_document = "Paged attention keeps the KV cache in fixed-size blocks of tokens. " * 6
+    for side in ("left", "right"):
+        expected = _reference_scores(path, [(QUERY, long_document)], max_length=12, side=side)
+        answer = post(srv, "/v1/score", text_1=QUERY, text_2=long_document, truncate_prompt_tokens=12,
+                      truncation_side=side).json()
+        assert answer["data"][0]["score"] == pytest.approx(expected[0], abs=1e-5)
+    context = srv.served.max_model_len
+    past = "Paged attention keeps the KV cache in fixed-size blocks of tokens. " * (context // 8)
+    for side in ("Left", "Right"):
+        expected = _reference_scores(path, [(QUERY, past)], max_length=context, side=side.lower())[0]
+        (ranked,) = post(srv, "/rerank", query=QUERY, texts=[past], truncate=True, truncation_direction=side).json()
+        (predicted,) = post(srv, "/predict", inputs=[[QUERY, past]], truncate=True,
+                            truncation_direction=side).json()
+        assert ranked["score"] == pytest.approx(expected, abs=1e-5)
+        assert predicted[0]["score"] == pytest.approx(expected, abs=1e-5)
+    for path_, body in (("/rerank", {"query": QUERY, "texts": [past]}), ("/predict", {"inputs": [QUERY, past]}),
+                        ("/predict", {"inputs": past})):
+        refused = post(srv, path_, **body)
+        assert refused.status_code == 400 and "context length" in refused.json()["error"]["message"]
+    assert post(srv, "/rerank", query=QUERY, texts=[past], truncate=True, truncation_direction="Up").status_code == 400
 
 
 def test_an_encoder_without_a_pooling_module_embeds_its_cls_token(minilm, tmp_path):
