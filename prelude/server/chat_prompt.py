@@ -38,29 +38,41 @@ def checked_messages(messages: list) -> list[dict]:
     """The messages as the template reads them: objects with a string role and string content
     (non-empty text parts joined by newlines; null or absent is "", as vLLM renders it: an
     assistant turn replayed with tool_calls has "content": null, and templates that concatenate
-    the content, ChatML ones among them, fail on None)."""
+    the content, ChatML ones among them, fail on None). Other null fields are left out, as vLLM
+    leaves them: clients send "tool_calls": null on plain assistant turns, and templates that
+    test `'tool_calls' in message` (Llama 3.1's, DeepSeek-V3's) failed on it."""
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"'{param}' must be an object with a string 'role'", param)
+        message = {key: value for key, value in message.items() if value is not None or key == "content"}
         content = message.get("content")
         if isinstance(content, list):
-            parts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"'{param}.content' supports only text parts", f"{param}.content")
-                if part["text"]:  # vLLM joins the non-empty ones: an empty part adds no newline
-                    parts.append(part["text"])
-            message = dict(message, content="\n".join(parts))  # vLLM's join for string-content templates
+            texts = (_part_text(part, f"{param}.content") for part in content)
+            # vLLM's join for string-content templates: an empty part adds no newline
+            message["content"] = "\n".join(text for text in texts if text)
         elif content is None:
-            message = dict(message, content="")
+            message["content"] = ""
         elif not isinstance(content, str):
             raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
         if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
             message = _with_parsed_tool_calls(message, param)
         out.append(message)
     return out
+
+
+def _part_text(part: object, param: str) -> str:
+    """A content part's text, by every name vLLM reads text under: a text part, an assistant's
+    refusal (the OpenAI SDK's types allow one), the Responses API's input_text and output_text,
+    or a bare string."""
+    if isinstance(part, str):
+        return part
+    kind = part.get("type") if isinstance(part, dict) else None
+    text = part.get("refusal" if kind == "refusal" else "text") if isinstance(part, dict) else None
+    if kind not in ("text", "refusal", "input_text", "output_text") or not isinstance(text, str):
+        raise bad_request(f"'{param}' supports only text parts", param)
+    return text
 
 
 def _with_parsed_tool_calls(message: dict, param: str) -> dict:
@@ -124,7 +136,7 @@ class ChatPrompt:
         # As in vLLM, chat_template_kwargs override the request's own template fields: clients
         # written for it send {"add_generation_prompt": false} there.
         options = {"add_generation_prompt": body.bool("add_generation_prompt", True), "tools": body.list("tools"),
-                   **(kwargs.data if kwargs else {})}
+                   **_documents(body), **(kwargs.data if kwargs else {})}
         continue_final = body.bool("continue_final_message")
         if "continue_final_message" in options:  # vLLM passes it on to the template call, where HF's reads it
             continue_final = bool(options.pop("continue_final_message"))
@@ -154,6 +166,18 @@ class ChatPrompt:
         generation_prompt = bool(options.get("add_generation_prompt"))
         role = ASSISTANT if generation_prompt else last["role"]
         return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "", generation_prompt)
+
+
+def _documents(body: Body) -> dict:
+    """vLLM's chat `documents` (objects of strings, for retrieval-augmented templates such as
+    Command-R's and Granite's), handed to the template as `documents`: it was dropped, and the
+    answer came without them."""
+    documents = body.list("documents")
+    if documents is None:
+        return {}
+    if not all(isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in documents):
+        raise bad_request("'documents' must be an array of objects of strings", "documents")
+    return {"documents": documents}
 
 
 def _left_open(text: str, final: str) -> str:

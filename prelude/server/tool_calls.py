@@ -28,13 +28,16 @@ def forced_tools(body: Body) -> ForcedTools | None:
     """The request's forced tool call, or None (no tool_choice, or "none")."""
     # Checked whatever tool_choice says, as vLLM checks them: a malformed tool was rendered.
     functions = _functions(body.list("tools") or [])
-    choice = body.data.get(PARAM) if body.has(PARAM) else None
+    # OpenAI's default: "auto" where tools are given (served as "none", the calls the model
+    # wrote stayed in the text), else "none".
+    choice = body.data.get(PARAM) if body.has(PARAM) else ("auto" if functions else None)
     if choice is None or choice == "none":
         return None
     if choice == "auto":
-        raise bad_request("'tool_choice' \"auto\" is not supported: this server does not parse tool calls out of "
-                          "free text (vLLM needs --enable-auto-tool-choice for it); name a function, or send "
-                          "\"required\"", PARAM)
+        implied = "" if body.has(PARAM) else " (the default where 'tools' are given)"
+        raise bad_request(f"'tool_choice' \"auto\"{implied} is not supported: this server does not parse tool "
+                          "calls out of free text (vLLM needs --enable-auto-tool-choice for it); name a function, "
+                          "send \"required\", or \"none\" for an answer in text", PARAM)
     if not functions:
         raise bad_request("'tool_choice' needs the functions among 'tools'", PARAM)
     if choice == "required":

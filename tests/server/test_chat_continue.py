@@ -71,6 +71,18 @@ def test_text_parts_join_with_newlines(server):
         _ids(server, {"messages": [{"role": "user", "content": "first\nsecond"}]})
 
 
+def test_every_kind_of_text_part_reads_as_text(server):
+    """An assistant's refusal part (the OpenAI SDK types allow one), the Responses API's
+    input_text and output_text, a bare string: text to vLLM, 400s here before."""
+    parts = ["first", {"type": "input_text", "text": "second"}, {"type": "refusal", "refusal": "third"},
+             {"type": "output_text", "text": "fourth"}]
+    assert _ids(server, {"messages": [{"role": "user", "content": parts}]}) == \
+        _ids(server, {"messages": [{"role": "user", "content": "first\nsecond\nthird\nfourth"}]})
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    response = httpx.post(server.base_url + "/tokenize", json={"messages": [{"role": "user", "content": [image]}]})
+    assert response.status_code == 400, response.text
+
+
 def test_null_or_absent_content_renders_as_empty(server, client, model):
     """An assistant turn replayed with tool_calls has "content": null (the openai SDK's own
     message dump); vLLM renders it, and a missing content, as "". The demo's ChatML template

@@ -2,7 +2,8 @@
 over: `function.arguments` parsed from the OpenAI wire format's JSON string into an object (an
 absent or empty one is {}), and an empty `tool_calls` list dropped. Templates that write the
 arguments with `| tojson` (Qwen2.5's, Llama 3.1's) otherwise render them as a quoted, escaped
-string: a prompt the model was never trained on, unlike vLLM's."""
+string: a prompt the model was never trained on, unlike vLLM's. Null fields are left out, and
+the request's `documents` reach the template, as vLLM hands them over."""
 from __future__ import annotations
 
 
@@ -20,6 +21,7 @@ TEMPLATE = (
     "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
     '<tool_call>{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}</tool_call>'
     "{% endfor %}{% elif message.tool_calls is defined %}[no calls]{% endif %}<|im_end|>\n{% endfor %}"
+    "{% for doc in documents | default([]) %}[doc {{ doc.title }}: {{ doc.text }}]{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
@@ -31,8 +33,9 @@ def tool_server(demo_model, tmp_path_factory):
         yield srv
 
 
-def _rendered(server, messages: list) -> str:
-    response = httpx.post(server.base_url + "/tokenize", json={"messages": messages, "add_generation_prompt": False})
+def _rendered(server, messages: list, **extra) -> str:
+    response = httpx.post(server.base_url + "/tokenize",
+                          json={"messages": messages, "add_generation_prompt": False, **extra})
     assert response.status_code == 200, response.text
     return httpx.post(server.base_url + "/detokenize", json={"tokens": response.json()["tokens"]}).json()["prompt"]
 
@@ -68,3 +71,21 @@ def test_arguments_that_are_not_json_are_a_400(tool_server):
                           json={"messages": _replay(_call("{city: Paris")), "max_tokens": 1})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_null_fields_are_left_out_as_vllm_leaves_them(tool_server):
+    """Clients write "tool_calls": null on plain assistant turns; templates that test
+    `'tool_calls' in message` (Llama 3.1's, DeepSeek-V3's) failed on it with a 400."""
+    plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    nulls = [plain[0], {**plain[1], "tool_calls": None, "name": None}]
+    assert "[no calls]" not in _rendered(tool_server, nulls)
+    assert _rendered(tool_server, nulls) == _rendered(tool_server, plain)
+
+
+def test_documents_reach_the_template(tool_server):
+    """vLLM's chat `documents` (retrieval-augmented templates): they were dropped without a word."""
+    messages = [{"role": "user", "content": "What colour is the sky?"}]
+    text = _rendered(tool_server, messages, documents=[{"title": "Sky", "text": "The sky is green."}])
+    assert "[doc Sky: The sky is green.]" in text
+    response = httpx.post(tool_server.base_url + "/tokenize", json={"messages": messages, "documents": ["text"]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "documents"

@@ -1,7 +1,7 @@
 """Forced tool calls through the real `openai` client, as vLLM serves them without a tool-call
 parser: a named function's arguments generated under its parameters schema, "required" a list of
-calls, both answered as tool_calls (whole and streamed); "auto" is refused, as vLLM refuses it
-without --enable-auto-tool-choice."""
+calls, both answered as tool_calls (whole and streamed); "auto", also as the default where tools
+are given, is refused, as vLLM refuses it without --enable-auto-tool-choice."""
 from __future__ import annotations
 
 import json
@@ -63,6 +63,7 @@ def test_required_answers_with_calls_of_the_tools(client, server):
 
 @pytest.mark.parametrize("extra, param", [
     ({"tool_choice": "auto"}, "tool_choice"),
+    ({}, "tool_choice"),  # OpenAI's default where tools are given is "auto" (served as "none", calls lost in text)
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": {"type": "function"}}, "tool_choice"),
     ({"tool_choice": "required", "tools": []}, "tool_choice"),
