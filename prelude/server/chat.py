@@ -59,7 +59,7 @@ class ChatAPI(GenerationAPI):
         prompt_logprobs = self.requested_prompt_logprobs(body)
         echo = rendered.echo if body.bool("echo") else ""  # vLLM's: text only, no logprobs or usage
         stream = body.bool("stream")
-        include_usage, continuous_usage = self.stream_usage(body)
+        include_usage, continuous_usage = self.stream_usage(body, stream)
         thinks = self.reasoning_end is not None and opens_in_reasoning(rendered)
         constraint = await self.answer_constraint(body, self.reasoning_end if thinks else None,
                                                   forced.constraint if forced is not None else None)

@@ -44,7 +44,7 @@ class CompletionsAPI(GenerationAPI):
         if echo and logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = logprobs
         stream = body.bool("stream")
-        include_usage, continuous_usage = self.stream_usage(body)
+        include_usage, continuous_usage = self.stream_usage(body, stream)
         constraint = await self.answer_constraint(body)
         rid = new_id("cmpl", http)
         requests = self.fan_out(rid, prompts, n, body, max_tokens, logprobs, constraint,

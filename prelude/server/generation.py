@@ -116,13 +116,16 @@ class GenerationAPI(Serving):
         return context, self.tokenizer.decode(context)
 
     @staticmethod
-    def stream_usage(body: Body) -> tuple[bool, bool]:
+    def stream_usage(body: Body, stream: bool) -> tuple[bool, bool]:
         """stream_options' include_usage (a usage chunk before [DONE]) and vLLM's
         continuous_usage_stats (with it, every chunk carries its choice's usage so far, as vLLM's
-        do; ignored, a client reading per-chunk token counts found none)."""
+        do; ignored, a client reading per-chunk token counts found none). Without `stream` they
+        are a 400, as OpenAI and vLLM answer them."""
         options = body.object("stream_options")
         if options is None:
             return False, False
+        if options.data and not stream:
+            raise bad_request("'stream_options' can only be set with \"stream\": true", "stream_options")
         include_usage = options.bool("include_usage")
         return include_usage, include_usage and options.bool("continuous_usage_stats")
 

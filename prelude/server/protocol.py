@@ -236,13 +236,16 @@ class Body:
         return Body(self._of_type(name, value, dict, "an object"), prefix=f"{self.param(name)}.")
 
     def str_list(self, name: builtins.str, max_items: builtins.int | None = None) -> tuple[builtins.str, ...]:
-        """A string or an array of strings (OpenAI's `stop`)."""
+        """A string or an array of non-empty strings (OpenAI's `stop`; an empty one would match
+        everywhere, and vLLM refuses it)."""
         value = self._raw(name)
         if value is _MISSING:
             return ()
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
             raise self.invalid(name, "must be a string or an array of strings")
+        if not all(items):
+            raise self.invalid(name, "must not contain an empty string")
         if max_items is not None and len(items) > max_items:
             raise self.invalid(name, f"accepts at most {max_items} items")
         return tuple(items)

@@ -46,6 +46,13 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
     (COMPLETIONS, {"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
+    # an empty stop string (vLLM refuses it; it was dropped without a word)
+    (COMPLETIONS, {"prompt": "hi", "stop": ["done", ""]}, 400, "stop"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stop": ""}, 400, "stop"),
+    # stream_options without stream (OpenAI and vLLM refuse them; ignored before)
+    (COMPLETIONS, {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stream": False,
+            "stream_options": {"include_usage": True}}, 400, "stream_options"),
     (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 500}}, 400, "logit_bias.5"),

@@ -116,7 +116,7 @@ CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
 BASES = [
     ("/v1/completions", {"prompt": ["Hello there", [5, 6, 7]], "max_tokens": 4, "temperature": 0,
-                         "logprobs": 2, "stop": ["\n"], "stream_options": {"include_usage": True}}),
+                         "logprobs": 2, "stop": ["\n"]}),
     ("/v1/completions", {"prompt": "Is it?", "max_tokens": 1, "logit_bias": {"5": 1.5}, "seed": 3}),
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "temperature": 0.7, "top_p": 0.9,
                               "top_k": 5, "seed": 1, "logprobs": True, "top_logprobs": 2}),
