@@ -7,6 +7,8 @@ from typing import NamedTuple, Sequence
 
 from prelude._fasttoken.plan import CHAR_TO_BYTE
 
+METASPACE = "\u2581"  # SentencePiece's word mark, a space where the text is read
+
 
 class DecodeStep(NamedTuple):
     """Result of one streaming decode step: the new text and the offsets for the next step."""
@@ -105,7 +107,9 @@ class Tokenizer(ABC):
         """The bytes one token stands for (OpenAI's logprobs `bytes`). A byte-level BPE piece maps
         back to its raw bytes, so a character split across tokens has its bytes split too and
         the tokens' bytes join to the text; decoded alone, such a piece is U+FFFD, whose bytes
-        join to nothing. Any other token: its decoded text's bytes."""
+        join to nothing. A SentencePiece word piece ("▁world") is its text with the space that
+        decoding it alone drops (the answer reads " world"). Any other token: its decoded text's
+        bytes."""
         text = self.decode([token_id])
         piece = self.id_to_token(token_id)
         if piece is not None and all(c in CHAR_TO_BYTE for c in piece):
@@ -123,6 +127,10 @@ class Tokenizer(ABC):
                 byte = b""
             if byte and byte.decode("utf-8", errors="replace") == text:
                 return byte
+        if piece is not None and piece.startswith(METASPACE):
+            spaced = piece.replace(METASPACE, " ")
+            if text == spaced[1:]:  # the decoder strips the space a text starts with
+                return spaced.encode("utf-8")
         return text.encode("utf-8")
 
     @abstractmethod

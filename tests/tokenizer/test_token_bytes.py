@@ -36,3 +36,15 @@ def test_byte_fallback_pieces_are_their_bytes(backend):
     assert len(fallback) == 8
     assert b"".join(tok.token_bytes(i) for i in fallback) == "🦀😀".encode("utf-8")
     assert tok.token_bytes(tok.token_to_id("<0x41>")) == b"A"
+
+
+@pytest.mark.parametrize("backend", [FastTokenizer, HFTokenizer])
+def test_sentencepiece_word_pieces_keep_their_space(backend):
+    """A SentencePiece word piece ("▁world") is " world" in the text: decoded alone it loses the
+    space, and an answer's bytes joined to "worldworld" where it read " world world"."""
+    tok = backend(tokenizer_dir("phi3-mini") / "tokenizer.json")
+    for text in TEXTS[:2]:
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.id_to_token(ids[0]).startswith("\u2581")
+        # A text is encoded with SentencePiece's leading word mark, read as a space after a prompt.
+        assert b"".join(tok.token_bytes(i) for i in ids) == (" " + text).encode("utf-8"), text
