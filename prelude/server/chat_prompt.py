@@ -34,13 +34,16 @@ def _pieces(messages: list) -> int:
     return count
 
 
-def checked_messages(messages: list) -> list[dict]:
+def checked_messages(messages: list, parts: bool = False) -> list[dict]:
     """The messages as the template reads them: objects with a string role and string content
     (non-empty text parts joined by newlines; null or absent is "", as vLLM renders it: an
     assistant turn replayed with tool_calls has "content": null, and templates that concatenate
-    the content, ChatML ones among them, fail on None). Other null fields are left out, as vLLM
-    leaves them: clients send "tool_calls": null on plain assistant turns, and templates that
-    test `'tool_calls' in message` (Llama 3.1's, DeepSeek-V3's) failed on it."""
+    the content, ChatML ones among them, fail on None). `parts`: for a template that reads the
+    content as a list of parts, a list of {"type": "text", "text": ...} instead (a string is one
+    part, null none), as vLLM hands it over (joined, such a template read the text as characters
+    and rendered nothing). Other null fields are left out, as vLLM leaves them: clients send
+    "tool_calls": null on plain assistant turns, and templates that test `'tool_calls' in
+    message` (Llama 3.1's, DeepSeek-V3's) failed on it."""
     out = []
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
@@ -49,17 +52,28 @@ def checked_messages(messages: list) -> list[dict]:
         message = {key: value for key, value in message.items() if value is not None or key == "content"}
         content = message.get("content")
         if isinstance(content, list):
-            texts = (_part_text(part, f"{param}.content") for part in content)
+            texts = [_part_text(part, f"{param}.content") for part in content]
             # vLLM's join for string-content templates: an empty part adds no newline
-            message["content"] = "\n".join(text for text in texts if text)
+            message["content"] = _text_parts(texts) if parts else "\n".join(text for text in texts if text)
         elif content is None:
-            message["content"] = ""
+            message["content"] = [] if parts else ""
         elif not isinstance(content, str):
             raise bad_request(f"'{param}.content' must be a string or an array of text parts", f"{param}.content")
+        elif parts:
+            message["content"] = _text_parts([content])
         if message["role"] == "assistant" and isinstance(message.get("tool_calls"), list):
             message = _with_parsed_tool_calls(message, param)
         out.append(message)
     return out
+
+
+def _text_parts(texts: list[str]) -> list[dict]:
+    return [{"type": "text", "text": text} for text in texts]
+
+
+def _content_text(content: str | list[dict]) -> str:
+    """A checked message's content as text: its parts' texts joined by newlines."""
+    return content if isinstance(content, str) else "\n".join(part["text"] for part in content if part["text"])
 
 
 def _part_text(part: object, param: str) -> str:
@@ -150,11 +164,11 @@ class ChatPrompt:
 
     @staticmethod
     def _render(template: ChatTemplate, messages: list, options: dict, continue_final: bool) -> RenderedChat:
-        checked = checked_messages(messages)
+        checked = checked_messages(messages, template.reads_content_parts(options.get("tools") is not None))
         try:
             if continue_final:
-                marked = dict(checked[-1], content=checked[-1]["content"] + CONTINUE_MARK)
-                text = _left_open(template.render([*checked[:-1], marked], **options), checked[-1]["content"])
+                final, marked = _marked(checked[-1])
+                text = _left_open(template.render([*checked[:-1], marked], **options), final)
             else:
                 text = template.render(checked, **options)
         except ChatTemplateError as exc:
@@ -165,7 +179,20 @@ class ChatPrompt:
         # Truthiness, as the template tests it (chat_template_kwargs may set any JSON value).
         generation_prompt = bool(options.get("add_generation_prompt"))
         role = ASSISTANT if generation_prompt else last["role"]
-        return RenderedChat(text, role, (last.get("content") or "") if last["role"] == role else "", generation_prompt)
+        echo = _content_text(last["content"]) if last["role"] == role else ""
+        return RenderedChat(text, role, echo, generation_prompt)
+
+
+def _marked(message: dict) -> tuple[str, dict]:
+    """The final message's text the answer carries on from, and the message with CONTINUE_MARK
+    after it (after its last text part, as transformers continues a message of parts)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content, dict(message, content=content + CONTINUE_MARK)
+    if not content:
+        return "", dict(message, content=_text_parts([CONTINUE_MARK]))
+    final = content[-1]["text"]
+    return final, dict(message, content=[*content[:-1], *_text_parts([final + CONTINUE_MARK])])
 
 
 def _documents(body: Body) -> dict:

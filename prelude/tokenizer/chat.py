@@ -56,6 +56,29 @@ def _compile(source: str):
     return env.from_string(source)
 
 
+@lru_cache(maxsize=8)
+def _loops_over_content(source: str) -> bool:
+    """Whether a template iterates a message's content (`{% for part in message['content'] %}`,
+    directly or through a variable set from it), reading it as a list of parts, as
+    multimodal-style templates (Idefics', SmolVLM's, Llama 3.2 Vision's) do: vLLM's "openai"
+    content format, detected as vLLM detects it."""
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def reads_content(node: nodes.Node) -> bool:
+        return (isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content") \
+            or (isinstance(node, nodes.Getattr) and node.attr == "content")
+
+    try:
+        tree = ImmutableSandboxedEnvironment(extensions=[_generation_tag()]).parse(source)
+    except Exception:  # noqa: BLE001 (compiling it reports the template's fault)
+        return False
+    names = {assign.target.name for assign in tree.find_all(nodes.Assign)
+             if isinstance(assign.target, nodes.Name) and reads_content(assign.node)}
+    return any(reads_content(loop.iter) or (isinstance(loop.iter, nodes.Name) and loop.iter.name in names)
+               for loop in tree.find_all(nodes.For))
+
+
 def tokenizer_config(model_dir: Path) -> dict:
     """tokenizer_config.json of a model directory ({} when there is none)."""
     path = model_dir / "tokenizer_config.json"
@@ -115,12 +138,20 @@ class ChatTemplate:
             return None
         return cls(source, special_tokens(config), tool_use)
 
+    def reads_content_parts(self, tools: bool) -> bool:
+        """Whether the template that renders a request (with or without tools) reads a
+        message's content as a list of text parts rather than a string."""
+        return _loops_over_content(self._source(tools))
+
+    def _source(self, tools: bool) -> str:
+        return self.tool_use if tools and self.tool_use else self.source
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
                tools: list[dict] | None = None, **kwargs: Any) -> str:
         """As apply_chat_template(tokenize=False): the request's template kwargs override the
         special tokens of the same name."""
         try:
-            template = _compile(self.tool_use if tools is not None and self.tool_use else self.source)
+            template = _compile(self._source(tools is not None))
         except Exception as exc:  # jinja2's TemplateSyntaxError and kin
             raise TemplateCompileError(f"the model's chat template does not compile: {exc}") from exc
         messages = [_with_reasoning_aliases(m) for m in messages]
