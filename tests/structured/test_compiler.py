@@ -162,3 +162,31 @@ def test_batched_masks_beside_a_gpu_forward_equal_the_inline_ones(compiler):
     batched = start_filling(requests, beside_forward=True).result()
     assert inline.rows == batched.rows
     assert np.array_equal(inline.bitmask, batched.bitmask)
+
+
+def _next_texts(compiler, tokenizer, schema: dict, prefix: str) -> set[str]:
+    """The first characters of every token the schema allows after `prefix`."""
+    state = compiler.compile(Constraint.json_schema(schema, "p")).new_state()
+    last = 99
+    for step, token in enumerate(tokenizer.encode(prefix, add_special_tokens=False)):
+        assert token in allowed(state, step, last), prefix
+        last = token
+    step = len(tokenizer.encode(prefix, add_special_tokens=False))
+    return {tokenizer.decode([t])[:1] for t in allowed(state, step, last) if t != EOS}
+
+
+def test_an_object_listing_properties_is_closed_to_others_as_vllm_compiles_it(compiler, tokenizer):
+    """A pydantic model's schema says nothing of additionalProperties (instructor, LangChain and
+    litellm send them so): open, the answer went on with keys of its own until max_tokens cut
+    it, unparsable; vLLM's default backend closes such an object (xgrammar's strict mode)."""
+    verdict = {"type": "object", "properties": {"winner": {"enum": ["A", "B"]}}, "required": ["winner"]}
+    assert _next_texts(compiler, tokenizer, verdict, '{"winner":"A"') == {"}"}
+    nested = {"type": "object", "properties": {"v": {"$ref": "#/$defs/V"}}, "required": ["v"], "$defs": {"V": verdict}}
+    assert _next_texts(compiler, tokenizer, nested, '{"v":{"winner":"A"') == {"}"}
+    # Said open, or an object listing no properties (any object), stays open.
+    assert "," in _next_texts(compiler, tokenizer, {**verdict, "additionalProperties": True}, '{"winner":"A"')
+    assert '"' in _next_texts(compiler, tokenizer, {"type": "object"}, "{")
+    # allOf's members add to each other's properties: both stay allowed.
+    both = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                      {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    assert "," in _next_texts(compiler, tokenizer, both, '{"a":1')
