@@ -10,7 +10,7 @@ from typing import Callable, Sequence, TypeVar
 from prelude._fasttoken.core import first_invalid_id
 from prelude.contract.sampling import SamplingParams
 from prelude.engine.request import ExecutionClass, Task, execution_class
-from prelude.server.errors import bad_request
+from prelude.server.errors import bad_request, context_too_long
 from prelude.server.protocol import Body
 from prelude.tokenizer import Tokenizer
 
@@ -101,7 +101,7 @@ class Admission:
     def check_context(self, num_prompt_tokens: int, prompt_param: str = "prompt") -> None:
         """Every prompt must fit the context (checked before anything else about it)."""
         if num_prompt_tokens > self.max_model_len:
-            raise bad_request(
+            raise context_too_long(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                 f"prompt has {num_prompt_tokens} tokens. Please reduce the length of the prompt.", prompt_param)
 
@@ -127,7 +127,7 @@ class Admission:
             execution_class(task, max_tokens, self.disable_oneshot) is ExecutionClass.ONESHOT
         if max_tokens is None:
             if room < 1 and task is Task.GENERATE:
-                raise bad_request(
+                raise context_too_long(
                     f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                     f"prompt has {num_prompt_tokens} tokens, leaving no room to generate. Please reduce the "
                     "length of the prompt.", prompt_param)
@@ -142,7 +142,7 @@ class Admission:
         # The prompt alone leaves no room for any completion: shortening it is the fix, whatever
         # max_tokens says (a smaller max_tokens cannot help), so the error names the prompt.
         if num_prompt_tokens + max_tokens > self.max_model_len:
-            raise bad_request(
+            raise context_too_long(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, "
                 f"{max_tokens} in the completion). Please reduce the length of the prompt or completion.",

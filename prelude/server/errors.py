@@ -34,6 +34,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def context_too_long(message: str, param: str | None) -> APIError:
+    """A request past the model's context: a 400 with OpenAI's code for it, which clients map
+    to their own error (LangChain's ContextOverflowError)."""
+    return APIError(400, message, param, "context_length_exceeded")
+
+
 def model_not_found(model: str) -> APIError:
     """OpenAI's answer to a model it does not serve (a request's `model`, models.retrieve)."""
     return APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")

@@ -158,9 +158,10 @@ class Serving:
         else:
             raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids", name)
         check_count(name, len(items), max_items)
+        # An empty string is refused only where it encodes to no tokens (encode_items): an
+        # encoder embeds "" as [CLS] [SEP], as vLLM does (LangChain's embed_documents sends empty
+        # chunks), and a tokenizer that adds BOS makes it a prompt.
         for item in items:
-            if isinstance(item, str) and not item:
-                raise bad_request(f"'{name}' must not contain empty strings", name)
             if not isinstance(item, (str, list)):
                 raise bad_request(f"'{name}' must be a non-empty string, array of strings, or array of token ids",
                                   name)

@@ -21,7 +21,7 @@ def test_null_max_tokens_asks_for_all_the_context_leaves(server, client):
 
 def test_a_prompt_filling_the_context_is_refused_for_the_context(server):
     """Not for the KV cache (whose size the message gave), so clients that match "maximum
-    context length" (LiteLLM's ContextWindowExceededError) know what happened."""
+    context length" (LiteLLM's ContextWindowExceededError) or OpenAI's code know what happened."""
     limit = server.config.max_model_len
     # A long chat cut to exactly the context (vLLM's truncate_prompt_tokens keeps its last tokens).
     messages = [{"role": "user", "content": "a b c d " * limit}]
@@ -32,6 +32,8 @@ def test_a_prompt_filling_the_context_is_refused_for_the_context(server):
         error = response.json()["error"]
         assert "maximum context length" in error["message"] and "KV" not in error["message"], error
         assert error["param"] == ("messages" if "chat" in path else "prompt")
+        # OpenAI's code for it, which LangChain maps to its ContextOverflowError (it was null)
+        assert error["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize("path, body", [

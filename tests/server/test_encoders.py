@@ -60,6 +60,11 @@ def test_embeddings_equal_sentence_transformers_on_the_real_model(minilm, minilm
     for ours in (batch, singles):
         assert len(ours[0]) == 384
         assert min(_cosines(ours, reference)) >= 0.99999
+    # An empty text is [CLS] [SEP], as vLLM embeds it (LangChain's embed_documents sends empty
+    # chunks); it was a 400.
+    empty = post(minilm_server, "/v1/embeddings", input=["", TEXTS[0]]).json()["data"]
+    expected = st.SentenceTransformer(str(minilm), device="cpu").encode(["", TEXTS[0]], normalize_embeddings=True)
+    assert min(_cosines([d["embedding"] for d in empty], expected)) >= 0.99999
 
 
 def test_embedding_relevance_is_a_cosine_within_one_raw_or_not(minilm_server):
