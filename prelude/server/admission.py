@@ -162,7 +162,8 @@ class Admission:
         """Sampling fields shared by completions and chat (OpenAI names plus vLLM's extensions)."""
         if logprobs is not None and logprobs > self.max_logprobs:
             raise bad_request(f"requested {logprobs} logprobs; this server allows at most "
-                              f"{self.max_logprobs} (--max-logprobs)", "logprobs")
+                              f"{self.max_logprobs} (--max-logprobs)",
+                              "top_logprobs" if body.has("top_logprobs") else "logprobs")  # chat's, completions'
         # Requests name the same few sampling fields with the same values, one after another (a
         # judge's temperature 0, a classifier's logprobs): what reading them gives, field by
         # field and checked (4.6 us of the event loop a request), is kept by what they said.

@@ -45,6 +45,8 @@ CASES = [
     (COMPLETIONS, {"prompt": "hi", "top_p": "high"}, 400, "top_p"),
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 50}, 400,
+     "top_logprobs"),
     (COMPLETIONS, {"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
     # an empty stop string (vLLM refuses it; it was dropped without a word)
     (COMPLETIONS, {"prompt": "hi", "stop": ["done", ""]}, 400, "stop"),
