@@ -198,6 +198,24 @@ def test_missing_model_directory_is_a_clear_startup_error(tmp_path):
     assert code == 2 and record["level"] == "ERROR" and "not a local directory" in record["message"]
 
 
+def test_a_damaged_optional_json_file_is_a_clear_startup_error(tmp_path, demo_model):
+    """generation_config.json, tokenizer_config.json and the rest failed with a JSONDecodeError
+    traceback from the loader (exit 1)."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_model, model)
+    (model / "generation_config.json").write_text('{"eos_token_id": [1,')
+    code, _, err = run_to_exit(["--model", str(model), *listen_on(tmp_path)])
+    assert "generation_config.json is not valid JSON" in one_error_line(code, err)
+
+
+def test_a_kv_cache_larger_than_the_host_is_a_clear_startup_error(tmp_path):
+    """Its pages are mapped as first used: it failed with an mmap traceback, or started and was
+    killed for memory once the prefix cache filled it."""
+    code, _, err = run_to_exit(["--kv-cache-memory-bytes", "100TiB", *listen_on(tmp_path)])
+    assert "larger than this host's memory" in err.strip().splitlines()[-1] and code == 2, err
+    assert "Traceback" not in err
+
+
 def test_bad_flag_value_names_the_flag():
     code, _, err = run_to_exit(["--max-num-seqs", "0"])
     assert code == 2 and "--max-num-seqs" in err

@@ -56,19 +56,31 @@ def check_model_dir(path: Path) -> None:
     config = path / "config.json"
     if not config.exists():
         raise StartupError(f"{path} has no config.json; point --model at a Hugging Face-format model directory")
-    try:
-        json.loads(config.read_bytes())
-    except OSError as exc:
-        raise StartupError(f"cannot read {config} ({exc.strerror or exc}); make it a readable file, "
-                           f"e.g. chmod a+r {config}") from exc
-    except ValueError as exc:
-        raise StartupError(f"{config} is not valid JSON ({exc}); restore the checkpoint's config.json") from exc
+    for name in ("config.json", *OPTIONAL_JSON):
+        if (path / name).exists():
+            _check_json(path / name)
     tokenizer = path / "tokenizer.json"
     if not tokenizer.exists():
         raise StartupError(f"{path} has no tokenizer.json (Prelude reads only that format); write it with "
                            f"`AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)` (transformers)")
     if not os.access(tokenizer, os.R_OK) or tokenizer.is_dir():
         raise StartupError(f"cannot read {tokenizer}; make it a readable file, e.g. chmod a+r {tokenizer}")
+
+
+# The model directory's other JSON files the server reads where they exist: a damaged one
+# failed startup with a traceback from deep in the loader.
+OPTIONAL_JSON = ("generation_config.json", "tokenizer_config.json", "modules.json", "sentence_bert_config.json",
+                 "config_sentence_transformers.json", "model.safetensors.index.json")
+
+
+def _check_json(file: Path) -> None:
+    try:
+        json.loads(file.read_bytes())
+    except OSError as exc:
+        raise StartupError(f"cannot read {file} ({exc.strerror or exc}); make it a readable file, "
+                           f"e.g. chmod a+r {file}") from exc
+    except ValueError as exc:
+        raise StartupError(f"{file} is not valid JSON ({exc}); restore the checkpoint's {file.name}") from exc
 
 
 def checked_max_model_len(config: Config, max_positions: int, model_dir: Path, learned_positions: bool = False) -> int:

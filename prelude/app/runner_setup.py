@@ -193,8 +193,35 @@ def _temp_bytes_per_token(c: ModelConfig, itemsize: int) -> int:
 
 
 def _cpu_blocks(config: Config, per_block: int) -> int:
-    """The KV blocks of a CPU pool: --num-kv-blocks, else what --kv-cache-memory-bytes holds."""
-    return config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    """The KV blocks of a CPU pool: --num-kv-blocks, else what --kv-cache-memory-bytes holds. A
+    pool larger than the host's memory is refused here: its pages are mapped as they are first
+    used, so it started (or failed with a traceback from deep in the mapping) and was killed for
+    memory hours later, when the prefix cache had filled it."""
+    num_blocks = config.num_kv_blocks or max(1, (config.kv_cache_memory or CPU_KV_CACHE_BYTES) // per_block)
+    memory = _host_memory_bytes()
+    if memory is not None and num_blocks * per_block > memory:
+        raise StartupError(f"the KV cache ({num_blocks} blocks, {num_blocks * per_block / 2**30:.1f} GiB) is larger "
+                           f"than this host's memory ({memory / 2**30:.1f} GiB); lower --kv-cache-memory-bytes "
+                           "or --num-kv-blocks")
+    return num_blocks
+
+
+def _host_memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its cgroup's limit where lower (a
+    container's); None where neither can be read."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            limits += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:")]
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            limits.append(int(limit))
+    except OSError:
+        pass
+    return min(limits, default=None)
 
 
 def _weights_dtype(compute: str, formats: list[str]) -> str:
