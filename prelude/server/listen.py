@@ -18,6 +18,7 @@ class Listener:
     url: str  # what the banner shows: http://host:port, or unix:PATH
     uds: str | None = None  # the socket file to remove on exit
     port: int | None = None  # the TCP port bound (the kernel's pick when asked for port 0)
+    uds_file: tuple[int, int] | None = None  # the socket file's (device, inode), to know it is still ours
 
     def close(self) -> None:
         """Gives the socket up before the HTTP server took it (startup failed after binding)."""
@@ -28,10 +29,14 @@ class Listener:
         self.cleanup()
 
     def cleanup(self) -> None:
-        """Removes the Unix socket file (the HTTP server closes the socket itself)."""
+        """Removes the Unix socket file (the HTTP server closes the socket itself), if it is still
+        the one this server bound: a server started at the path since (after a script removed
+        ours) lost its socket to our exit and was unreachable from then on."""
         if self.uds is not None:
             try:
-                os.unlink(self.uds)
+                found = os.stat(self.uds)
+                if (found.st_dev, found.st_ino) == self.uds_file:
+                    os.unlink(self.uds)
             except OSError:
                 pass
 
@@ -80,10 +85,11 @@ def _bind_unix(path: str) -> Listener:
         # umask the socket was the owner's alone, and a sidecar's application, another user in
         # another container, could not connect. The directory is where access is controlled.
         os.chmod(path, 0o666)
+        bound = os.stat(path)
     except OSError:
         sock.close()
         raise
-    return Listener(sock.detach(), f"unix:{path}", path)
+    return Listener(sock.detach(), f"unix:{path}", path, uds_file=(bound.st_dev, bound.st_ino))
 
 
 def _listening(path: str) -> bool:

@@ -90,6 +90,21 @@ def test_a_file_that_is_not_a_socket_is_left_and_named(tmp_path, demo_model):
     assert path.read_text() == "keep me"
 
 
+def test_an_exit_leaves_a_socket_another_server_bound_since(tmp_path):
+    """A start script's `rm -f` of the path, another server bound there, and this one's exit
+    removed that server's socket: it ran on, unreachable."""
+    from prelude.server.listen import bind
+
+    path = str(tmp_path / "prelude.sock")
+    first = bind(Config(uds=path))
+    os.unlink(path)
+    second = bind(Config(uds=path))
+    first.close()
+    assert stat.S_ISSOCK(os.stat(path).st_mode), "the second server's socket is gone"
+    second.close()
+    assert not os.path.exists(path)
+
+
 def test_ready_answers_503_until_the_warm_up_is_done(demo_model):
     gate = threading.Event()
     srv = ServerThread(Config(model=str(demo_model), num_kv_blocks=256, max_model_len=512), started_at="/health")
