@@ -41,6 +41,17 @@ def test_the_api_key_may_come_from_the_environment_as_in_vllm(monkeypatch):
     assert parse_args([]).api_key == "ours" and parse_args(["--api-key", "flag"]).api_key == "flag"
 
 
+@pytest.mark.parametrize("name", ["PRELUDE_API_KEY", "VLLM_API_KEY"])
+def test_an_empty_api_key_in_the_environment_is_a_usage_error(monkeypatch, capsys, name):
+    """An empty secret (a Kubernetes secret never filled) served every client without a word."""
+    for variable in ("PRELUDE_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv(name, " ")
+    with pytest.raises(SystemExit) as exited:
+        parse_args([])
+    assert exited.value.code == 2 and f"{name} is set but empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text,expected", [("512MB", 512 * 10**6), ("512MiB", 512 * 2**20), ("4gib", 4 * 2**30),
                                            ("1.5k", 1500), ("123", 123), ("7b", 7)])
 def test_byte_sizes(text, expected):

@@ -224,7 +224,11 @@ def parse_args(argv: list[str] | None = None) -> Config:
     served_names = values.pop("served_model_name") or [None]
     values["served_model_name"], values["served_model_aliases"] = served_names[0], tuple(served_names[1:])
     if values["api_key"] is None:  # vLLM's variable too: a key kept off the command line (ps shows it)
-        values["api_key"] = os.environ.get("PRELUDE_API_KEY") or os.environ.get("VLLM_API_KEY")
+        name = next((n for n in ("PRELUDE_API_KEY", "VLLM_API_KEY") if n in os.environ), None)
+        if name is not None and not os.environ[name].strip():
+            # An empty secret turned authentication off without a word, as an empty --api-key would.
+            parser.error(f"{name} is set but empty (unset it for no authentication)")
+        values["api_key"] = os.environ[name] if name is not None else None
     # An environment variable, not a flag, as vLLM's opt-in is.
     values["allow_long_max_model_len"] = os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV, "0").strip().lower() in (
         "1", "true")
