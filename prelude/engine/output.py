@@ -115,6 +115,11 @@ class RequestStream:
         self.finished = item.finished
         return item
 
+    def last_queued(self) -> RequestOutput | None:
+        """The newest output queued and not yet taken (an abort's counts, where the reader has
+        gone), without waiting."""
+        return next((item for item in reversed(self._items) if isinstance(item, RequestOutput)), None)
+
     async def first(self) -> None:
         """Waits until the stream holds an output, without taking it; raises the error that
         ended the stream instead, if that came first (as the next item would)."""

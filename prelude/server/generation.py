@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import cached_property, partial
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, ItemsView
 
 from prelude.contract.batch import TokenLogprob
 from prelude.engine.output import EngineError, RequestOutput, RequestStream
@@ -176,15 +176,20 @@ class GenerationAPI(Serving):
             yield usage + SSE_DONE  # one write, with the response's end (EventStream)
         except EngineError as exc:
             if logged is not None:  # with what was streamed until then (a drain's timeout, a failed grammar)
-                logged.record(rid, finals.items(), n)
+                logged.record(rid, _with_metrics(finals, streams), n)
                 logged.error = str(exc)
                 recorded = True
             yield sse(stream_error(exc)) + SSE_DONE
         finally:
             if logged is not None and not recorded:  # cancelled or closed: the client went away
-                for index, out in finals.items():  # a last output so far has no metrics yet
-                    out.metrics = out.metrics or streams[index].metrics
-                logged.record(rid, finals.items(), n)
+                # Its rows end now, each with its counts: a row still queued had sent nothing,
+                # and its line said no class, no prompt, no queue time.
+                self.abort_unfinished(streams)
+                for index, stream in enumerate(streams):
+                    last = stream.last_queued()
+                    if index not in finals and last is not None:
+                        finals[index] = last
+                logged.record(rid, _with_metrics(finals, streams), n)
                 logged.error = "client went away"
 
     def prompt_logprobs_field(self, entries: list[TokenLogprob]) -> list:
@@ -230,3 +235,11 @@ def _refuse_unsupported(body: Body) -> None:
     if body.has("cache_salt"):
         raise bad_request("'cache_salt' is not supported: this server's prefix cache is shared by every "
                           "request (start it with --no-enable-prefix-caching to share nothing)", "cache_salt")
+
+
+def _with_metrics(finals: dict[int, RequestOutput], streams: list[RequestStream]) -> ItemsView[int, RequestOutput]:
+    """A stream's last outputs so far, each with its request's metrics (known from its first
+    output; a last one has none until the request ends)."""
+    for index, out in finals.items():
+        out.metrics = out.metrics or streams[index].metrics
+    return finals.items()

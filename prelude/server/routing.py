@@ -98,8 +98,8 @@ def _error_response(http: HTTPRequest, exc: Exception) -> Response:
         logged = access_log.entry(http)
         if logged is not None:
             logged.error = "client went away"
-        else:
-            logger.info("client went away: %s %s", http.method, http.url.path)
+        else:  # --disable-log-requests: no line per request
+            logger.debug("client went away: %s %s", http.method, http.url.path)
         return Response(status_code=499)
     if isinstance(exc, TemplateCompileError):  # the served checkpoint's fault, whichever endpoint rendered it
         logger.error("%s %s: %s", http.method, http.url.path, exc)

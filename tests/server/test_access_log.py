@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -269,7 +270,40 @@ def test_a_stream_an_engine_error_ended_is_logged_with_its_tokens(logged_server,
     fields = TEXT.match(str(access_records(caplog, 1)[0].msg)).groupdict()
     assert "grammar failed" in json.loads(fields["error"])
     assert int(fields["prompt"]) > 0 and int(fields["completion"]) >= 1
+    # and how it went (class, queue and TTFT said "-", as a drain's timeout logged them)
+    assert fields["cls"] == "Decode" and fields["queue"].endswith("ms") and fields["ttft"].endswith("ms")
     logged_server.wait_idle()
+
+
+def test_a_stream_the_client_left_while_queued_is_logged_with_its_wait(logged_server, caplog):
+    """A stream whose client gave up while it waited (here behind a held step): logged 200 with
+    no class, no prompt and no queue time, where the same request unstreamed was a 499 with all
+    three."""
+    from tests.server.test_admission import Gate, _wait_for
+
+    srv, auth = logged_server, {"Authorization": "Bearer k"}
+    gate = Gate(srv.engine.executors)
+    srv.on_loop(lambda: setattr(srv.engine, "executors", gate))
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(httpx.post, srv.base_url + "/v1/completions", headers=auth, timeout=60,
+                               json={"prompt": "held", "max_tokens": 1})
+            _wait_for(srv, lambda: bool(srv.engine._in_flight))
+            body = {"prompt": "a queued answer", "max_tokens": 20, "stream": True}
+            with httpx.stream("POST", srv.base_url + "/v1/completions", headers=auth, json=body) as queued:
+                assert queued.status_code == 200
+                _wait_for(srv, lambda: srv.engine.scheduler.num_waiting == 1)
+                time.sleep(0.1)
+            records = [TEXT.match(str(r.msg)).groupdict() for r in access_records(caplog, 1)]
+            gate.open.set()
+            held.result()
+    finally:
+        gate.open.set()
+        srv.on_loop(lambda: setattr(srv.engine, "executors", gate.executors))
+    (waited,) = records
+    assert json.loads(waited["error"]) == "client went away" and waited["completion"] == "0"
+    assert waited["cls"] == "Decode" and int(waited["prompt"]) > 0 and float(waited["queue"][:-2]) >= 100
+    srv.wait_idle()
 
 
 def test_a_refused_request_is_logged_by_the_clients_id(logged_server, caplog):
