@@ -227,7 +227,9 @@ class Engine:
         self._ready = True
         while True:
             for work in self.scheduler.late(self.clock()):
-                self.requests.finish(work.seq_id, FinishReason.ERROR,
+                # Shed by the server, as vLLM's finished_reason "abort" counts aborts by the user
+                # or the system: counted an "error", planned shedding fired error alerts.
+                self.requests.finish(work.seq_id, FinishReason.ABORT,
                                      DeadlineExceeded("the request can no longer meet its deadline"))
             step = self.scheduler.schedule()
             if step is None:

@@ -26,3 +26,8 @@ def test_a_stream_shed_before_its_first_token_answers_503(demo_model):
             met = http.post(path, json=body, headers={"X-Deadline-Ms": "20000"})
             assert met.status_code == 200 and met.text.endswith("data: [DONE]\n\n") and '"error"' not in met.text
         srv.wait_idle()
+        # Shedding is an abort by the system (vLLM's "abort"): as "error" it fired alerts on failures.
+        metrics = http.get("/metrics").text
+        assert 'finished_reason="error"} 0' in metrics and "prelude:late_requests_total" in metrics
+        assert [line for line in metrics.splitlines() if 'vllm:request_success_total' in line
+                and 'finished_reason="abort"' in line][0].endswith(" 3")
