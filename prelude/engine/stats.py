@@ -76,6 +76,7 @@ class EngineStats:
     queue_time: Histogram = field(default_factory=Histogram)
     prefill_time: Histogram = field(default_factory=Histogram)
     decode_time: Histogram = field(default_factory=Histogram)  # first token to finish
+    inference_time: Histogram = field(default_factory=Histogram)  # first scheduled to finish
     time_per_output_token: Histogram = field(default_factory=Histogram)  # a request's mean after its first
     inter_token: Histogram = field(default_factory=Histogram)  # each gap between a request's tokens
     step_time: Histogram = field(default_factory=Histogram)
@@ -123,6 +124,8 @@ class EngineStats:
             return
         request = work.request
         self.e2e.observe(now - request.arrival_time)
+        if work.first_scheduled is not None:
+            self.inference_time.observe(now - work.first_scheduled)
         self.request_prompt_tokens.observe(request.num_prompt_tokens)
         self.request_generation_tokens.observe(num_output_tokens)
         if first_token_time is not None:

@@ -95,6 +95,7 @@ def render(snap: EngineSnapshot, model: str) -> str:
     w.histogram("request_queue_time_seconds", "Arrival to first scheduled.", stats.queue_time)
     w.histogram("request_prefill_time_seconds", "First scheduled to first token.", stats.prefill_time)
     w.histogram("request_decode_time_seconds", "First token to finish.", stats.decode_time)
+    w.histogram("request_inference_time_seconds", "First scheduled to finish.", stats.inference_time)
     w.histogram("request_time_per_output_token_seconds", "A request's mean time per output token after "
                 "its first (requests of two tokens or more).", stats.time_per_output_token)
     w.histogram("inter_token_latency_seconds", "Each gap between two consecutive output tokens of a "
@@ -128,6 +129,7 @@ def _vllm_names(snap: EngineSnapshot, model: str) -> list[str]:
              snap.scheduler.num_preemptions)
     # The decode-time and time-per-output-token panels (vLLM v1's per-request names).
     w.histogram("request_decode_time_seconds", "Time spent in the DECODE phase.", stats.decode_time)
+    w.histogram("request_inference_time_seconds", "Time spent in the RUNNING phase.", stats.inference_time)
     w.histogram("request_time_per_output_token_seconds", "Time per output token, per request.",
                 stats.time_per_output_token)
     w.histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.inter_token)

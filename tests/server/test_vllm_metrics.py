@@ -25,11 +25,14 @@ def test_metrics_speak_vllms_names(server):
                  "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_sum",
                  "vllm:num_preemptions_total",
                  # its decode-time and time-per-output-token panels
-                 "vllm:request_decode_time_seconds_bucket", "vllm:request_time_per_output_token_seconds_sum"):
+                 "vllm:request_decode_time_seconds_bucket", "vllm:request_time_per_output_token_seconds_sum",
+                 # the running-phase time KServe's dashboard reads
+                 "vllm:request_inference_time_seconds_bucket"):
         assert any(line.startswith(name + '{model_name="') for line in text.splitlines()), name
     assert "prelude:num_requests_running" in text
     # a two-token answer is one observation of each (a request of one token has no TPOT)
-    for name in ("vllm:request_decode_time_seconds_count", "vllm:request_time_per_output_token_seconds_count"):
+    for name in ("vllm:request_decode_time_seconds_count", "vllm:request_time_per_output_token_seconds_count",
+                 "vllm:request_inference_time_seconds_count"):
         assert _count(text, name) == _count(before, name) + 1, name
 
 
