@@ -101,3 +101,20 @@ class ServerThread:
         used, free, total = self.on_loop(check)
         assert used == 0, f"{used} KV blocks still held after all requests ended"
         assert free == total
+
+
+def with_chat_template(demo_model, folder, template: str) -> ServerThread:
+    """A server of the demo model whose checkpoint's chat template is `template` (a copy in
+    `folder`)."""
+    from tests.checkpoints import edited_copy
+
+    path = edited_copy(demo_model, folder, "tokenizer_config.json",
+                       lambda config: config.update(chat_template=template))
+    return ServerThread(Config(model=str(path), block_size=4, max_model_len=512, num_kv_blocks=256))
+
+
+def rendered_chat(server: ServerThread, messages: list, **extra) -> str:
+    """The prompt text the server renders for `messages` (its /tokenize ids, decoded)."""
+    response = httpx.post(server.base_url + "/tokenize", json={"messages": messages, **extra})
+    assert response.status_code == 200, response.text
+    return httpx.post(server.base_url + "/detokenize", json={"tokens": response.json()["tokens"]}).json()["prompt"]

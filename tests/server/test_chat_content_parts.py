@@ -7,9 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from prelude.contract.config import Config
-from tests.checkpoints import edited_copy
-from tests.server.harness import ServerThread
+from tests.server.harness import rendered_chat, with_chat_template
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message.role }}\n"
@@ -19,24 +17,16 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def parts_server(demo_model, tmp_path_factory):
-    path = edited_copy(demo_model, tmp_path_factory.mktemp("parts-template"), "tokenizer_config.json",
-                       lambda config: config.update(chat_template=TEMPLATE))
-    with ServerThread(Config(model=str(path), block_size=4, max_model_len=512, num_kv_blocks=256)) as srv:
+    with with_chat_template(demo_model, tmp_path_factory.mktemp("parts-template"), TEMPLATE) as srv:
         yield srv
-
-
-def _rendered(server, messages: list, **extra) -> str:
-    response = httpx.post(server.base_url + "/tokenize", json={"messages": messages, **extra})
-    assert response.status_code == 200, response.text
-    return httpx.post(server.base_url + "/detokenize", json={"tokens": response.json()["tokens"]}).json()["prompt"]
 
 
 def test_string_and_parts_content_reach_the_template_as_parts(parts_server):
     want = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
-    assert _rendered(parts_server, [{"role": "user", "content": "What is 2+2?"}]) == want
+    assert rendered_chat(parts_server, [{"role": "user", "content": "What is 2+2?"}]) == want
     parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2+2?"}]
-    assert _rendered(parts_server, [{"role": "user", "content": parts}]) == want  # as the template writes them
-    assert _rendered(parts_server, [{"role": "assistant", "content": None}], add_generation_prompt=False) == \
+    assert rendered_chat(parts_server, [{"role": "user", "content": parts}]) == want  # as the template writes them
+    assert rendered_chat(parts_server, [{"role": "assistant", "content": None}], add_generation_prompt=False) == \
         "<|im_start|>assistant\n<|im_end|>\n"
 
 
@@ -44,7 +34,7 @@ def test_a_final_message_of_parts_is_continued(parts_server):
     messages = [{"role": "user", "content": "Is the sky green?"},
                 {"role": "assistant", "content": [{"type": "text", "text": "The answer is"}]}]
     body = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False}
-    assert _rendered(parts_server, messages, **{k: v for k, v in body.items() if k != "messages"}).endswith(
+    assert rendered_chat(parts_server, messages, **{k: v for k, v in body.items() if k != "messages"}).endswith(
         "<|im_start|>assistant\nThe answer is")
     answer = httpx.post(parts_server.base_url + "/v1/chat/completions",
                         json={**body, "max_tokens": 2, "temperature": 0, "echo": True}).json()

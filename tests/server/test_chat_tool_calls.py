@@ -10,9 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from prelude.contract.config import Config
-from tests.checkpoints import edited_copy
-from tests.server.harness import ServerThread
+from tests.server.harness import rendered_chat, with_chat_template
 
 # The tool-call part of Qwen2.5-Instruct's template, which writes the arguments with tojson.
 TEMPLATE = (
@@ -27,17 +25,12 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tool_server(demo_model, tmp_path_factory):
-    path = edited_copy(demo_model, tmp_path_factory.mktemp("tojson-template"), "tokenizer_config.json",
-                       lambda config: config.update(chat_template=TEMPLATE))
-    with ServerThread(Config(model=str(path), block_size=4, max_model_len=512, num_kv_blocks=256)) as srv:
+    with with_chat_template(demo_model, tmp_path_factory.mktemp("tojson-template"), TEMPLATE) as srv:
         yield srv
 
 
 def _rendered(server, messages: list, **extra) -> str:
-    response = httpx.post(server.base_url + "/tokenize",
-                          json={"messages": messages, "add_generation_prompt": False, **extra})
-    assert response.status_code == 200, response.text
-    return httpx.post(server.base_url + "/detokenize", json={"tokens": response.json()["tokens"]}).json()["prompt"]
+    return rendered_chat(server, messages, add_generation_prompt=False, **extra)
 
 
 def _replay(*calls: dict) -> list:
