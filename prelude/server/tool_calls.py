@@ -28,13 +28,14 @@ def forced_tools(body: Body) -> ForcedTools | None:
     """The request's forced tool call, or None (no tool_choice, or "none")."""
     # Checked whatever tool_choice says, as vLLM checks them: a malformed tool was rendered.
     functions = _functions(body.list("tools") or [])
-    # OpenAI's default: "auto" where tools are given (served as "none", the calls the model
-    # wrote stayed in the text), else "none".
-    choice = body.data.get(PARAM) if body.has(PARAM) else ("auto" if functions else None)
+    # OpenAI's default where tools are given and tool_choice is left out: "auto" (served as
+    # "none", the calls the model wrote stayed in the text). A null one is "none", as in vLLM.
+    given = PARAM in body.data
+    choice = body.data[PARAM] if body.has(PARAM) else (None if given else "auto" if functions else None)
     if choice is None or choice == "none":
         return None
     if choice == "auto":
-        implied = "" if body.has(PARAM) else " (the default where 'tools' are given)"
+        implied = "" if given else " (the default where 'tools' are given)"
         raise bad_request(f"'tool_choice' \"auto\"{implied} is not supported: this server does not parse tool "
                           "calls out of free text (vLLM needs --enable-auto-tool-choice for it); name a function, "
                           "send \"required\", or \"none\" for an answer in text", PARAM)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from prelude.structured.closing import closed
 from prelude.structured.state import GrammarState
 
 if TYPE_CHECKING:
@@ -102,41 +103,6 @@ class Constraint:
 # maps names (of properties, definitions) to schemas, where the same words are names.
 ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
 NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
-# Keywords whose values are JSON data, not schemas; and those that join other schemas' properties
-# to an object's.
-DATA = ANNOTATIONS | {"enum", "const", "required"}
-COMBINED = frozenset({"allOf", "$ref", "if", "dependentSchemas"})
-
-
-def closed(schema: object, within_all_of: bool = False) -> object:
-    """The schema with every object that lists properties, and says nothing of others, closed to
-    them (`additionalProperties: false`), and every array of prefixItems closed to more items,
-    as vLLM's default backend compiles a schema (xgrammar's strict mode). Pydantic's schemas,
-    which instructor, LangChain and litellm send, say nothing of additionalProperties: open,
-    the answer went on past the declared keys with keys of its own, to max_tokens, unparsable.
-    Objects whose properties other schemas add to (allOf's members and what sits beside them,
-    a $ref's, if/then's, dependentSchemas') stay open: closed apart, they would admit none of
-    each other's properties."""
-    if isinstance(schema, list):
-        return [closed(item, within_all_of) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict = {}
-    for key, value in schema.items():
-        if key in NAMED_SCHEMAS and isinstance(value, dict):
-            out[key] = {name: closed(sub) for name, sub in value.items()}
-        elif key in DATA:
-            out[key] = value
-        else:
-            out[key] = closed(value, key == "allOf")
-    if within_all_of or COMBINED & schema.keys():
-        return out
-    if isinstance(schema.get("properties"), dict) and schema["properties"] and \
-            not {"additionalProperties", "unevaluatedProperties", "patternProperties"} & schema.keys():
-        out["additionalProperties"] = False
-    if "prefixItems" in schema and not {"items", "additionalItems", "unevaluatedItems"} & schema.keys():
-        out["items"] = False
-    return out
 # A Lark grammar whose start rule is written "?start:" (inlined, common Lark style), which the
 # library's converter reads as GBNF (it knows Lark by a line beginning "start:"): vLLM strips
 # the "?", and the library's Lark reads it.

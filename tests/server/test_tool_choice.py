@@ -81,6 +81,9 @@ def test_tool_choices_it_cannot_honour_are_refused(server, extra, param):
 def test_none_renders_the_tools_and_answers_text(client, server):
     answer = _create(client, server.served.name, tool_choice="none", max_tokens=3)
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content is not None
+    # an explicit null is "none", as in vLLM (only a tool_choice left out defaults to "auto")
+    body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": None, "max_tokens": 3}
+    assert httpx.post(server.base_url + "/v1/chat/completions", json=body).status_code == 200
 
 
 def test_the_sdks_refusal_for_auto_is_a_bad_request(client, server):

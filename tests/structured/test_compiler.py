@@ -186,7 +186,12 @@ def test_an_object_listing_properties_is_closed_to_others_as_vllm_compiles_it(co
     # Said open, or an object listing no properties (any object), stays open.
     assert "," in _next_texts(compiler, tokenizer, {**verdict, "additionalProperties": True}, '{"winner":"A"')
     assert '"' in _next_texts(compiler, tokenizer, {"type": "object"}, "{")
-    # allOf's members add to each other's properties: both stay allowed.
-    both = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                      {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
-    assert "," in _next_texts(compiler, tokenizer, both, '{"a":1')
+    # Objects whose properties others add to stay open (closed apart, they admitted nothing):
+    # allOf's members, an OpenAPI definition extended through allOf, a $ref beside properties,
+    # properties beside anyOf members that list their own.
+    a, b = ({"type": "object", "properties": {k: {"type": "integer"}}, "required": [k]} for k in "ab")
+    for extended in ({"allOf": [a, b]},
+                     {"$defs": {"A": a}, "allOf": [{"$ref": "#/$defs/A"}, b]},
+                     {"$defs": {"A": a}, "$ref": "#/$defs/A", "properties": b["properties"], "required": ["b"]},
+                     {**a, "$defs": {"B": b}, "anyOf": [{"$ref": "#/$defs/B"}]}):
+        assert "," in _next_texts(compiler, tokenizer, extended, '{"a":1'), extended
