@@ -92,7 +92,7 @@ def _calls_schema(functions: dict[str, Any], parallel: object) -> dict:
     if parallel is False:
         root["maxItems"] = 1
     calls = []
-    for name, schema in functions.items():
+    for index, (name, schema) in enumerate(functions.items()):
         schema = dict(schema)
         for key in ("$defs", "definitions"):
             for ref, definition in (schema.pop(key, None) or {}).items():
@@ -101,10 +101,43 @@ def _calls_schema(functions: dict[str, Any], parallel: object) -> dict:
                     raise bad_request(f"'tools' define {ref!r} differently in two functions; a \"required\" "
                                       "tool_choice needs one definition of it", "tools")
                 held[ref] = definition
+        if _refers_within(schema):
+            # References into the tool's own schema ("#": a recursive UI tree) pointed at the
+            # list of calls once it was nested in one: the schema moves to the root's $defs,
+            # and they point there.
+            home = f"tool{index}_parameters"  # (by index: a tool's name may not fit in a URI)
+            root.setdefault("$defs", {})[home] = _rerooted(schema, f"#/$defs/{home}")
+            schema = {"$ref": f"#/$defs/{home}"}
         calls.append({"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
                       "required": ["name", "parameters"], "additionalProperties": False})
     root["items"] = {"anyOf": calls}
     return root
+
+
+def _is_within(ref: object) -> bool:
+    """A reference into the schema's own root, not into its definitions."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and \
+        not ref.startswith(("#/$defs/", "#/definitions/"))
+
+
+def _refers_within(node: object) -> bool:
+    if isinstance(node, dict):
+        return _is_within(node.get("$ref")) or any(_refers_within(value) for key, value in node.items()
+                                                   if key not in ("enum", "const", "default", "examples"))
+    return isinstance(node, list) and any(_refers_within(item) for item in node)
+
+
+def _rerooted(node: object, home: str) -> object:
+    """The schema with its references into its own root made to point below `home`."""
+    if isinstance(node, list):
+        return [_rerooted(item, home) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: value if key in ("enum", "const", "default", "examples") else _rerooted(value, home)
+           for key, value in node.items()}
+    if _is_within(node.get("$ref")):
+        out["$ref"] = home + node["$ref"][1:]
+    return out
 
 
 def tool_calls(forced: ForcedTools, text: str) -> list[dict]:

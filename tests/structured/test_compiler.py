@@ -164,9 +164,10 @@ def test_batched_masks_beside_a_gpu_forward_equal_the_inline_ones(compiler):
     assert np.array_equal(inline.bitmask, batched.bitmask)
 
 
-def _next_texts(compiler, tokenizer, schema: dict, prefix: str) -> set[str]:
+def _next_texts(compiler, tokenizer, schema: dict | Constraint, prefix: str) -> set[str]:
     """The first characters of every token the schema allows after `prefix`."""
-    state = compiler.compile(Constraint.json_schema(schema, "p")).new_state()
+    constraint = schema if isinstance(schema, Constraint) else Constraint.json_schema(schema, "p")
+    state = compiler.compile(constraint).new_state()
     last = 99
     for step, token in enumerate(tokenizer.encode(prefix, add_special_tokens=False)):
         assert token in allowed(state, step, last), prefix
@@ -195,3 +196,22 @@ def test_an_object_listing_properties_is_closed_to_others_as_vllm_compiles_it(co
                      {"$defs": {"A": a}, "$ref": "#/$defs/A", "properties": b["properties"], "required": ["b"]},
                      {**a, "$defs": {"B": b}, "anyOf": [{"$ref": "#/$defs/B"}]}):
         assert "," in _next_texts(compiler, tokenizer, extended, '{"a":1'), extended
+
+
+def test_a_recursive_tools_calls_nest_the_tool_under_required(compiler, tokenizer):
+    """A tool whose schema refers to its own root ("#", OpenAI's recursive UI example): under
+    tool_choice "required" the root became the list of calls, and children came out as lists of
+    calls."""
+    from prelude.server.protocol import Body
+    from prelude.server.tool_calls import forced_tools
+
+    ui = {"type": "object", "properties": {"type": {"enum": ["div", "button"]},
+                                           "children": {"type": "array", "items": {"$ref": "#"}}},
+          "required": ["type", "children"], "additionalProperties": False}
+    body = Body({"tools": [{"type": "function", "function": {"name": "ui", "parameters": ui}}],
+                 "tool_choice": "required"})
+    forced = forced_tools(body)
+    assert forced is not None
+    prefix = '[{"name":"ui","parameters":{"type":"div","children":['
+    assert _next_texts(compiler, tokenizer, forced.constraint, prefix) == {"{", "]"}
+    assert "," in _next_texts(compiler, tokenizer, forced.constraint, prefix + '{"type":"button","children":[]}')
