@@ -17,6 +17,7 @@ from prelude.server.answers import check_count, json_response, new_id
 from prelude.server.serving import MAX_ITEMS
 
 COHERE_EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+COHERE_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering", "image")
 UNCUT = sys.maxsize  # a limit no input reaches: pairs tokenized whole, where one past the context is refused
 
 
@@ -201,6 +202,9 @@ class CompatAPI(RelevanceAPI):
             if body.list(field):
                 raise bad_request(f"'{field}' is not supported: this server embeds 'texts' only", field)
         texts = _texts(body, "texts")
+        input_type = body.str("input_type")
+        if input_type is not None and input_type not in COHERE_INPUT_TYPES:  # a typo Cohere would refuse
+            raise bad_request(f"'input_type' must be one of {', '.join(COHERE_INPUT_TYPES)}", "input_type")
         kinds = body.list("embedding_types") or ["float"]
         if not all(k in COHERE_EMBEDDING_TYPES for k in kinds):
             raise bad_request(f"'embedding_types' must be among {', '.join(COHERE_EMBEDDING_TYPES)}", "embedding_types")

@@ -99,10 +99,13 @@ class DecisionAPI(Serving):
         sched = self.scheduling(http, body)
         if self.served.has_classifier:
             outputs = await self._classify_rows(http, rid, prompts, sched)
-        else:
+        else:  # vLLM's `dimensions` here too: the leading ones, renormalized when normalized
+            dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
+            normalize = body.bool("normalize", False)
             rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
-                              normalize=body.bool("normalize", False), **sched)
-            outputs = [required(out.pooled) for out in await self.collect(http, rows)]
+                              normalize=normalize and dimensions is None, **sched)
+            outputs = [matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
+                       for out in await self.collect(http, rows)]
         data = [{"index": i, "object": "pooling", "data": encode(out)} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 

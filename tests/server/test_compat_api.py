@@ -73,6 +73,9 @@ def test_cohere_v2_images_and_mixed_inputs_are_refused_not_dropped(lm):
         refused = post(srv, "/v2/embed", texts=["hi"], input_type="image", embedding_types=["float"], **{field: value})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field
     assert post(srv, "/v2/embed", texts=["hi"], input_type="search_query").status_code == 200
+    # an input_type Cohere does not know is a 400, as Cohere answers it (a typo was accepted)
+    typo = post(srv, "/v2/embed", texts=["hi"], input_type="search_querry")
+    assert typo.status_code == 400 and typo.json()["error"]["param"] == "input_type"
 
 
 def test_tei_embed_rerank_and_truncate(lm):

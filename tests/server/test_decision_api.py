@@ -197,6 +197,12 @@ def test_pooling_honours_encoding_format(lm):
         assert list(vector) == pytest.approx(plain["data"], rel=1e-5, abs=REPEAT_ABS)
     bad = post(srv, "/pooling", input="x", encoding_format="hex")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "encoding_format"
+    # vLLM's `dimensions` on /pooling (ignored: the whole vector came back)
+    for normalize in (False, True):
+        cut = post(srv, "/pooling", input=TEXTS[0], dimensions=8, normalize=normalize).json()["data"][0]["data"]
+        whole = torch.tensor(post(srv, "/pooling", input=TEXTS[0]).json()["data"][0]["data"][:8])
+        want = torch.nn.functional.normalize(whole, dim=-1) if normalize else whole
+        assert cut == pytest.approx(want.tolist(), abs=1e-5)
 
 
 def test_reward_model_returns_the_scalar(reward):
