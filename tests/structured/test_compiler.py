@@ -196,6 +196,17 @@ def test_an_object_listing_properties_is_closed_to_others_as_vllm_compiles_it(co
                      {"$defs": {"A": a}, "$ref": "#/$defs/A", "properties": b["properties"], "required": ["b"]},
                      {**a, "$defs": {"B": b}, "anyOf": [{"$ref": "#/$defs/B"}]}):
         assert "," in _next_texts(compiler, tokenizer, extended, '{"a":1'), extended
+    # A schema's objects left open where closing would refuse what it allows (a corpus of
+    # real-world schemas found each): `required` naming an unlisted property (a stale tool
+    # schema: unsatisfiable), references by $anchor, $id or percent-encoded pointer (not
+    # followed, their targets were closed apart), a pydantic root model's $ref beside $defs
+    # (closed as any other object).
+    stale = {**a, "required": ["a", "b"]}
+    assert "," in _next_texts(compiler, tokenizer, stale, '{"a":1')
+    for ref, defs in (("#A", {"A": {**a, "$anchor": "A"}}), ("#/$defs/A%20B", {"A B": a})):
+        assert "," in _next_texts(compiler, tokenizer, {"$defs": defs, "allOf": [{"$ref": ref}, b]}, '{"a":1')
+    root = {"$ref": "#/$defs/A", "$defs": {"A": a}}
+    assert "," not in _next_texts(compiler, tokenizer, root, '{"a":1')
 
 
 def test_a_recursive_tools_calls_nest_the_tool_under_required(compiler, tokenizer):
