@@ -11,8 +11,8 @@ an allOf, the target of a $ref beside other keywords, an object with properties 
 anyOf/oneOf/if/dependentSchemas and those members, and everything an extended schema combines or
 refers to in turn. An object whose `required` names a property it does not list (hand-written
 tool schemas with a stale name), or whose minProperties passes its list, is left open too: closed,
-it is unsatisfiable. A schema with a reference
-this module cannot follow (an `$anchor`, an `$id`-based URI) is left as it is, whole."""
+it is unsatisfiable. A schema with a reference this module cannot follow (an `$anchor`, an
+`$id`-based URI) is left as it is, whole."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -115,8 +115,9 @@ def _close(node: object, pointer: str, extended: set[str]) -> object:
         return out
     if _closable(node):
         out["additionalProperties"] = False
-    prefix = node.get("prefixItems")
-    if isinstance(prefix, list) and not SAYS_OTHER_ITEMS & node.keys() and node.get("minItems", 0) <= len(prefix):
+    prefix, least = node.get("prefixItems"), node.get("minItems", 0)
+    if isinstance(prefix, list) and not SAYS_OTHER_ITEMS & node.keys() and isinstance(least, int) \
+            and least <= len(prefix):
         out["items"] = False  # (a minItems past the prefix asks for more items: those stay any)
     return out
 
