@@ -13,6 +13,7 @@ from typing import Any
 from prelude.contract.record import record
 from prelude.server.errors import bad_request
 from prelude.server.protocol import Body
+from prelude.structured.closing import DATA
 from prelude.structured.compiler import Constraint
 
 PARAM = "tool_choice"
@@ -123,7 +124,7 @@ def _is_within(ref: object) -> bool:
 def _refers_within(node: object) -> bool:
     if isinstance(node, dict):
         return _is_within(node.get("$ref")) or any(_refers_within(value) for key, value in node.items()
-                                                   if key not in ("enum", "const", "default", "examples"))
+                                                   if key not in DATA)
     return isinstance(node, list) and any(_refers_within(item) for item in node)
 
 
@@ -133,8 +134,7 @@ def _rerooted(node: object, home: str) -> object:
         return [_rerooted(item, home) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: value if key in ("enum", "const", "default", "examples") else _rerooted(value, home)
-           for key, value in node.items()}
+    out = {key: value if key in DATA else _rerooted(value, home) for key, value in node.items()}
     if _is_within(node.get("$ref")):
         out["$ref"] = home + node["$ref"][1:]
     return out

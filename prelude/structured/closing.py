@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import Iterator
 from urllib.parse import unquote
 
-# A schema's keywords whose values are data, not schemas; and those whose values map names (of
-# properties, definitions) to schemas.
-DATA = frozenset({"description", "title", "$comment", "examples", "default", "enum", "const", "required"})
+# A schema's keywords that describe it without constraining the answer; all those whose values
+# are data, not schemas; and those whose values map names (of properties, definitions) to
+# schemas, where the same words are names.
+ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
+DATA = ANNOTATIONS | {"enum", "const", "required"}
 NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # What combines other schemas' properties with an object's own.
 COMBINATORS = ("allOf", "anyOf", "oneOf", "if", "then", "else", "dependentSchemas", "$ref")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from prelude.structured.closing import closed
+from prelude.structured.closing import ANNOTATIONS, NAMED_SCHEMAS, closed
 from prelude.structured.state import GrammarState
 
 if TYPE_CHECKING:
@@ -99,10 +99,6 @@ class Constraint:
         return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
-# A schema's keywords that describe it without constraining the answer, and those whose value
-# maps names (of properties, definitions) to schemas, where the same words are names.
-ANNOTATIONS = frozenset({"description", "title", "$comment", "examples", "default"})
-NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # A Lark grammar whose start rule is written "?start:" (inlined, common Lark style), which the
 # library's converter reads as GBNF (it knows Lark by a line beginning "start:"): vLLM strips
 # the "?", and the library's Lark reads it.
