@@ -57,18 +57,23 @@ class DecisionAPI(Serving):
         body = await self.body(http)
         prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
         encode = _vector_encoding(body)
-        dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
-        normalize = body.bool("normalize", True)
         rid = new_id("embd", http)
-        rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
-                          normalize=normalize and dimensions is None, **self.scheduling(http, body))
-        data = []
-        for i, out in enumerate(await self.collect(http, rows)):
-            vector = matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
-            data.append({"object": "embedding", "index": i, "embedding": encode(vector)})
+        vectors = await self._pooled(http, rid, prompts, body, normalize=True)
+        data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(vectors)]
         response = self._envelope(rid, data, prompts)
         del response["created"], response["id"]
         return json_response(response)
+
+    async def _pooled(self, http, rid: str, prompts: list[list[int]], body: Body, normalize: bool) -> list[list[float]]:
+        """The prompts' pooled vectors, as /v1/embeddings and /pooling give them: L2-normalized
+        when the request's `normalize` (default `normalize`) says so, and cut to vLLM's
+        `dimensions` (Matryoshka: the leading ones, renormalized when normalized)."""
+        dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
+        normalize = body.bool("normalize", normalize)
+        rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
+                          normalize=normalize and dimensions is None, **self.scheduling(http, body))
+        return [matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
+                for out in await self.collect(http, rows)]
 
     # -- /classify --------------------------------------------------------------------------
     async def classify(self, http: HTTPRequest) -> Response:
@@ -96,16 +101,10 @@ class DecisionAPI(Serving):
         prompts = await self.inputs(body, "input", MAX_ITEMS, self.pooling_side(body))
         encode = _vector_encoding(body)
         rid = new_id("pool", http)
-        sched = self.scheduling(http, body)
         if self.served.has_classifier:
-            outputs = await self._classify_rows(http, rid, prompts, sched)
-        else:  # vLLM's `dimensions` here too: the leading ones, renormalized when normalized
-            dimensions = body.int("dimensions", None, lo=1, hi=self.served.config.hidden_size)
-            normalize = body.bool("normalize", False)
-            rows = self._rows(rid, prompts, task=Task.EMBED, pooling=self.served.pooling,
-                              normalize=normalize and dimensions is None, **sched)
-            outputs = [matryoshka(required(out.pooled), dimensions, normalize and dimensions is not None)
-                       for out in await self.collect(http, rows)]
+            outputs = await self._classify_rows(http, rid, prompts, self.scheduling(http, body))
+        else:
+            outputs = await self._pooled(http, rid, prompts, body, normalize=False)
         data = [{"index": i, "object": "pooling", "data": encode(out)} for i, out in enumerate(outputs)]
         return json_response(self._envelope(rid, data, prompts))
 
