@@ -52,9 +52,8 @@ def checked_messages(messages: list, parts: bool = False) -> list[dict]:
         message = {key: value for key, value in message.items() if value is not None or key == "content"}
         content = message.get("content")
         if isinstance(content, list):
-            texts = [_part_text(part, f"{param}.content") for part in content]
-            # vLLM's join for string-content templates: an empty part adds no newline
-            message["content"] = _text_parts(texts) if parts else "\n".join(text for text in texts if text)
+            listed = _text_parts([_part_text(part, f"{param}.content") for part in content])
+            message["content"] = listed if parts else _content_text(listed)
         elif content is None:
             message["content"] = [] if parts else ""
         elif not isinstance(content, str):
@@ -72,7 +71,8 @@ def _text_parts(texts: list[str]) -> list[dict]:
 
 
 def _content_text(content: str | list[dict]) -> str:
-    """A checked message's content as text: its parts' texts joined by newlines."""
+    """A checked message's content as text: its non-empty parts' texts joined by newlines
+    (vLLM's join for string-content templates: an empty part adds no newline)."""
     return content if isinstance(content, str) else "\n".join(part["text"] for part in content if part["text"])
 
 
